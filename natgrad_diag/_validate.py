@@ -1,0 +1,217 @@
+"""Input checks shared by the public functions: shapes, dtypes, finiteness, structure of q(u).
+
+Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
+what was expected, what was got and what to do. TensorFlow is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .exceptions import (
+    DTypeMismatchError,
+    InputError,
+    NonFiniteError,
+    OutputGradientsError,
+    ShapeMismatchError,
+    SingularCovarianceError,
+    UnsupportedModelError,
+)
+
+
+def shape_str(shape: Any) -> str:
+    """``[5, 1]`` for a shape, a TensorShape or an array; ``[]`` for a scalar."""
+    if hasattr(shape, "shape") and not isinstance(shape, tuple):
+        shape = shape.shape
+    dims = list(shape.as_list()) if hasattr(shape, "as_list") else list(shape)
+    return "[" + ", ".join("None" if d is None else str(int(d)) for d in dims) + "]"
+
+
+def dtype_name(x: Any) -> str:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return type(x).__name__
+    return getattr(dtype, "name", str(dtype))
+
+
+@dataclass(frozen=True)
+class ParamParts:
+    """What natgrad-diag needs of a q_mu or q_sqrt: value, transform, and the variable to watch."""
+
+    value: Any  # tf.Tensor, constrained
+    transform: Any  # a tfp bijector, or None
+    watch: Any  # the unconstrained tf.Variable (or the tensor itself)
+    unconstrained_shape: tuple[int, ...]
+    parameter: Any  # the object passed in (a gpflow.Parameter, tf.Variable, tensor or array)
+
+
+def param_parts(x: Any, name: str) -> ParamParts:
+    """Split a gpflow.Parameter, tf.Variable, tensor or array into what the natgrad flow uses."""
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(x, gpflow.Parameter):
+        uv = x.unconstrained_variable
+        return ParamParts(tf.convert_to_tensor(x), x.transform, uv, tuple(uv.shape.as_list()), x)
+    if isinstance(x, tf.Variable):
+        return ParamParts(tf.convert_to_tensor(x), None, x, tuple(x.shape.as_list()), x)
+    try:
+        t = tf.convert_to_tensor(x)
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            f"{name} could not be converted to a tensor.",
+            context=[("Argument", name), ("Expected", "a gpflow.Parameter, tf.Variable, tensor or array"), ("Got", type(x).__name__)],
+            remedy=f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.",
+        ) from e
+    return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
+
+
+def require_float(x: Any, name: str) -> None:
+    if dtype_name(x) not in ("float64", "float32", "float16"):
+        raise DTypeMismatchError(
+            f"{name} must be a floating-point tensor.",
+            context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", dtype_name(x))],
+            remedy=f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.",
+        )
+
+
+def require_finite(x: Any, name: str) -> None:
+    a = np.asarray(x)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise NonFiniteError(
+            f"{name} contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
+            context=[("Argument", name), ("Shape", shape_str(a.shape)), ("First at", list(first)), ("Value", a[first])],
+            remedy=f"find where {name} became non-finite (often a failed Cholesky or a too-large gamma) and pass finite values.",
+        )
+
+
+def require_shape(x: Any, expected: Sequence[int], name: str, *, what: str = "", remedy: str = "") -> None:
+    got = tuple(np.shape(x)) if not hasattr(x, "shape") else tuple(int(d) for d in x.shape)
+    if got != tuple(expected):
+        raise ShapeMismatchError(
+            what,
+            context=[("Argument", name), ("Expected", shape_str(expected)), ("Actual", shape_str(got))],
+            remedy=remedy or f"pass {name} with shape {shape_str(expected)}.",
+        )
+
+
+def require_same_dtype(x: Any, ref: Any, name: str, ref_name: str) -> None:
+    if dtype_name(x) != dtype_name(ref):
+        raise DTypeMismatchError(
+            f"{name} must have the dtype of {ref_name}.",
+            context=[("Argument", name), ("Expected", f"{dtype_name(ref)} (the dtype of {ref_name})"), ("Got", dtype_name(x))],
+            remedy=f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.",
+        )
+
+
+def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
+    """Check q_mu [M, L] and q_sqrt [L, M, M] agree; return (M, L). q_diag ([M, L]) is refused."""
+    mu_shape = tuple(q_mu.value.shape.as_list())
+    sq_shape = tuple(q_sqrt.value.shape.as_list())
+    if len(mu_shape) != 2:
+        raise ShapeMismatchError(
+            "q_mu must be a matrix [M, L].",
+            context=[("Argument", "q_mu"), ("Expected", "[M, L]"), ("Actual", shape_str(mu_shape))],
+            remedy="pass q_mu with one column per latent GP, e.g. q_mu[:, None] for a single GP.",
+        )
+    M, L = mu_shape
+    if len(sq_shape) == 2:
+        raise UnsupportedModelError(
+            "q_sqrt is diagonal ([M, L], q_diag=True); GPflow's NaturalGradient supports only the full "
+            "covariance parametrisation [L, M, M].",
+            context=[("Argument", "q_sqrt"), ("Expected", f"[L, M, M] = {shape_str((L, M, M))}"), ("Actual", shape_str(sq_shape))],
+            remedy="build the model with q_diag=False (the default) to use natural gradients.",
+        )
+    if sq_shape != (L, M, M):
+        raise ShapeMismatchError(
+            "q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).",
+            context=[
+                ("Argument", "q_sqrt"),
+                ("Expected", f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})"),
+                ("Actual", shape_str(sq_shape)),
+            ],
+            remedy="pass the q_mu and q_sqrt of the same variational distribution.",
+        )
+    require_float(q_mu.value, "q_mu")
+    require_same_dtype(q_sqrt.value, q_mu.value, "q_sqrt", "q_mu")
+    require_finite(q_mu.value, "q_mu")
+    require_finite(q_sqrt.value, "q_sqrt")
+    diag = np.abs(np.diagonal(np.asarray(q_sqrt.value), axis1=-2, axis2=-1))  # [L, M]
+    if (diag == 0).any():
+        l_idx, m_idx = (int(i) for i in np.argwhere(diag == 0)[0])
+        raise SingularCovarianceError(
+            f"q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular and has no natural "
+            f"parameters (S⁻¹ does not exist).",
+            context=[("Argument", "q_sqrt"), ("Zero at", f"q_sqrt[{l_idx}, {m_idx}, {m_idx}]"), ("Diagonal", diag[l_idx])],
+            remedy="use a q_sqrt with a non-zero diagonal (GPflow initialises it to the identity).",
+        )
+    return M, L
+
+
+def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> Any:
+    """The gradient of a parameter's unconstrained variable: same shape, same dtype, finite."""
+    import tensorflow as tf
+
+    try:
+        g = tf.convert_to_tensor(grad)
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            f"{name} could not be converted to a tensor.",
+            context=[("Argument", name), ("Got", type(grad).__name__)],
+            remedy=f"pass the gradient of the loss with respect to {param_name}.unconstrained_variable.",
+        ) from e
+    if g.dtype.is_floating and g.dtype != part.value.dtype:
+        require_same_dtype(g, part.value, name, param_name)
+    require_float(g, name)
+    where = f"{param_name}.unconstrained_variable" if part.transform is not None else param_name
+    require_shape(
+        g,
+        part.unconstrained_shape,
+        name,
+        what=f"{name} must have the shape of {where}.",
+        remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
+    )
+    require_finite(g, name)
+    return g
+
+
+def validate_seeds(seeds: Sequence[Any], targets: Sequence[Any], *, argument: str = "output_gradients") -> None:
+    """Each given seed (``None`` means ones) must have exactly its target's shape and dtype.
+
+    Mirrors torch's ``Mismatch in shape: grad_output[0] has a shape of ... and output[0] has a shape
+    of ...``: no broadcasting, no silent cast.
+    """
+    if len(seeds) != len(targets):
+        raise OutputGradientsError(
+            f"{argument} has {len(seeds)} entr{'y' if len(seeds) == 1 else 'ies'} for {len(targets)} target(s).",
+            context=[
+                ("Argument", argument),
+                ("Expected", f"{len(targets)} seed(s), one per flattened target: " + ", ".join(shape_str(t) for t in targets)),
+                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else shape_str(s) for s in seeds) if seeds else "")),
+            ],
+            remedy=f"pass one seed per target, in the order tf.nest.flatten gives the targets (None for a seed of ones).",
+        )
+    for i, (seed, target) in enumerate(zip(seeds, targets)):
+        if seed is None:
+            continue
+        s_shape = tuple(int(d) for d in np.shape(seed)) if not hasattr(seed, "shape") else tuple(seed.shape)
+        t_shape = tuple(target.shape)
+        if s_shape != t_shape:
+            raise OutputGradientsError(
+                f"{argument}[{i}] has a shape of {shape_str(s_shape)} and target[{i}] has a shape of {shape_str(t_shape)}.",
+                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{shape_str(t_shape)} (target[{i}]'s shape)"), ("Actual", shape_str(s_shape))],
+                remedy=f"pass a seed of exactly the target's shape, e.g. tf.ones_like(target[{i}]) or dL/dtarget[{i}]; "
+                "TensorFlow would broadcast it or fail deep inside.",
+            )
+        if hasattr(seed, "dtype") and dtype_name(seed) != dtype_name(target):
+            raise OutputGradientsError(
+                f"{argument}[{i}] has dtype {dtype_name(seed)} and target[{i}] has dtype {dtype_name(target)}.",
+                context=[("Argument", f"{argument}[{i}]"), ("Expected", dtype_name(target)), ("Actual", dtype_name(seed))],
+                remedy=f"cast the seed to {dtype_name(target)}.",
+            )

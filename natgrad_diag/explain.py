@@ -1,0 +1,341 @@
+"""Why ``dL_deta1 != dtheta_deta1 * q_mu_grad``: the lesson, with every claim computed and checked.
+
+With J = ∂(mean, varsqrt)/∂(η₁, η₂) and v = (∂L/∂mean, ∂L/∂varsqrt):
+
+    tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=v)  = Jᵀ·v      (a vector-Jacobian product)
+    tape.gradient(meanvarsqrt, [eta1, eta2])                      = Jᵀ·1      (every target seeded with ones)
+
+and (Jᵀ·1) ⊙ v = Jᵀ·v only when J is diagonal (one target, an elementwise function). Here
+mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, so
+
+    ∂L/∂η₁ = ∂L/∂mean + (∂varsqrt/∂η₁)ᵀ · ∂L/∂varsqrt           (mean path + varsqrt path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .jacobian import BlockJacobian, natgrad_map_jacobian
+from .results import Check, Report, Section, Table, format_number, to_jsonable
+from .trace import NatGradTrace, natgrad_trace
+
+__all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
+
+
+def default_tolerances(dtype: Any) -> tuple[float, float]:
+    """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype``."""
+    return (1e-10, 1e-12) if np.dtype(dtype) == np.float64 else (1e-4, 1e-5)
+
+
+def _bound(ref: np.ndarray, rtol: float, atol: float) -> float:
+    return atol + rtol * float(np.max(np.abs(ref), initial=0.0))
+
+
+def _maxdiff(a: Any, b: Any) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
+
+
+def _close_check(name: str, claim: str, got: Any, want: Any, rtol: float, atol: float, detail: str = "") -> Check:
+    err = max(_maxdiff(g, w) for g, w in zip(got, want)) if isinstance(got, (tuple, list)) else _maxdiff(got, want)
+    ref = np.concatenate([np.ravel(w) for w in want]) if isinstance(want, (tuple, list)) else np.ravel(want)
+    tol = _bound(ref, rtol, atol)
+    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
+
+
+@dataclass(frozen=True)
+class CounterExample:
+    """y = sin(x), one target, elementwise: J = diag(cos x), so (Jᵀ·1) ⊙ v = Jᵀ·v."""
+
+    x: np.ndarray
+    v: np.ndarray
+    naive: np.ndarray
+    vjp: np.ndarray
+    jacobian_is_diagonal: bool
+
+
+@dataclass(frozen=True)
+class Explanation(Report):
+    """The lesson for one natural-gradient step; ``checks`` are its numbered claims (a)-(e).
+
+    Attributes:
+        trace: the :class:`NatGradTrace` explained.
+        jacobian: J = ∂(mean, varsqrt)/∂(eta1, eta2) from ``tape.jacobian``.
+        naive_product: [M, L], ``dtheta_deta1 * dL_dmean``.
+        mean_path: [M, L], (∂mean/∂η₁)ᵀ·∂L/∂mean.
+        varsqrt_path: [M, L], (∂varsqrt/∂η₁)ᵀ·∂L/∂varsqrt.
+        counter_example: the diagonal case where the naive product is right.
+        row_label: the output element whose row (e) reads with a one-hot seed.
+        onehot_row: that row from ``output_gradients`` = one-hot (eta1 part then eta2 part, flattened).
+        checks: (a) vjp, (b) default seed, (c) naive product and split, (d) counter-example, (e) row of J.
+    """
+
+    trace: NatGradTrace
+    jacobian: BlockJacobian
+    naive_product: np.ndarray
+    mean_path: np.ndarray
+    varsqrt_path: np.ndarray
+    counter_example: CounterExample
+    row_label: str
+    onehot_row: np.ndarray
+    checks: tuple[Check, ...]
+    rtol: float = field(default=1e-10)
+    atol: float = field(default=1e-12)
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        t = self.trace
+        return (
+            f"Why dL/deta1 ≠ dtheta_deta1 * dL/dmean  (M = {t.num_inducing}, L = {t.num_latent}, "
+            f"{t.eta1.dtype}, {t.xi_transform})"
+        )
+
+    def sections(self) -> tuple[Section, ...]:
+        t, J = self.trace, self.jacobian
+        M, L = t.num_inducing, t.num_latent
+        c = {ch.name: ch for ch in self.checks}
+        naive_err = _maxdiff(self.naive_product, t.dL_deta1)
+        vs_eta1 = J.block(1, 0)
+        intro = (
+            "GPflow's step computes\n"
+            "    dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2],\n"
+            "                                       output_gradients=[dL_dmean, dL_dvarsqrt])\n"
+            "That is the vector-Jacobian product Jᵀ·v, with J = ∂(mean, varsqrt)/∂(eta1, eta2) and\n"
+            "v = (dL/dmean, dL/dvarsqrt). Without output_gradients TensorFlow seeds every element of both\n"
+            f"targets (mean {list(t.eta1.shape)} and varsqrt {list(t.eta2.shape)}) with 1, so dtheta_deta = Jᵀ·1:\n"
+            "the gradient of the sum of all output elements, summed over both targets. It is not the\n"
+            "Jacobian, and multiplying it elementwise by dL/dmean is not the chain rule."
+        )
+        rows = []
+        for idx in np.ndindex(M, L):
+            rows.append((
+                f"eta1[{idx[0]},{idx[1]}]",
+                format_number(t.dL_deta1[idx]),
+                format_number(t.dtheta_deta1[idx]),
+                format_number(self.naive_product[idx]),
+                format_number(self.mean_path[idx]),
+                format_number(self.varsqrt_path[idx]),
+            ))  # fmt: skip
+        table = Table(
+            columns=("", "dL/deta1 = Jᵀ·v", "dtheta/deta1 = Jᵀ·1", "naive (Jᵀ·1)⊙v", "mean path", "varsqrt path"),
+            rows=tuple(rows),
+            title="eta1: the output_gradients result, the default seed, the naive product, and the split",
+        )
+        differs = c["c_naive_product_differs"]
+        lead = (
+            f"The naive product differs from Jᵀ·v by up to {format_number(naive_err)}. "
+            if naive_err > (differs.tolerance or 0.0)
+            else f"Here the naive product happens to equal Jᵀ·v (to {format_number(naive_err)}). "
+        )
+        why = (
+            lead +
+            f"∂mean/∂eta1 is the identity (the mean path equals dL/dmean to "
+            f"{format_number(_maxdiff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
+            f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
+            f"{format_number(float(np.max(np.abs(vs_eta1), initial=0.0)))}. So\n"
+            "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt      (mean path + varsqrt path),\n"
+            f"which holds here to {format_number(c['c_split'].max_abs_error)}. The default seed mixes the same two "
+            "paths with ones instead of v: dtheta/deta1 = 1 + Σ ∂varsqrt/∂eta1 (to "
+            f"{format_number(c['b_default_seed_split'].max_abs_error)}), so no elementwise factor can turn it into Jᵀ·v."
+        )
+        ce = self.counter_example
+        ce_text = (
+            f"One target, elementwise: y = sin(x) with x = {np.array2string(ce.x, precision=4)}. J = diag(cos x) "
+            f"is {'diagonal' if ce.jacobian_is_diagonal else 'NOT diagonal'}, so (Jᵀ·1) ⊙ v = cos(x) ⊙ v equals Jᵀ·v "
+            f"(max difference {format_number(_maxdiff(ce.naive, ce.vjp))}). The naive product is right exactly when "
+            "J is diagonal."
+        )
+        m_rows, n_cols = J.matrix.shape
+        row_text = (
+            f"output_gradients = one-hot at {self.row_label} returns one row of J (max difference from "
+            f"tape.jacobian's row {format_number(c['e_onehot_row'].max_abs_error)}). The whole J from tape.jacobian "
+            f"is {m_rows} × {n_cols}: rows {', '.join(f'{n}{list(s)}' for n, s in zip(J.output_names, J.output_shapes))}, "
+            f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
+        )
+        sections = [
+            Section("What TensorFlow computes", intro),
+            Section("The numbers", "", (table,)),
+            Section("Where the difference comes from", why),
+            Section("When the naive product is right", ce_text),
+            Section("Reading J itself", row_text),
+        ]
+        if M <= 6:
+            def mat(a: np.ndarray, name: str) -> Table:
+                return Table(
+                    columns=(name,) + tuple(f"[{k}]" for k in range(M)),
+                    rows=tuple((f"[{r}]",) + tuple(format_number(a[0, r, k]) for k in range(M)) for r in range(M)),
+                    title=f"{name}[0] ({list(a.shape)})",
+                )
+            sections.insert(2, Section("eta2 (first latent GP)", "", (mat(t.dL_deta2, "dL/deta2"), mat(t.dtheta_deta2, "dtheta/deta2"))))
+        return tuple(sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.trace
+        d = super().to_dict()
+        d.update(
+            M=t.num_inducing,
+            L=t.num_latent,
+            dtype=str(t.eta1.dtype),
+            xi_transform=t.xi_transform,
+            gamma=t.gamma,
+            dL_dmean=t.dL_dmean,
+            dL_dvarsqrt=t.dL_dvarsqrt,
+            dL_deta1=t.dL_deta1,
+            dL_deta2=t.dL_deta2,
+            dtheta_deta1=t.dtheta_deta1,
+            dtheta_deta2=t.dtheta_deta2,
+            naive_product=self.naive_product,
+            mean_path=self.mean_path,
+            varsqrt_path=self.varsqrt_path,
+            jacobian_shape=list(self.jacobian.matrix.shape),
+            onehot_row_label=self.row_label,
+        )
+        return to_jsonable(d)
+
+
+def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> tuple[CounterExample, Check]:
+    import tensorflow as tf
+
+    from .jacobian import jacobian
+
+    xt = tf.constant(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        y = tf.sin(xt)
+    ones_seed = tape.gradient(y, xt).numpy()
+    vjp = tape.gradient(y, xt, output_gradients=tf.constant(v)).numpy()
+    del tape
+    Jd = jacobian(tf.sin, [xt], input_names=("x",), output_names=("y",))
+    naive = ones_seed * v
+    diag = Jd.is_diagonal()
+    err = _maxdiff(naive, vjp)
+    tol = _bound(vjp, rtol, atol)
+    check = Check(
+        name="d_diagonal_counter_example",
+        claim="for y = sin(x) (one target, diagonal J) the naive product (Jᵀ·1)⊙v equals Jᵀ·v",
+        passed=bool(diag and err <= tol),
+        max_abs_error=err,
+        tolerance=tol,
+        detail="" if diag else "the Jacobian of sin was not diagonal",
+    )
+    return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
+
+
+def _onehot_row(t: NatGradTrace, label: str) -> np.ndarray:
+    """One row of J via output_gradients = one-hot, on a fresh tape (an independent route)."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+
+    e1, e2 = tf.constant(t.eta1), tf.constant(t.eta2)
+    with tf.GradientTape() as tape:
+        tape.watch([e1, e2])
+        mean, varsqrt = expectation_to_meanvarsqrt(e1, e2)
+    seed_mean = np.zeros_like(t.eta1)
+    seed_vs = np.zeros_like(t.eta2)
+    inner = label[label.index("[") + 1 : -1]
+    idx = tuple(int(k) for k in inner.split(","))
+    (seed_mean if label.startswith("mean") else seed_vs)[idx] = 1.0
+    g1, g2 = tape.gradient([mean, varsqrt], [e1, e2], output_gradients=[tf.constant(seed_mean), tf.constant(seed_vs)])
+    return np.concatenate([g1.numpy().ravel(), g2.numpy().ravel()])
+
+
+def explain_output_gradients(
+    source: NatGradTrace | Any = None,
+    *,
+    gamma: float = 1.0,
+    xi_transform: Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Explanation:
+    """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
+
+    Args:
+        source: a :class:`NatGradTrace`, a :class:`~natgrad_diag.scenario.SeedScenario` (or any
+            ``(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)`` tuple), or ``None`` for ``seed_scenario()``.
+        gamma, xi_transform: passed to :func:`natgrad_trace` when ``source`` is not a trace.
+        rtol, atol: tolerances for "equal" (default from the dtype: 1e-10/1e-12 in float64).
+
+    Returns:
+        A frozen :class:`Explanation`; ``str()`` is the lesson, ``checks`` its claims (a)-(e).
+        It never raises on a failed check; see ``Explanation.passed``.
+    """
+    if source is None:
+        from .scenario import seed_scenario
+
+        source = seed_scenario()
+    trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform)
+    d_rtol, d_atol = default_tolerances(trace.eta1.dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+
+    J = natgrad_map_jacobian(trace.eta1, trace.eta2)
+    v = (trace.dL_dmean, trace.dL_dvarsqrt)
+    contraction = J.vjp(list(v))
+    summed = J.summed_gradient()
+    mean_path = np.tensordot(trace.dL_dmean, J.block(0, 0), axes=2)
+    varsqrt_path = np.tensordot(trace.dL_dvarsqrt, J.block(1, 0), axes=3)
+    naive = trace.naive_product1
+
+    checks = [
+        _close_check(
+            "a_vjp_equals_contraction",
+            "output_gradients=[dL_dmean, dL_dvarsqrt] returns Jᵀ·v, the explicit Jacobian contracted with v",
+            (trace.dL_deta1, trace.dL_deta2), contraction, rtol, atol,
+        ),
+        _close_check(
+            "b_default_seed_is_summed_gradient",
+            "output_gradients=None returns Jᵀ·1, the gradient of the sum of all elements of mean and varsqrt",
+            (trace.dtheta_deta1, trace.dtheta_deta2), summed, rtol, atol,
+        ),
+        _close_check(
+            "b_default_seed_split",
+            "dtheta/deta1 = 1 (the mean path seeded with ones) + Σ over varsqrt elements of ∂varsqrt/∂eta1",
+            trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol, atol,
+        ),
+        _close_check(
+            "c_split",
+            "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
+            trace.dL_deta1, mean_path + varsqrt_path, rtol, atol,
+        ),
+    ]  # fmt: skip
+    naive_err = _maxdiff(naive, trace.dL_deta1)
+    naive_tol = _bound(trace.dL_deta1, rtol, atol)
+    j_diag = J.is_diagonal()
+    checks.append(Check(
+        name="c_naive_product_differs",
+        claim=(
+            "J is not diagonal (varsqrt depends on eta1), and the naive product (Jᵀ·1)⊙v differs from Jᵀ·v"
+            if not j_diag else "J is diagonal, and the naive product equals Jᵀ·v"
+        ),
+        passed=bool((naive_err > naive_tol) != j_diag),
+        max_abs_error=naive_err,
+        tolerance=naive_tol,
+        detail=f"max |(Jᵀ·1)⊙v − Jᵀ·v| = {format_number(naive_err)}; the mean path alone equals dL/dmean to "
+        f"{format_number(_maxdiff(mean_path, trace.dL_dmean))}",
+        expect_difference=not j_diag,
+    ))  # fmt: skip
+    ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), rtol, atol)
+    checks.append(ce_check)
+    M = trace.num_inducing
+    row_label = f"varsqrt[0,{M - 1},0]"
+    onehot = _onehot_row(trace, row_label)
+    checks.append(_close_check(
+        "e_onehot_row",
+        f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
+        onehot, J.row(row_label), rtol, atol,
+    ))  # fmt: skip
+    return Explanation(
+        trace=trace,
+        jacobian=J,
+        naive_product=naive,
+        mean_path=mean_path,
+        varsqrt_path=varsqrt_path,
+        counter_example=ce,
+        row_label=row_label,
+        onehot_row=onehot,
+        checks=tuple(checks),
+        rtol=rtol,
+        atol=atol,
+    )

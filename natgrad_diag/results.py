@@ -1,0 +1,205 @@
+"""Result records shared by every report: a named check, a table, a section, and the report base.
+
+A report is a frozen dataclass that derives from :class:`Report`. It lists its ``checks`` and lays
+itself out as ``sections()``; from those one layout every output form is drawn: ``str()`` (plain
+text, here), the terminal, HTML and Markdown (``natgrad_diag.render``), and ``to_dict()`` for JSON.
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Check", "Report", "Section", "Table", "format_number", "to_jsonable"]
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A float as a short string: ``4`` significant digits, scientific for tiny and huge values."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if value == 0.0:
+        return "0"
+    if 1e-3 <= abs(value) < 1e5:
+        return f"{value:.{digits}g}"
+    return f"{value:.{max(digits - 2, 1)}e}"
+
+
+#: Width of plain-text output.
+TEXT_WIDTH = 88
+
+
+def wrap(text: str, **kwargs: Any) -> str:
+    """Wrap each line of ``text`` at :data:`TEXT_WIDTH`; indented lines (code) are left alone."""
+    out = []
+    for line in text.splitlines() or [""]:
+        if line.startswith(" ") and not kwargs.get("initial_indent"):
+            out.append(line)
+        else:
+            out.append(textwrap.fill(line, TEXT_WIDTH, break_long_words=False, break_on_hyphens=False, **kwargs))
+    return "\n".join(out)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Numpy arrays and scalars to nested lists of Python floats, recursively."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Check:
+    """One claim a report makes, with the numbers that decide it.
+
+    Attributes:
+        name: short identifier, e.g. ``"vjp_equals_contraction"``.
+        claim: the sentence the check establishes, written from the computed numbers.
+        passed: whether the claim holds within ``tolerance``.
+        max_abs_error: the largest absolute difference behind the verdict (``None`` if not numeric).
+        tolerance: the bound ``max_abs_error`` was compared with (``None`` if not numeric).
+        detail: further numbers or the reason a check failed.
+    """
+
+    name: str
+    claim: str
+    passed: bool
+    max_abs_error: float | None = None
+    tolerance: float | None = None
+    detail: str = ""
+    expect_difference: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "claim": self.claim,
+            "passed": bool(self.passed),
+            "max_abs_error": None if self.max_abs_error is None else float(self.max_abs_error),
+            "tolerance": None if self.tolerance is None else float(self.tolerance),
+            "detail": self.detail,
+            "expect_difference": self.expect_difference,
+        }
+
+    def __str__(self) -> str:
+        mark = "PASS" if self.passed else "FAIL"
+        nums = ""
+        if self.max_abs_error is not None:
+            nums = f"  (max abs error {format_number(self.max_abs_error)}"
+            if self.tolerance is not None:
+                within = self.max_abs_error <= self.tolerance
+                nums += f" {'≤' if within else '>'} {format_number(self.tolerance)}"
+            nums += ")"
+        text = wrap(f"[{mark}] {self.name}: {self.claim}{nums}", subsequent_indent="       ")
+        if self.detail:
+            text += "\n" + wrap(self.detail, initial_indent="       ", subsequent_indent="       ")
+        return text
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of already formatted cells; ``columns`` are the headers."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.columns):
+                raise ValueError(
+                    f"Table row {i} has {len(row)} cells, expected {len(self.columns)} "
+                    f"(columns {self.columns})."
+                )
+
+    def to_text(self) -> str:
+        cells = [list(self.columns)] + [list(r) for r in self.rows]
+        widths = [max(len(row[c]) for row in cells) for c in range(len(self.columns))]
+        lines = [self.title] if self.title else []
+        for k, row in enumerate(cells):
+            lines.append("  ".join(cell.rjust(w) if k and c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A heading, a paragraph and any number of tables."""
+
+    heading: str
+    text: str = ""
+    tables: tuple[Table, ...] = ()
+
+
+def checks_table(checks: Sequence[Check]) -> Table:
+    """The checks of a report as one table (mark, name, max abs error, tolerance)."""
+    return Table(
+        columns=("", "check", "max abs error", "tolerance"),
+        rows=tuple(
+            ("PASS" if c.passed else "FAIL", c.name, format_number(c.max_abs_error), format_number(c.tolerance))
+            for c in checks
+        ),
+    )
+
+
+class Report:
+    """Base of every report: ``checks``, ``sections()``, ``to_dict()``, ``passed`` and ``str()``.
+
+    Subclasses are frozen dataclasses that define ``title``, ``checks`` and ``sections()``.
+    """
+
+    # Annotations only: a default here would leak into subclasses' dataclass fields.
+    title: str
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when every check holds."""
+        return all(c.passed for c in self.checks)
+
+    def sections(self) -> tuple[Section, ...]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+
+    def __str__(self) -> str:
+        parts = [self.title, "=" * min(len(self.title), 78)]
+        for section in self.sections():
+            if section.heading:
+                parts.append("")
+                parts.append(section.heading)
+                parts.append("-" * min(len(section.heading), 78))
+            if section.text:
+                parts.append(wrap(section.text))
+            for table in section.tables:
+                parts.append("")
+                parts.append(table.to_text())
+        parts.append("")
+        parts.append("Checks")
+        parts.append("------")
+        parts.extend(str(c) for c in self.checks)
+        verdict = "all checks hold" if self.passed else f"{sum(not c.passed for c in self.checks)} check(s) FAILED"
+        parts.append("")
+        parts.append(f"Verdict: {verdict}.")
+        return "\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        from .render import to_html_fragment
+
+        return to_html_fragment(self)

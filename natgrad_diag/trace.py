@@ -1,0 +1,251 @@
+"""GPflow's natural-gradient step, reproduced step by step and recorded, without assigning anything.
+
+Implements the flow of ``gpflow.optimizers.NaturalGradient._natgrad_apply_gradients`` (GPflow 2.11),
+which is equation [10] of Salimbeni, Eleftheriadis and Hensman, "Natural Gradients in Practice:
+Non-Conjugate Variational Inference in Gaussian Process Models", AISTATS 2018:
+
+    ∂L/∂η = (∂[m, L_S]/∂η)ᵀ · ∂L/∂[m, L_S]              (a vector-Jacobian product, Jᵀ·v)
+    ξ_new = ξ − γ · (∂ξ/∂θ) · ∂L/∂η                     (∂ξ/∂θ = I for ξ = θ, XiNat)
+
+where η = (η₁, η₂) = (m, S + m mᵀ) are the expectation parameters, θ = (S⁻¹m, −½S⁻¹) the natural
+parameters, m = q_mu [M, L] and L_S = q_sqrt [L, M, M] (S = L_S L_Sᵀ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._validate import param_parts, validate_grad, validate_q
+from .exceptions import InputError, StepFailedError
+
+__all__ = ["NatGradTrace", "natgrad_trace", "resolve_xi_transform"]
+
+
+@dataclass(frozen=True)
+class NatGradTrace:
+    """Every intermediate of one natural-gradient step, as float arrays (shapes for M, L).
+
+    Attributes:
+        eta1: [M, L], η₁ = m.
+        eta2: [L, M, M], η₂ = S + m mᵀ.
+        dL_dmean: [M, L], ∂L/∂m = ``_to_constrained(q_mu_grad, q_mu.transform)``.
+        dL_dvarsqrt: [L, M, M], ∂L/∂L_S = ``_to_constrained(q_sqrt_grad, q_sqrt.transform)``.
+        dL_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1, output_gradients=[dL_dmean, dL_dvarsqrt])`` = Jᵀ·v.
+        dL_deta2: [L, M, M], the same for η₂.
+        dtheta_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1)`` with the default seed: Jᵀ·1.
+        dtheta_deta2: [L, M, M], the same for η₂.
+        xi1, xi2: [M, L], [L, M, M], the current ξ = ``xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)``.
+        nat_dL_xi1, nat_dL_xi2: the natural gradient in ξ coordinates (= ∂L/∂η for XiNat).
+        new_q_mu: [M, L], the q_mu GPflow's step would assign for ``gamma``.
+        new_q_sqrt: [L, M, M], the q_sqrt GPflow's step would assign.
+        gamma: the step length.
+        xi_transform: the name of the ξ transform's class.
+    """
+
+    eta1: np.ndarray
+    eta2: np.ndarray
+    dL_dmean: np.ndarray
+    dL_dvarsqrt: np.ndarray
+    dL_deta1: np.ndarray
+    dL_deta2: np.ndarray
+    dtheta_deta1: np.ndarray
+    dtheta_deta2: np.ndarray
+    xi1: np.ndarray
+    xi2: np.ndarray
+    nat_dL_xi1: np.ndarray
+    nat_dL_xi2: np.ndarray
+    new_q_mu: np.ndarray
+    new_q_sqrt: np.ndarray
+    gamma: float
+    xi_transform: str
+    q_mu: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
+    q_sqrt: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def num_inducing(self) -> int:
+        """M."""
+        return int(self.eta1.shape[0])
+
+    @property
+    def num_latent(self) -> int:
+        """L."""
+        return int(self.eta1.shape[1])
+
+    @property
+    def naive_product1(self) -> np.ndarray:
+        """[M, L], the user's guess ``dtheta_deta1 * dL_dmean``, i.e. (Jᵀ·1) ⊙ v for η₁."""
+        return self.dtheta_deta1 * self.dL_dmean
+
+    def __str__(self) -> str:
+        M, L = self.num_inducing, self.num_latent
+        return (
+            f"NatGradTrace(M={M}, L={L}, dtype={self.eta1.dtype}, xi_transform={self.xi_transform}, "
+            f"gamma={self.gamma:g}, max|ΔL_S|={np.max(np.abs(self.new_q_sqrt - self.q_sqrt)):.3g}, "
+            f"max|Δm|={np.max(np.abs(self.new_q_mu - self.q_mu)):.3g})"
+        )
+
+
+def resolve_xi_transform(xi_transform: Any) -> Any:
+    """``None`` means ``XiNat()`` (GPflow's default); a class is refused with a hint to instantiate it."""
+    from gpflow.optimizers import XiNat, XiTransform
+
+    if xi_transform is None:
+        return XiNat()
+    if isinstance(xi_transform, type):
+        raise InputError(
+            "xi_transform must be an instance, not a class.",
+            context=[("Argument", "xi_transform"), ("Expected", "an instance such as XiNat()"), ("Got", f"the class {xi_transform.__name__}")],
+            remedy=f"pass xi_transform={xi_transform.__name__}().",
+        )
+    if not isinstance(xi_transform, XiTransform):
+        needed = ("meanvarsqrt_to_xi", "xi_to_meanvarsqrt", "naturals_to_xi")
+        if not all(callable(getattr(xi_transform, n, None)) for n in needed):
+            raise InputError(
+                "xi_transform is not a gpflow XiTransform.",
+                context=[("Argument", "xi_transform"), ("Expected", "gpflow.optimizers.XiTransform"), ("Got", type(xi_transform).__name__)],
+                remedy="pass XiNat(), XiSqrtMeanVar() or a subclass of gpflow.optimizers.XiTransform.",
+            )
+    return xi_transform
+
+
+def _validate_gamma(gamma: Any) -> float:
+    try:
+        g = float(gamma)
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            "gamma must be a number.",
+            context=[("Argument", "gamma"), ("Expected", "a finite float > 0"), ("Got", repr(gamma))],
+            remedy="pass the step length as a float, e.g. gamma=0.1.",
+        ) from e
+    if not np.isfinite(g) or g <= 0:
+        raise InputError(
+            "gamma must be finite and positive.",
+            context=[("Argument", "gamma"), ("Expected", "a finite float > 0"), ("Got", g)],
+            remedy="pass a step length in (0, 1]; 1 is the exact step for a Gaussian likelihood.",
+        )
+    return g
+
+
+def natgrad_tensors(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any) -> dict[str, Any]:
+    """The TensorFlow part of the step on constrained tensors; no checks, no numpy (tf.function-able).
+
+    Follows ``NaturalGradient._natgrad_apply_gradients`` line by line, and also records the default-seed
+    gradient ``dtheta_deta = tape.gradient(meanvarsqrt, [eta1, eta2])``.
+    """
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat
+    from gpflow.optimizers.natgrad import (
+        expectation_to_meanvarsqrt,
+        meanvarsqrt_to_expectation,
+        meanvarsqrt_to_natural,
+    )
+
+    is_nat = isinstance(xi_transform, XiNat)
+    with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+        tape.watch([q_mu, q_sqrt])
+        eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
+        meanvarsqrt = expectation_to_meanvarsqrt(eta1, eta2)
+        if not is_nat:
+            nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
+            xi1_nat, xi2_nat = xi_transform.naturals_to_xi(nat1, nat2)
+            dummy_tensors = tf.ones_like(xi1_nat), tf.ones_like(xi2_nat)
+            with tf.GradientTape(watch_accessed_variables=False) as forward_tape:
+                forward_tape.watch(dummy_tensors)
+                dummy_gradients = tape.gradient([xi1_nat, xi2_nat], [nat1, nat2], output_gradients=dummy_tensors)
+    dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt])
+    dtheta_deta1, dtheta_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2])
+    if not is_nat:
+        nat_dL_xi1, nat_dL_xi2 = forward_tape.gradient(dummy_gradients, dummy_tensors, output_gradients=[dL_deta1, dL_deta2])
+    else:
+        nat_dL_xi1, nat_dL_xi2 = dL_deta1, dL_deta2
+    del tape
+    xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
+    xi1_new = xi1 - gamma * nat_dL_xi1
+    xi2_new = xi2 - gamma * nat_dL_xi2
+    new_q_mu, new_q_sqrt = xi_transform.xi_to_meanvarsqrt(xi1_new, xi2_new)
+    return dict(
+        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2,
+        dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
+        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2,
+        new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
+    )  # fmt: skip
+
+
+def natgrad_trace(
+    q_mu: Any,
+    q_sqrt: Any,
+    q_mu_grad: Any,
+    q_sqrt_grad: Any,
+    *,
+    gamma: float = 1.0,
+    xi_transform: Any = None,
+) -> NatGradTrace:
+    """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
+
+    Nothing is assigned: the parameters are bit-identical afterwards.
+
+    Args:
+        q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
+        q_sqrt: [L, M, M], a ``gpflow.Parameter`` (usually with ``gpflow.utilities.triangular()``).
+        q_mu_grad: dL/d(q_mu.unconstrained_variable), the shape of that variable ([M, L]).
+        q_sqrt_grad: dL/d(q_sqrt.unconstrained_variable) ([L, M(M+1)/2] for a triangular transform).
+        gamma: the step length γ > 0.
+        xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
+
+    Returns:
+        A frozen :class:`NatGradTrace`.
+
+    Raises:
+        ShapeMismatchError, DTypeMismatchError, NonFiniteError, SingularCovarianceError:
+            bad parameters or gradients (the message names the argument).
+        UnsupportedModelError: q_sqrt is diagonal ([M, L], q_diag=True).
+        StepFailedError: the step for this gamma leaves the positive-definite cone.
+
+    Example:
+        >>> trace = natgrad_trace(*seed_scenario())
+        >>> trace.dL_deta1.shape
+        (5, 1)
+    """
+    import tensorflow as tf
+    from gpflow.base import _to_constrained
+
+    xi = resolve_xi_transform(xi_transform)
+    g = _validate_gamma(gamma)
+    mu_p = param_parts(q_mu, "q_mu")
+    sq_p = param_parts(q_sqrt, "q_sqrt")
+    validate_q(mu_p, sq_p)
+    g_mu = validate_grad(q_mu_grad, mu_p, "q_mu_grad", "q_mu")
+    g_sq = validate_grad(q_sqrt_grad, sq_p, "q_sqrt_grad", "q_sqrt")
+
+    dL_dmean = _to_constrained(g_mu, mu_p.transform)
+    dL_dvarsqrt = _to_constrained(g_sq, sq_p.transform)
+    mu_t = tf.identity(mu_p.value)
+    sq_t = tf.identity(sq_p.value)
+    try:
+        out = natgrad_tensors(mu_t, sq_t, dL_dmean, dL_dvarsqrt, tf.constant(g, mu_t.dtype), xi)
+    except tf.errors.InvalidArgumentError as e:
+        raise StepFailedError(
+            f"with gamma = {g:g} the updated covariance is not positive definite (Cholesky failed).",
+            context=[("gamma", g), ("xi_transform", type(xi).__name__), ("TensorFlow said", str(e).splitlines()[0][:200])],
+            remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
+        ) from None
+    arrays = {k: v.numpy() for k, v in out.items()}
+    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
+    if bad:
+        raise StepFailedError(
+            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
+            context=[("gamma", g), ("xi_transform", type(xi).__name__)],
+            remedy="use a smaller gamma, or float64 if you are in float32.",
+        )
+    return NatGradTrace(
+        dL_dmean=dL_dmean.numpy(),
+        dL_dvarsqrt=dL_dvarsqrt.numpy(),
+        gamma=g,
+        xi_transform=type(xi).__name__,
+        q_mu=mu_t.numpy(),
+        q_sqrt=sq_t.numpy(),
+        **arrays,
+    )
