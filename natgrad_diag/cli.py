@@ -153,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["explain", *argv]
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, not ours
+    if getattr(args, "json", False):
+        from .progress import set_enabled
+
+        set_enabled(False)
     from .exceptions import InputError, NatGradDiagError, UnsupportedModelError
 
     try:
