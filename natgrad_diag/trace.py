@@ -236,7 +236,8 @@ def natgrad_trace(
     bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
     if bad:
         raise StepFailedError(
-            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
+            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}: the updated covariance "
+            "is not positive definite (TensorFlow's Cholesky returned NaN).",
             context=[("gamma", g), ("xi_transform", type(xi).__name__)],
             remedy="use a smaller gamma, or float64 if you are in float32.",
         )
