@@ -181,37 +181,79 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
     return g
 
 
-def validate_seeds(seeds: Sequence[Any], targets: Sequence[Any], *, argument: str = "output_gradients") -> None:
+def validate_seeds(
+    seeds: Sequence[Any],
+    targets: Sequence[Any],
+    *,
+    argument: str = "output_gradients",
+    target_name: str = "target",
+) -> None:
     """Each given seed (``None`` means ones) must have exactly its target's shape and dtype.
 
     Mirrors torch's ``Mismatch in shape: grad_output[0] has a shape of ... and output[0] has a shape
-    of ...``: no broadcasting, no silent cast.
+    of ...``: no broadcasting, no silent cast. ``seeds`` and ``targets`` are already flattened
+    (``tf.nest.flatten``). A seed without a dtype (a Python number) is not dtype-checked: the caller
+    converts it to its target's dtype. Unknown static dims (inside ``tf.function``) are not compared.
+
+    Args:
+        seeds: the flattened seeds (cotangents), ``None`` entries allowed.
+        targets: the flattened targets (outputs), tensors or variables.
+        argument: the user-facing name of the seeds, e.g. ``"output_gradients"`` or ``"cotangents"``.
+        target_name: the user-facing name of one target, e.g. ``"target"`` or ``"output"``.
+
+    Raises:
+        OutputGradientsError: wrong number of seeds, or a seed of another shape or dtype.
     """
+
+    def static_dims(x: Any) -> tuple[int | None, ...] | None:
+        # the static shape (None for an unknown dim), or None for an unknown rank
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            return tuple(int(d) for d in np.shape(x))
+        if getattr(shape, "rank", 0) is None:
+            return None
+        return tuple(None if d is None else int(d) for d in shape)
+
+    def agree(a: tuple[int | None, ...] | None, b: tuple[int | None, ...] | None) -> bool:
+        # equal shapes, no broadcasting; an unknown dim or rank agrees with anything
+        if a is None or b is None:
+            return True
+        return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
     if len(seeds) != len(targets):
+        numbers = [s for s in seeds if s is not None and not hasattr(s, "shape")]
+        hint = (
+            f" A Python list of numbers is read as {len(seeds)} separate seeds (tf.nest.flatten): wrap it, "
+            f"e.g. tf.constant([...], dtype=tf.{dtype_name(targets[0]) if targets else 'float64'})."
+            if numbers and len(seeds) > len(targets)
+            else ""
+        )
         raise OutputGradientsError(
-            f"{argument} has {len(seeds)} entr{'y' if len(seeds) == 1 else 'ies'} for {len(targets)} target(s).",
+            f"{argument} has {len(seeds)} entr{'y' if len(seeds) == 1 else 'ies'} for {len(targets)} {target_name}(s).",
             context=[
                 ("Argument", argument),
-                ("Expected", f"{len(targets)} seed(s), one per flattened target: " + ", ".join(shape_str(t) for t in targets)),
-                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else shape_str(s) for s in seeds) if seeds else "")),
+                ("Expected", f"{len(targets)} seed(s), one per flattened {target_name}: " + ", ".join(shape_str(t) for t in targets)),
+                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else shape_str(np.shape(s) if not hasattr(s, "shape") else s) for s in seeds) if seeds else "")),
             ],
-            remedy=f"pass one seed per target, in the order tf.nest.flatten gives the targets (None for a seed of ones).",
+            remedy=f"pass one seed per {target_name}, in the order tf.nest.flatten gives the {target_name}s "
+            f"(None for a seed of ones).{hint}",
         )
     for i, (seed, target) in enumerate(zip(seeds, targets)):
         if seed is None:
             continue
-        s_shape = tuple(int(d) for d in np.shape(seed)) if not hasattr(seed, "shape") else tuple(seed.shape)
-        t_shape = tuple(target.shape)
-        if s_shape != t_shape:
+        s_shape = static_dims(seed)
+        t_shape = static_dims(target)
+        if not agree(s_shape, t_shape):
             raise OutputGradientsError(
-                f"{argument}[{i}] has a shape of {shape_str(s_shape)} and target[{i}] has a shape of {shape_str(t_shape)}.",
-                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{shape_str(t_shape)} (target[{i}]'s shape)"), ("Actual", shape_str(s_shape))],
-                remedy=f"pass a seed of exactly the target's shape, e.g. tf.ones_like(target[{i}]) or dL/dtarget[{i}]; "
+                f"{argument}[{i}] has a shape of {shape_str(s_shape)} and {target_name}[{i}] has a shape of {shape_str(t_shape)}.",
+                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{shape_str(t_shape)} ({target_name}[{i}]'s shape)"), ("Actual", shape_str(s_shape))],
+                remedy=f"pass a seed of exactly the {target_name}'s shape, e.g. tf.ones_like({target_name}[{i}]) or dL/d{target_name}[{i}]; "
                 "TensorFlow would broadcast it or fail deep inside.",
             )
         if hasattr(seed, "dtype") and dtype_name(seed) != dtype_name(target):
             raise OutputGradientsError(
-                f"{argument}[{i}] has dtype {dtype_name(seed)} and target[{i}] has dtype {dtype_name(target)}.",
-                context=[("Argument", f"{argument}[{i}]"), ("Expected", dtype_name(target)), ("Actual", dtype_name(seed))],
-                remedy=f"cast the seed to {dtype_name(target)}.",
+                f"{argument}[{i}] has dtype {dtype_name(seed)} and {target_name}[{i}] has dtype {dtype_name(target)}.",
+                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{dtype_name(target)} ({target_name}[{i}]'s dtype)"), ("Actual", dtype_name(seed))],
+                remedy=f"cast the seed to {dtype_name(target)}, e.g. tf.cast(seed, tf.{dtype_name(target)}); "
+                "TensorFlow would fail deep inside, and no cast is done silently.",
             )

@@ -1,0 +1,296 @@
+"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``.
+
+``tape.gradient(target, sources, output_gradients=v)`` computes the vector-Jacobian product
+
+    (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j          (one result per source)
+
+where the seed v_i = ∂L/∂target_i is a cotangent of target i and must have exactly target i's
+shape. TensorFlow 2.21 does not check that: for ``y = x[:, None] * x[None, :]`` a seed of shape [4]
+fails deep inside with ``Input to reshape is a tensor with 1 values, but the requested shape has 4``,
+and for ``y = tf.sin(x)`` (x of shape [4]) a seed of shape [4, 1] is silently broadcast and the
+"gradient" comes back with shape [4, 4]. PyTorch checks it (``Mismatch in shape: grad_output[0] has a
+shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])``); so do the functions here.
+
+References:
+    TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
+    PyTorch, ``torch.autograd.grad`` and its ``grad_outputs`` check (torch/autograd/__init__.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._validate import dtype_name, shape_str, validate_seeds
+from .exceptions import DTypeMismatchError, InputError, OutputGradientsError, UnconnectedGradientError
+
+__all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
+
+#: Accepted values of ``unconnected``.
+UNCONNECTED_CHOICES = ("none", "zero", "raise")
+
+
+def _unconnected_mode(unconnected: Any) -> str:
+    """``"none"``, ``"zero"`` or ``"raise"`` from a string or a ``tf.UnconnectedGradients``."""
+    value = getattr(unconnected, "value", unconnected)
+    if isinstance(value, str) and value.lower() in UNCONNECTED_CHOICES:
+        return value.lower()
+    raise InputError(
+        "unconnected must say what a source that does not influence the target gets.",
+        context=[("Argument", "unconnected"), ("Expected", '"none", "zero" or "raise"'), ("Got", repr(unconnected))],
+        remedy='pass unconnected="none" (TensorFlow\'s default, None), "zero" (zeros of the source\'s shape) '
+        'or "raise" (an error naming the source).',
+    )
+
+
+def _describe(x: Any) -> str:
+    return f"shape {shape_str(x)}, {dtype_name(x)}" if hasattr(x, "shape") else type(x).__name__
+
+
+def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(target)
+    if not flat:
+        raise InputError(
+            f"{argument} is empty: there is nothing to differentiate.",
+            context=[("Argument", argument), ("Expected", "a tensor or a nest (list, tuple, dict) of tensors"), ("Got", repr(target))],
+            remedy=f"pass the {target_name}(s) computed inside the tape's context.",
+        )
+    for i, t in enumerate(flat):
+        if not (isinstance(t, (tf.Tensor, tf.Variable)) or hasattr(t, "shape") and hasattr(t, "dtype")):
+            raise InputError(
+                f"{target_name}[{i}] is not a tensor.",
+                context=[("Argument", f"{argument} (flattened entry {i})"), ("Expected", "a tf.Tensor or tf.Variable"), ("Got", type(t).__name__)],
+                remedy=f"pass the {target_name} tensors themselves; only tensors computed on the tape can be differentiated.",
+            )
+    return flat
+
+
+def _prepare_seeds(
+    output_gradients: Any, targets: list[Any], *, argument: str, target_name: str, structure: Any
+) -> list[Any] | None:
+    """Flatten, validate, and convert the seeds; ``None`` entries become ones of the target's shape."""
+    import tensorflow as tf
+
+    if output_gradients is None:
+        return None
+    if isinstance(output_gradients, Mapping) and isinstance(structure, Mapping):
+        if set(map(str, output_gradients)) != set(map(str, structure)):
+            raise OutputGradientsError(
+                f"{argument} and the {target_name}s are dicts with different keys.",
+                context=[
+                    ("Argument", argument),
+                    ("Expected", f"keys {sorted(map(str, structure))}"),
+                    ("Actual", f"keys {sorted(map(str, output_gradients))}"),
+                ],
+                remedy=f"give {argument} the same keys as the {target_name} dict.",
+            )
+    flat = tf.nest.flatten(output_gradients)
+    validate_seeds(flat, targets, argument=argument, target_name=target_name)
+    seeds = []
+    for i, (seed, tgt) in enumerate(zip(flat, targets)):
+        if seed is None:
+            seeds.append(tf.ones_like(tgt))
+            continue
+        try:
+            # a seed with a dtype has already been checked; a Python number takes its target's dtype
+            seeds.append(tf.convert_to_tensor(seed) if hasattr(seed, "dtype") else tf.convert_to_tensor(seed, dtype=tgt.dtype))
+        except (TypeError, ValueError) as e:
+            raise OutputGradientsError(
+                f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.",
+                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}"), ("Got", type(seed).__name__)],
+                remedy=f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
+            ) from e
+    return seeds
+
+
+_WATCH_REMEDY = (
+    "compute the target from the source inside the tape's context and make sure the tape watches it "
+    "(tf.Variables are watched automatically, tensors need tape.watch(x)); if a zero gradient is right, "
+    'pass unconnected="zero".'
+)
+
+
+def _raise_unconnected(
+    flat_sources: list[Any],
+    flat_grads: list[Any],
+    targets: list[Any],
+    *,
+    source_name: str = "sources",
+    target_name: str = "target",
+    remedy: str = _WATCH_REMEDY,
+) -> None:
+    """Raise :class:`UnconnectedGradientError` naming the first source whose gradient is None."""
+    missing = [j for j, g in enumerate(flat_grads) if g is None]
+    if not missing:
+        return
+    j = missing[0]
+    if len(targets) == 1:
+        where = f"{target_name}[0]"
+    else:
+        where = f"any of the {len(targets)} {target_name}s"
+    target_text = "; ".join(f"{target_name}[{i}]: {_describe(t)}" for i, t in enumerate(targets))
+    context: list[tuple[str, object]] = [
+        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"),
+        ("Target", target_text),
+    ]
+    if len(missing) > 1:
+        context.append(("Also unconnected", ", ".join(f"{source_name}[{k}]" for k in missing[1:])))
+    raise UnconnectedGradientError(
+        f"{source_name}[{j}] is not connected to {where}: TensorFlow's gradient is None.",
+        context=context,
+        remedy=remedy,
+    )
+
+
+def checked_gradient(
+    tape: Any,
+    target: Any,
+    sources: Any,
+    output_gradients: Any = None,
+    *,
+    unconnected: Any = "none",
+) -> Any:
+    """``tape.gradient`` that checks ``output_gradients`` before it calls: Jᵀ·v, never a broadcast.
+
+    With targets y_i (the flattened ``target``), sources x_j and seeds v_i = ∂L/∂y_i, returns
+
+        ∂L/∂x_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (Jᵀ·v; a seed of ones gives ∂(Σ y)/∂x_j)
+
+    The checks, in torch's spirit: ``target`` is flattened as ``tf.nest.flatten`` does (a dict by its
+    sorted keys) and so is ``output_gradients`` (a single tensor for a single target is fine); there
+    is exactly one seed per target; each seed has exactly its target's shape (no broadcasting) and
+    dtype (no cast); a ``None`` entry means a seed of ones (``tf.ones_like(target_i)``; TensorFlow
+    2.21 itself fails on a ``None`` entry). A seed that is a Python number takes its target's dtype.
+    Nothing is computed before the checks pass, so a non-persistent tape is still usable after an
+    error.
+
+    Args:
+        tape: the ``tf.GradientTape`` that recorded the targets.
+        target: a tensor or a nest (list, tuple, dict) of tensors.
+        sources: a tensor, a variable or a nest of them; the result has the same structure.
+        output_gradients: ``None`` (every target seeded with ones), or one seed per flattened target,
+            in the same nest or flat, each of its target's shape and dtype (``None`` entries: ones).
+        unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as
+            TensorFlow), ``"zero"`` (zeros of the source's shape, ``tf.UnconnectedGradients.ZERO``) or
+            ``"raise"`` (:class:`~natgrad_diag.exceptions.UnconnectedGradientError` naming the source
+            and the target). ``tf.UnconnectedGradients`` values are accepted too.
+
+    Returns:
+        The gradients, structured like ``sources``: source j's entry has source j's shape.
+
+    Raises:
+        OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype
+            (also a ``ValueError``).
+        UnconnectedGradientError: ``unconnected="raise"`` and a source does not influence the target.
+        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or
+            ``unconnected`` is not one of the choices.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> x = tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64)
+        >>> with tf.GradientTape() as tape:
+        ...     tape.watch(x)
+        ...     y = x[:, None] * x[None, :]
+        >>> checked_gradient(tape, y, x, tf.ones_like(y)).numpy()
+        array([20., 20., 20., 20.])
+    """
+    import tensorflow as tf
+
+    if not isinstance(tape, tf.GradientTape):
+        raise InputError(
+            "tape must be the tf.GradientTape that recorded the target.",
+            context=[("Argument", "tape"), ("Expected", "tf.GradientTape"), ("Got", type(tape).__name__)],
+            remedy="call checked_gradient(tape, target, sources, output_gradients) as you would tape.gradient(...).",
+        )
+    mode = _unconnected_mode(unconnected)
+    targets = _flat_targets(target, "target", "target")
+    seeds = _prepare_seeds(output_gradients, targets, argument="output_gradients", target_name="target", structure=target)
+    flat_sources = tf.nest.flatten(sources)
+    tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
+    grads = tape.gradient(targets, flat_sources, output_gradients=seeds, unconnected_gradients=tf_mode)
+    if mode == "raise":
+        _raise_unconnected(flat_sources, list(grads), targets)
+    return tf.nest.pack_sequence_as(sources, grads)
+
+
+def _to_primal(x: Any, k: int) -> Any:
+    import tensorflow as tf
+
+    try:
+        t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            f"primals[{k}] could not be converted to a tensor.",
+            context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", type(x).__name__)],
+            remedy="pass float64 arrays or tensors.",
+        ) from e
+    if not t.dtype.is_floating and not t.dtype.is_complex:
+        raise DTypeMismatchError(
+            f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.",
+            context=[("Argument", f"primals[{k}]"), ("Expected", "float64 (or float32)"), ("Got", t.dtype.name)],
+            remedy=f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).",
+        )
+    return t
+
+
+def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
+    """The outputs of ``fn(*primals)`` and the vector-Jacobian product Jᵀ·v, with the seeds checked.
+
+    With outputs y_i = fn(x)_i (flattened as ``tf.nest.flatten`` does) and cotangents v_i = ∂L/∂y_i:
+
+        result_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (the functional form of output_gradients)
+
+    Each cotangent must have exactly its output's shape and dtype (``None`` entries: ones), as in
+    :func:`checked_gradient`, whose checks this uses.
+
+    Args:
+        fn: a function of the primals returning a tensor or a nest of tensors.
+        primals: one tensor/array (``fn(x)``) or a list/tuple of them (``fn(*primals)``). Arrays and
+            numbers without a dtype become float64; integer inputs are refused.
+        cotangents: one seed per flattened output (a single tensor for a single output).
+        unconnected: for an input ``fn`` does not use: ``"zero"`` (default, the mathematical answer),
+            ``"none"`` or ``"raise"``.
+
+    Returns:
+        ``(outputs, grads)``: ``outputs`` as ``fn`` returned them, and ``grads`` one tensor per primal
+        with that primal's shape (a single tensor when ``primals`` was a single tensor).
+
+    Raises:
+        OutputGradientsError: a wrong number of cotangents, or one of another shape or dtype.
+        InputError: a primal is not a floating-point tensor.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> y, g = vjp(lambda x: x[:, None] * x[None, :], tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64),
+        ...            tf.ones([4, 4], tf.float64))
+        >>> g.numpy()
+        array([20., 20., 20., 20.])
+    """
+    import tensorflow as tf
+
+    single = not isinstance(primals, (list, tuple))
+    xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
+    mode = _unconnected_mode(unconnected)
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(xs)
+        outputs = fn(*xs)
+    targets = _flat_targets(outputs, "fn's outputs", "output")
+    if cotangents is None:
+        raise OutputGradientsError(
+            "cotangents is None.",
+            context=[("Argument", "cotangents"), ("Expected", "one seed per output: " + ", ".join(shape_str(t) for t in targets)), ("Actual", "None")],
+            remedy="pass the cotangents ∂L/∂output explicitly (tf.ones_like(output) for the gradient of the sum).",
+        )
+    seeds = _prepare_seeds(cotangents, targets, argument="cotangents", target_name="output", structure=outputs)
+    tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
+    grads = tape.gradient(targets, xs, output_gradients=seeds, unconnected_gradients=tf_mode)
+    if mode == "raise":
+        _raise_unconnected(
+            xs, list(grads), targets, source_name="primals", target_name="output",
+            remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.',
+        )
+    return outputs, (grads[0] if single else tuple(grads))
