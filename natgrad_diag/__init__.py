@@ -20,6 +20,11 @@ from .exceptions import (
     UnsupportedModelError,
 )
 
+# The function ``jacobian`` shares its name with the module ``jacobian``: import it eagerly (the module
+# is light: numpy only), so that a later ``from .jacobian import ...`` cannot rebind the package
+# attribute to the module.
+from .jacobian import jacobian
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -70,7 +75,6 @@ _LAZY = {
     "check_natgrad": "natgrad_check",
     "checked_gradient": "checked",
     "explain_output_gradients": "explain",
-    "jacobian": "jacobian",
     "natgrad_trace": "trace",
     "outer_example": "outer",
     "seed_scenario": "scenario",
