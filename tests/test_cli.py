@@ -1,0 +1,59 @@
+"""The natgrad-diag command: the lesson, JSON that agrees with the API, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import natgrad_diag as nd
+from natgrad_diag.cli import main
+
+
+def test_cli__no_arguments_prints_the_lesson_and_exits_0(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "Why dL/deta1" in out and "mean path" in out and "Jᵀ·1" in out
+
+
+def test_cli__explain_json_agrees_with_the_api(capsys):
+    assert main(["explain", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    t = nd.natgrad_trace(*nd.seed_scenario())
+    for key in ("dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2"):
+        np.testing.assert_allclose(np.array(d[key]), getattr(t, key), rtol=0, atol=1e-15, err_msg=key)
+    np.testing.assert_allclose(np.array(d["naive_product"]), t.dtheta_deta1 * t.dL_dmean, atol=1e-15)
+    assert all(c["passed"] for c in d["checks"]) and d["passed"] is True
+    assert all(isinstance(c["max_abs_error"], float) for c in d["checks"])
+
+
+def test_cli__explain_meanvar_gamma(capsys):
+    assert main(["explain", "--xi", "meanvar", "--gamma", "0.5", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["xi_transform"] == "XiSqrtMeanVar" and d["gamma"] == 0.5
+
+
+@pytest.mark.parametrize("argv", [["explain", "--gamma", "-1"], ["explain", "--xi", "other"], ["nonsense"], ["outer", "--x", "a,b"]])
+def test_cli__bad_usage_exits_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli__installed_entry_point_runs_end_to_end():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["passed"] is True
+
+
+def test_cli__help_does_not_import_tensorflow():
+    code = "import sys; from natgrad_diag.cli import build_parser; build_parser(); import natgrad_diag; print('tensorflow' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
