@@ -55,11 +55,27 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _report_path(text: str) -> str:
+    from .exceptions import InputError
+    from .render import report_format
+
+    try:
+        report_format(text, argument="--report")
+    except InputError:
+        raise argparse.ArgumentTypeError(
+            f"expected a path ending in .html, .htm or .md (the extension chooses the format), got {text!r}"
+        ) from None
+    return text
+
+
 def _output_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     g.add_argument("--plain", action="store_true", help="plain text, no colour or table borders")
-    g.add_argument("--report", metavar="PATH", help="also write a report: .html (self-contained) or .md")
+    g.add_argument(
+        "--report", metavar="PATH", type=_report_path,
+        help="also write a report: .html (self-contained, pictures embedded) or .md (pictures beside it)",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +128,34 @@ def _xi(name: str) -> Any:
     return XiNat() if name == "nat" else XiSqrtMeanVar()
 
 
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with the C++ start-up chatter (CUDA probing, oneDNN notes) kept off stderr.
+
+    Those lines are written before TF_CPP_MIN_LOG_LEVEL is read, so file descriptor 2 is pointed at a
+    temporary file for the import; if the import fails, what it wrote is replayed before the error.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+
+            tensorflow.constant(0.0) + 0.0  # device initialisation logs here too
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
     if command == "explain":
@@ -160,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .exceptions import InputError, NatGradDiagError, UnsupportedModelError
 
     try:
+        _import_tensorflow_quietly()
         report = _run(args)
     except (InputError, UnsupportedModelError) as e:
         print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)
