@@ -199,6 +199,18 @@ class Report:
         parts.append(f"Verdict: {verdict}.")
         return "\n".join(parts)
 
+    def figures(self) -> tuple[Any, ...]:
+        """The pictures of this report, as ``natgrad_diag.plots.Picture`` (name, caption, PNG bytes).
+
+        By default drawn from what the report carries (see ``natgrad_diag.plots.picture_kinds``):
+        a heatmap of ``jacobian``, the η₁ chart of an explanation, the numeric checks against their
+        tolerances. Override to add or replace pictures. Empty when there is nothing to draw; raises
+        ``MissingExtraError`` when there is and matplotlib is not installed.
+        """
+        from .plots import report_pictures
+
+        return report_pictures(self)
+
     def _repr_html_(self) -> str:
         from .render import to_html_fragment
 
