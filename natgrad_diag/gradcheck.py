@@ -885,7 +885,7 @@ def check_gradients(
         if isinstance(cotangents, np.ndarray) or not isinstance(cotangents, (list, tuple)):
             cotangents = [cotangents]
         seeds = list(cotangents)
-        validate_seeds(seeds, prob.y, argument="cotangents")
+        validate_seeds(seeds, prob.y, argument="cotangents", target_name="output")
         cots = []
         for k, (s, y) in enumerate(zip(seeds, prob.y)):
             a = np.ones_like(y) if s is None else np.asarray(s, dtype=y.dtype)

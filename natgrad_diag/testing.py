@@ -1,0 +1,148 @@
+"""Assertions for your own pytest suite: gradients, vector-Jacobian products, natural-gradient steps.
+
+Each helper raises an ``AssertionError`` subclass with a message that names the block or input, the
+worst entry, expected against actual, the tolerances and what to do, so a failing test reads::
+
+    natgrad_diag.exceptions.JacobianMismatchError: Jacobian mismatch. Output 1 (varsqrt) with respect
+    to input 1 (eta2): finite differences and the analytical derivative disagree.
+      Worst entry: ∂varsqrt[0,2,1]/∂eta2[0,2,1]
+        Expected:    numerical  0.6667  (central differences, eps=1e-06)
+        Actual:      analytical 0.3333  (reverse mode)
+      ...
+
+Only numpy is imported here; TensorFlow, GPflow and the natural-gradient checks load on first use.
+
+Example (a test file)::
+
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+    from natgrad_diag.testing import assert_gradients, assert_vjp_matches_jacobian
+
+    def test_my_map_gradients():
+        assert_gradients(expectation_to_meanvarsqrt, [eta1, eta2])   # eta2 is checked as symmetric
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .gradcheck import assert_gradients
+from .jacobian import DEFAULT_MAX_BYTES
+
+__all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
+
+
+def _vjp_tolerances(dtype: np.dtype) -> tuple[float, float]:
+    # two exact routes to the same numbers: only rounding separates them
+    return (1e-10, 1e-12) if dtype == np.float64 else (1e-4, 1e-5)
+
+
+def assert_vjp_matches_jacobian(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any] | Mapping[str, Any] | Any,
+    cotangents: Sequence[Any] | Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[np.ndarray, ...]:
+    """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
+
+    With J_ij = ∂y_i/∂x_j from ``tape.jacobian`` (:func:`natgrad_diag.jacobian.jacobian`) and v_i the
+    cotangent of output i, the expected result for input j is the explicit contraction
+
+        (Jᵀ·v)_j[b] = Σ_i Σ_a v_i[a] · J_ij[a, b]          (numpy ``tensordot``)
+
+    which is what ``output_gradients`` computes, and not (Jᵀ·1) ⊙ v. Catches gradients that are not
+    linear in the upstream gradient (a ``tf.custom_gradient`` that forgets to multiply by ``dy``) and
+    seeds in the wrong order. To check the Jacobian itself against finite differences use
+    :func:`assert_gradients`.
+
+    Args:
+        fn: a function of the inputs returning a tensor or a nest of tensors.
+        inputs: the point: a sequence of float tensors/arrays (or a dict: its keys name the inputs).
+        cotangents: one seed per flattened output (exact shape and dtype; ``None`` means ones).
+        rtol, atol: tolerances; default (1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32. An entry
+            passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|.
+        input_names, output_names: names for the message (default ``x0, ...`` / ``y0, ...`` or dict keys).
+        max_bytes: refuse, before allocating, a dense Jacobian larger than this (default 2 GiB).
+
+    Returns:
+        The VJP, one array per input (shape of that input).
+
+    Raises:
+        JacobianMismatchError: for some input the VJP differs from Jᵀ·v (names the input and worst entry).
+        OutputGradientsError: a cotangent has the wrong count, shape or dtype.
+        MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
+    """
+    __tracebackhide__ = True
+    import tensorflow as tf
+
+    from ._validate import require_finite, require_float, validate_seeds
+    from .exceptions import JacobianMismatchError
+    from .jacobian import element_labels, jacobian
+
+    if isinstance(inputs, Mapping):
+        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
+        values = list(inputs.values())
+    else:
+        values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
+    xs = [tf.constant(np.array(tf.convert_to_tensor(v).numpy(), copy=True)) for v in values]
+    for n, x in zip(names, xs):
+        require_float(x, n)
+        require_finite(x.numpy(), n)
+
+    J = jacobian(fn, xs, input_names=names, output_names=output_names, max_bytes=max_bytes)
+    seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(xs)
+        ys = tf.nest.flatten(fn(*xs))
+    validate_seeds(seeds, ys, argument="cotangents", target_name="output")
+    vs = [np.ones(y.shape, y.dtype.as_numpy_dtype) if s is None else np.asarray(s, dtype=y.dtype.as_numpy_dtype) for s, y in zip(seeds, ys)]
+    got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    got = tuple(g.numpy() for g in got)
+    want = J.vjp(vs)
+
+    d_rtol, d_atol = _vjp_tolerances(np.dtype(J.dtype))
+    rtol_ = d_rtol if rtol is None else float(rtol)
+    atol_ = d_atol if atol is None else float(atol)
+    for j, (g, w) in enumerate(zip(got, want)):
+        err = np.abs(g - w)
+        tol = atol_ + rtol_ * np.abs(w)
+        if np.all(err <= tol):
+            continue
+        k = int(np.argmax(err - tol))
+        label = element_labels(J.input_names[j], J.input_shapes[j])[k]
+        raise JacobianMismatchError(
+            f"tape.gradient with output_gradients is not Jᵀ·v for input {j} ({J.input_names[j]}).",
+            context=[
+                ("Input", f"{j} ({J.input_names[j]}, shape {list(J.input_shapes[j])})"),
+                ("Worst entry", label),
+                ("Expected", f"{float(w.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
+                ("Actual", f"{float(g.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
+                ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} (rtol={rtol_:g}, atol={atol_:g})"),
+            ],
+            remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "
+            "by dy), or the cotangents are not in tf.nest.flatten order of the outputs.",
+        )
+    return got
+
+
+def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
+    """Assert that a natural-gradient step matches GPflow's ``NaturalGradient`` (see ``natgrad_check``).
+
+    A thin wrapper: the check lives in :mod:`natgrad_diag.natgrad_check` under the same name, and is
+    imported when called (it needs GPflow); arguments and return value are passed through unchanged.
+
+    Raises:
+        NatGradCheckError: the step differs from GPflow's (an ``AssertionError``).
+    """
+    __tracebackhide__ = True
+    from . import natgrad_check
+
+    return natgrad_check.assert_natgrad_step_matches_gpflow(*args, **kwargs)
