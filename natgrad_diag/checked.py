@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ._validate import dtype_name, shape_str, validate_seeds
-from .exceptions import DTypeMismatchError, InputError, OutputGradientsError, UnconnectedGradientError
+from .exceptions import DTypeMismatchError, InputError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 
@@ -198,6 +198,14 @@ def checked_gradient(
         >>> checked_gradient(tape, y, x, tf.ones_like(y)).numpy()
         array([20., 20., 20., 20.])
     """
+    try:
+        return _checked_gradient(tape, target, sources, output_gradients, unconnected)
+    except NatGradDiagError as e:
+        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
+        raise
+
+
+def _checked_gradient(tape: Any, target: Any, sources: Any, output_gradients: Any, unconnected: Any) -> Any:
     import tensorflow as tf
 
     if not isinstance(tape, tf.GradientTape):
@@ -270,6 +278,14 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
         >>> g.numpy()
         array([20., 20., 20., 20.])
     """
+    try:
+        return _vjp(fn, primals, cotangents, unconnected)
+    except NatGradDiagError as e:
+        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
+        raise
+
+
+def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     single = not isinstance(primals, (list, tuple))
@@ -294,3 +310,10 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
             remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.',
         )
     return outputs, (grads[0] if single else tuple(grads))
+
+
+# Inside tf.function, AutoGraph must call these as they are: converted, a NatGradDiagError raised deep
+# inside would come out as a StagingError. This attribute is what tf.autograph.experimental.do_not_convert
+# sets; setting it here keeps TensorFlow out of the import.
+checked_gradient.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+vjp.autograph_info__ = frozenset()  # type: ignore[attr-defined]
