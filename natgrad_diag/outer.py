@@ -1,0 +1,448 @@
+"""PyTorch's ``grad_outputs`` example (``torch.outer``) reproduced in TensorFlow, checked, and explained.
+
+With x [n] and y = x xᵀ [n, n] (``torch.outer(x, x)``, ``x[:, None] * x[None, :]``), the seed
+v = ``grad_outputs`` (PyTorch) = ``output_gradients`` (TensorFlow) is ∂L/∂y, of y's shape [n, n], and
+the result is ∂L/∂x:
+
+    ∂L/∂x_i = Σ_jk v_jk · ∂y_jk/∂x_i,      ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik      (J is [n, n, n])
+
+so a seed of ones gives ∂L/∂x_i = Σ_k x_k + Σ_j x_j = 2·sum(x): [20, 20, 20, 20] for x = [1, 2, 3, 4].
+The chain x → y = x xᵀ → z = y² is two vector-Jacobian products, ∂L/∂y = (∂z/∂y)ᵀ·∂L/∂z = 2y ⊙ ∂L/∂z
+and then ∂L/∂x = (∂y/∂x)ᵀ·∂L/∂y, and equals the one-step ∂L/∂x; with ∂L/∂z = 1 it is 4 x_i Σ_k x_k².
+
+References:
+    PyTorch, ``torch.autograd.grad`` (the ``grad_outputs`` argument), https://pytorch.org/docs/stable/autograd.html
+    TensorFlow, ``tf.GradientTape.gradient`` (the ``output_gradients`` argument).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._validate import require_finite, shape_str
+from .exceptions import InputError, MissingExtraError, OutputGradientsError, ShapeMismatchError
+from .results import Check, Report, Section, Table, format_number, to_jsonable
+
+__all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
+
+#: The x of PyTorch's example.
+DEFAULT_X = (1.0, 2.0, 3.0, 4.0)
+#: The longest x accepted: the explicit Jacobian has n³ entries.
+MAX_LENGTH = 64
+
+
+@dataclass(frozen=True)
+class OuterExample(Report):
+    """The ``torch.outer`` lesson, every number computed in TensorFlow (and PyTorch, when installed).
+
+    Attributes:
+        x: [n], the point.
+        y: [n, n], x xᵀ.
+        gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``.
+        default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
+        closed_form: [n], 2·sum(x).
+        jacobian: [n, n, n], ``tape.jacobian(y, x)``: J[j, k, i] = ∂y_jk/∂x_i.
+        jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
+        contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
+        dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).
+        chain_two_step: [n], (∂y/∂x)ᵀ·dL_dy.
+        chain_one_step: [n], ``checked_gradient(tape, z, x, tf.ones_like(z))``.
+        chain_closed_form: [n], 4 x_i Σ_k x_k².
+        wrong_seed_error: our message for the seed ``tf.ones_like(x)``.
+        tensorflow_wrong_seed: what plain ``tape.gradient`` did with that seed.
+        broadcast_seed_error: our message for y = sin(x) with a seed of shape [n, 1].
+        tensorflow_broadcast_shape: the shape of the "gradient" plain ``tape.gradient`` returned for it
+            (``None`` if it raised).
+        torch: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`), or ``None``.
+        torch_status: "torch <version>" or why the cross-check did not run.
+        checks: the claims, each decided by its numbers.
+        rtol, atol: the tolerances of every "equal".
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    gradient_ones_seed: np.ndarray
+    default_seed_gradient: np.ndarray
+    closed_form: np.ndarray
+    jacobian: np.ndarray
+    jacobian_closed_form: np.ndarray
+    contraction: np.ndarray
+    dL_dy: np.ndarray
+    chain_two_step: np.ndarray
+    chain_one_step: np.ndarray
+    chain_closed_form: np.ndarray
+    wrong_seed_error: str
+    tensorflow_wrong_seed: str
+    broadcast_seed_error: str
+    tensorflow_broadcast_shape: tuple[int, ...] | None
+    torch: Any
+    torch_status: str
+    checks: tuple[Check, ...]
+    rtol: float = 1e-12
+    atol: float = 1e-12
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return f"grad_outputs / output_gradients for y = outer(x, x), x = {_vec(self.x)} (float64)"
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    def sections(self) -> tuple[Section, ...]:
+        n = self.n
+        s_sum = format_number(float(np.sum(self.x)))
+        intro = (
+            f"y = outer(x, x) has shape [{n}, {n}]; x has shape [{n}]. The seed v, grad_outputs in PyTorch and "
+            f"output_gradients in TensorFlow, is dL/dy: it has y's shape [{n}, {n}], not x's. The result is dL/dx:\n"
+            "    dL/dx_i = Σ_jk v_jk · ∂y_jk/∂x_i,     ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik\n"
+            f"so a seed of ones gives dL/dx_i = Σ_k x_k + Σ_j x_j = 2·sum(x) = 2·{s_sum} = "
+            f"{format_number(2 * float(np.sum(self.x)))} for every i. It is the gradient of sum(y), not the Jacobian."
+        )
+        cols = ["i", "x_i", "dL/dx_i (seed of ones)", "2·sum(x)", "Σ_jk J[j,k,i]"]
+        if self.torch is not None:
+            cols.append("torch")
+        rows = []
+        for i in range(n):
+            row = [str(i), format_number(self.x[i]), format_number(self.gradient_ones_seed[i]),
+                   format_number(self.closed_form[i]), format_number(self.contraction[i])]  # fmt: skip
+            if self.torch is not None:
+                row.append(format_number(self.torch.gradient_ones_seed[i]))
+            rows.append(tuple(row))
+        numbers = Table(columns=tuple(cols), rows=tuple(rows), title="The seed of ones")
+        c = {ch.name: ch for ch in self.checks}
+        jac_text = (
+            f"tape.jacobian(y, x) has shape {shape_str(self.jacobian.shape)} (y's shape, then x's) and equals "
+            f"δ_ij x_k + x_j δ_ik built by hand (max difference {format_number(c['jacobian_closed_form'].max_abs_error)}). "
+            "Contracting it with the seed, Σ_jk v_jk J[j, k, i], is exactly what output_gradients computes, without "
+            f"ever forming J (max difference {format_number(c['contraction_equals_gradient'].max_abs_error)}). "
+            "In the slice ∂y/∂x_0 below, row j = 0 and column k = 0 hold x, and the corner y_00 = x_0² has 2·x_0."
+        )
+        tables: tuple[Table, ...] = ()
+        if n <= 6:
+            tables = (
+                Table(
+                    columns=("∂y_jk/∂x_0",) + tuple(f"k={k}" for k in range(n)),
+                    rows=tuple((f"j={j}",) + tuple(format_number(self.jacobian[j, k, 0]) for k in range(n)) for j in range(n)),
+                    title="J[:, :, 0] = ∂y/∂x_0",
+                ),
+            )
+        chain_cols = ["i", "two steps", "one step", "4·x_i·Σx²"] + (["torch"] if self.torch is not None else [])
+        chain_rows = []
+        for i in range(n):
+            row = [str(i), format_number(self.chain_two_step[i]), format_number(self.chain_one_step[i]),
+                   format_number(self.chain_closed_form[i])]  # fmt: skip
+            if self.torch is not None:
+                row.append(format_number(self.torch.chain_two_step[i]))
+            chain_rows.append(tuple(row))
+        chain_text = (
+            "For x → y = x xᵀ → z = y², reverse mode runs two vector-Jacobian products: first "
+            "dL/dy = (∂z/∂y)ᵀ·dL/dz = 2y ⊙ dL/dz (a seed of ones on z), then dL/dx = (∂y/∂x)ᵀ·dL/dy, "
+            "passing dL/dy as the seed of y. That is the same as differentiating z in one step "
+            f"(max difference {format_number(c['chain_two_steps_equal_one'].max_abs_error)}), and equals "
+            "d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
+        )
+        wrong = [
+            f"The seed ones_like(x) has shape [{n}], but y has shape [{n}, {n}]. What each one does with it:",
+            f"- natgrad_diag.checked_gradient: {_first_line(self.wrong_seed_error)}",
+            f"- TensorFlow's tape.gradient: {self.tensorflow_wrong_seed}",
+        ]
+        if self.torch is not None:
+            wrong.append(f"- PyTorch's torch.autograd.grad: {_first_line(self.torch.wrong_seed_error) or '(no error)'}")
+        tf_b = (
+            f"TensorFlow returns a \"gradient\" of shape {shape_str(self.tensorflow_broadcast_shape)} for a [{n}] source, "
+            "with no error"
+            if self.tensorflow_broadcast_shape is not None
+            else "TensorFlow raises an error"
+        )
+        wrong += [
+            "",
+            f"Worse, for y = sin(x) a seed of shape [{n}, 1] is broadcast: {tf_b}. "
+            f"checked_gradient refuses it: {_first_line(self.broadcast_seed_error)}",
+            "",
+            "Call natgrad_diag.checked_gradient(tape, y, x, seed) where you would call tape.gradient(y, x, "
+            "output_gradients=seed) to get these checks.",
+        ]
+        if self.torch is not None:
+            torch_text = (
+                f"{self.torch_status}: torch.autograd.grad on the same x in float64 gives the same seed-of-ones "
+                "gradient, Jacobian and chain as TensorFlow (within atol + rtol·max|value|, "
+                f"rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)}), and rejects the wrong seed itself."
+            )
+        else:
+            torch_text = f"The PyTorch cross-check did not run: {self.torch_status}."
+        return (
+            Section("What the seed is", intro),
+            Section("The numbers", "", (numbers,)),
+            Section("The Jacobian", jac_text, tables),
+            Section("A chain: z = y², in two steps and in one", chain_text,
+                    (Table(columns=tuple(chain_cols), rows=tuple(chain_rows)),)),  # fmt: skip
+            Section("The wrong seed", "\n".join(wrong)),
+            Section("PyTorch cross-check", torch_text),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        t = self.torch
+        d.update(
+            x=self.x,
+            y=self.y,
+            gradient_ones_seed=self.gradient_ones_seed,
+            default_seed_gradient=self.default_seed_gradient,
+            closed_form=self.closed_form,
+            jacobian_shape=list(self.jacobian.shape),
+            jacobian=self.jacobian,
+            contraction=self.contraction,
+            dL_dy=self.dL_dy,
+            chain_two_step=self.chain_two_step,
+            chain_one_step=self.chain_one_step,
+            chain_closed_form=self.chain_closed_form,
+            wrong_seed_error=self.wrong_seed_error,
+            tensorflow_wrong_seed=self.tensorflow_wrong_seed,
+            broadcast_seed_error=self.broadcast_seed_error,
+            tensorflow_broadcast_shape=None if self.tensorflow_broadcast_shape is None else list(self.tensorflow_broadcast_shape),
+            torch={
+                "available": t is not None,
+                "status": self.torch_status,
+                "gradient_ones_seed": None if t is None else t.gradient_ones_seed,
+                "chain_two_step": None if t is None else t.chain_two_step,
+                "chain_one_step": None if t is None else t.chain_one_step,
+                "wrong_seed_error": None if t is None else t.wrong_seed_error,
+            },
+            rtol=self.rtol,
+            atol=self.atol,
+        )
+        return to_jsonable(d)
+
+
+def _vec(a: np.ndarray) -> str:
+    return "[" + ", ".join(format_number(v) for v in np.ravel(a)) + "]"
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+def _tf_error_text(e: Exception) -> str:
+    """TensorFlow's error without the ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
+    msg = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(e))
+    msg = re.sub(r"\s*\[Op:\w+\].*$", "", msg, flags=re.S)
+    return f"{type(e).__name__}: {_first_line(msg)}"
+
+
+def _close(name: str, claim: str, got: Any, want: Any, rtol: float, atol: float, detail: str = "") -> Check:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return Check(name=name, claim=claim, passed=False, detail=f"shapes differ: {shape_str(got.shape)} vs {shape_str(want.shape)}")
+    err = float(np.max(np.abs(got - want), initial=0.0))
+    tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
+    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
+
+
+def _validate_x(x: Any) -> np.ndarray:
+    if x is None:
+        return np.array(DEFAULT_X, dtype=np.float64)
+    try:
+        a = np.array(x, dtype=np.float64)  # a copy: the caller's x is never touched
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            "x must be a list of numbers.",
+            context=[("Argument", "x"), ("Expected", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]"), ("Got", repr(x)[:80])],
+            remedy="pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
+        ) from e
+    if a.ndim != 1:
+        raise ShapeMismatchError(
+            "x must be a vector.",
+            context=[("Argument", "x"), ("Expected", "[n]"), ("Actual", shape_str(a.shape))],
+            remedy="pass a flat list of numbers, e.g. [1, 2, 3, 4].",
+        )
+    if not 1 <= a.shape[0] <= MAX_LENGTH:
+        raise ShapeMismatchError(
+            f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).",
+            context=[("Argument", "x"), ("Expected", f"[n] with 1 ≤ n ≤ {MAX_LENGTH}"), ("Actual", shape_str(a.shape))],
+            remedy="pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.",
+        )
+    require_finite(a, "x")
+    return a
+
+
+def outer_example(
+    x: Sequence[float] | np.ndarray | None = None,
+    *,
+    rtol: float = 1e-12,
+    atol: float = 1e-12,
+    use_torch: bool | None = None,
+) -> OuterExample:
+    """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked.
+
+    For y = x xᵀ (J[j, k, i] = ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik, shape [n, n, n]) it computes with
+    :func:`~natgrad_diag.checked_gradient` and checks against closed forms:
+
+        seed of ones:  ∂L/∂x = Jᵀ·1 = 2·sum(x)            (= Σ_jk J[j, k, :], the contraction)
+        chain z = y²:  (∂y/∂x)ᵀ·((∂z/∂y)ᵀ·1) = one step = 4 x Σ_k x_k²
+        seed ones_like(x) [n] for y [n, n]:  refused with OutputGradientsError (TensorFlow fails deep
+        inside); seed [n, 1] for sin(x) [n]: refused (TensorFlow broadcasts silently)
+
+    and, when PyTorch is installed, runs the same with ``torch.autograd.grad`` and compares.
+
+    Args:
+        x: [n] the point, 1 ≤ n ≤ 64 (default [1, 2, 3, 4], PyTorch's example). Copied, never changed.
+        rtol, atol: "equal" means max |a − b| ≤ atol + rtol · max |reference| (float64 defaults).
+        use_torch: ``None`` (default): cross-check with PyTorch if it is installed; ``True``: require
+            it; ``False``: skip it.
+
+    Returns:
+        A frozen :class:`OuterExample`; ``str()`` is the lesson, ``to_dict()`` its JSON (with
+        ``gradient_ones_seed``, ``jacobian_shape`` and ``checks``). Never raises on a failed check.
+
+    Raises:
+        InputError: x is not a finite vector of 1 to 64 numbers.
+        MissingExtraError: ``use_torch=True`` and PyTorch is not installed.
+
+    Example:
+        >>> report = outer_example()
+        >>> report.gradient_ones_seed
+        array([20., 20., 20., 20.])
+    """
+    from .progress import progress_bar
+
+    xn = _validate_x(x)
+    n = xn.shape[0]
+    with progress_bar(total=4, description="outer example") as advance:
+        import tensorflow as tf
+
+        from .checked import checked_gradient
+        from .jacobian import jacobian
+
+        advance()
+        xt = tf.constant(xn)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(xt)
+            y = xt[:, None] * xt[None, :]
+            z = y**2
+            s = tf.sin(xt)
+        g_ones = checked_gradient(tape, y, xt, tf.ones_like(y)).numpy()
+        g_default = tape.gradient(y, xt).numpy()
+        dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
+        two = checked_gradient(tape, y, xt, dL_dy).numpy()
+        one = checked_gradient(tape, z, xt, tf.ones_like(z)).numpy()
+
+        wrong_seed_error = tf_wrong = ""
+        try:
+            checked_gradient(tape, y, xt, tf.ones_like(xt))
+        except OutputGradientsError as e:
+            wrong_seed_error = str(e)
+        try:
+            raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
+            tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
+        except (tf.errors.OpError, ValueError, TypeError) as e:
+            tf_wrong = _tf_error_text(e)
+        broadcast_error = ""
+        try:
+            checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
+        except OutputGradientsError as e:
+            broadcast_error = str(e)
+        try:
+            b_shape: tuple[int, ...] | None = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=tf.ones([n, 1], tf.float64)).shape)
+        except (tf.errors.OpError, ValueError, TypeError):
+            b_shape = None
+        del tape
+        advance()
+
+        J = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",)).block(0, 0)
+        eye = np.eye(n)
+        J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
+        contraction = np.tensordot(np.ones((n, n)), J, axes=2)
+        closed = np.full(n, 2.0 * xn.sum())
+        chain_closed = 4.0 * xn * np.sum(xn**2)
+        advance()
+
+        shapes_named = f"[{n}] and [{n}, {n}]"
+        checks = [
+            _close("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(closed[0])}",
+                   g_ones, closed, rtol, atol),
+            _close("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
+                   g_default, g_ones, rtol, atol),
+            _close("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
+                   J, J_hand, rtol, atol),
+            _close("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
+                   "equals the output_gradients result", contraction, g_ones, rtol, atol),
+            _close("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
+                   two, one, rtol, atol),
+            _close("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, chain_closed, rtol, atol),
+            Check(
+                name="wrong_seed_caught",
+                claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
+                passed=bool(wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in wrong_seed_error,
+                detail=f"plain tape.gradient: {tf_wrong}" if wrong_seed_error else f"no error for shapes {shapes_named}",
+            ),
+            Check(
+                name="broadcast_seed_caught",
+                claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
+                passed=bool(broadcast_error),
+                detail=(
+                    f"plain tape.gradient returned shape {shape_str(b_shape)} for a [{n}] source"
+                    if b_shape is not None else "plain tape.gradient raised"
+                ),
+            ),
+        ]  # fmt: skip
+
+        torch_run, status = None, ""
+        if use_torch is False:
+            status = "skipped (use_torch=False)"
+        else:
+            from .torch_bridge import torch_outer
+
+            try:
+                torch_run = torch_outer(xn)
+                status = f"torch {torch_run.torch_version}"
+            except MissingExtraError:
+                if use_torch:
+                    raise
+                status = "torch is not installed (pip install torch==2.13.0 to run it)"
+        if torch_run is not None:
+            checks += [
+                _close("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+                       torch_run.gradient_ones_seed, g_ones, rtol, atol),
+                _close("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
+                       torch_run.jacobian, J, rtol, atol),
+                _close("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+                       np.concatenate([torch_run.chain_two_step, torch_run.chain_one_step, np.ravel(torch_run.dL_dy)]),
+                       np.concatenate([two, one, np.ravel(dL_dy.numpy())]), rtol, atol),
+                Check(
+                    name="torch_rejects_wrong_seed",
+                    claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
+                    passed="Mismatch in shape" in torch_run.wrong_seed_error,
+                    detail=f"torch: {_first_line(torch_run.wrong_seed_error) or '(no error)'}",
+                ),
+            ]  # fmt: skip
+        advance()
+
+    return OuterExample(
+        x=xn,
+        y=y.numpy(),
+        gradient_ones_seed=g_ones,
+        default_seed_gradient=g_default,
+        closed_form=closed,
+        jacobian=J,
+        jacobian_closed_form=J_hand,
+        contraction=contraction,
+        dL_dy=dL_dy.numpy(),
+        chain_two_step=two,
+        chain_one_step=one,
+        chain_closed_form=chain_closed,
+        wrong_seed_error=wrong_seed_error,
+        tensorflow_wrong_seed=tf_wrong,
+        broadcast_seed_error=broadcast_error,
+        tensorflow_broadcast_shape=b_shape,
+        torch=torch_run,
+        torch_status=status,
+        checks=tuple(checks),
+        rtol=rtol,
+        atol=atol,
+    )

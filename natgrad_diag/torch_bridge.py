@@ -1,0 +1,200 @@
+"""PyTorch's side of the ``grad_outputs`` lesson: the same numbers from ``torch.autograd.grad``.
+
+PyTorch is an optional extra (``pip install natgrad-diag[torch]``; install a CPU build first, e.g.
+``pip install torch==2.13.0``). It is imported only inside these functions, so the package works
+without it; :func:`torch_available` says whether it is there.
+
+``torch.autograd.grad(outputs, inputs, grad_outputs=v)`` computes the same vector-Jacobian product as
+TensorFlow's ``tape.gradient(target, sources, output_gradients=v)``:
+
+    (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂output_i[a]/∂input_j
+
+but checks each v_i against its output's shape first (``Mismatch in shape: grad_output[0] has a shape
+of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4]).``).
+
+References:
+    PyTorch, ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian``
+    (https://pytorch.org/docs/stable/autograd.html).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .exceptions import MissingExtraError
+from .results import Check
+
+__all__ = ["TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
+
+
+def torch_available() -> bool:
+    """True when PyTorch can be imported (without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def require_torch() -> Any:
+    """Import and return ``torch``.
+
+    Raises:
+        MissingExtraError: PyTorch is not installed (also an ``ImportError``).
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise MissingExtraError(
+            "the PyTorch cross-check needs torch.",
+            context=[("Extra", "torch"), ("Expected", "an importable torch (>= 2.3)"), ("Got", f"ImportError: {e}")],
+            remedy="install a CPU build, e.g. pip install torch==2.13.0, then pip install natgrad-diag[torch].",
+        ) from e
+    return torch
+
+
+@dataclass(frozen=True)
+class TorchOuter:
+    """``y = torch.outer(x, x)`` differentiated by ``torch.autograd.grad`` in float64 (shapes for n = len(x)).
+
+    Attributes:
+        x: [n], the point.
+        gradient_ones_seed: [n], ``grad(y, x, grad_outputs=ones_like(y))`` (= 2·sum(x)).
+        jacobian: [n, n, n], ``torch.autograd.functional.jacobian``: J[j, k, i] = ∂y_jk/∂x_i.
+        dL_dy: [n, n], the first step of the chain z = y²: ``grad(z, y, grad_outputs=ones_like(z))`` = 2y.
+        chain_two_step: [n], the second step: ``grad(y, x, grad_outputs=dL_dy)``.
+        chain_one_step: [n], ``grad(z, x, grad_outputs=ones_like(z))``.
+        wrong_seed_error: torch's own message for ``grad_outputs=ones_like(x)`` ("" if torch accepted it).
+        torch_version: ``torch.__version__``.
+    """
+
+    x: np.ndarray
+    gradient_ones_seed: np.ndarray
+    jacobian: np.ndarray
+    dL_dy: np.ndarray
+    chain_two_step: np.ndarray
+    chain_one_step: np.ndarray
+    wrong_seed_error: str
+    torch_version: str
+
+
+def torch_outer(x: Sequence[float] | np.ndarray) -> TorchOuter:
+    """Run the ``torch.outer`` example of the ``grad_outputs`` docs in PyTorch, float64, on CPU.
+
+    Args:
+        x: [n] the point (converted to float64).
+
+    Returns:
+        A :class:`TorchOuter` with every number as a numpy array.
+
+    Raises:
+        MissingExtraError: PyTorch is not installed.
+    """
+    torch = require_torch()
+    xn = np.array(x, dtype=np.float64).reshape(-1)
+    xt = torch.tensor(xn, dtype=torch.float64, requires_grad=True)
+    y = torch.outer(xt, xt)
+    (g_ones,) = torch.autograd.grad(y, xt, grad_outputs=torch.ones_like(y), retain_graph=True)
+    try:
+        torch.autograd.grad(y, xt, grad_outputs=torch.ones_like(xt), retain_graph=True)
+        wrong = ""
+    except RuntimeError as e:
+        wrong = str(e)
+    jac = torch.autograd.functional.jacobian(lambda a: torch.outer(a, a), xt.detach())
+    # the chain x → y = x xᵀ → z = y², in two vector-Jacobian steps and in one
+    z = y**2
+    (dL_dy,) = torch.autograd.grad(z, y, grad_outputs=torch.ones_like(z), retain_graph=True)
+    (two,) = torch.autograd.grad(y, xt, grad_outputs=dL_dy, retain_graph=True)
+    (one,) = torch.autograd.grad(z, xt, grad_outputs=torch.ones_like(z))
+    return TorchOuter(
+        x=xn,
+        gradient_ones_seed=g_ones.detach().numpy().copy(),
+        jacobian=jac.detach().numpy().copy(),
+        dL_dy=dL_dy.detach().numpy().copy(),
+        chain_two_step=two.detach().numpy().copy(),
+        chain_one_step=one.detach().numpy().copy(),
+        wrong_seed_error=wrong,
+        torch_version=str(torch.__version__),
+    )
+
+
+def torch_vjp(
+    fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any]
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """The outputs of ``fn(*primals)`` and Jᵀ·v by ``torch.autograd.grad``, in float64.
+
+    Args:
+        fn: a function of torch tensors returning a tensor or a tuple/list of tensors.
+        primals: the inputs, arrays (converted to float64 torch tensors).
+        cotangents: one array per output (``grad_outputs``); torch checks their shapes.
+
+    Returns:
+        ``(outputs, grads)``: tuples of numpy arrays; an input ``fn`` does not use gets zeros.
+
+    Raises:
+        MissingExtraError: PyTorch is not installed.
+        RuntimeError: torch's own error, e.g. for a cotangent of the wrong shape.
+    """
+    torch = require_torch()
+    xs = [torch.tensor(np.asarray(p, dtype=np.float64), dtype=torch.float64, requires_grad=True) for p in primals]
+    out = fn(*xs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    vs = [torch.tensor(np.asarray(v, dtype=np.float64), dtype=torch.float64) for v in cotangents]
+    grads = torch.autograd.grad(outs, xs, grad_outputs=vs, allow_unused=True, materialize_grads=True)
+    return (
+        tuple(o.detach().numpy().copy() for o in outs),
+        tuple(g.detach().numpy().copy() for g in grads),
+    )
+
+
+def compare_with_tensorflow(
+    tf_fn: Callable[..., Any],
+    torch_fn: Callable[..., Any],
+    primals: Sequence[Any],
+    cotangents: Sequence[Any],
+    *,
+    name: str = "tf_equals_torch",
+    rtol: float = 1e-12,
+    atol: float = 1e-12,
+) -> Check:
+    """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared.
+
+    The check passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient.
+
+    Args:
+        tf_fn, torch_fn: the same function written for TensorFlow and for PyTorch.
+        primals: the inputs, float64 arrays.
+        cotangents: one seed per output.
+        name: the check's name.
+        rtol, atol: tolerances (keyword-only; 1e-12 suits float64).
+
+    Returns:
+        A :class:`~natgrad_diag.results.Check`; it never raises on a disagreement.
+
+    Raises:
+        MissingExtraError: PyTorch is not installed.
+    """
+    from .checked import vjp
+
+    t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
+    f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
+    import tensorflow as tf
+
+    f_out = [np.asarray(o) for o in tf.nest.flatten(f_out)]
+    f_grads = [np.asarray(g) for g in f_grads]
+    pairs = list(zip(f_out, t_out)) + list(zip(f_grads, t_grads))
+    shapes_ok = len(f_out) == len(t_out) and all(a.shape == b.shape for a, b in pairs)
+    err = max((float(np.max(np.abs(a - b), initial=0.0)) for a, b in pairs), default=0.0) if shapes_ok else float("inf")
+    scale = max((float(np.max(np.abs(b), initial=0.0)) for _, b in pairs), default=0.0)
+    tol = atol + rtol * scale
+    return Check(
+        name=name,
+        claim="TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
+        passed=bool(shapes_ok and err <= tol),
+        max_abs_error=err,
+        tolerance=tol,
+        detail="" if shapes_ok else "the outputs or gradients have different shapes: "
+        + ", ".join(f"{a.shape} vs {b.shape}" for a, b in pairs),
+    )
+
