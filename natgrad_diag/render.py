@@ -490,7 +490,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     except OSError as exc:
         raise ReportWriteError(
             f"{exc.strerror or exc}.",
-            context=[("Argument", argument), ("Path", str(target)), ("Got", f"{type(exc).__name__}: {exc}")],
+            context=[("Argument", argument), ("Path", str(target)), ("Got", f"{type(exc).__name__}: {exc.strerror or exc}")],
             remedy="choose a path in an existing, writable directory; any previous report there is unchanged.",
         ) from exc
     return WrittenReport(target, fmt, tuple(p for p, _ in images), note)

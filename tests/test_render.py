@@ -1,0 +1,498 @@
+"""Tests of natgrad_diag.render: terminal tables, HTML and Markdown files, atomic writes, the CLI's --report.
+
+Oracles: Python's own html.parser and base64, the PNG signature and matplotlib's PNG decoder, the
+report's own fields (every check name, every table cell) and the file system before and after.
+"""
+
+from __future__ import annotations
+
+import base64
+import html.parser
+import io
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from natgrad_diag import cli, progress, render
+from natgrad_diag.exceptions import InputError, ReportWriteError
+from natgrad_diag.results import Check, Report, Section, Table
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ANSI = "\x1b["
+BOX_CHARS = set("│─╭╮╰╯├┤┬┴┼")
+
+
+@dataclass(frozen=True)
+class Demo(Report):
+    """A small report with every feature: code text, a table with awkward cells, failing and numeric checks."""
+
+    title: str = "Demo report <M = 3>"
+    checks: tuple[Check, ...] = (
+        Check("exact_match", "the two routes agree", True, 0.0, 1e-12),
+        Check("large_gap", "the two routes agree", False, 2.5e-3, 1e-8, detail="entry [1, 0] is off"),
+        Check("must_differ", "the naive product differs", True, 0.389, 6.35e-11, expect_difference=True),
+        Check("structural", "J is not diagonal", True),
+    )
+
+    def sections(self) -> tuple[Section, ...]:
+        table = Table(("", "value [3, 1]", "a|b <c>"), (("x[0,0]", "1.5", "2 | 3"), ("x[1,0]", "-0.25", "*4*")), "numbers")
+        text = "First line of a paragraph\nthat continues here.\n    code = line(1)\n    more_code()\nAfter the code."
+        return (Section("Intro", text), Section("Table", "", (table,)))
+
+
+@pytest.fixture(scope="module")
+def explanation():
+    from natgrad_diag import explain_output_gradients
+
+    return explain_output_gradients()
+
+
+@pytest.fixture(autouse=True)
+def _restore_progress(monkeypatch):
+    """The CLI turns progress bars off for --json: restore the global afterwards."""
+    monkeypatch.setattr(progress, "_ENABLED", progress._ENABLED)
+
+
+class _Parsed(html.parser.HTMLParser):
+    """Collect what an HTML document contains, and check that its tags are balanced."""
+
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.images: list[dict[str, str]] = []
+        self.codes: list[str] = []
+        self.cells: list[str] = []
+        self.text: list[str] = []
+        self._cell: list[str] | None = None
+        self._code: list[str] | None = None
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        if tag in ("td", "th"):
+            self._cell = []
+        if tag == "code":
+            self._code = []
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+        if tag in ("td", "th") and self._cell is not None:
+            self.cells.append("".join(self._cell))
+            self._cell = None
+        if tag == "code" and self._code is not None:
+            self.codes.append("".join(self._code))
+            self._code = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for acc in (self._cell, self._code):
+            if acc is not None:
+                acc.append(data)
+
+
+def _decode_png(uri: str) -> np.ndarray:
+    import matplotlib.image
+
+    prefix = "data:image/png;base64,"
+    assert uri.startswith(prefix)
+    data = base64.b64decode(uri[len(prefix) :], validate=True)
+    assert data.startswith(PNG_SIGNATURE)
+    return matplotlib.image.imread(io.BytesIO(data), format="png")
+
+
+def _all_cells(report: Report, *, headers: bool = True) -> list[str]:
+    return [
+        cell for s in report.sections() for t in s.tables for row in ((t.columns,) if headers else ()) + t.rows
+        for cell in row
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# the shared layout
+
+
+def test_text_blocks__paragraphs_join_code_keeps_its_lines():
+    assert render.text_blocks("a\nb\n    c = 1\n    d()\ne\n\nf\n- item\n- item two") == [
+        ("para", "a b"),
+        ("code", "    c = 1\n    d()"),
+        ("para", "e"),
+        ("para", "f"),
+        ("para", "- item"),
+        ("para", "- item two"),
+    ]
+
+
+@pytest.mark.parametrize("path, fmt", [("r.html", "html"), ("R.HTM", "html"), ("dir/r.md", "markdown")])
+def test_report_format__by_extension(path, fmt):
+    assert render.report_format(path) == fmt
+
+
+def test_report_format__other_extensions_name_the_argument():
+    with pytest.raises(InputError) as info:
+        render.report_format("out/report.pdf", argument="--report")
+    assert str(info.value) == (
+        "Invalid input. the report format is chosen by the file extension.\n"
+        "  Argument: --report\n"
+        "    Expected: a path ending in .html, .htm or .md\n"
+        "    Got:      'out/report.pdf'\n"
+        "  To fix: name the file report.html (self-contained, pictures embedded) or report.md (pictures beside it)."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# terminal
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["rich", "plain"])
+def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
+    for report in (Demo(), explanation):
+        text = render.to_terminal(report, plain=plain, width=80)
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        for c in report.checks:
+            mark = "PASS" if c.passed else "FAIL"
+            assert any(c.name in line and line.lstrip().startswith(("│ " + mark, mark)) for line in lines), c.name
+        for cell in _all_cells(report, headers=False):  # headers may wrap in narrow columns
+            assert cell in text, cell
+        assert report.title in text
+        assert (ANSI in text) is False
+
+
+def test_to_terminal__plain_has_no_borders_rich_has_them():
+    plain = render.to_terminal(Demo(), plain=True)
+    boxed = render.to_terminal(Demo(), plain=False)
+    assert not BOX_CHARS & set(plain)
+    assert BOX_CHARS & set(boxed)
+    assert "Verdict: 1 of 4 check(s) FAILED." in plain
+
+
+def test_to_terminal__colour_only_when_asked():
+    coloured = render.to_terminal(Demo(), color=True)
+    assert ANSI in coloured
+    assert ANSI not in render.to_terminal(Demo(), color=True, plain=True)
+
+
+def test_to_terminal__numbers_against_their_tolerance():
+    lines = render.to_terminal(Demo(), plain=True).splitlines()
+    row = {c.name: next(line for line in lines if c.name in line) for c in Demo().checks}
+    assert re.search(r"FAIL\s+large_gap\s+0\.0025\s+> 1\.00e-08$", row["large_gap"])
+    assert re.search(r"PASS\s+exact_match\s+0\s+≤ 1\.00e-12$", row["exact_match"])
+    assert re.search(r"PASS\s+must_differ\s+0\.389\s+> 6\.35e-11$", row["must_differ"])
+    assert re.search(r"PASS\s+structural\s+-\s+-$", row["structural"])
+
+
+def test_emit__not_a_terminal_gets_no_colour_and_json_is_to_dict():
+    out = io.StringIO()
+    assert render.emit(Demo(), stream=out) is None
+    assert ANSI not in out.getvalue() and "large_gap" in out.getvalue()
+    out = io.StringIO()
+    render.emit(Demo(), as_json=True, stream=out)
+    assert json.loads(out.getvalue()) == json.loads(json.dumps(Demo().to_dict()))
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML
+
+
+def test_to_html__parses_embeds_png_and_names_every_check(explanation):
+    doc = render.to_html(explanation)
+    parsed = _Parsed(doc)
+    assert parsed.errors == [] and parsed.stack == []
+    assert doc.startswith("<!DOCTYPE html>")
+    assert {c.name for c in explanation.checks} <= set(parsed.codes)
+    assert len(parsed.images) == 3
+    for img in parsed.images:
+        image = _decode_png(img["src"])
+        assert image.ndim == 3 and min(image.shape[:2]) > 100
+        assert img["alt"]
+    for cell in _all_cells(explanation):
+        assert cell in parsed.cells
+    assert "http://" not in doc and "https://" not in doc  # self-contained
+
+
+def test_to_html__escapes_cells_and_keeps_the_layout():
+    parsed = _Parsed(render.to_html(Demo(), pictures=False))
+    assert parsed.errors == []
+    assert "a|b <c>" in parsed.cells and "2 | 3" in parsed.cells
+    assert "Demo report <M = 3>" in parsed.text
+    text = "".join(parsed.text)
+    assert "First line of a paragraph that continues here." in text
+    assert "code = line(1)\nmore_code()" in text
+    row = parsed.cells[parsed.cells.index("large_gap") - 1 : parsed.cells.index("large_gap") + 4]
+    assert row == ["FAIL", "large_gap", "the two routes agreeentry [1, 0] is off", "0.0025", "> 1.00e-08"]
+
+
+def test_repr_html__is_a_table_for_jupyter(explanation):
+    fragment = explanation._repr_html_()
+    parsed = _Parsed(fragment)
+    assert parsed.errors == [] and parsed.stack == []
+    assert "<table" in fragment and not parsed.images
+    assert {c.name for c in explanation.checks} <= set(parsed.codes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _md_cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def test_write_report__markdown_links_its_images_beside_it(tmp_path, explanation):
+    written = render.write_report(explanation, tmp_path / "r.md")
+    text = (tmp_path / "r.md").read_text(encoding="utf-8")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links == ["r-jacobian.png", "r-eta1.png", "r-checks.png"]
+    assert sorted(written.images) == sorted(tmp_path / link for link in links)
+    for link in links:
+        assert (tmp_path / link).read_bytes().startswith(PNG_SIGNATURE)
+    for c in explanation.checks:
+        assert f"`{c.name}`" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r-checks.png", "r-eta1.png", "r-jacobian.png", "r.md"]
+
+
+def test_to_markdown__tables_keep_their_columns_and_escape_pipes():
+    text = render.to_markdown(Demo())
+    lines = text.splitlines()
+    header = lines.index(next(line for line in lines if "value [3, 1]" in line))
+    assert _md_cells(lines[header]) == ["", "value [3, 1]", r"a\|b \<c\>"]
+    assert _md_cells(lines[header + 2]) == ["x[0,0]", "1.5", r"2 \| 3"]
+    assert _md_cells(lines[header + 3])[2] == r"\*4\*"
+    checks = lines.index("## Checks")
+    rows = [_md_cells(line) for line in lines[checks + 2 :] if line.startswith("|")]
+    assert [r[1] for r in rows[2:]] == [f"`{c.name}`" for c in Demo().checks]
+    assert rows[3][0] == "**FAIL**" and rows[3][4] == r"\> 1.00e-08"
+    assert "```\ncode = line(1)\nmore_code()\n```" in text
+
+
+def test_write_report__markdown_with_special_file_name_links_it_quoted(tmp_path):
+    written = render.write_report(Demo(), tmp_path / "my report.md")
+    text = written.path.read_text(encoding="utf-8")
+    assert "](my%20report-checks.png)" in text
+    assert (tmp_path / "my report-checks.png").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# atomic writes
+
+
+def _old(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.write_text("OLD REPORT", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["r.html", "r.md"])
+def test_write_report__failed_replace_leaves_old_file_and_no_temp(tmp_path, monkeypatch, name):
+    path = _old(tmp_path, name)
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(render.os, "replace", refuse)
+    with pytest.raises(ReportWriteError) as info:
+        render.write_report(Demo(), path)
+    assert path.read_text(encoding="utf-8") == "OLD REPORT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert str(info.value) == (
+        "Could not write the report. Permission denied.\n"
+        "  Argument: path\n"
+        f"  Path:     {path}\n"
+        "    Got:      PermissionError: Permission denied\n"
+        "  To fix: choose a path in an existing, writable directory; any previous report there is unchanged."
+    )
+    assert isinstance(info.value, OSError)
+
+
+def test_write_report__disk_full_half_way_leaves_old_file(tmp_path, monkeypatch):
+    path = _old(tmp_path, "r.html")
+    real_fdopen = os.fdopen
+
+    class HalfFile:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(render.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+    with pytest.raises(ReportWriteError, match="No space left on device"):
+        render.write_report(Demo(), path)
+    assert path.read_text(encoding="utf-8") == "OLD REPORT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_write_report__exception_while_rendering_leaves_old_file(tmp_path):
+    @dataclass(frozen=True)
+    class Broken(Demo):
+        def sections(self):
+            raise RuntimeError("bug in a report's layout")
+
+    for name in ("r.html", "r.md"):
+        path = _old(tmp_path, name)
+        with pytest.raises(RuntimeError, match="bug in a report's layout"):
+            render.write_report(Broken(), path)
+        assert path.read_text(encoding="utf-8") == "OLD REPORT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.md"]
+
+
+def test_write_report__replaces_an_existing_report_keeping_its_mode(tmp_path):
+    path = _old(tmp_path, "r.html")
+    path.chmod(0o640)
+    render.write_report(Demo(), path)
+    assert "large_gap" in path.read_text(encoding="utf-8")
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("where", ["inside_a_file", "missing_directory", "a_directory"])
+def test_write_report__unwritable_path_is_a_clear_error(tmp_path, where):
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    (tmp_path / "dir.html").mkdir()
+    path = {
+        "inside_a_file": tmp_path / "file.txt" / "r.html",
+        "missing_directory": tmp_path / "no" / "such" / "r.html",
+        "a_directory": tmp_path / "dir.html",
+    }[where]
+    with pytest.raises(ReportWriteError) as info:
+        render.write_report(Demo(), path)
+    message = str(info.value)
+    assert message.startswith("Could not write the report.")
+    assert f"Path:     {path}\n" in message and "Argument: path" in message and "To fix:" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.html", "file.txt"]
+    assert list((tmp_path / "dir.html").iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# without matplotlib
+
+
+def test_reports_without_matplotlib__still_written_with_a_note(tmp_path, monkeypatch, explanation):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    doc = render.to_html(explanation)
+    parsed = _Parsed(doc)
+    assert parsed.errors == [] and parsed.images == []
+    assert 'pip install "natgrad-diag[plot]"' in "".join(parsed.text)
+    assert {c.name for c in explanation.checks} <= set(parsed.codes)
+    written = render.write_report(explanation, tmp_path / "r.md")
+    assert written.images == () and "natgrad-diag[plot]" in written.path.read_text(encoding="utf-8")
+    assert "matplotlib is not installed" in written.note
+    assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
+    assert "a_vjp_equals_contraction" in render.to_terminal(explanation)
+
+
+# --------------------------------------------------------------------------------------------------
+# read-only
+
+
+def test_rendering__leaves_the_report_bit_identical(tmp_path, explanation):
+    t = explanation.trace
+    before = {k: np.copy(getattr(t, k)) for k in ("eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1")}
+    text_before = str(explanation)
+    render.to_terminal(explanation)
+    render.write_report(explanation, tmp_path / "r.md")
+    render.to_html_fragment(explanation)
+    for k, v in before.items():
+        assert np.array_equal(getattr(t, k), v), k
+    assert str(explanation) == text_before
+
+
+# --------------------------------------------------------------------------------------------------
+# the command
+
+
+@pytest.mark.slow
+def test_cli_explain__report_html_end_to_end(tmp_path, capsys):
+    path = tmp_path / "r.html"
+    assert cli.main(["explain", "--report", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "Verdict: all checks hold." in out and f"report written to {path}" in err
+    parsed = _Parsed(path.read_text(encoding="utf-8"))
+    assert parsed.errors == [] and len(parsed.images) == 3
+    assert "a_vjp_equals_contraction" in parsed.codes and "e_onehot_row" in parsed.codes
+
+
+@pytest.mark.parametrize("report, code", [(Demo(), 1), (None, 0)], ids=["failing-report", "passing-report"])
+def test_cli__unwritable_report_prints_result_error_and_keeps_exit_code(tmp_path, monkeypatch, capsys, report, code):
+    @dataclass(frozen=True)
+    class Passing(Demo):
+        checks: tuple[Check, ...] = (Check("exact_match", "the two routes agree", True, 0.0, 1e-12),)
+
+    report = report or Passing()
+    monkeypatch.setattr(cli, "_run", lambda args: report)
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    path = tmp_path / "file.txt" / "r.html"
+    assert cli.main(["outer", "--plain", "--report", str(path)]) == code
+    out, err = capsys.readouterr()
+    assert "exact_match" in out and "Verdict:" in out
+    assert err.startswith("natgrad-diag: Could not write the report.")
+    assert "Argument: --report" in err and str(path) in err
+
+
+def test_cli__bad_report_extension_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the command must not run"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", "--report", "r.pdf"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --report: expected a path ending in .html, .htm or .md" in err and "'r.pdf'" in err
+
+
+def test_cli__json_and_markdown_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_run", lambda args: Demo())
+    assert cli.main(["check", "--json", "--report", str(tmp_path / "r.md")]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["title"] == Demo().title
+    assert (tmp_path / "r.md").exists() and (tmp_path / "r-checks.png").exists()
+    assert not progress.progress_enabled()  # --json silences progress bars
+
+
+# --------------------------------------------------------------------------------------------------
+# progress bars
+
+
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _progress_output(monkeypatch, stream, enabled):
+    monkeypatch.setattr(sys, "stderr", stream)
+    progress.set_enabled(enabled)
+    with progress.progress_bar(total=3, description="working") as advance:
+        for _ in range(3):
+            advance()
+    return stream.getvalue()
+
+
+def test_progress_bar__silent_off_a_terminal_and_when_disabled(monkeypatch):
+    assert _progress_output(monkeypatch, io.StringIO(), True) == ""
+    assert _progress_output(monkeypatch, _TTY(), False) == ""
+    assert "working" in _progress_output(monkeypatch, _TTY(), True)
