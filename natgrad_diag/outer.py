@@ -301,7 +301,7 @@ def outer_example(
         ``gradient_ones_seed``, ``jacobian_shape`` and ``checks``). Never raises on a failed check.
 
     Raises:
-        InputError: x is not a finite vector of 1 to 64 numbers.
+        InputError: x is not a finite vector of 1 to 64 numbers, or a tolerance is negative.
         MissingExtraError: ``use_torch=True`` and PyTorch is not installed.
 
     Example:
@@ -312,6 +312,13 @@ def outer_example(
     from .progress import progress_bar
 
     xn = _validate_x(x)
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")):
+            raise InputError(
+                f"{name} must be a finite number ≥ 0.",
+                context=[("Argument", name), ("Expected", "a float ≥ 0, e.g. 1e-12"), ("Got", repr(value))],
+                remedy=f"pass {name}=1e-12 (float64) or leave the default.",
+            )
     n = xn.shape[0]
     with progress_bar(total=4, description="outer example") as advance:
         import tensorflow as tf
