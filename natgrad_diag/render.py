@@ -135,7 +135,7 @@ def _plain_box() -> Any:
     return Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
-def _rich_table(table: Table, plain: bool) -> Any:
+def _rich_table(table: Table, plain: bool, width: int) -> Any:
     from rich import box
     from rich.table import Table as RichTable
 
@@ -144,8 +144,12 @@ def _rich_table(table: Table, plain: bool) -> Any:
         box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
         show_edge=not plain, pad_edge=not plain,
     )  # fmt: skip
+    # Columns at least as wide as their cells (so numbers never break) when the table fits that way;
+    # headers wrap.
+    cells = [max((len(row[k]) for row in table.rows), default=1) for k in range(len(table.columns))]
+    fits = sum(cells) + 3 * len(cells) + 1 <= width
     for k, column in enumerate(table.columns):
-        t.add_column(column, justify="left" if k == 0 else "right", overflow="fold")
+        t.add_column(column, justify="left" if k == 0 else "right", overflow="fold", min_width=cells[k] if fits else None)
     for row in table.rows:
         t.add_row(*row)
     return t
@@ -158,7 +162,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
 
     t = RichTable(
         box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
-        show_edge=not plain, pad_edge=not plain, expand=True,
+        show_edge=not plain, pad_edge=not plain, expand=True, show_lines=True,
     )  # fmt: skip
     t.add_column("", no_wrap=True)
     t.add_column("check: claim", overflow="fold", ratio=1)
@@ -192,12 +196,13 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
             console.print(Text(block, no_wrap=False, overflow="fold"), soft_wrap=False)
         for table in section.tables:
             console.print()
-            console.print(_rich_table(table, plain))
+            console.print(_rich_table(table, plain, console.width))
     console.print()
     console.print(Text("Checks", style="" if plain else "bold underline"))
     if plain:
         console.print("------")
     console.print(_rich_checks(report.checks, plain))
+    console.print()
     style = "" if plain else ("bold green" if report.passed else "bold red")
     console.print(Text(f"Verdict: {_verdict(report)}", style=style))
 
