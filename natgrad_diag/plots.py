@@ -397,7 +397,7 @@ def plot_check_errors(report: Any) -> Any:
         colour = "#2e8b57" if r.passed else "#c0392b"
         ax.barh(yk, shown - floor, left=floor, height=0.6, color=colour, alpha=0.8)
         ax.plot([r.tolerance], [yk], marker="|", markersize=18, markeredgewidth=2.5, color="black")
-        relation = ">" if r.max_abs_error > r.tolerance else "≤"
+        relation = "≤" if r.max_abs_error <= r.tolerance else ">"  # NaN is not within
         text = f"{'0' if r.max_abs_error == 0 else format_number(r.max_abs_error)} {relation} {format_number(r.tolerance)}"
         if r.expect_difference:
             text += "  (must differ)"

@@ -97,7 +97,7 @@ def _check_numbers(check: Check) -> tuple[str, str]:
     err = format_number(check.max_abs_error)
     if check.tolerance is None:
         return err, "-"
-    relation = ">" if check.max_abs_error > check.tolerance else "≤"
+    relation = "≤" if check.max_abs_error <= check.tolerance else ">"  # NaN is not within
     bound = f"{relation} {format_number(check.tolerance)}"
     if check.expect_difference:
         bound += " (must differ)"

@@ -319,3 +319,28 @@ def test_require_matplotlib__missing_names_the_extra(monkeypatch):
     with pytest.raises(MissingExtraError):
         plots.plot_jacobian_heatmap(J)
     assert plots.heatmap_data(J).matrix.shape == (6, 6)  # the data needs no matplotlib
+
+
+def test_plot_check_errors__non_finite_errors_fill_the_axis_and_read_as_failures():
+    @dataclass(frozen=True)
+    class NonFinite(Report):
+        title: str = "non-finite"
+        checks: tuple[Check, ...] = (
+            Check("nan_error", "x", False, float("nan"), 1e-8),
+            Check("inf_error", "x", False, float("inf"), 1e-8),
+            Check("fine", "x", True, 1e-9, 1e-8),
+        )
+
+        def sections(self):
+            return ()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plots.plot_check_errors(NonFinite())
+        png = plots.figure_to_png(fig)
+    assert png.startswith(PNG_SIGNATURE)
+    ax = fig.axes[0]
+    right = [p.get_x() + p.get_width() for p in ax.patches]
+    assert right[0] == right[1] > 1e-8 and right[2] == pytest.approx(1e-9, rel=1e-12)
+    labels = [t.get_text() for t in ax.texts]
+    assert labels[:2] == ["nan > 1.00e-08", "inf > 1.00e-08"] and labels[2] == "1.00e-09 ≤ 1.00e-08"

@@ -199,6 +199,15 @@ def test_to_terminal__numbers_against_their_tolerance():
     assert re.search(r"PASS\s+structural\s+-\s+-$", row["structural"])
 
 
+def test_to_terminal__nan_error_is_not_within_tolerance():
+    @dataclass(frozen=True)
+    class NaNReport(Demo):
+        checks: tuple[Check, ...] = (Check("nan_error", "the two routes agree", False, float("nan"), 1e-8),)
+
+    row = next(line for line in render.to_terminal(NaNReport(), plain=True).splitlines() if "nan_error" in line)
+    assert re.search(r"FAIL\s+nan_error\s+nan\s+> 1\.00e-08$", row)
+
+
 def test_emit__not_a_terminal_gets_no_colour_and_json_is_to_dict():
     out = io.StringIO()
     assert render.emit(Demo(), stream=out) is None
