@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._validate import require_finite, shape_str
+from .jacobian import BlockJacobian
 from .exceptions import InputError, MissingExtraError, OutputGradientsError, ShapeMismatchError
 from .results import Check, Report, Section, Table, format_number, to_jsonable
 
@@ -46,7 +47,8 @@ class OuterExample(Report):
         gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``.
         default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
         closed_form: [n], 2·sum(x).
-        jacobian: [n, n, n], ``tape.jacobian(y, x)``: J[j, k, i] = ∂y_jk/∂x_i.
+        jacobian: the explicit Jacobian from :func:`~natgrad_diag.jacobian` (a
+            :class:`~natgrad_diag.jacobian.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
         jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
         contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
         dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).
@@ -69,7 +71,7 @@ class OuterExample(Report):
     gradient_ones_seed: np.ndarray
     default_seed_gradient: np.ndarray
     closed_form: np.ndarray
-    jacobian: np.ndarray
+    jacobian: BlockJacobian
     jacobian_closed_form: np.ndarray
     contraction: np.ndarray
     dL_dy: np.ndarray
@@ -89,6 +91,11 @@ class OuterExample(Report):
     @property
     def title(self) -> str:  # type: ignore[override]
         return f"grad_outputs / output_gradients for y = outer(x, x), x = {_vec(self.x)} (float64)"
+
+    @property
+    def jacobian_array(self) -> np.ndarray:
+        """[n, n, n], ``tape.jacobian(y, x)``: J[j, k, i] = ∂y_jk/∂x_i."""
+        return self.jacobian.block(0, 0)
 
     @property
     def n(self) -> int:
@@ -117,7 +124,7 @@ class OuterExample(Report):
         numbers = Table(columns=tuple(cols), rows=tuple(rows), title="The seed of ones")
         c = {ch.name: ch for ch in self.checks}
         jac_text = (
-            f"tape.jacobian(y, x) has shape {shape_str(self.jacobian.shape)} (y's shape, then x's) and equals "
+            f"tape.jacobian(y, x) has shape {shape_str(self.jacobian_array.shape)} (y's shape, then x's) and equals "
             f"δ_ij x_k + x_j δ_ik built by hand (max difference {format_number(c['jacobian_closed_form'].max_abs_error)}). "
             "Contracting it with the seed, Σ_jk v_jk J[j, k, i], is exactly what output_gradients computes, without "
             f"ever forming J (max difference {format_number(c['contraction_equals_gradient'].max_abs_error)}). "
@@ -128,7 +135,7 @@ class OuterExample(Report):
             tables = (
                 Table(
                     columns=("∂y_jk/∂x_0",) + tuple(f"k={k}" for k in range(n)),
-                    rows=tuple((f"j={j}",) + tuple(format_number(self.jacobian[j, k, 0]) for k in range(n)) for j in range(n)),
+                    rows=tuple((f"j={j}",) + tuple(format_number(self.jacobian_array[j, k, 0]) for k in range(n)) for j in range(n)),
                     title="J[:, :, 0] = ∂y/∂x_0",
                 ),
             )
@@ -195,8 +202,8 @@ class OuterExample(Report):
             gradient_ones_seed=self.gradient_ones_seed,
             default_seed_gradient=self.default_seed_gradient,
             closed_form=self.closed_form,
-            jacobian_shape=list(self.jacobian.shape),
-            jacobian=self.jacobian,
+            jacobian_shape=list(self.jacobian_array.shape),
+            jacobian=self.jacobian_array,
             contraction=self.contraction,
             dL_dy=self.dL_dy,
             chain_two_step=self.chain_two_step,
@@ -361,7 +368,8 @@ def outer_example(
         del tape
         advance()
 
-        J = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",)).block(0, 0)
+        J_block = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",))
+        J = J_block.block(0, 0)
         eye = np.eye(n)
         J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
         contraction = np.tensordot(np.ones((n, n)), J, axes=2)
@@ -436,7 +444,7 @@ def outer_example(
         gradient_ones_seed=g_ones,
         default_seed_gradient=g_default,
         closed_form=closed,
-        jacobian=J,
+        jacobian=J_block,
         jacobian_closed_form=J_hand,
         contraction=contraction,
         dL_dy=dL_dy.numpy(),

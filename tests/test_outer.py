@@ -47,8 +47,8 @@ def test_outer_example__default_numbers(default_report):
     np.testing.assert_array_equal(r.x, [1.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(r.gradient_ones_seed, [20.0, 20.0, 20.0, 20.0], rtol=0, atol=1e-12)
     np.testing.assert_allclose(r.default_seed_gradient, [20.0, 20.0, 20.0, 20.0], rtol=0, atol=1e-12)
-    assert r.jacobian.shape == (4, 4, 4)
-    np.testing.assert_allclose(r.jacobian, hand_jacobian(np.array([1.0, 2.0, 3.0, 4.0])), rtol=0, atol=1e-12)
+    assert r.jacobian_array.shape == (4, 4, 4)
+    np.testing.assert_allclose(r.jacobian_array, hand_jacobian(np.array([1.0, 2.0, 3.0, 4.0])), rtol=0, atol=1e-12)
     np.testing.assert_allclose(r.chain_one_step, [120.0, 240.0, 360.0, 480.0], rtol=0, atol=1e-10)  # 4·x·30
     np.testing.assert_allclose(r.chain_two_step, [120.0, 240.0, 360.0, 480.0], rtol=0, atol=1e-10)
     np.testing.assert_allclose(r.dL_dy, 2 * np.outer([1, 2, 3, 4], [1, 2, 3, 4]), rtol=0, atol=1e-12)
@@ -72,7 +72,7 @@ def test_outer_example__random_x_against_closed_forms(x):
     r = outer_example(x, use_torch=False)
     scale = 1.0 + np.max(np.abs(xn)) ** 3
     np.testing.assert_allclose(r.gradient_ones_seed, 2 * xn.sum() * np.ones(len(x)), rtol=1e-12, atol=1e-12 * scale)
-    np.testing.assert_allclose(r.jacobian, hand_jacobian(xn), rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(r.jacobian_array, hand_jacobian(xn), rtol=0, atol=1e-12 * scale)
     np.testing.assert_allclose(r.chain_one_step, 4 * xn * np.sum(xn**2), rtol=1e-12, atol=1e-12 * scale)
     np.testing.assert_allclose(r.chain_two_step, r.chain_one_step, rtol=1e-12, atol=1e-12 * scale)
     assert r.passed, [str(c) for c in r.checks if not c.passed]
@@ -90,7 +90,7 @@ def test_outer_example__jacobian_contracted_by_hand_with_any_seed(default_report
         tape.watch(x)
         y = x[:, None] * x[None, :]
     got = checked_gradient(tape, y, x, tf.constant(v)).numpy()
-    by_hand = np.array([sum(v[j, k] * default_report.jacobian[j, k, i] for j in range(4) for k in range(4)) for i in range(4)])
+    by_hand = np.array([sum(v[j, k] * default_report.jacobian_array[j, k, i] for j in range(4) for k in range(4)) for i in range(4)])
     closed = v @ x.numpy() + v.T @ x.numpy()  # Σ_k v_ik x_k + Σ_j v_ji x_j
     np.testing.assert_allclose(got, by_hand, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got, closed, rtol=1e-12, atol=1e-12)

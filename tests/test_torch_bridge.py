@@ -82,7 +82,7 @@ def test_outer_example__tf_and_torch_agree_to_1e_12():
     r = outer_example([1.0, -2.5, 0.3, 4.0, 1.7], use_torch=True)
     assert r.torch is not None and r.torch_status.startswith("torch ")
     np.testing.assert_allclose(r.torch.gradient_ones_seed, r.gradient_ones_seed, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(r.torch.jacobian, r.jacobian, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(r.torch.jacobian, r.jacobian_array, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(r.torch.chain_two_step, r.chain_two_step, rtol=1e-12, atol=1e-12)
     names = {c.name for c in r.checks}
     assert {"torch_ones_seed_agrees", "torch_jacobian_agrees", "torch_chain_agrees", "torch_rejects_wrong_seed"} <= names
