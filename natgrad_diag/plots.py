@@ -451,27 +451,37 @@ def report_pictures(report: Any) -> tuple[Picture, ...]:
     if not kinds:
         return ()
     require_matplotlib()
-    pictures = []
-    if "jacobian" in kinds:
+    from .progress import progress_bar
+
+    def jacobian_picture() -> Picture:
         J = report.jacobian
         outs, ins = ", ".join(J.output_names), ", ".join(J.input_names)
-        pictures.append(Picture(
+        return Picture(
             "jacobian",
             f"The explicit Jacobian ∂({outs})/∂({ins}) from tape.jacobian, {J.matrix.shape[0]} × {J.matrix.shape[1]}, "
             "with block boundaries. White is 0.",
             figure_to_png(plot_jacobian_heatmap(J)),
-        ))  # fmt: skip
-    if "eta1" in kinds:
-        pictures.append(Picture(
+        )
+
+    def eta1_picture() -> Picture:
+        return Picture(
             "eta1",
             "Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
             "and the mean-path and varsqrt-path terms that add up to dL/deta1.",
             figure_to_png(plot_eta1_comparison(report)),
-        ))  # fmt: skip
-    if "checks" in kinds:
-        pictures.append(Picture(
+        )
+
+    def checks_picture() -> Picture:
+        return Picture(
             "checks",
             "Each check's max abs error against its tolerance (log scale).",
             figure_to_png(plot_check_errors(report)),
-        ))  # fmt: skip
+        )
+
+    draw = {"jacobian": jacobian_picture, "eta1": eta1_picture, "checks": checks_picture}
+    pictures = []
+    with progress_bar(total=len(kinds), description="drawing pictures") as advance:
+        for kind in kinds:
+            pictures.append(draw[kind]())
+            advance()
     return tuple(pictures)

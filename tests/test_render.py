@@ -505,3 +505,15 @@ def test_progress_bar__silent_off_a_terminal_and_when_disabled(monkeypatch):
     assert _progress_output(monkeypatch, io.StringIO(), True) == ""
     assert _progress_output(monkeypatch, _TTY(), False) == ""
     assert "working" in _progress_output(monkeypatch, _TTY(), True)
+
+
+def test_cli__without_matplotlib_the_report_is_written_with_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(cli, "_run", lambda args: Demo())
+    path = tmp_path / "r.html"
+    assert cli.main(["check", "--report", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "large_gap" in out
+    assert f"report written to {path}" in err and 'pip install "natgrad-diag[plot]"' in err
+    parsed = _Parsed(path.read_text(encoding="utf-8"))
+    assert parsed.images == [] and "large_gap" in parsed.codes
