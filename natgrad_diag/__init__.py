@@ -56,6 +56,7 @@ __all__ = [
     "outer_example",
     "seed_scenario",
     "vjp",
+    "write_report",
 ]
 
 # name -> module that defines it (imported on first access)
@@ -79,6 +80,7 @@ _LAZY = {
     "outer_example": "outer",
     "seed_scenario": "scenario",
     "vjp": "checked",
+    "write_report": "render",
 }
 _SUBMODULES = ("testing", "torch_bridge")
 
@@ -106,6 +108,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .monitor import NatGradMonitor
     from .natgrad_check import NatGradReport, assert_natgrad, check_natgrad
     from .outer import OuterExample, outer_example
+    from .render import write_report
     from .results import Check
     from .scenario import SeedScenario, seed_scenario
     from .trace import NatGradTrace, natgrad_trace

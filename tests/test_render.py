@@ -517,3 +517,9 @@ def test_cli__without_matplotlib_the_report_is_written_with_a_note(tmp_path, mon
     assert f"report written to {path}" in err and 'pip install "natgrad-diag[plot]"' in err
     parsed = _Parsed(path.read_text(encoding="utf-8"))
     assert parsed.images == [] and "large_gap" in parsed.codes
+
+
+def test_write_report__is_exported_at_the_top_level():
+    import natgrad_diag
+
+    assert natgrad_diag.write_report is render.write_report and "write_report" in natgrad_diag.__all__
