@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import require_finite, shape_str
+from ._validate import shape_str
 from .jacobian import BlockJacobian
-from .exceptions import InputError, MissingExtraError, OutputGradientsError, ShapeMismatchError
+from .exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError
 from .results import Check, Report, Section, Table, format_number, to_jsonable
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
@@ -121,7 +121,7 @@ class OuterExample(Report):
             if self.torch is not None:
                 row.append(format_number(self.torch.gradient_ones_seed[i]))
             rows.append(tuple(row))
-        numbers = Table(columns=tuple(cols), rows=tuple(rows), title="The seed of ones")
+        numbers = Table(columns=tuple(cols), rows=tuple(rows))
         c = {ch.name: ch for ch in self.checks}
         jac_text = (
             f"tape.jacobian(y, x) has shape {shape_str(self.jacobian_array.shape)} (y's shape, then x's) and equals "
@@ -185,7 +185,7 @@ class OuterExample(Report):
             torch_text = f"The PyTorch cross-check did not run: {self.torch_status}."
         return (
             Section("What the seed is", intro),
-            Section("The numbers", "", (numbers,)),
+            Section("The seed of ones", "", (numbers,)),
             Section("The Jacobian", jac_text, tables),
             Section("A chain: z = y², in two steps and in one", chain_text,
                     (Table(columns=tuple(chain_cols), rows=tuple(chain_rows)),)),  # fmt: skip
@@ -274,7 +274,12 @@ def _validate_x(x: Any) -> np.ndarray:
             context=[("Argument", "x"), ("Expected", f"[n] with 1 ≤ n ≤ {MAX_LENGTH}"), ("Actual", shape_str(a.shape))],
             remedy="pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.",
         )
-    require_finite(a, "x")
+    if not np.all(np.isfinite(a)):
+        raise NonFiniteError(
+            f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
+            context=[("Argument", "x"), ("Expected", "finite numbers"), ("Got", _vec(a))],
+            remedy="pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
+        )
     return a
 
 
