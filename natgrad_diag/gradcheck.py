@@ -2,8 +2,8 @@
 
 For outputs y_i and inputs x_j of ``fn``, each block J_ij = ∂y_i/∂x_j is checked against central
 differences, the only oracle independent of TensorFlow's registered gradients (forward mode,
-``tf.autodiff.ForwardAccumulator``, is built by transposing those gradients, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩
-holds even when the gradient is wrong):
+``tf.autodiff.ForwardAccumulator``, is built by transposing a registered op gradient, so
+⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong):
 
     numerical  D_d y_i = (y_i(x + ε d) − y_i(x − ε d)) / 2ε          (error O(ε²) + O(δ/ε))
     analytical ⟨J_ij, d⟩ from ``tape.jacobian`` (full mode) or ⟨J_ijᵀ·v, d⟩ from ``tape.gradient``
@@ -33,6 +33,7 @@ References:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,8 +82,9 @@ _GPFLOW_MAPS = {
 }
 
 _FORWARD_NOTE = (
-    "forward mode (ForwardAccumulator) is shown for information only: TensorFlow builds it by transposing the "
-    "registered gradient, so it agrees with reverse mode even when that gradient is wrong."
+    "The forward column (ForwardAccumulator, ⟨v, J·u⟩) is information only: for ops TensorFlow builds it by "
+    "transposing the registered gradient, so it agrees with reverse mode even when that gradient is wrong; for a "
+    "tf.custom_gradient function it differentiates the forward computation instead, so there it can disagree."
 )
 
 
@@ -590,6 +592,54 @@ def _analytic_columns(block: np.ndarray, in_shape: tuple[int, ...], coords: list
     return np.stack(cols, axis=1) if cols else np.zeros((n_out, 0), block.dtype)
 
 
+def _reverse_jacobian(fn: Callable[..., Any], inputs: list[np.ndarray], **kwargs: Any) -> Any:
+    """The explicit Jacobian from reverse mode, the derivative ``tape.gradient`` uses and this module checks.
+
+    Forward mode is not the same thing: for a ``tf.custom_gradient`` function ``ForwardAccumulator``
+    differentiates the forward computation and ignores the custom gradient.
+    """
+    if inputs[0].dtype != np.float64:
+        return _RowJacobian(fn, inputs)
+    if "mode" in inspect.signature(jacobian).parameters:
+        kwargs["mode"] = "reverse"
+    return jacobian(fn, inputs, **kwargs)
+
+
+class _RowJacobian:
+    """J row by row: ``tape.gradient`` with one-hot ``output_gradients`` (no pfor).
+
+    Used below float64: in TensorFlow 2.21 ``tape.jacobian``'s vectorisation (pfor) of the float32
+    Cholesky gradient crashes the process (a segmentation fault), so those rows are taken one at a time.
+    """
+
+    def __init__(self, fn: Callable[..., Any], inputs: list[np.ndarray]) -> None:
+        import tensorflow as tf
+
+        xs = [tf.constant(a) for a in inputs]
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch(xs)
+            ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(fn(*xs))]
+        self.blocks: list[list[np.ndarray]] = []
+        for y in ys:
+            rows: list[list[np.ndarray]] = [[] for _ in xs]
+            for a in range(int(np.prod(y.shape))):
+                seed = np.zeros(int(np.prod(y.shape)), y.dtype.as_numpy_dtype)
+                seed[a] = 1.0
+                grads = tape.gradient(
+                    y, xs, output_gradients=tf.constant(seed.reshape(y.shape)), unconnected_gradients=tf.UnconnectedGradients.ZERO
+                )
+                for j, g in enumerate(grads):
+                    rows[j].append(g.numpy())
+            self.blocks.append([
+                np.stack(r).reshape(tuple(y.shape) + tuple(x.shape)) if r else np.zeros(tuple(y.shape) + tuple(x.shape), y.dtype.as_numpy_dtype)
+                for r, x in zip(rows, xs)
+            ])  # fmt: skip
+        del tape
+
+    def block(self, i: int, j: int) -> np.ndarray:
+        return self.blocks[i][j]
+
+
 def _full_rows(
     prob: _Problem, names: tuple[str, ...], structures: tuple[str, ...], eps: float, rtol: float, atol: float,
     max_bytes: int, only: tuple[int, int] | None = None,
@@ -605,7 +655,7 @@ def _full_rows(
     check_memory(need, max_bytes, "the full-mode check (analytical and numerical Jacobians)")
 
     if only is None:
-        J = jacobian(prob.fn, [a for a in prob.x], input_names=names, output_names=prob.output_names, max_bytes=max_bytes)
+        J = _reverse_jacobian(prob.fn, list(prob.x), input_names=names, output_names=prob.output_names, max_bytes=max_bytes)
         block_of = J.block
     else:
         i0, j0 = only
@@ -617,7 +667,7 @@ def _full_rows(
             xs[j0] = xj
             return tf.nest.flatten(prob.fn(*xs))[i0]
 
-        Jb = jacobian(restricted, [prob.x[j0]], max_bytes=max_bytes)
+        Jb = _reverse_jacobian(restricted, [prob.x[j0]], max_bytes=max_bytes)
 
         def block_of(i: int, j: int) -> np.ndarray:
             return Jb.block(0, 0)

@@ -1,0 +1,440 @@
+"""Tests of natgrad_diag.gradcheck: every expected value from closed forms, numpy or a hand-made finite difference."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpflow.optimizers import natgrad as ng
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import natgrad_diag as nd
+from natgrad_diag import gradcheck
+from natgrad_diag.exceptions import (
+    InputError,
+    JacobianMismatchError,
+    MemoryLimitError,
+    NonFiniteError,
+    OutputGradientsError,
+    ShapeMismatchError,
+)
+from tests.conftest import random_q
+
+# ------------------------------------------------------------------------------------------------
+# Points for GPflow's maps, built with numpy (not with the maps under test)
+
+
+def gpflow_points(M: int, L: int, seed: int) -> dict[str, list[np.ndarray]]:
+    """q_mu [M, L], q_sqrt [L, M, M]; eta = (m, S + m mᵀ); theta = (S⁻¹m, −½S⁻¹), all in numpy."""
+    m, A = random_q(M, L, seed, scale=0.4)
+    S = A @ np.swapaxes(A, -1, -2)
+    eta2 = S + np.einsum("ml,nl->lmn", m, m)
+    S_inv = np.linalg.inv(S)
+    nat1 = np.einsum("lmn,nl->ml", S_inv, m)
+    nat2 = -0.5 * S_inv
+    nat2 = 0.5 * (nat2 + np.swapaxes(nat2, -1, -2))  # exactly symmetric
+    eta2 = 0.5 * (eta2 + np.swapaxes(eta2, -1, -2))
+    return {"meanvarsqrt": [m, A], "expectation": [m, eta2], "natural": [nat1, nat2]}
+
+
+# (map, which point it takes, expected inferred structures, expected names)
+MAPS = {
+    "expectation_to_meanvarsqrt": ("expectation", ("general", "symmetric"), ("eta1", "eta2"), ("mean", "varsqrt")),
+    "meanvarsqrt_to_expectation": ("meanvarsqrt", ("general", "lower_triangular"), ("mean", "varsqrt"), ("eta1", "eta2")),
+    "natural_to_meanvarsqrt": ("natural", ("general", "symmetric"), ("nat1", "nat2"), ("mean", "varsqrt")),
+    "meanvarsqrt_to_natural": ("meanvarsqrt", ("general", "lower_triangular"), ("mean", "varsqrt"), ("nat1", "nat2")),
+    "natural_to_expectation": ("natural", ("general", "symmetric"), ("nat1", "nat2"), ("eta1", "eta2")),
+    "expectation_to_natural": ("expectation", ("general", "symmetric"), ("eta1", "eta2"), ("nat1", "nat2")),
+}
+
+
+def expected_compared(M: int, L: int, structures: tuple[str, ...], mode: str, num_directions: int) -> list[int]:
+    """How many numbers each block compares, counted by hand (outputs are [M, L] and [L, M, M])."""
+    out_sizes = [M * L, L * M * M]
+    coords = [M * L, L * M * (M + 1) // 2 if structures[1] == "symmetric" else L * M * M]
+    dirs = [num_directions, num_directions * (2 if structures[1] == "lower_triangular" and M > 1 else 1)]
+    if mode == "fast":
+        return [d for _ in out_sizes for d in dirs]
+    return [o * c for o in out_sizes for c in coords]
+
+
+# A sample of the grid M = 1..8, L = 1..3 (every M and L appears; the hypothesis test adds more).
+GRID = [
+    ("expectation_to_meanvarsqrt", 1, 1), ("expectation_to_meanvarsqrt", 6, 3),
+    ("meanvarsqrt_to_expectation", 2, 2), ("meanvarsqrt_to_expectation", 8, 1),
+    ("natural_to_meanvarsqrt", 3, 3), ("natural_to_meanvarsqrt", 7, 1),
+    ("meanvarsqrt_to_natural", 4, 2), ("meanvarsqrt_to_natural", 1, 3),
+    ("natural_to_expectation", 5, 1), ("natural_to_expectation", 2, 3),
+    ("expectation_to_natural", 8, 2), ("expectation_to_natural", 3, 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("name, M, L", GRID, ids=[f"{n}-M{M}-L{L}" for n, M, L in GRID])
+def test_check_gradients__gpflow_maps_pass_with_inferred_structure(name: str, M: int, L: int, mode: str) -> None:
+    point, structures, in_names, out_names = MAPS[name]
+    fn = getattr(ng, name)
+    inputs = gpflow_points(M, L, seed=M + 10 * L)[point]
+    report = nd.check_gradients(fn, inputs, mode=mode)
+    assert report.passed, str(report)
+    assert report.structures == structures
+    assert report.input_names == in_names and report.output_names == out_names
+    assert [(r.output, r.input) for r in report.rows] == [(o, i) for o in out_names for i in in_names]
+    assert [r.compared for r in report.rows] == expected_compared(M, L, structures, mode, num_directions=4)
+    assert (report.eps, report.rtol, report.atol) == (1e-6, 1e-5, 1e-7)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    name=st.sampled_from(sorted(MAPS)),
+    M=st.integers(1, 8),
+    L=st.integers(1, 3),
+    mode=st.sampled_from(["full", "fast"]),
+    seed=st.integers(0, 1000),
+)
+def test_check_gradients__gpflow_maps_pass_on_random_points(name: str, M: int, L: int, mode: str, seed: int) -> None:
+    point = MAPS[name][0]
+    report = nd.check_gradients(getattr(ng, name), gpflow_points(M, L, seed)[point], mode=mode, seed=seed)
+    assert report.passed, str(report)
+
+
+# ------------------------------------------------------------------------------------------------
+# A deliberately wrong gradient
+
+
+@tf.custom_gradient
+def _square_wrong(x: tf.Tensor):  # noqa: ANN202
+    def grad(dy: tf.Tensor) -> tf.Tensor:
+        return dy * 3.0 * x  # the true derivative is 2x
+
+    return x * x, grad
+
+
+def two_outputs(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(x² with a wrong gradient + y, x·y): only ∂out0/∂x is wrong."""
+    return _square_wrong(x) + y, x * y
+
+
+X0 = np.array([0.5, -1.25, 2.0])
+Y0 = np.array([1.5, 0.25, -0.75])
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__wrong_custom_gradient_fails_and_names_the_block(mode: str) -> None:
+    report = nd.check_gradients(two_outputs, [X0, Y0], mode=mode, input_names=["x", "y"], output_names=["square", "product"])
+    assert not report.passed
+    verdicts = {(r.output, r.input): r.passed for r in report.rows}
+    assert verdicts == {("square", "x"): False, ("square", "y"): True, ("product", "x"): True, ("product", "y"): True}
+    bad = report.row("square", "x")
+    # closed form: numerical 2x, analytical 3x (diagonal); the worst ratio |x|/(atol + rtol·3|x|) is at max |x| = x[2]
+    assert bad.worst_entry == "∂square[2]/∂x[2]"
+    np.testing.assert_allclose(bad.numerical, 2 * X0[2], rtol=1e-9)
+    np.testing.assert_allclose(bad.analytical, 3 * X0[2], rtol=1e-12)
+    with pytest.raises(JacobianMismatchError) as info:
+        nd.assert_gradients(two_outputs, [X0, Y0], mode=mode, input_names=["x", "y"], output_names=["square", "product"])
+    msg = str(info.value)
+    assert "Output 0 (square) with respect to input 0 (x)" in msg
+    assert "Worst entry: ∂square[2]/∂x[2]" in msg
+    assert "rtol=1e-05, atol=1e-07" in msg
+    assert "To fix:" in msg and "custom_gradient" in msg
+
+
+def test_check_gradients__fast_mode_failure_reruns_full_mode_on_the_block() -> None:
+    report = nd.check_gradients(two_outputs, [X0, Y0], mode="fast", input_names=["x", "y"])
+    bad = report.row(0, "x")
+    assert "then full mode on this block" in bad.method
+    assert "full mode on this block confirms it" in bad.note
+    # the forward mode is reported only for passing rows here; it agrees with the (wrong) reverse mode
+    good = report.row(1, "y")
+    assert good.forward is not None
+    np.testing.assert_allclose(good.forward, good.analytical, rtol=1e-12, atol=1e-14)
+
+
+def test_check_gradients__fast_mode_reports_forward_mode_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gradcheck, "_RERUN_MAX_COORDS", 0)  # keep the fast-mode numbers of the failing direction
+    row = nd.check_gradients(two_outputs, [X0, Y0], mode="fast", seed=3).row(0, 0)
+    assert not row.passed
+    assert row.worst_entry.startswith("⟨v, ∂y0/∂x0·u⟩, direction")
+    assert "too large to re-run" in row.note
+    # ⟨v, diag(2x)·u⟩ by differences against ⟨v, diag(3x)·u⟩ from the wrong custom gradient
+    np.testing.assert_allclose(row.numerical, 2.0 / 3.0 * row.analytical, rtol=1e-8)
+    # ForwardAccumulator differentiates a custom_gradient function's forward computation: it gets 2x
+    assert row.forward is not None
+    np.testing.assert_allclose(row.forward, row.numerical, rtol=1e-8)
+
+
+# ------------------------------------------------------------------------------------------------
+# Structure: symmetric and lower-triangular
+
+
+def test_check_gradients__eta2_general_fails_with_hint_symmetric_passes() -> None:
+    eta1, eta2 = gpflow_points(4, 2, seed=7)["expectation"]
+    general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general")
+    symmetric = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure={"eta2": "symmetric"})
+    assert symmetric.passed and symmetric.structures == ("general", "symmetric")
+    assert [r.passed for r in general.rows] == [True, True, True, False]
+    bad = general.row("varsqrt", "eta2")
+    # TensorFlow's Cholesky gradient is symmetrised: below the diagonal a one-entry difference is 2·g_ab
+    assert bad.worst_entry.startswith("∂varsqrt[")
+    a, b = (int(k) for k in bad.worst_entry.split("/∂eta2[")[1].rstrip("]").split(",")[1:])
+    assert a > b
+    np.testing.assert_allclose(bad.numerical, 2 * bad.analytical, rtol=1e-6)
+    assert "looks symmetric" in bad.hint and "structure='symmetric'" in bad.hint
+    with pytest.raises(JacobianMismatchError, match="structure='symmetric'") as info:
+        nd.assert_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast")
+    assert "input 1 (eta2" in str(info.value)
+
+
+@tf.custom_gradient
+def _lower_entry_symmetrised(S: tf.Tensor):  # noqa: ANN202
+    """y = S[1, 0] (reads one entry below the diagonal), with a symmetrised gradient like Cholesky's."""
+
+    def grad(dy: tf.Tensor) -> tf.Tensor:
+        E = tf.constant([[0.0, 0.5], [0.5, 0.0]], S.dtype)
+        return dy * E
+
+    return S[1, 0], grad
+
+
+def test_check_gradients__symmetrised_gradient_closed_form() -> None:
+    S = np.array([[2.0, 0.3], [0.3, 1.0]])
+    general = nd.check_gradients(_lower_entry_symmetrised, [S], structure="general")
+    # closed form: ∂y/∂S[1,0] = 1 and ∂y/∂S[0,1] = 0 (numerical) against g = 0.5 on both (analytical);
+    # both entries are off by 0.5
+    expected = {"∂y0/∂x0[1,0]": (1.0, 0.5), "∂y0/∂x0[0,1]": (0.0, 0.5)}
+    row = general.rows[0]
+    assert not row.passed and row.worst_entry in expected
+    np.testing.assert_allclose([row.numerical, row.analytical], expected[row.worst_entry], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(row.max_abs_error, 0.5, rtol=1e-9)
+    symmetric = nd.check_gradients(_lower_entry_symmetrised, [S], structure="symmetric")
+    assert symmetric.passed and symmetric.rows[0].compared == 3  # (0,0), (1,0)+(0,1), (1,1)
+
+
+@tf.custom_gradient
+def _tril_double_wrong(A: tf.Tensor):  # noqa: ANN202
+    """2·tril(A) (ignores the upper triangle), with a gradient that leaks above the diagonal."""
+
+    def grad(dy: tf.Tensor) -> tf.Tensor:
+        return 2.0 * dy  # should be 2·tril(dy)
+
+    return 2.0 * tf.linalg.band_part(A, -1, 0), grad
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__lower_triangular_needs_zero_gradient_above_diagonal(mode: str) -> None:
+    A = np.tril(np.arange(1.0, 10.0).reshape(3, 3))
+    report = nd.check_gradients(_tril_double_wrong, [A], structure="lower_triangular", mode=mode)
+    row = report.rows[0]
+    assert not row.passed
+    assert row.worst_entry.endswith("(above diagonal)")
+    # closed form: 2·tril ignores A[a, b], a < b: numerical 0; the leaked gradient is 2
+    np.testing.assert_allclose([row.numerical, row.analytical], [0.0, 2.0], atol=1e-9)
+    if mode == "fast":
+        assert "strictly upper" in row.method
+
+
+def test_check_gradients__lower_triangular_passes_where_gradient_is_masked() -> None:
+    # GPflow's meanvarsqrt_to_natural reads q_sqrt through triangular_solve (lower triangle only)
+    m, A = gpflow_points(3, 2, seed=1)["meanvarsqrt"]
+    report = nd.check_gradients(ng.meanvarsqrt_to_natural, [m, A])
+    assert report.structures == ("general", "lower_triangular") and report.passed
+    grads = tf.GradientTape  # the analytical gradient above the diagonal is exactly zero (TensorFlow masks it)
+    x = [tf.constant(m), tf.constant(A)]
+    with grads() as tape:
+        tape.watch(x)
+        out = ng.meanvarsqrt_to_natural(*x)
+    g = tape.gradient(out, x[1]).numpy()
+    assert np.all(np.triu(g, 1) == 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Step size and tolerances
+
+
+def test_check_gradients__settings_from_dtype_and_overrides() -> None:
+    eta1, eta2 = gpflow_points(3, 1, seed=2)["expectation"]
+    r64 = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2])
+    assert (r64.dtype, r64.eps, r64.rtol, r64.atol, r64.settings_source) == ("float64", 1e-6, 1e-5, 1e-7, "defaults for float64")
+    r32 = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1.astype(np.float32), eta2.astype(np.float32)])
+    assert r32.passed, str(r32)
+    assert (r32.dtype, r32.eps, r32.rtol, r32.atol, r32.settings_source) == ("float32", 1e-3, 2e-2, 2e-3, "defaults for float32")
+    r32f = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1.astype(np.float32), eta2.astype(np.float32)], mode="fast")
+    assert r32f.passed, str(r32f)
+    over = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], eps=1e-5, atol=1e-6)
+    assert (over.eps, over.rtol, over.atol) == (1e-5, 1e-5, 1e-6)
+    assert over.settings_source == "eps, atol given; the rest float64 defaults"
+    assert "ε = 1.00e-05, rtol = 1.00e-05, atol = 1.00e-06 (eps, atol given; the rest float64 defaults)" in " ".join(str(over).split())
+
+
+def test_check_gradients__numerical_value_is_the_central_difference() -> None:
+    # x³ at x = 1 with step h: (( 1+h)³ − (1−h)³)/2h = 3 + h² exactly; h = 0.5 gives an error 0.25
+    cube = lambda x: x**3  # noqa: E731
+    x = np.array([1.0])
+    report = nd.check_gradients(cube, [x], eps=0.5)
+    row = report.rows[0]
+    assert not row.passed
+    np.testing.assert_allclose([row.numerical, row.analytical], [3.25, 3.0], rtol=1e-14)
+    np.testing.assert_allclose(row.max_abs_error, 0.25, rtol=1e-12)
+    np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.0, rtol=1e-12)
+    assert nd.check_gradients(cube, [x], eps=0.5, atol=0.3).passed  # the tolerances decide
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory: fast mode at M = 500, the guard in full mode
+
+
+def test_check_gradients__fast_mode_at_m500_builds_no_dense_jacobian(monkeypatch: pytest.MonkeyPatch) -> None:
+    M = 500
+    rng = np.random.default_rng(0)
+    eta1 = 0.1 * rng.standard_normal((M, 1))
+    B = 0.02 * rng.standard_normal((M, M))
+    eta2 = (np.eye(M) + B @ B.T + eta1 @ eta1.T)[None]
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("fast mode called jacobian()")
+
+    monkeypatch.setattr(gradcheck, "jacobian", refuse)
+    tracemalloc.start()
+    try:
+        report = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", num_directions=2, max_bytes=1024**2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.passed, str(report)
+    assert peak < 200 * 1024**2 < M**4 * 8 / 1000  # numpy-side peak: a few M×M arrays, not the 500 GB of J
+    with pytest.raises(MemoryLimitError):
+        nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="full")
+
+
+def test_check_gradients__memory_guard_refuses_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    M, L = 6, 2
+    eta1, eta2 = gpflow_points(M, L, seed=0)["expectation"]
+    calls = []
+    monkeypatch.setattr(gradcheck, "jacobian", lambda *a, **k: calls.append(1))
+    # analytical + numerical dense Jacobians: 2 · (M L + L M²)² · 8 bytes, by hand
+    need = 2 * (M * L + L * M * M) ** 2 * 8
+    with pytest.raises(MemoryLimitError) as info:
+        nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], max_bytes=need - 1)
+    assert calls == []
+    msg = str(info.value)
+    assert f"{need} bytes" in msg and "mode='fast'" in msg
+    assert nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", max_bytes=need - 1).passed
+
+
+def test_check_gradients__default_limit_is_2gib_and_refuses_quickly() -> None:
+    M = 120  # (M + M²)² · 8 · 2 ≈ 3.3 GB > 2 GiB
+    eta1 = np.zeros((M, 1))
+    eta2 = np.eye(M)[None]
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryLimitError, match="GiB"):
+            nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 1024**2
+
+
+# ------------------------------------------------------------------------------------------------
+# Cotangents, read-only, report
+
+
+def _wrong_second_row(x: tf.Tensor) -> tf.Tensor:
+    @tf.custom_gradient
+    def f(x: tf.Tensor):  # noqa: ANN202
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            return tf.stack([dy[0], 5.0 * dy[1]])  # the true Jacobian is the identity
+
+        return tf.identity(x), grad
+
+    return f(x)
+
+
+def test_check_gradients__fast_mode_uses_the_given_cotangents() -> None:
+    x = np.array([1.0, 2.0])
+    assert nd.check_gradients(_wrong_second_row, [x], mode="fast", cotangents=[np.array([1.0, 0.0])]).passed
+    assert not nd.check_gradients(_wrong_second_row, [x], mode="fast", cotangents=[np.array([0.0, 1.0])]).passed
+    assert not nd.check_gradients(_wrong_second_row, [x], mode="fast").passed  # random v sees it
+
+
+def test_check_gradients__inputs_are_left_bit_identical() -> None:
+    eta1, eta2 = gpflow_points(3, 2, seed=4)["expectation"]
+    v1 = tf.Variable(eta1)
+    a2 = eta2.copy()
+    before = (v1.numpy().tobytes(), a2.tobytes())
+    for mode in ("full", "fast"):
+        nd.check_gradients(ng.expectation_to_meanvarsqrt, [v1, a2], mode=mode)
+    assert (v1.numpy().tobytes(), a2.tobytes()) == before
+
+
+def test_gradient_check_report__frozen_json_and_text() -> None:
+    report = nd.check_gradients(two_outputs, {"x": X0, "y": Y0}, mode="fast")
+    assert report.input_names == ("x", "y")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.mode = "full"  # type: ignore[misc]
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["passed"] is False and d["mode"] == "fast" and len(d["rows"]) == 4
+    assert [c["passed"] for c in d["checks"]] == [r.passed for r in report.rows]
+    text = str(report)
+    assert "Gradient check of two_outputs (fast mode, float64)" in text
+    assert "Verdict: 1 check(s) FAILED." in text
+    assert isinstance(report, nd.GradientCheckReport)
+
+
+def test_check_gradients__dict_outputs_and_scalar_input() -> None:
+    fn = lambda s: {"b": tf.sin(s), "a": s * s}  # noqa: E731
+    report = nd.check_gradients(fn, [np.float64(0.3)])
+    assert report.output_names == ("a", "b") and report.passed
+    # closed forms at s = 0.3: d(s²)/ds = 0.6, d(sin s)/ds = cos 0.3
+    np.testing.assert_allclose(report.row("a", 0).analytical, 0.6, rtol=1e-12)
+    np.testing.assert_allclose(report.row("b", 0).analytical, np.cos(0.3), rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_check_gradients__unknown_structure_message() -> None:
+    with pytest.raises(InputError) as info:
+        nd.check_gradients(tf.sin, [np.ones(3)], structure="diagonal")
+    assert str(info.value) == (
+        "Invalid input. unknown structure 'diagonal' for input x0.\n"
+        "  Argument: structure\n"
+        "    Expected: 'general' or 'symmetric' or 'lower_triangular'\n"
+        "    Got:      'diagonal'\n"
+        "  To fix: use 'symmetric' for η₂ or θ₂, 'lower_triangular' for a q_sqrt, else 'general'."
+    )
+
+
+def test_check_gradients__bad_arguments_are_named() -> None:
+    with pytest.raises(ShapeMismatchError, match=r"structure for x0[\s\S]*\[..., M, M\][\s\S]*\[2, 3\]"):
+        nd.check_gradients(tf.sin, [np.ones((2, 3))], structure="symmetric")
+    with pytest.raises(InputError, match="mode"):
+        nd.check_gradients(tf.sin, [np.ones(3)], mode="slow")
+    with pytest.raises(InputError, match="eps"):
+        nd.check_gradients(tf.sin, [np.ones(3)], eps=-1.0)
+    with pytest.raises(InputError, match="structure has 2 entries for 1 input"):
+        nd.check_gradients(tf.sin, [np.ones(3)], structure=["general", "general"])
+    with pytest.raises(NonFiniteError, match="x0"):
+        nd.check_gradients(tf.sin, [np.array([1.0, np.nan])])
+    with pytest.raises(InputError, match="floating-point"):
+        nd.check_gradients(tf.sin, [np.array([1, 2])])
+    with pytest.raises(OutputGradientsError, match=r"cotangents\[0\] has a shape of \[2\] and output\[0\] has a shape of \[3\]"):
+        nd.check_gradients(tf.sin, [np.ones(3)], mode="fast", cotangents=[np.ones(2)])
+    with pytest.raises(InputError, match="raised an error at the given point"):
+        nd.check_gradients(lambda x: tf.reshape(x, [5]), [np.ones(3)])
+    with pytest.raises(NonFiniteError, match="returned NaN or Inf in output y0"):
+        nd.check_gradients(tf.linalg.cholesky, [-np.eye(2)])  # not positive definite: NaN on CPU
+    with pytest.raises(InputError, match="num_directions"):
+        nd.check_gradients(tf.sin, [np.ones(3)], mode="fast", num_directions=0)
+
+
+def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
+    # log at 1e-7 with eps = 1e-6: x − eps < 0 gives NaN, reported as such, not compared
+    with pytest.raises(NonFiniteError, match="finite-difference point"):
+        nd.check_gradients(tf.math.log, [np.array([1e-7])])
