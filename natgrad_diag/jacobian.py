@@ -7,13 +7,30 @@ rows are output elements, columns are input elements. Then
     vjp(v)  = Jᵀ·v,   (Jᵀ·v)_j = Σ_i Σ_a v_i[a] ∂y_i[a]/∂x_j          (what output_gradients computes)
     jvp(u)  = J·u,    (J·u)_i  = Σ_j Σ_b ∂y_i/∂x_j[b] u_j[b]
     summed_gradient() = Jᵀ·1                                          (what a seed of ones computes)
+
+How it is computed (fast and memory-bounded):
+
+* The matrix is built in column chunks (forward mode, J·E for a chunk of basis tangents E, batched
+  with ``tf.vectorized_map``) or row chunks (reverse mode, Eᵀ·J), whichever dimension is smaller,
+  inside a ``tf.function`` that is traced once per (function, input shapes and dtypes, options) and
+  cached. Each chunk is written into one preallocated array, so the peak memory is the Jacobian plus
+  one chunk's intermediates, not the 3-4× of ``tape.jacobian``'s all-at-once pfor.
+* A symmetric input X [..., M, M] (``symmetric=``) is parameterised by its lower triangle (vech):
+  column (a, b), a ≥ b, is the derivative along the symmetric tangent E_ab + E_ba (E_aa on the
+  diagonal), so the stored matrix has M(M+1)/2 instead of M² columns for it. The general-shaped
+  blocks are recovered on demand as the symmetrised general Jacobian,
+  ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, which is
+  exactly what TensorFlow's (symmetrised) Cholesky gradient gives. The natural-gradient map uses
+  this for η₂ by default (Salimbeni et al., AISTATS 2018: η₂ = S + m mᵀ is symmetric).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,10 +38,25 @@ import numpy as np
 from ._validate import shape_str
 from .exceptions import InputError, MemoryLimitError, ShapeMismatchError
 
-__all__ = ["BlockJacobian", "DEFAULT_MAX_BYTES", "element_labels", "jacobian", "jacobian_nbytes"]
+__all__ = [
+    "BlockJacobian",
+    "DEFAULT_MAX_BYTES",
+    "check_memory",
+    "element_labels",
+    "jacobian",
+    "jacobian_nbytes",
+    "natgrad_map_jacobian",
+    "trace_count",
+    "vech_layout",
+]
 
 #: Default limit for a dense Jacobian: 2 GiB.
 DEFAULT_MAX_BYTES = 2 * 1024**3
+
+#: Memory for one chunk's result when ``chunk_size`` is not given: an eighth of the Jacobian, within
+#: these bounds (each chunk also holds a few intermediates of the same size while it is computed).
+_CHUNK_BYTES_MIN = 4 * 1024**2
+_CHUNK_BYTES_MAX = 64 * 1024**2
 
 
 def element_labels(name: str, shape: Sequence[int]) -> list[str]:
@@ -55,6 +87,86 @@ def check_memory(nbytes: int, max_bytes: int, what: str) -> None:
         )
 
 
+# --------------------------------------------------------------------------------------------------
+# vech layout of a symmetric input
+
+
+@functools.lru_cache(maxsize=64)
+def vech_layout(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
+
+    Returns:
+        ``(index, scale, size)``: ``index`` [prod(shape)] gives, for each general element
+        (..., a, b) in row-major order, its vech column k(max(a, b), min(a, b)) (lower triangle in
+        ``np.tril_indices`` order, batch-major); ``scale`` [prod(shape)] is 1 on the diagonal and ½
+        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Then the general-shaped Jacobian column of
+        element e is ``scale[e] · compact[:, index[e]]`` and a symmetric tangent for vech column k
+        is ``onehot(k)[index]`` (E_ab + E_ba).
+    """
+    M = shape[-1]
+    batch = int(np.prod(shape[:-2], dtype=np.int64))
+    K = M * (M + 1) // 2
+    a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
+    hi, lo = np.maximum(a, b), np.minimum(a, b)
+    k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
+    index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
+    scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
+    for arr in (index, scale):
+        arr.setflags(write=False)
+    return index, scale, batch * K
+
+
+def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
+    M = shape[-1]
+    rows, cols = np.tril_indices(M)
+    out = []
+    for bidx in np.ndindex(*shape[:-2]):
+        pre = ",".join(map(str, bidx + ()))
+        for a, b in zip(rows, cols):
+            idx = f"{pre},{a},{b}" if pre else f"{a},{b}"
+            out.append(f"{name}[{idx}]" if a == b else f"{name}[{idx}]+[{(pre + ',') if pre else ''}{b},{a}]")
+    return out
+
+
+class _BlockGrid(Sequence):
+    """``blocks[i][j]`` drawn from a dense store: views for general inputs, expanded (and cached) for
+    vech inputs. Behaves like a tuple of tuples of arrays."""
+
+    def __init__(self, jac: BlockJacobian) -> None:
+        self._jac = jac
+        self._rows = tuple(_BlockRow(jac, i) for i in range(len(jac.output_shapes)))
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._rows[i]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"<blocks {len(self._jac.output_shapes)} × {len(self._jac.input_shapes)}>"
+
+
+class _BlockRow(Sequence):
+    def __init__(self, jac: BlockJacobian, i: int) -> None:
+        self._jac, self._i = jac, i
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return tuple(self[k] for k in range(len(self))[j])
+        n = len(self)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(j)
+        if j not in self._cache:
+            self._cache[j] = self._jac._dense_block(self._i, j)
+        return self._cache[j]
+
+    def __len__(self) -> int:
+        return len(self._jac.input_shapes)
+
+
 @dataclass(frozen=True)
 class BlockJacobian:
     """The Jacobian of ``outputs`` with respect to ``inputs``, as a grid of blocks.
@@ -63,17 +175,94 @@ class BlockJacobian:
         blocks: ``blocks[i][j]`` = ∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``.
         output_names, input_names: names used in the labels, e.g. ``("mean", "varsqrt")``.
         output_shapes, input_shapes: the shapes of the outputs and inputs.
+        compact: the stored dense matrix [Σ output sizes, Σ stored input columns] when built by
+            :func:`jacobian` (read-only; ``blocks`` are views of it), else ``None``.
+        symmetric: one flag per input; ``True`` means that input [..., M, M] is stored by its vech
+            columns (symmetric tangents E_ab + E_ba), and its general-shaped blocks are the
+            symmetrised general Jacobian.
     """
 
-    blocks: tuple[tuple[np.ndarray, ...], ...]
+    blocks: Sequence[Sequence[np.ndarray]]
     output_names: tuple[str, ...]
     input_names: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     input_shapes: tuple[tuple[int, ...], ...]
+    compact: np.ndarray | None = field(default=None, repr=False, compare=False)
+    symmetric: tuple[bool, ...] | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_compact(
+        cls,
+        compact: np.ndarray,
+        output_names: Sequence[str],
+        input_names: Sequence[str],
+        output_shapes: Sequence[Sequence[int]],
+        input_shapes: Sequence[Sequence[int]],
+        symmetric: Sequence[bool] | None = None,
+    ) -> BlockJacobian:
+        """A BlockJacobian over one dense matrix [Σ output sizes, Σ stored input columns]."""
+        in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
+        sym = tuple(bool(s) for s in symmetric) if symmetric is not None else (False,) * len(in_shapes)
+        compact.setflags(write=False)
+        jac = cls(
+            blocks=(),
+            output_names=tuple(output_names),
+            input_names=tuple(input_names),
+            output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes),
+            input_shapes=in_shapes,
+            compact=compact,
+            symmetric=sym,
+        )
+        object.__setattr__(jac, "blocks", _BlockGrid(jac))
+        return jac
+
+    # ---- layout of the stored matrix -------------------------------------------------------------
+
+    def _is_sym(self, j: int) -> bool:
+        return bool(self.symmetric and self.symmetric[j])
+
+    @functools.cached_property
+    def _row_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.output_shapes])]).astype(np.int64)
+
+    @functools.cached_property
+    def _col_offsets(self) -> np.ndarray:
+        """Offsets of the inputs in the general column layout (Σ input sizes)."""
+        return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.input_shapes])]).astype(np.int64)
+
+    @functools.cached_property
+    def _stored_offsets(self) -> np.ndarray:
+        """Offsets of the inputs in the stored (compact) column layout."""
+        sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def _expand_columns(self, part: np.ndarray, j: int) -> np.ndarray:
+        """Stored columns of input j (any rows) → general columns (a copy for a vech input)."""
+        if not self._is_sym(j):
+            return part
+        index, scale, _ = vech_layout(self.input_shapes[j])
+        return part[:, index] * scale
+
+    def _dense_block(self, i: int, j: int) -> np.ndarray:
+        r0, r1 = self._row_offsets[i], self._row_offsets[i + 1]
+        c0, c1 = self._stored_offsets[j], self._stored_offsets[j + 1]
+        part = self._expand_columns(self.compact[r0:r1, c0:c1], j)
+        if self._is_sym(j):
+            part.setflags(write=False)
+        return part.reshape(self.output_shapes[i] + self.input_shapes[j])
+
+    # ---- public API ------------------------------------------------------------------------------
 
     @property
     def dtype(self) -> np.dtype:
+        if self.compact is not None:
+            return self.compact.dtype
         return self.blocks[0][0].dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(Σ output sizes, Σ input sizes): the shape of :attr:`matrix` (computed without building it)."""
+        return int(self._row_offsets[-1]), int(self._col_offsets[-1])
 
     def block(self, i: int, j: int) -> np.ndarray:
         """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``."""
@@ -81,7 +270,21 @@ class BlockJacobian:
 
     @functools.cached_property
     def matrix(self) -> np.ndarray:
-        """[Σ output sizes, Σ input sizes], rows = flattened outputs, columns = flattened inputs."""
+        """[Σ output sizes, Σ input sizes], rows = flattened outputs, columns = flattened inputs.
+
+        For a Jacobian stored with vech columns this expands them (a copy of the general size);
+        :attr:`compact` is the stored matrix.
+        """
+        if self.compact is not None:
+            if not any(self.symmetric or ()):
+                return self.compact
+            parts = [
+                self._expand_columns(self.compact[:, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)
+                for j in range(len(self.input_shapes))
+            ]
+            out = np.concatenate(parts, axis=1)
+            out.setflags(write=False)
+            return out
         rows = []
         for i, oshape in enumerate(self.output_shapes):
             n_out = int(np.prod(oshape))
@@ -95,8 +298,16 @@ class BlockJacobian:
 
     @functools.cached_property
     def col_labels(self) -> tuple[str, ...]:
-        """``("eta1[0,0]", ..., "eta2[0,4,4]")``."""
+        """``("eta1[0,0]", ..., "eta2[0,4,4]")``: the general columns of :attr:`matrix`."""
         return tuple(lab for n, s in zip(self.input_names, self.input_shapes) for lab in element_labels(n, s))
+
+    @functools.cached_property
+    def compact_col_labels(self) -> tuple[str, ...]:
+        """Labels of the stored columns: ``"eta2[0,3,1]+[0,1,3]"`` is the tangent E₃₁ + E₁₃ of a vech input."""
+        out: list[str] = []
+        for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes)):
+            out.extend(_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s))
+        return tuple(out)
 
     def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[np.ndarray]:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
@@ -122,6 +333,14 @@ class BlockJacobian:
     def vjp(self, cotangents: Any) -> tuple[np.ndarray, ...]:
         """Jᵀ·v by explicit contraction; one cotangent per output, one result per input."""
         vs = self._check(cotangents, self.output_shapes, "cotangents", "output")
+        if self.compact is not None:
+            v = np.concatenate([a.ravel() for a in vs])
+            stored = v @ self.compact
+            result = []
+            for j, ishape in enumerate(self.input_shapes):
+                part = stored[self._stored_offsets[j] : self._stored_offsets[j + 1]]
+                result.append(self._expand_columns(part[None, :], j)[0].reshape(ishape))
+            return tuple(result)
         result = []
         for j, ishape in enumerate(self.input_shapes):
             acc = np.zeros(ishape, dtype=self.dtype)
@@ -133,6 +352,20 @@ class BlockJacobian:
     def jvp(self, tangents: Any) -> tuple[np.ndarray, ...]:
         """J·u by explicit contraction; one tangent per input, one result per output."""
         us = self._check(tangents, self.input_shapes, "tangents", "input")
+        if self.compact is not None:
+            parts = []
+            for j, u in enumerate(us):
+                if self._is_sym(j):
+                    # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
+                    # scaled sum of the general entries that share a column.
+                    index, scale, size = vech_layout(self.input_shapes[j])
+                    parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
+                else:
+                    parts.append(u.ravel())
+            flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
+            return tuple(
+                flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes)
+            )
         result = []
         for i, oshape in enumerate(self.output_shapes):
             acc = np.zeros(oshape, dtype=self.dtype)
@@ -148,25 +381,34 @@ class BlockJacobian:
 
     def is_diagonal(self, *, atol: float = 0.0) -> bool:
         """True when J is square and every off-diagonal entry is within ``atol`` of zero."""
-        m = self.matrix
-        if m.shape[0] != m.shape[1]:
+        if self.shape[0] != self.shape[1]:
             return False
+        m = self.matrix
         off = m - np.diag(np.diag(m))
         return bool(np.max(np.abs(off), initial=0.0) <= atol)
 
     def row(self, label: str) -> np.ndarray:
         """One row of the dense matrix, by its label (``"varsqrt[0,4,0]"``)."""
         try:
-            return self.matrix[self.row_labels.index(label)]
+            r = self.row_labels.index(label)
         except ValueError:
             raise InputError(
                 f"no output element is labelled {label!r}.",
                 context=[("Argument", "label"), ("Expected", f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}"), ("Got", label)],
                 remedy="use a label from .row_labels.",
             ) from None
+        if self.compact is not None:
+            return np.concatenate([
+                self._expand_columns(self.compact[r : r + 1, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)[0]
+                for j in range(len(self.input_shapes))
+            ])  # fmt: skip
+        return self.matrix[r]
 
     def __str__(self) -> str:
-        lines = [f"BlockJacobian {self.matrix.shape[0]} × {self.matrix.shape[1]} ({self.dtype})"]
+        rows, cols = self.shape
+        lines = [f"BlockJacobian {rows} × {cols} ({self.dtype})"]
+        if self.compact is not None and any(self.symmetric or ()):
+            lines[0] += f", stored as {self.compact.shape[0]} × {self.compact.shape[1]} (vech columns for symmetric inputs)"
         for i, (on, os_) in enumerate(zip(self.output_names, self.output_shapes)):
             for j, (inn, is_) in enumerate(zip(self.input_names, self.input_shapes)):
                 b = self.blocks[i][j]
@@ -187,6 +429,151 @@ def _names(given: Sequence[str] | None, count: int, prefix: str, argument: str) 
     return given
 
 
+# --------------------------------------------------------------------------------------------------
+# Compiled chunk functions, traced once per (fn, input specs, options) and cached.
+
+_TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+_CACHE: collections.OrderedDict[Any, _Compiled] = collections.OrderedDict()
+_CACHE_SIZE = 32
+_LOCK = threading.Lock()
+
+
+def trace_count(kind: str = "jacobian_chunk") -> int:
+    """How many times a compiled function of this module has been traced (for tests and the bench).
+
+    ``kind`` is ``"jacobian_chunk"`` (a chunk of a dense Jacobian) or ``"jacobian_shapes"``.
+    """
+    return _TRACE_COUNTS[kind]
+
+
+@dataclass
+class _Compiled:
+    fn: Any  # kept alive so that id(fn) in the key cannot be reused
+    chunk_fn: Any  # tf.function(*inputs, start) -> [chunk, other dimension]
+    forward: bool
+    chunk: int
+
+
+def _input_signature(xs: Sequence[Any]) -> tuple[Any, ...]:
+    import tensorflow as tf
+
+    return tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs)
+
+
+def _output_structure(fn: Callable[..., Any], xs: Sequence[Any]) -> Any:
+    """The nest of outputs of ``fn`` (one forward pass, eager, as before)."""
+    return fn(*xs)
+
+
+def _build_chunk_fn(
+    fn: Callable[..., Any],
+    xs: Sequence[Any],
+    out_shapes: tuple[tuple[int, ...], ...],
+    sym: tuple[bool, ...],
+    forward: bool,
+    chunk: int,
+) -> Any:
+    """A tf.function computing ``chunk`` columns (forward) or rows (reverse) of the stored matrix.
+
+    Forward: for stored columns k = start … start+chunk-1 the tangents are basis vectors (for a vech
+    input the symmetric E_ab + E_ba), pushed through ``ForwardAccumulator`` and batched with
+    ``tf.vectorized_map``; returns [chunk, Σ output sizes] (row c is column start+c of J).
+    Reverse: the cotangents are one-hot rows, pulled back with ``tape.gradient`` and batched the
+    same way; vech inputs are folded (g_ab + g_ba); returns [chunk, Σ stored input columns].
+    Indices past the end give zero tangents (zero rows), so every call has the same shape.
+    """
+    import tensorflow as tf
+
+    dtype = xs[0].dtype
+    in_shapes = [tuple(x.shape.as_list()) for x in xs]
+    in_sizes = [int(np.prod(s)) for s in in_shapes]
+    stored_sizes = [vech_layout(s)[2] if sy else n for s, sy, n in zip(in_shapes, sym, in_sizes)]
+    out_sizes = [int(np.prod(s)) for s in out_shapes]
+    n_stored, n_out = int(sum(stored_sizes)), int(sum(out_sizes))
+    zero = tf.UnconnectedGradients.ZERO
+    layouts = [vech_layout(s) if sy else None for s, sy in zip(in_shapes, sym)]
+
+    def flat_outputs(ys: Any) -> list[Any]:
+        return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
+
+    def forward_chunk(*args: Any) -> Any:
+        _TRACE_COUNTS["jacobian_chunk"] += 1
+        inputs, start = list(args[:-1]), args[-1]
+        E = tf.one_hot(start + tf.range(chunk), depth=n_stored, dtype=dtype)  # [chunk, n_stored]
+        parts = tf.split(E, stored_sizes, axis=1) if len(stored_sizes) > 1 else [E]
+        tangents = []
+        for p, s, lay in zip(parts, in_shapes, layouts):
+            if lay is not None:
+                p = tf.gather(p, lay[0], axis=1)  # E_ab + E_ba
+            tangents.append(tf.reshape(p, (chunk,) + s))
+
+        def one(ts: Any) -> Any:
+            with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
+                ys = flat_outputs(fn(*inputs))
+            cols = [tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys]
+            return tf.concat(cols, axis=0) if len(cols) > 1 else cols[0]
+
+        return tf.vectorized_map(one, tuple(tangents))
+
+    def reverse_chunk(*args: Any) -> Any:
+        _TRACE_COUNTS["jacobian_chunk"] += 1
+        inputs, start = list(args[:-1]), args[-1]
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch(inputs)
+            ys = flat_outputs(fn(*inputs))
+        V = tf.one_hot(start + tf.range(chunk), depth=n_out, dtype=dtype)  # [chunk, n_out]
+        parts = tf.split(V, out_sizes, axis=1) if len(out_sizes) > 1 else [V]
+        cots = tuple(tf.reshape(p, (chunk,) + s) for p, s in zip(parts, out_shapes))
+
+        def one(vs: Any) -> Any:
+            gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
+            return tf.concat([tf.reshape(g, [-1]) for g in gs], axis=0) if len(gs) > 1 else tf.reshape(gs[0], [-1])
+
+        rows = tf.vectorized_map(one, cots)  # [chunk, Σ input sizes]
+        if not any(sym):
+            return rows
+        pieces = tf.split(rows, in_sizes, axis=1) if len(in_sizes) > 1 else [rows]
+        folded = []
+        for p, lay in zip(pieces, layouts):
+            if lay is not None:  # stored column k = Σ of the general entries (a, b), (b, a) mapping to k
+                p = tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), lay[0], lay[2]))
+            folded.append(p)
+        return tf.concat(folded, axis=1) if len(folded) > 1 else folded[0]
+
+    signature = _input_signature(xs) + (tf.TensorSpec([], tf.int32),)
+    body = forward_chunk if forward else reverse_chunk
+    return tf.function(body, input_signature=signature, autograph=False)
+
+
+def _auto_chunk(n_chunked: int, n_other: int, itemsize: int, total_bytes: int) -> int:
+    budget = min(max(total_bytes // 8, _CHUNK_BYTES_MIN), _CHUNK_BYTES_MAX)
+    chunk = max(1, min(n_chunked, budget // max(1, n_other * itemsize)))
+    n_chunks = -(-n_chunked // chunk)
+    return -(-n_chunked // n_chunks)  # equal chunks: the last one wastes as little as possible
+
+
+def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
+    if symmetric is None:
+        return (False,) * len(in_shapes)
+    if isinstance(symmetric, bool):
+        symmetric = [symmetric] * len(in_shapes)
+    flags = tuple(bool(s) for s in symmetric)
+    if len(flags) != len(in_shapes):
+        raise InputError(
+            "symmetric needs one flag per input.",
+            context=[("Argument", "symmetric"), ("Expected", f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})"), ("Got", f"{len(flags)} flags")],
+            remedy="pass e.g. symmetric=(False, True) to store the second input by its lower triangle.",
+        )
+    for flag, s, n in zip(flags, in_shapes, in_names):
+        if flag and (len(s) < 2 or s[-1] != s[-2]):
+            raise ShapeMismatchError(
+                f"input {n!r} is marked symmetric but is not a (batch of) square matrices.",
+                context=[("Argument", "symmetric"), ("Expected", f"{n} of shape [..., M, M]"), ("Actual", shape_str(s))],
+                remedy=f"mark only square-matrix inputs as symmetric (symmetric=False for {n}).",
+            )
+    return flags
+
+
 def jacobian(
     fn: Callable[..., Any],
     inputs: Sequence[Any] | Mapping[str, Any],
@@ -194,21 +581,49 @@ def jacobian(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    symmetric: Sequence[bool] | bool | None = None,
+    chunk_size: int | None = None,
+    mode: str = "auto",
+    compiled: bool = True,
 ) -> BlockJacobian:
-    """The explicit Jacobian of ``fn(*inputs)`` with ``tape.jacobian``; unconnected blocks are zeros.
+    """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
+
+    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns). It is computed in
+    chunks of columns, J·[e_c, …] (forward mode, ``ForwardAccumulator``), or of rows, [e_r, …]ᵀ·J
+    (reverse mode, ``tape.gradient`` with one-hot ``output_gradients``), each chunk batched with
+    ``tf.vectorized_map`` inside a ``tf.function`` that is traced once per (fn, input shapes and
+    dtypes, options) and cached, and written into one preallocated array. The result equals
+    ``tape.jacobian`` block by block.
+
+    A ``symmetric`` input X [..., M, M] is differentiated along the symmetric tangents E_ab + E_ba
+    (a > b) and E_aa only: M(M+1)/2 columns instead of M². Its general blocks are the symmetrised
+    general Jacobian ½(∂y/∂X_ab + ∂y/∂X_ba); for a function that reads X only through its symmetric
+    part (such as a Cholesky factorisation, whose TensorFlow gradient is symmetrised) that is
+    exactly ``tape.jacobian``'s block.
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
+            It must be traceable by ``tf.function`` for the compiled path (otherwise the eager
+            ``tape.jacobian`` path is used). The compiled function is cached by ``fn``'s identity:
+            pass the same function object to reuse it.
         inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs).
         input_names, output_names: names for the labels (default ``x0, x1, ...`` and ``y0, y1, ...``,
             or the keys of dicts).
-        max_bytes: refuse, before any Jacobian is allocated, when the dense Jacobian would be larger.
+        max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
+        symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
+        chunk_size: columns (or rows) per chunk; default: about an eighth of the Jacobian per chunk,
+            between 4 MiB and 64 MiB.
+        mode: ``"forward"`` (column chunks), ``"reverse"`` (row chunks) or ``"auto"`` (forward when
+            there are fewer stored columns than rows, else reverse).
+        compiled: ``False`` runs the original eager ``tape.jacobian`` path (no vech, no chunks).
 
     Returns:
-        A :class:`BlockJacobian`.
+        A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
+        ``output_shapes[i] + input_shapes[j]`` in every case).
 
     Raises:
-        MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
+        MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
+        InputError, ShapeMismatchError: bad ``symmetric``, ``mode`` or ``chunk_size``, or names.
 
     Example:
         >>> import tensorflow as tf
@@ -218,6 +633,18 @@ def jacobian(
     """
     import tensorflow as tf
 
+    if mode not in ("auto", "forward", "reverse"):
+        raise InputError(
+            "mode must be 'auto', 'forward' or 'reverse'.",
+            context=[("Argument", "mode"), ("Expected", "'auto', 'forward' or 'reverse'"), ("Got", repr(mode))],
+            remedy="leave mode='auto' (forward when there are fewer columns than rows).",
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1):
+        raise InputError(
+            "chunk_size must be a positive integer.",
+            context=[("Argument", "chunk_size"), ("Expected", "an int ≥ 1 or None"), ("Got", repr(chunk_size))],
+            remedy="leave chunk_size=None for an automatic size.",
+        )
     if isinstance(inputs, Mapping):
         input_names = tuple(inputs.keys()) if input_names is None else input_names
         inputs = list(inputs.values())
@@ -225,40 +652,141 @@ def jacobian(
         inputs = [inputs]
     xs = [tf.convert_to_tensor(x) for x in inputs]
     in_names = _names(input_names, len(xs), "x", "input_names")
+    in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
+    sym = _validate_symmetric(symmetric, in_shapes, in_names)
 
-    with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
-        tape.watch(xs)
-        outputs = fn(*xs)
+    outputs = _output_structure(fn, xs)  # one forward pass: the output shapes and names
     if isinstance(outputs, Mapping) and output_names is None:
         output_names = tuple(sorted(outputs.keys()))
     ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
     out_names = _names(output_names, len(ys), "y", "output_names")
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
-    check_memory(jacobian_nbytes(out_shapes, in_shapes, ys[0].dtype.size), max_bytes, f"{len(ys)} output(s) and {len(xs)} input(s)")
+    itemsize = ys[0].dtype.size if ys else xs[0].dtype.size
+    stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
+    nbytes = jacobian_nbytes(out_shapes, stored_shapes, itemsize)
+    check_memory(nbytes, max_bytes, f"{len(ys)} output(s) and {len(xs)} input(s)")
 
+    n_rows = sum(int(np.prod(s)) for s in out_shapes)
+    n_cols = sum(int(np.prod(s)) for s in stored_shapes)
+    dtypes = {x.dtype for x in xs} | {y.dtype for y in ys}
+    fast_ok = compiled and len(dtypes) == 1 and next(iter(dtypes)).is_floating and n_rows > 0 and n_cols > 0
+    if fast_ok:
+        # ties go to reverse mode: TensorFlow forms many JVPs as the derivative of a VJP (dearer)
+        forward = mode == "forward" or (mode == "auto" and n_cols < n_rows)
+        n_chunked, n_other = (n_cols, n_rows) if forward else (n_rows, n_cols)
+        chunk = int(chunk_size) if chunk_size is not None else _auto_chunk(n_chunked, n_other, itemsize, nbytes)
+        chunk = min(chunk, n_chunked)
+        try:
+            compact = _run_chunks(fn, xs, out_shapes, sym, forward, chunk, n_rows, n_cols)
+        except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
+            compact = None  # not traceable: fall back to the eager tape below
+        if compact is not None:
+            return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
+    blocks = _eager_blocks(fn, xs)
+    if not any(sym):
+        return BlockJacobian(blocks, out_names, in_names, out_shapes, in_shapes)
+    compact = _fold_general(blocks, out_shapes, in_shapes, sym, itemsize)
+    return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
+
+
+def _run_chunks(
+    fn: Callable[..., Any],
+    xs: Sequence[Any],
+    out_shapes: tuple[tuple[int, ...], ...],
+    sym: tuple[bool, ...],
+    forward: bool,
+    chunk: int,
+    n_rows: int,
+    n_cols: int,
+) -> np.ndarray:
+    """Fill one preallocated [n_rows, n_cols] array chunk by chunk with the cached compiled function."""
+    import tensorflow as tf
+
+    key = (id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
+    with _LOCK:
+        entry = _CACHE.get(key)
+        if entry is not None and entry.fn is fn:
+            _CACHE.move_to_end(key)
+        else:
+            entry = _Compiled(fn=fn, chunk_fn=_build_chunk_fn(fn, xs, out_shapes, sym, forward, chunk), forward=forward, chunk=chunk)
+            _CACHE[key] = entry
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype)
+    n_chunked = n_cols if forward else n_rows
+    for start in range(0, n_chunked, chunk):
+        stop = min(start + chunk, n_chunked)
+        res = entry.chunk_fn(*xs, tf.constant(start, tf.int32)).numpy()  # [chunk, other]
+        if forward:
+            out[:, start:stop] = res[: stop - start].T
+        else:
+            out[start:stop, :] = res[: stop - start]
+        del res
+    return out
+
+
+def _eager_blocks(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[tuple[np.ndarray, ...], ...]:
+    """The original path: ``tape.jacobian`` per block, eagerly (for functions tf.function cannot trace)."""
+    import tensorflow as tf
+
+    with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+        tape.watch(xs)
+        outputs = fn(*xs)
+    ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
     blocks = tuple(
-        tuple(
-            tape.jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO).numpy()
-            for x in xs
-        )
-        for y in ys
+        tuple(tape.jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO).numpy() for x in xs) for y in ys
     )
     del tape
-    return BlockJacobian(blocks, out_names, in_names, out_shapes, in_shapes)
+    return blocks
 
 
-def natgrad_map_jacobian(eta1: Any, eta2: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> BlockJacobian:
-    """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁, η₂).
+def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> np.ndarray:
+    """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
+    rows = []
+    for i, os_ in enumerate(out_shapes):
+        n = int(np.prod(os_))
+        parts = []
+        for j, (s, f) in enumerate(zip(in_shapes, sym)):
+            g = np.asarray(blocks[i][j]).reshape(n, -1)
+            if f:
+                index, _, size = vech_layout(s)
+                folded = np.zeros((n, size), dtype=g.dtype)
+                np.add.at(folded.T, index, g.T)
+                g = folded
+            parts.append(g)
+        rows.append(np.concatenate(parts, axis=1))
+    return np.ascontiguousarray(np.concatenate(rows, axis=0))
 
-    eta1 is [M, L], eta2 is [L, M, M]; the blocks are labelled mean, varsqrt / eta1, eta2.
-    """
+
+def _natgrad_map(eta1: Any, eta2: Any) -> Any:
+    """GPflow's ``expectation_to_meanvarsqrt`` (one function object, so the compiled Jacobian is cached)."""
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
+    return expectation_to_meanvarsqrt(eta1, eta2)
+
+
+def natgrad_map_jacobian(
+    eta1: Any,
+    eta2: Any,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    symmetric: bool = True,
+    chunk_size: int | None = None,
+) -> BlockJacobian:
+    """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁, η₂).
+
+    mean = η₁ and varsqrt = chol(η₂ − η₁η₁ᵀ). eta1 is [M, L], eta2 is [L, M, M]; the blocks are
+    labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
+    symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time
+    and memory); ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals
+    ``tape.jacobian``'s block, because TensorFlow's Cholesky gradient is symmetrised.
+    """
     return jacobian(
-        lambda e1, e2: expectation_to_meanvarsqrt(e1, e2),
+        _natgrad_map,
         [eta1, eta2],
         input_names=("eta1", "eta2"),
         output_names=("mean", "varsqrt"),
         max_bytes=max_bytes,
+        symmetric=(False, bool(symmetric)),
+        chunk_size=chunk_size,
     )

@@ -13,6 +13,8 @@ parameters, m = q_mu [M, L] and L_S = q_sqrt [L, M, M] (S = L_S L_Sᵀ).
 
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,7 @@ import numpy as np
 from ._validate import param_parts, validate_grad, validate_q
 from .exceptions import InputError, StepFailedError
 
-__all__ = ["NatGradTrace", "natgrad_trace", "resolve_xi_transform"]
+__all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,158 @@ def natgrad_tensors(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gam
     )  # fmt: skip
 
 
+# --------------------------------------------------------------------------------------------------
+# The compiled path: natgrad_tensors in a tf.function, traced once per (shapes, dtype, ξ transform
+# class, parameter transforms) and cached. The eager path below stays the reference (and the source
+# of every error message): whenever the compiled path sees anything unusual it defers to it.
+
+_TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+_COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_CACHE_SIZE = 32
+_LOCK = threading.Lock()
+_OUT_KEYS = (
+    "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
+    "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
+)  # fmt: skip
+
+
+def trace_count() -> int:
+    """How many times the compiled natural-gradient step has been traced in this process (for tests)."""
+    return _TRACE_COUNTS["natgrad_tensors"]
+
+
+def _transform_key(transform: Any) -> Any:
+    """A hashable key for a parameter transform that depends only on what it computes, or ``None``
+    when it cannot be keyed (then the transform is applied eagerly, outside the compiled step).
+
+    ``None`` (identity) gives ``"identity"``; a TFP bijector whose constructor parameters are all
+    plain values (``FillTriangular(upper=False)``, GPflow's ``triangular()``) gives its class and
+    those parameters.
+    """
+    if transform is None:
+        return "identity"
+    params = getattr(transform, "parameters", None)
+    if not isinstance(params, dict):
+        return None
+    items = []
+    for k, v in sorted(params.items()):
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return None
+        items.append((k, v))
+    return (type(transform), tuple(items))
+
+
+def _xi_key(xi: Any) -> Any:
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    if type(xi) in (XiNat, XiSqrtMeanVar):  # stateless: the class decides
+        return type(xi)
+    return (type(xi), id(xi))  # the entry keeps xi alive, so the id is not reused
+
+
+def _fast_parts(x: Any) -> tuple[Any, Any] | None:
+    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(x, gpflow.Parameter):
+        return x.unconstrained_variable, x.transform
+    if isinstance(x, (tf.Variable, tf.Tensor)):
+        return x, None
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return tf.convert_to_tensor(x), None
+    return None
+
+
+def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any, ...]) -> Any:
+    import tensorflow as tf
+
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is not None:
+            _COMPILED.move_to_end(key)
+            return fn
+
+        def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            _TRACE_COUNTS["natgrad_tensors"] += 1
+            # the same operations as param_parts / _to_constrained on the eager path
+            q_mu = mu_in if t_mu is None else t_mu.forward(mu_in)
+            q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
+            dL_dmean = g_mu if t_mu is None else t_mu.forward(g_mu)
+            dL_dvarsqrt = g_sq if t_sq is None else t_sq.forward(g_sq)
+            out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
+            finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
+            nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
+            out.update(
+                q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt,
+                inputs_ok=tf.reduce_all(tf.stack(finite + [nonsingular])),
+            )  # fmt: skip
+            return out
+
+        fn = tf.function(step, input_signature=signature, autograph=False)
+        fn._natgrad_diag_keep = (xi, t_mu, t_sq)  # keep the keyed objects alive with the function
+        _COMPILED[key] = fn
+        while len(_COMPILED) > _CACHE_SIZE:
+            _COMPILED.popitem(last=False)
+        return fn
+
+
+def _natgrad_trace_compiled(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any) -> NatGradTrace | None:
+    """The compiled step, or ``None`` when the eager reference path must decide (any unusual input,
+    a failed in-graph check, a failed Cholesky): it then raises the same error it always did."""
+    import tensorflow as tf
+
+    parts = [_fast_parts(q_mu), _fast_parts(q_sqrt)]
+    grads = [_fast_parts(q_mu_grad), _fast_parts(q_sqrt_grad)]
+    if any(p is None for p in parts + grads) or grads[0][1] is not None or grads[1][1] is not None:
+        return None
+    (mu_in, t_mu), (sq_in, t_sq) = parts
+    g_mu, g_sq = grads[0][0], grads[1][0]
+    tensors = (mu_in, sq_in, g_mu, g_sq)
+    dtype = mu_in.dtype
+    if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
+        return None
+    shapes = [tuple(t.shape.as_list()) for t in tensors]
+    if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
+        return None
+    k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
+    if k_mu is None or k_sq is None:
+        return None
+    key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
+    signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
+    fn = _compiled_step(key, xi, t_mu, t_sq, signature)
+    try:
+        out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
+    except (tf.errors.OpError, ValueError, TypeError):
+        return None
+    if not bool(out["inputs_ok"]):
+        return None
+    mu_shape, sq_shape = tuple(out["q_mu"].shape), tuple(out["q_sqrt"].shape)
+    if len(mu_shape) != 2 or sq_shape != (mu_shape[1], mu_shape[0], mu_shape[0]):
+        return None
+    arrays = {k: out[k].numpy() for k in _OUT_KEYS}
+    _check_finite_step(arrays, g, xi)
+    return NatGradTrace(
+        dL_dmean=out["dL_dmean"].numpy(),
+        dL_dvarsqrt=out["dL_dvarsqrt"].numpy(),
+        gamma=g,
+        xi_transform=type(xi).__name__,
+        q_mu=out["q_mu"].numpy(),
+        q_sqrt=out["q_sqrt"].numpy(),
+        **arrays,
+    )
+
+
+def _check_finite_step(arrays: dict[str, np.ndarray], g: float, xi: Any) -> None:
+    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
+    if bad:
+        raise StepFailedError(
+            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
+            context=[("gamma", g), ("xi_transform", type(xi).__name__)],
+            remedy="use a smaller gamma, or float64 if you are in float32.",
+        )
+
+
 def natgrad_trace(
     q_mu: Any,
     q_sqrt: Any,
@@ -182,10 +336,16 @@ def natgrad_trace(
     *,
     gamma: float = 1.0,
     xi_transform: Any = None,
+    compiled: bool = True,
 ) -> NatGradTrace:
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
     Nothing is assigned: the parameters are bit-identical afterwards.
+
+    By default the TensorFlow part runs as a ``tf.function`` traced once per (shapes, dtype, ξ
+    transform class, parameter transforms) and cached, so calling it in a training loop costs about
+    one compiled GPflow step; ``compiled=False`` runs the same operations eagerly (readable, and
+    cheaper for a single call, which pays no tracing). Both give the same numbers.
 
     Args:
         q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
@@ -194,6 +354,7 @@ def natgrad_trace(
         q_sqrt_grad: dL/d(q_sqrt.unconstrained_variable) ([L, M(M+1)/2] for a triangular transform).
         gamma: the step length γ > 0.
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
+        compiled: run the step as a cached ``tf.function`` (default) or eagerly.
 
     Returns:
         A frozen :class:`NatGradTrace`.
@@ -209,11 +370,20 @@ def natgrad_trace(
         >>> trace.dL_deta1.shape
         (5, 1)
     """
+    xi = resolve_xi_transform(xi_transform)
+    g = _validate_gamma(gamma)
+    if compiled:
+        result = _natgrad_trace_compiled(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi)
+        if result is not None:
+            return result
+    return _natgrad_trace_eager(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi)
+
+
+def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any) -> NatGradTrace:
+    """The reference path: validate every input (the errors), then the step eagerly."""
     import tensorflow as tf
     from gpflow.base import _to_constrained
 
-    xi = resolve_xi_transform(xi_transform)
-    g = _validate_gamma(gamma)
     mu_p = param_parts(q_mu, "q_mu")
     sq_p = param_parts(q_sqrt, "q_sqrt")
     validate_q(mu_p, sq_p)
@@ -233,14 +403,7 @@ def natgrad_trace(
             remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
         ) from None
     arrays = {k: v.numpy() for k, v in out.items()}
-    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
-    if bad:
-        raise StepFailedError(
-            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}: the updated covariance "
-            "is not positive definite (TensorFlow's Cholesky returned NaN).",
-            context=[("gamma", g), ("xi_transform", type(xi).__name__)],
-            remedy="use a smaller gamma, or float64 if you are in float32.",
-        )
+    _check_finite_step(arrays, g, xi)
     return NatGradTrace(
         dL_dmean=dL_dmean.numpy(),
         dL_dvarsqrt=dL_dvarsqrt.numpy(),
