@@ -193,7 +193,8 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
             if plain:
                 console.print("-" * min(len(section.heading), console.width))
         for kind, block in text_blocks(section.text):
-            console.print(Text(block, no_wrap=False, overflow="fold"), soft_wrap=False)
+            style = "cyan" if kind == "code" and not plain else ""
+            console.print(Text(block, style=style, no_wrap=False, overflow="fold"), soft_wrap=False)
         for table in section.tables:
             console.print()
             console.print(_rich_table(table, plain, console.width))
