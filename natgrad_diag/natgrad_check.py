@@ -129,6 +129,9 @@ class NatGradReport(Report):
         warnings: texts of the warnings issued (also sent through ``warnings.warn``).
         numbers: (name, value) pairs of further numbers (jitter share, cond(F), ...).
         checks: the named checks.
+        new_q_mu, new_q_sqrt: [M, L] and [L, M, M], the step natgrad-diag computed (None if it failed); not in
+            ``to_dict()``.
+        dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
     """
 
     model_name: str
@@ -150,6 +153,10 @@ class NatGradReport(Report):
     warnings: tuple[str, ...]
     numbers: tuple[tuple[str, float], ...]
     checks: tuple[Check, ...]
+    new_q_mu: np.ndarray | None = field(default=None, repr=False, compare=False)
+    new_q_sqrt: np.ndarray | None = field(default=None, repr=False, compare=False)
+    dL_deta1: np.ndarray | None = field(default=None, repr=False, compare=False)
+    dL_deta2: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -257,8 +264,16 @@ def _finite(*arrays: Any) -> bool:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    """The informative line of a TensorFlow error ("Cholesky decomposition was not successful ...")."""
+    import re
+
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(getattr(e, "message", None) or e))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("Graph execution error", "Detected at node", "File ", "[["))]
+    for ln in lines:
+        if any(k in ln for k in ("Cholesky", "not invertible", "Input matrix", "NaN", "Inf")):
+            return ln[:200]
+    return lines[0][:200] if lines else type(e).__name__
 
 
 @dataclass
@@ -439,8 +454,11 @@ def _xi_jvp_tensors(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, xi: An
 class _FastEngine:
     """Compiled (tf.function) pieces for one model, ξ transform and data signature, reused across calls.
 
-    Holds a scratch deep copy of the model on which GPflow's own optimizer takes its step; the copy's
-    variables are overwritten from the model's at every call, the model itself is only read.
+    ``run`` computes, in one graph: the loss and its gradients (GPflow's tape), natgrad-diag's step
+    (``natgrad_tensors``), GPflow's own update ``NaturalGradient._natgrad_apply_gradients`` applied with the same
+    gradients to a scratch deep copy of the model, the loss after GPflow's step, and the matrix-free Fisher
+    products. The scratch copy's variables are overwritten from the model's at every call; the model is only read.
+    When a Cholesky fails inside the graph, ``grads_only`` and ``gpflow_apply`` find out which part failed.
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
@@ -451,16 +469,30 @@ class _FastEngine:
         dtype = model.q_mu.dtype
         self.gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
         self.opt = gpflow.optimizers.NaturalGradient(gamma=self.gamma_var, xi_transform=xi)
-        scratch, opt = self.scratch, self.opt
+        scratch, opt, gamma_var = self.scratch, self.opt, self.gamma_var
+        src_vars, dst_vars = list(model.variables), list(self.scratch.variables)
 
         def loss_of(m: Any, data: Any) -> Any:
             return m.training_loss() if not has_data else m.training_loss(data)
 
+        def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            for src, dst in zip(src_vars, dst_vars):
+                dst.assign(src)
+            gamma_var.assign(gamma)
+            opt._natgrad_apply_gradients(g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, xi)
+            return dict(
+                gp_q_mu=tf.convert_to_tensor(scratch.q_mu), gp_q_sqrt=tf.convert_to_tensor(scratch.q_sqrt),
+                loss_after=loss_of(scratch, data),
+            )  # fmt: skip
+
         @tf.function
-        def grads_and_step(data: Any, gamma: Any) -> dict[str, Any]:
+        def run(data: Any, gamma: Any) -> dict[str, Any]:
             loss, g_mu, g_sq = _loss_and_grads(model, data if has_data else None)
             out = _step_tensors(model, g_mu, g_sq, gamma, xi)
             out.update(loss=loss, g_mu=g_mu, g_sq=g_sq)
+            out.update(gpflow_update(data, g_mu, g_sq, gamma))
+            q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
+            out.update(_fisher_matrix_free_tensors(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
             return out
 
         @tf.function
@@ -469,20 +501,21 @@ class _FastEngine:
             return dict(loss=loss, g_mu=g_mu, g_sq=g_sq)
 
         @tf.function
-        def gpflow_step(data: Any) -> dict[str, Any]:
-            opt.minimize(lambda: loss_of(scratch, data), [(scratch.q_mu, scratch.q_sqrt)])
-            return dict(
-                q_mu=tf.convert_to_tensor(scratch.q_mu), q_sqrt=tf.convert_to_tensor(scratch.q_sqrt),
-                loss_after=loss_of(scratch, data),
-            )  # fmt: skip
+        def ours(g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            return _step_tensors(model, g_mu, g_sq, gamma, xi)
+
+        @tf.function
+        def gpflow_apply(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            return gpflow_update(data, g_mu, g_sq, gamma)
 
         @tf.function
         def fisher(q_mu: Any, q_sqrt: Any, dmean: Any, dvarsqrt: Any, d1: Any, d2: Any) -> dict[str, Any]:
             return _fisher_matrix_free_tensors(q_mu, q_sqrt, dmean, dvarsqrt, d1, d2)
 
-        self.grads_and_step = grads_and_step
+        self.run = run
         self.grads_only = grads_only
-        self.gpflow_step = gpflow_step
+        self.ours = ours
+        self.gpflow_apply = gpflow_apply
         self.fisher = fisher
 
     def sync(self, model: Any) -> None:
@@ -496,7 +529,11 @@ _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _fast_engine(model: Any, xi: Any, has_data: bool) -> _FastEngine:
     per_model = _ENGINES.setdefault(model, {})
-    key = (type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0, has_data)
+    # the compiled graphs capture the model's variables: a replaced Parameter needs a new engine
+    key = (
+        type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0, has_data,
+        tuple(id(v) for v in model.variables),
+    )  # fmt: skip
     if key not in per_model:
         per_model[key] = _FastEngine(model, xi, has_data)
     return per_model[key]
@@ -551,27 +588,42 @@ def _take_step_full(ctx: _Ctx) -> _Step:
     return step
 
 
-def _take_step_fast(ctx: _Ctx, engine: _FastEngine) -> _Step:
+def _take_step_fast(ctx: _Ctx, engine: _FastEngine) -> tuple[_Step, dict[str, Any]]:
+    """The step, GPflow's step and the Fisher products from one compiled call (see :class:`_FastEngine`)."""
     import tensorflow as tf
     from gpflow.base import _to_constrained
 
     gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
     data = ctx.data if ctx.data is not None else ()
     try:
-        out = {k: v.numpy() for k, v in engine.grads_and_step(data, gamma).items()}
-    except tf.errors.InvalidArgumentError as e:
+        out = {k: v.numpy() for k, v in engine.run(data, gamma).items()}
+    except tf.errors.InvalidArgumentError:
+        # something failed inside the graph: run the parts one by one to say which
         g = engine.grads_only(data)
         step = _Step(
             loss=float(g["loss"].numpy()), g_mu=g["g_mu"].numpy(), g_sq=g["g_sq"].numpy(),
             dL_dmean=_to_constrained(g["g_mu"], ctx.model.q_mu.transform).numpy(),
             dL_dvarsqrt=_to_constrained(g["g_sq"], ctx.model.q_sqrt.transform).numpy(),
         )  # fmt: skip
-        if _finite(step.loss, step.g_mu, step.g_sq):
-            step.error = (
-                f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite (Cholesky failed: "
-                f"{_first_line(e)})."
-            )
-        return step
+        extra: dict[str, Any] = {}
+        if not _finite(step.loss, step.g_mu, step.g_sq):
+            return step, extra
+        try:
+            o = {k: v.numpy() for k, v in engine.ours(g["g_mu"], g["g_sq"], gamma).items()}
+        except tf.errors.InvalidArgumentError as e:
+            step.error = f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({_first_line(e)})."
+        else:
+            step.dL_deta1, step.dL_deta2 = o["dL_deta1"], o["dL_deta2"]
+            step.nat_dL_xi1, step.nat_dL_xi2 = o["nat_dL_xi1"], o["nat_dL_xi2"]
+            step.new_q_mu, step.new_q_sqrt = o["new_q_mu"], o["new_q_sqrt"]
+            if not _finite(step.new_q_mu, step.new_q_sqrt):
+                step.error = f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt."
+        try:
+            gp = engine.gpflow_apply(data, g["g_mu"], g["g_sq"], gamma)
+            extra = dict(gp_q_mu=gp["gp_q_mu"].numpy(), gp_q_sqrt=gp["gp_q_sqrt"].numpy(), gp_error="", loss_after=gp["loss_after"].numpy())
+        except tf.errors.InvalidArgumentError as e2:
+            extra = dict(gp_error=_first_line(e2))
+        return step, extra
     step = _Step(
         loss=float(out["loss"]), g_mu=out["g_mu"], g_sq=out["g_sq"], dL_dmean=out["dL_dmean"], dL_dvarsqrt=out["dL_dvarsqrt"],
         dL_deta1=out["dL_deta1"], dL_deta2=out["dL_deta2"], nat_dL_xi1=out["nat_dL_xi1"], nat_dL_xi2=out["nat_dL_xi2"],
@@ -579,7 +631,8 @@ def _take_step_fast(ctx: _Ctx, engine: _FastEngine) -> _Step:
     )  # fmt: skip
     if _finite(step.loss, step.g_mu, step.g_sq) and not _finite(step.new_q_mu, step.new_q_sqrt):
         step.error = f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt."
-    return step
+    out["gp_error"] = "" if _finite(out["gp_q_mu"], out["gp_q_sqrt"]) else "NaN or Inf in the new q_mu or q_sqrt"
+    return step, out
 
 
 def _fill_direction(ctx: _Ctx, step: _Step) -> None:
@@ -618,7 +671,7 @@ def _health(new_q_mu: np.ndarray | None, new_q_sqrt: np.ndarray | None, dtype: A
     if not (diag > 0).all():
         l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
         return False, f"the new q_sqrt has a non-positive diagonal entry q_sqrt[{l_idx}, {m_idx}, {m_idx}] = {format_number(float(diag[l_idx, m_idx]))}", nums
-    S = np.einsum("lij,lkj->lik", new_q_sqrt, new_q_sqrt).astype(dtype)
+    S = np.matmul(new_q_sqrt, np.swapaxes(new_q_sqrt, -1, -2)).astype(dtype)
     try:
         np.linalg.cholesky(S)
     except np.linalg.LinAlgError:
@@ -726,7 +779,7 @@ def _gpflow_step_full(ctx: _Ctx) -> tuple[np.ndarray | None, np.ndarray | None, 
     try:
         opt.minimize(lambda: ctx.loss_fn(copy_), [(copy_.q_mu, copy_.q_sqrt)])
     except tf.errors.InvalidArgumentError as e:
-        return None, None, f"Cholesky failed ({_first_line(e)})"
+        return None, None, _first_line(e)
     mu, sq = copy_.q_mu.numpy(), copy_.q_sqrt.numpy()
     if not _finite(mu, sq):
         return None, None, "NaN or Inf in the new q_mu or q_sqrt"
@@ -787,8 +840,9 @@ def _check_fisher_full(ctx: _Ctx, step: _Step, advance: Any) -> Check:
     M, L = ctx.M, ctx.L
     nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
     _, lower_flat, _ = _vech_maps(M)
-    w1 = nat1
-    w2 = tf.gather(tf.reshape(nat2, [L, M * M]), lower_flat, axis=1)
+    # The oracle runs in float64 whatever the model's dtype (float32 is compared with float32 tolerances).
+    w1 = tf.cast(nat1, tf.float64)
+    w2 = tf.gather(tf.reshape(tf.cast(nat2, tf.float64), [L, M * M]), lower_flat, axis=1)
     F = jacobian(_fisher_eta_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("eta1", "dual_vech_eta2")).matrix
     advance()
     K = jacobian(_fisher_msqrt_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("mean", "varsqrt"))
@@ -822,24 +876,25 @@ def _check_fisher_full(ctx: _Ctx, step: _Step, advance: Any) -> Check:
     )
 
 
-def _check_fisher_fast(ctx: _Ctx, step: _Step, engine: _FastEngine | None) -> Check:
+def _check_fisher_fast(ctx: _Ctx, step: _Step, engine: _FastEngine | None, out: dict[str, Any]) -> Check:
     """F·∇ηL = ∇θL matrix-free: one forward-mode product and one vector-Jacobian product."""
     import tensorflow as tf
 
-    args = [
-        tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
-        tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt), tf.constant(step.dL_deta1), tf.constant(step.dL_deta2),
-    ]  # fmt: skip
-    fn = engine.fisher if engine is not None else _fisher_matrix_free_tensors
-    try:
-        out = {k: v.numpy() for k, v in fn(*args).items()}
-    except tf.errors.InvalidArgumentError as e:
-        return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", passed=False, detail=f"could not evaluate: {_first_line(e)}")
+    if "F_u1" not in out:
+        args = [
+            tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
+            tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt), tf.constant(step.dL_deta1), tf.constant(step.dL_deta2),
+        ]  # fmt: skip
+        fn = engine.fisher if engine is not None else _fisher_matrix_free_tensors
+        try:
+            out = {k: v.numpy() for k, v in fn(*args).items()}
+        except tf.errors.InvalidArgumentError as e:
+            return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", passed=False, detail=f"could not evaluate: {_first_line(e)}")
     want = (out["grad_theta1"], out["grad_theta2"])
     err = _maxdiff((out["F_u1"], out["F_u2"]), want)
     eps = float(np.finfo(ctx.np_dtype).eps)
     # matrix-free: no cond(F); a product F·u loses about cond(S)·ε, bounded by the size of F·u's terms
-    bound = _scale(want) * (ctx.tol.fisher_rtol + 1e4 * eps * ctx.M) + ctx.tol.atol
+    bound = _scale(want) * (ctx.tol.fisher_rtol + 100 * eps * ctx.M) + ctx.tol.atol
     return Check(
         name="fisher_identity",
         claim=(
@@ -873,6 +928,7 @@ def _check_xi_forward(ctx: _Ctx, step: _Step) -> Check:
         from .jacobian import jacobian
 
         nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
+        nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
         J = jacobian(ctx.xi.naturals_to_xi, [nat1, nat2], input_names=("nat1", "nat2"), output_names=("xi1", "xi2"), symmetric=(False, True))
         want_j = J.jvp([step.dL_deta1, step.dL_deta2])
         err_j = _maxdiff((step.nat_dL_xi1, step.nat_dL_xi2), want_j)
@@ -1166,7 +1222,11 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
 
     model = ctx.model
     engine = _fast_engine(model, ctx.xi, ctx.data is not None) if ctx.mode == "fast" else None
-    step = _take_step_full(ctx) if engine is None else _take_step_fast(ctx, engine)
+    fast_out: dict[str, Any] = {}
+    if engine is None:
+        step = _take_step_full(ctx)
+    else:
+        step, fast_out = _take_step_fast(ctx, engine)
     advance()
     loss_before = step.loss if np.isfinite(step.loss) else None
     if not _finite(step.loss, step.g_mu, step.g_sq):
@@ -1184,19 +1244,12 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
         scratch = gpflow.utilities.deepcopy(model)
         loss_after = None
     else:
-        import tensorflow as tf
-
-        engine.sync(model)
-        engine.gamma_var.assign(ctx.gamma)
-        try:
-            out = engine.gpflow_step(ctx.data if ctx.data is not None else ())
-            gp_mu, gp_sq, gp_err = out["q_mu"].numpy(), out["q_sqrt"].numpy(), ""
-            loss_after = float(out["loss_after"].numpy())
-            if not _finite(gp_mu, gp_sq):
-                gp_mu, gp_sq, gp_err = None, None, "NaN or Inf in the new q_mu or q_sqrt"
-        except tf.errors.InvalidArgumentError as e:
-            gp_mu, gp_sq, gp_err, loss_after = None, None, f"Cholesky failed ({_first_line(e)})", None
-        engine.sync(model)
+        gp_err = fast_out.get("gp_error", "")
+        gp_mu, gp_sq = fast_out.get("gp_q_mu"), fast_out.get("gp_q_sqrt")
+        if gp_err:
+            gp_mu = gp_sq = None
+        la = fast_out.get("loss_after")
+        loss_after = float(la) if la is not None and np.isfinite(la) and not step.error else None
         scratch = engine.scratch
     ctx.checks.append(_check_reproduction(ctx, step, gp_mu, gp_sq, gp_err))
     advance()
@@ -1208,7 +1261,7 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
     elif ctx.mode == "full":
         ctx.checks.append(_check_fisher_full(ctx, step, advance))
     else:
-        ctx.checks.append(_check_fisher_fast(ctx, step, engine))
+        ctx.checks.append(_check_fisher_fast(ctx, step, engine, fast_out))
     if not isinstance(ctx.xi, XiNat):
         if step.nat_dL_xi1 is None:
             ctx.skipped.append(("xi_forward_mode", "GPflow's product could not be computed (the step failed)"))
@@ -1234,11 +1287,9 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
         loss_after = _loss_at(ctx, scratch, step.new_q_mu, step.new_q_sqrt)
         if loss_after is None:
             healthy, why = False, "the loss after the step is not finite"
-    if engine is not None:
-        engine.sync(model)
+    if engine is not None and not (healthy and loss_after is not None and loss_after < step.loss):
+        engine.sync(model)  # the grid search evaluates the loss on the scratch copy
     suggested, trials = _suggest(ctx, scratch, step, healthy, loss_after if healthy else None, advance)
-    if engine is not None:
-        engine.sync(model)
     ctx.numbers.extend(nums.items())
     f32_note = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 and not healthy else ""
     hint = f" Suggested gamma: {suggested:g}." if suggested is not None else " No gamma of the grid gives a healthy step that lowers the loss."
@@ -1288,6 +1339,10 @@ def _report(ctx: _Ctx, step: _Step, loss_after: float | None, suggested: float |
         warnings=tuple(ctx.warnings),
         numbers=tuple((k, float(v)) for k, v in ctx.numbers),
         checks=tuple(extra + ctx.checks),
+        new_q_mu=step.new_q_mu if not step.error else None,
+        new_q_sqrt=step.new_q_sqrt if not step.error else None,
+        dL_deta1=step.dL_deta1,
+        dL_deta2=step.dL_deta2,
     )
 
 
