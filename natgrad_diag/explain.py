@@ -135,14 +135,14 @@ class Explanation(Report):
             f"{format_number(_maxdiff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
             f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
             f"{format_number(float(np.max(np.abs(vs_eta1), initial=0.0)))}. So\n"
-            "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt      (mean path + varsqrt path),\n"
-            f"which holds here to {format_number(c['c_split'].max_abs_error)}. The default seed mixes the same two "
+            "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt\n"
+            f"(the mean path plus the varsqrt path), which holds here to {format_number(c['c_split'].max_abs_error)}. The default seed mixes the same two "
             "paths with ones instead of v: dtheta/deta1 = 1 + Σ ∂varsqrt/∂eta1 (to "
             f"{format_number(c['b_default_seed_split'].max_abs_error)}), so no elementwise factor can turn it into Jᵀ·v."
         )
         ce = self.counter_example
         ce_text = (
-            f"One target, elementwise: y = sin(x) with x = {np.array2string(ce.x, precision=4)}. J = diag(cos x) "
+            f"One target, elementwise: y = sin(x) with x = [{', '.join(format_number(v) for v in ce.x)}]. J = diag(cos x) "
             f"is {'diagonal' if ce.jacobian_is_diagonal else 'NOT diagonal'}, so (Jᵀ·1) ⊙ v = cos(x) ⊙ v equals Jᵀ·v "
             f"(max difference {format_number(_maxdiff(ce.naive, ce.vjp))}). The naive product is right exactly when "
             "J is diagonal."
@@ -265,7 +265,8 @@ def explain_output_gradients(
         from .scenario import seed_scenario
 
         source = seed_scenario()
-    trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform)
+    # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
+    trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform, compiled=False)
     d_rtol, d_atol = default_tolerances(trace.eta1.dtype)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol

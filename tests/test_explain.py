@@ -97,7 +97,7 @@ def test_explain__counter_example_is_cos_times_v(explanation):
 def test_explain__str_is_the_lesson_with_computed_numbers(explanation):
     text = str(explanation)
     t = explanation.trace
-    assert "Jᵀ·v" in text and "Jᵀ·1" in text and "mean path + varsqrt path" in text
+    assert "Jᵀ·v" in text and "Jᵀ·1" in text and "the mean path plus the varsqrt path" in text
     assert f"{t.dL_deta1[0, 0]:.4g}" in text and f"{t.dtheta_deta1[0, 0]:.4g}" in text
     assert "Verdict: all checks hold." in text
     assert "[FAIL]" not in text
