@@ -220,6 +220,10 @@ def validate_seeds(
             return True
         return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
+    def describe(x: Any) -> str:
+        dims = static_dims(x)
+        return "unknown rank" if dims is None else shape_str(dims)
+
     if len(seeds) != len(targets):
         numbers = [s for s in seeds if s is not None and not hasattr(s, "shape")]
         hint = (
@@ -232,8 +236,8 @@ def validate_seeds(
             f"{argument} has {len(seeds)} entr{'y' if len(seeds) == 1 else 'ies'} for {len(targets)} {target_name}(s).",
             context=[
                 ("Argument", argument),
-                ("Expected", f"{len(targets)} seed(s), one per flattened {target_name}: " + ", ".join(shape_str(t) for t in targets)),
-                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else shape_str(np.shape(s) if not hasattr(s, "shape") else s) for s in seeds) if seeds else "")),
+                ("Expected", f"{len(targets)} seed(s), one per flattened {target_name}: " + ", ".join(describe(t) for t in targets)),
+                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else describe(s) for s in seeds) if seeds else "")),
             ],
             remedy=f"pass one seed per {target_name}, in the order tf.nest.flatten gives the {target_name}s "
             f"(None for a seed of ones).{hint}",

@@ -104,7 +104,30 @@ def _prepare_seeds(
                 context=[("Argument", f"{argument}[{i}]"), ("Expected", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}"), ("Got", type(seed).__name__)],
                 remedy=f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
             ) from e
+    if not tf.executing_eagerly():
+        seeds = [_assert_same_shape_at_run_time(seed, tgt, f"{argument}[{i}]", f"{target_name}[{i}]") for i, (seed, tgt) in enumerate(zip(seeds, targets))]
     return seeds
+
+
+def _assert_same_shape_at_run_time(seed: Any, target: Any, seed_label: str, target_label: str) -> Any:
+    """Inside ``tf.function``, where a static dim is unknown: check the shapes when the graph runs."""
+    import tensorflow as tf
+
+    if seed.shape.is_fully_defined() and target.shape.is_fully_defined():
+        return seed  # decided statically by validate_seeds
+    s_shape, t_shape = tf.shape(seed), tf.shape(target)
+    same = tf.cond(
+        tf.equal(tf.size(s_shape), tf.size(t_shape)),
+        lambda: tf.reduce_all(tf.equal(s_shape, t_shape)),
+        lambda: tf.constant(False),
+    )
+    check = tf.debugging.Assert(
+        same,
+        [f"Mismatch in output_gradients. {seed_label} and {target_label} have different shapes at run time "
+         "(no broadcasting). Shapes of the seed and the target:", s_shape, t_shape],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(seed)
 
 
 _WATCH_REMEDY = (
@@ -166,7 +189,8 @@ def checked_gradient(
     dtype (no cast); a ``None`` entry means a seed of ones (``tf.ones_like(target_i)``; TensorFlow
     2.21 itself fails on a ``None`` entry). A seed that is a Python number takes its target's dtype.
     Nothing is computed before the checks pass, so a non-persistent tape is still usable after an
-    error.
+    error. Inside ``tf.function``, dims unknown when tracing are checked when the graph runs
+    (``tf.errors.InvalidArgumentError`` with a "Mismatch in output_gradients" message).
 
     Args:
         tape: the ``tf.GradientTape`` that recorded the targets.

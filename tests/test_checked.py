@@ -308,6 +308,8 @@ def test_checked_gradient__unknown_dims_inside_tf_function():
     x = np.array([0.1, 0.2, 0.3])
     v = np.array([1.0, 2.0, 3.0])
     np.testing.assert_allclose(good(x, v).numpy(), np.cos(x) * v, rtol=RTOL, atol=ATOL)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes at run time"):
+        good(x, v[:2])  # [None] and [None] agree when tracing; [3] and [2] do not when running
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float64), tf.TensorSpec([None, 1], tf.float64)])
     def bad_rank(x, v):
@@ -461,3 +463,31 @@ def test_vjp__bad_inputs_and_unconnected():
     np.testing.assert_allclose(gx.numpy(), np.cos(x), rtol=RTOL, atol=ATOL)
     with pytest.raises(UnconnectedGradientError, match=r"primals\[1\] is not connected to output\[0\]"):
         vjp(lambda x, w: tf.sin(x), [x, w], np.ones(2), unconnected="raise")
+
+
+def test_checked_gradient__unknown_rank_seed_inside_tf_function():
+    tf = _tf()
+
+    @tf.function(input_signature=[tf.TensorSpec([3], tf.float64), tf.TensorSpec(None, tf.float64)])
+    def two_seeds_one_target(x, v):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.sin(x)
+        return checked_gradient(tape, y, x, [v, v])
+
+    with pytest.raises(OutputGradientsError, match=r"2 seed\(s\): unknown rank, unknown rank"):
+        two_seeds_one_target(np.ones(3), np.ones(3))
+
+    @tf.function(input_signature=[tf.TensorSpec([3], tf.float64), tf.TensorSpec(None, tf.float64)])
+    def one_seed(x, v):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.sin(x)
+        return checked_gradient(tape, y, x, v)
+
+    np.testing.assert_allclose(one_seed(np.ones(3), np.full(3, 2.0)).numpy(), 2 * np.cos(np.ones(3)), rtol=RTOL, atol=ATOL)
+    # unknown when tracing, so checked when the graph runs: no broadcast of a [3, 1] seed
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"output_gradients\[0\] and target\[0\] have different shapes at run time"):
+        one_seed(np.ones(3), np.ones((3, 1)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes at run time"):
+        one_seed(np.ones(3), np.ones(4))
