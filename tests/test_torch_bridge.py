@@ -6,6 +6,7 @@ missing-torch path is tested by hiding torch from the import system.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -181,3 +182,13 @@ def test_torch_bridge__import_does_not_import_torch():
     code = "import sys, natgrad_diag.torch_bridge, natgrad_diag.outer, natgrad_diag.checked; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_torch_bridge__lazy_names_resolve():
+    import natgrad_diag
+
+    assert natgrad_diag.torch_bridge.torch_available() is (importlib.util.find_spec("torch") is not None)
+    assert natgrad_diag.outer_example.__module__ == "natgrad_diag.outer"
+    assert natgrad_diag.OuterExample.__module__ == "natgrad_diag.outer"
+    assert natgrad_diag.checked_gradient.__module__ == "natgrad_diag.checked"
+    assert natgrad_diag.vjp.__module__ == "natgrad_diag.checked"
