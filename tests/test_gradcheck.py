@@ -438,3 +438,46 @@ def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
     # log at 1e-7 with eps = 1e-6: x − eps < 0 gives NaN, reported as such, not compared
     with pytest.raises(NonFiniteError, match="finite-difference point"):
         nd.check_gradients(tf.math.log, [np.array([1e-7])])
+
+
+# ------------------------------------------------------------------------------------------------
+# The command-line entry (for `natgrad-diag gradcheck`)
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_gpflow_map_point__agrees_with_gpflow_conversions(name: str) -> None:
+    M, L = 4, 2
+    mv = gradcheck.gpflow_map_point("meanvarsqrt_to_expectation", M, L, seed=5)
+    point = gradcheck.gpflow_map_point(name, M, L, seed=5)
+    # GPflow's own conversions from (m, L_S) are the oracle for the numpy construction
+    m, A = (tf.constant(a) for a in mv)
+    want = {
+        "meanvarsqrt": mv,
+        "expectation": [t.numpy() for t in ng.meanvarsqrt_to_expectation(m, A)],
+        "natural": [t.numpy() for t in ng.meanvarsqrt_to_natural(m, A)],
+    }[MAPS[name][0]]
+    for got, ref in zip(point, want):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+    assert np.all(np.triu(mv[1], 1) == 0) and np.all(np.diagonal(mv[1], axis1=-2, axis2=-1) == 1.0)
+
+
+def test_gradcheck_cli__passes_inferred_and_fails_general_on_eta2() -> None:
+    ok = gradcheck.gradcheck_cli(map="expectation_to_natural", num_inducing=3, num_latent=2, mode="fast", seed=1)
+    assert ok.passed and ok.structures == ("general", "symmetric") and ok.seed == 1
+    bad = gradcheck.gradcheck_cli(map="expectation_to_meanvarsqrt", num_inducing=3, num_latent=1, structure="general")
+    assert not bad.passed and "looks symmetric" in bad.row("varsqrt", "eta2").hint
+    f32 = gradcheck.gradcheck_cli(map="meanvarsqrt_to_expectation", num_inducing=3, num_latent=1, dtype="float32")
+    assert f32.passed and f32.dtype == "float32" and f32.eps == 1e-3
+    with pytest.raises(InputError, match="unknown GPflow map 'cholesky'"):
+        gradcheck.gradcheck_cli(map="cholesky")
+    with pytest.raises(InputError, match="num_inducing"):
+        gradcheck.gradcheck_cli(num_inducing=0)
+
+
+def test_gradient_check_report__cotangents_noted_in_settings() -> None:
+    x = np.array([0.3, 0.7])
+    full = nd.check_gradients(tf.sin, [x], cotangents=[np.ones(2)])
+    assert full.cotangents_given and "not needed in full mode" in str(full)
+    fast = nd.check_gradients(tf.sin, [x], mode="fast", cotangents=[None])
+    assert fast.passed and "v = the given cotangents" in str(fast)
+    assert nd.check_gradients(tf.sin, [x]).cotangents_given is False
