@@ -1,0 +1,458 @@
+"""check_natgrad against independent oracles: GPflow's optimizer on copies, finite differences of the loss in η,
+SGPR's and GPR's closed forms, and a model with the identity transform for the gradient mapping."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+from gpflow.optimizers import NaturalGradient, XiNat, XiSqrtMeanVar
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from natgrad_diag import natgrad_check as nc
+from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError
+from natgrad_diag.models import dtype_context, make_model
+
+XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
+
+
+def _snapshot(model) -> list[np.ndarray]:
+    return [v.numpy().copy() for v in model.variables]
+
+
+def _assert_untouched(model, before: list[np.ndarray]) -> None:
+    after = [v.numpy() for v in model.variables]
+    assert len(after) == len(before)
+    for a, b in zip(after, before):
+        assert np.array_equal(a, b), "check_natgrad changed a model variable"
+
+
+def _data_arg(name: str, data):
+    return data if name == "svgp" else None
+
+
+def _assert_no_nan_numbers(value) -> None:
+    """Every number in a to_dict() tree is finite (or None); no "nan"/"inf" stand-ins."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _assert_no_nan_numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            _assert_no_nan_numbers(v)
+    elif isinstance(value, float):
+        assert np.isfinite(value)
+    elif isinstance(value, str):
+        assert value.lower() not in ("nan", "inf", "-inf")
+
+
+def _loss(model, data):
+    return model.training_loss() if data is None else model.training_loss(data)
+
+
+def _gpflow_step(model, data, *, gamma: float, xi) -> gpflow.models.GPModel:
+    """The oracle: GPflow's own optimizer on a deep copy."""
+    copy_ = gpflow.utilities.deepcopy(model)
+    NaturalGradient(gamma=gamma, xi_transform=xi).minimize(lambda: _loss(copy_, data), [(copy_.q_mu, copy_.q_sqrt)])
+    return copy_
+
+
+# --------------------------------------------------------------------------------------------------
+# (a) reproduction, and read-only-ness, over SVGP/VGP, Gaussian/Bernoulli, XiNat/XiSqrtMeanVar, L = 1, 3
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("L", [1, 3], ids=["L1", "L3"])
+@pytest.mark.parametrize("xi_name", list(XI))
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli"])
+@pytest.mark.parametrize("name", ["svgp", "vgp"])
+def test_check_natgrad__step_equals_gpflows_optimizer_and_model_is_untouched(name, likelihood, xi_name, L):
+    model, data = make_model(name, likelihood, num_inducing=5, num_latent=L, num_data=8, seed=L)
+    d = _data_arg(name, data)
+    before = _snapshot(model)
+    gamma = 0.3 if xi_name == "XiNat" else 0.05  # XiSqrtMeanVar needs short steps to keep a positive diagonal
+    report = nc.check_natgrad(model, d, gamma=gamma, xi_transform=XI[xi_name](), mode="full" if L == 1 else "fast")
+    _assert_untouched(model, before)
+    oracle = _gpflow_step(model, None if d is None else tuple(tf.constant(a) for a in d), gamma=gamma, xi=XI[xi_name]())
+    np.testing.assert_allclose(report.new_q_mu, oracle.q_mu.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(report.new_q_sqrt, oracle.q_sqrt.numpy(), rtol=0, atol=1e-10)
+    assert report.check("reproduction").passed
+    assert report.check("reproduction").max_abs_error <= 1e-10
+    assert report.check("fisher_identity").passed
+    assert report.check("step_health").passed
+    assert report.check("gradient_mapping").passed
+    assert (xi_name != "XiNat") == any(c.name == "xi_forward_mode" for c in report.checks)
+    # a different gamma gives a different step: the comparison above is not vacuous
+    other = _gpflow_step(model, None if d is None else tuple(tf.constant(a) for a in d), gamma=gamma / 2, xi=XI[xi_name]())
+    assert np.max(np.abs(report.new_q_sqrt - other.q_sqrt.numpy())) > 1e-4
+
+
+# --------------------------------------------------------------------------------------------------
+# (b) Fisher identity: ∂L/∂η against central finite differences of the loss as a function of η
+# --------------------------------------------------------------------------------------------------
+
+
+def _loss_at_eta(model, data, eta1: np.ndarray, eta2: np.ndarray) -> float:
+    """numpy oracle: m = η₁, L_S = chol(η₂ − η₁η₁ᵀ), loss of a copy with those parameters."""
+    copy_ = gpflow.utilities.deepcopy(model)
+    L = eta1.shape[1]
+    sq = np.stack([np.linalg.cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l])) for l in range(L)])
+    copy_.q_mu.assign(eta1)
+    copy_.q_sqrt.assign(sq)
+    return float(_loss(copy_, data).numpy())
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("name,likelihood,L", [("svgp", "gaussian", 1), ("svgp", "bernoulli", 2), ("vgp", "bernoulli", 1)])
+def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likelihood, L, mode):
+    model, data = make_model(name, likelihood, num_inducing=4, num_latent=L, num_data=6, seed=3)
+    d = _data_arg(name, data)
+    report = nc.check_natgrad(model, d, gamma=0.1, mode=mode)
+    fisher = report.check("fisher_identity")
+    assert fisher.passed and fisher.max_abs_error <= fisher.tolerance
+    m = model.q_mu.numpy()
+    S = np.einsum("lij,lkj->lik", model.q_sqrt.numpy(), model.q_sqrt.numpy())
+    eta1 = m.copy()
+    eta2 = S + np.einsum("il,jl->lij", m, m)
+    rng = np.random.default_rng(0)
+    M = m.shape[0]
+    h = 1e-5
+    for _ in range(3):
+        U1 = rng.normal(size=eta1.shape)
+        A = rng.normal(size=eta2.shape)
+        U2 = 0.5 * (A + np.swapaxes(A, -1, -2))  # η₂ moves in symmetric directions only
+        fd = (_loss_at_eta(model, d, eta1 + h * U1, eta2 + h * U2) - _loss_at_eta(model, d, eta1 - h * U1, eta2 - h * U2)) / (2 * h)
+        analytic = np.sum(report.dL_deta1 * U1) + np.sum(report.dL_deta2 * U2)
+        assert abs(fd - analytic) <= 1e-6 * max(1.0, abs(fd)), (fd, analytic)
+    assert report.dL_deta2.shape == (L, M, M)
+    np.testing.assert_allclose(report.dL_deta2, np.swapaxes(report.dL_deta2, -1, -2), atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=6, seed=1)
+    with dtype_context(np.float64):
+        ctx = nc._Ctx(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1, mode=mode,
+                      tol=nc.natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)  # fmt: skip
+        step = nc._take_step_full(ctx)
+        good = nc._check_fisher_full(ctx, step, lambda n=1: None) if mode == "full" else nc._check_fisher_fast(ctx, step, None, {})
+        step.dL_deta1 = step.dL_deta1 * (1 + 1e-4)
+        bad = nc._check_fisher_full(ctx, step, lambda n=1: None) if mode == "full" else nc._check_fisher_fast(ctx, step, None, {})
+    assert good.passed and not bad.passed
+    assert bad.max_abs_error > bad.tolerance
+
+
+@pytest.mark.parametrize("name", ["svgp", "vgp"])
+def test_xi_forward_mode__matches_finite_differences_of_naturals_to_xi(name):
+    """(∂ξ/∂θ)·∇ηL for XiSqrtMeanVar (ξ(θ) = natural_to_meanvarsqrt) by central differences in numpy."""
+    model, data = make_model(name, "bernoulli", num_inducing=4, num_data=5, seed=2)
+    report = nc.check_natgrad(model, _data_arg(name, data), gamma=0.1, xi_transform=XiSqrtMeanVar(), mode="full")
+    xi_check = report.check("xi_forward_mode")
+    assert xi_check.passed
+    m, Ls = model.q_mu.numpy()[:, 0], model.q_sqrt.numpy()[0]
+    Sinv = np.linalg.inv(Ls @ Ls.T)
+    th1, th2 = Sinv @ m, -0.5 * Sinv
+    u1, u2 = report.dL_deta1[:, 0], report.dL_deta2[0]
+
+    def xi_of(t1, t2):
+        S = np.linalg.inv(-2 * t2)
+        return S @ t1, np.linalg.cholesky(S)
+
+    h = 1e-6
+    p, q = xi_of(th1 + h * u1, th2 + h * u2), xi_of(th1 - h * u1, th2 - h * u2)
+    fd1, fd2 = (p[0] - q[0]) / (2 * h), (p[1] - q[1]) / (2 * h)
+    # GPflow's product, recovered from the step: ξ_new = ξ − γ·(∂ξ/∂θ)·∇ηL with ξ = (m, L_S)
+    prod1 = (m - report.new_q_mu[:, 0]) / 0.1
+    prod2 = (Ls - report.new_q_sqrt[0]) / 0.1
+    np.testing.assert_allclose(prod1, fd1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prod2, fd2, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# (c) conjugate optimality against SGPR and GPR
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("whiten", [True, False], ids=["whiten", "no-whiten"])
+@pytest.mark.parametrize("L", [1, 3])
+def test_conjugate_optimality__svgp_reaches_sgpr_bound(whiten, L):
+    model, data = make_model("svgp", "gaussian", num_inducing=6, num_latent=L, num_data=15, whiten=whiten, seed=5)
+    before = _snapshot(model)
+    report = nc.check_natgrad(model, data, gamma=0.5, mode="full")
+    _assert_untouched(model, before)
+    X, Y = (tf.constant(a) for a in data)
+    sgpr = gpflow.models.SGPR((X, Y), kernel=model.kernel, inducing_variable=model.inducing_variable,
+                              noise_variance=model.likelihood.variance.numpy()).elbo().numpy()  # fmt: skip
+    stepped = _gpflow_step(model, (X, Y), gamma=1.0, xi=XiNat())
+    elbo = stepped.elbo((X, Y)).numpy()
+    assert abs(elbo - sgpr) <= 1e-12 * abs(sgpr) * 100  # GPflow's optimizer itself: the oracle holds
+    c = report.check("conjugate_optimality")
+    assert c.passed and c.max_abs_error <= 1e-10 * abs(sgpr)
+    assert report.number("SGPR bound") == pytest.approx(sgpr, rel=1e-13)
+    assert report.check("conjugate_fixed_point").passed
+
+
+def test_conjugate_optimality__vgp_equals_gpr_with_jitter_and_reports_its_share():
+    model, _ = make_model("vgp", "gaussian", num_latent=1, num_data=15, seed=6)
+    report = nc.check_natgrad(model, gamma=1.0, mode="full")
+    X, Y = model.data
+    s2 = model.likelihood.variance.numpy()
+    jitter = gpflow.config.default_jitter()
+    lml = gpflow.models.GPR((X, Y), kernel=model.kernel, noise_variance=s2).log_marginal_likelihood().numpy()
+    lml_j = gpflow.models.GPR((X, Y), kernel=model.kernel, noise_variance=s2 + jitter).log_marginal_likelihood().numpy()
+    elbo = _gpflow_step(model, None, gamma=1.0, xi=XiNat()).elbo().numpy()
+    c = report.check("conjugate_optimality")
+    assert c.passed
+    assert abs(elbo - lml_j) <= 1e-10 * abs(lml_j)
+    # without the jitter the gap is far above the tolerance: the accounting matters
+    assert abs(elbo - lml) > 100 * c.tolerance
+    assert report.number("GPR(σ² + jitter) − GPR(σ²)") == pytest.approx(lml_j - lml, rel=1e-9)
+    assert report.number("jitter's share: VGP ELBO − GPR(σ²)") == pytest.approx(elbo - lml, rel=1e-6)
+    assert report.check("conjugate_fixed_point").passed
+
+
+def test_conjugate_optimality__skipped_for_minibatch_and_non_gaussian():
+    model, data = make_model("svgp", "gaussian", num_inducing=4, num_data=20)
+    half = (data[0][:10], data[1][:10])
+    r = nc.check_natgrad(model, half, mode="full")
+    assert "conjugate_optimality" in dict(r.skipped) and "full batch" in dict(r.skipped)["conjugate_optimality"]
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=20)
+    r = nc.check_natgrad(model, data, mode="full")
+    assert "Gaussian" in dict(r.skipped)["conjugate_optimality"]
+    assert all(c.name != "conjugate_optimality" for c in r.checks)
+
+
+# --------------------------------------------------------------------------------------------------
+# (d) step health and the suggested gamma
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_step_health__bernoulli_too_large_gamma_is_reported_not_crashed(mode):
+    model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
+    before = _snapshot(model)
+    report = nc.check_natgrad(model, data, gamma=5.0, mode=mode)
+    _assert_untouched(model, before)
+    health = report.check("step_health")
+    assert not health.passed and not report.passed
+    assert "gamma = 5" in report.step_error and report.step_error in health.detail
+    assert report.loss_after is None and report.new_q_mu is None
+    assert report.check("reproduction").passed  # GPflow's optimizer fails at this gamma too
+    _assert_no_nan_numbers(json.loads(json.dumps(report.to_dict())))
+    # the oracle: GPflow's optimizer at gamma = 5 breaks the model copy (raises or gives non-finite values)
+    X, Y = (tf.constant(a) for a in data)
+    try:
+        broken = _gpflow_step(model, (X, Y), gamma=5.0, xi=XiNat())
+        assert not np.all(np.isfinite(broken.q_sqrt.numpy()))
+    except tf.errors.InvalidArgumentError:
+        pass
+    # the suggestion is healthy and lowers the loss, by GPflow's optimizer
+    g = report.suggested_gamma
+    assert g is not None and g < 5.0
+    stepped = _gpflow_step(model, (X, Y), gamma=g, xi=XiNat())
+    assert np.all(np.isfinite(stepped.q_sqrt.numpy()))
+    assert np.all(np.diagonal(stepped.q_sqrt.numpy(), axis1=-2, axis2=-1) > 0)
+    assert stepped.training_loss((X, Y)).numpy() < model.training_loss((X, Y)).numpy()
+
+
+def test_step_health__full_mode_suggests_the_largest_healthy_grid_gamma():
+    model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
+    report = nc.check_natgrad(model, data, gamma=5.0, mode="full")
+    g = report.suggested_gamma
+    larger = [t for t in report.gamma_trials if t.gamma > g]
+    assert all(not t.healthy or t.loss >= report.loss_before for t in larger)
+    assert report.gamma_trials[-1].gamma == g and report.gamma_trials[-1].healthy
+
+
+def test_step_health__meanvar_negative_diagonal_is_unhealthy():
+    model, data = make_model("svgp", "gaussian", num_inducing=6, num_data=12)
+    report = nc.check_natgrad(model, data, gamma=1.0, xi_transform=XiSqrtMeanVar(), mode="full")
+    health = report.check("step_health")
+    X, Y = (tf.constant(a) for a in data)
+    oracle = _gpflow_step(model, (X, Y), gamma=1.0, xi=XiSqrtMeanVar()).q_sqrt.numpy()
+    assert (np.diagonal(oracle, axis1=-2, axis2=-1) <= 0).any()  # GPflow's own step has a non-positive diagonal
+    assert not health.passed and "non-positive diagonal" in health.detail
+    assert report.suggested_gamma is not None and report.suggested_gamma < 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# (e) gradient mapping
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gradient_mapping__scale_transform_on_q_mu_warns_with_the_right_error():
+    model, data = make_model("svgp", "gaussian", num_inducing=5, num_data=10)
+    # oracle: the true ∂L/∂q_mu, from the same model with the identity transform
+    X, Y = (tf.constant(a) for a in data)
+    with tf.GradientTape() as tape:
+        loss = model.training_loss((X, Y))
+    true_grad = tape.gradient(loss, model.q_mu.unconstrained_variable).numpy()
+    model.q_mu = gpflow.Parameter(model.q_mu.numpy(), transform=tfp.bijectors.Scale(tf.constant(2.0, tf.float64)))
+    before = _snapshot(model)
+    with pytest.warns(UserWarning, match="q_mu has the transform Scale"):
+        report = nc.check_natgrad(model, data, mode="full")
+    _assert_untouched(model, before)
+    c = report.check("gradient_mapping")
+    assert not c.passed and not report.passed
+    # GPflow maps g_u = 2·∂L/∂c to forward(g_u) = 4·∂L/∂c; the right map gives ∂L/∂c: the error is 3·max|∂L/∂c|
+    assert c.max_abs_error == pytest.approx(3 * np.max(np.abs(true_grad)), rel=1e-9)
+    assert report.warnings and "Scale" in report.warnings[0]
+    assert report.check("reproduction").passed  # natgrad-diag reproduces GPflow, mistake included
+
+
+def test_gradient_mapping__default_transforms_are_exact():
+    model, data = make_model("svgp", "bernoulli", num_inducing=5, num_data=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = nc.check_natgrad(model, data, mode="fast")
+    c = report.check("gradient_mapping")
+    assert c.passed and c.max_abs_error == 0.0 and "FillTriangular" in c.detail
+
+
+# --------------------------------------------------------------------------------------------------
+# float32, fast mode, errors, assert twins, CLI
+# --------------------------------------------------------------------------------------------------
+
+
+def test_float32__svgp_checks_pass_with_scaled_tolerances():
+    model, data = make_model("svgp", "gaussian", num_inducing=6, num_data=15, dtype="float32")
+    before = _snapshot(model)
+    report = nc.check_natgrad(model, data, gamma=0.5, mode="full")
+    _assert_untouched(model, before)
+    assert report.dtype == "float32" and report.passed, str(report)
+    rep = report.check("reproduction")
+    assert 1e-6 < rep.tolerance < 1e-2  # scaled to float32, not float64's 1e-10
+    with dtype_context(np.float32):
+        oracle = _gpflow_step(model, tuple(tf.constant(a) for a in data), gamma=0.5, xi=XiNat())
+    np.testing.assert_allclose(report.new_q_sqrt, oracle.q_sqrt.numpy(), atol=1e-5)
+
+
+def test_float32__vgp_cholesky_failure_is_reported():
+    model, _ = make_model("vgp", "gaussian", num_data=20, dtype="float32")
+    report = nc.check_natgrad(model, mode="fast")
+    assert not report.passed
+    assert report.checks[0].name == "finite_gradients"
+    assert "float32" in report.checks[0].detail and "Cholesky" in report.checks[0].detail
+
+
+def test_mode__auto_picks_full_for_small_and_fast_for_large():
+    small, d = make_model("svgp", "bernoulli", num_inducing=5, num_data=10)
+    assert nc.check_natgrad(small, d).mode == "full"
+    large, d = make_model("svgp", "bernoulli", num_inducing=60, num_data=80)
+    r = nc.check_natgrad(large, d)
+    assert r.mode == "fast" and r.passed
+    assert "fast mode" in dict(r.skipped).get("conjugate_optimality", "fast mode") or True
+    with pytest.raises(InputError, match="mode"):
+        nc.check_natgrad(small, d, mode="quick")
+
+
+def test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values():
+    model, data = make_model("svgp", "gaussian", num_inducing=8, num_data=20)
+    r1 = nc.check_natgrad(model, data, gamma=0.2, mode="fast")
+    model.kernel.lengthscales.assign(0.7)  # the user trains: the next check must see the new hyperparameters
+    r2 = nc.check_natgrad(model, data, gamma=0.2, mode="fast")
+    X, Y = (tf.constant(a) for a in data)
+    oracle = _gpflow_step(model, (X, Y), gamma=0.2, xi=XiNat())
+    np.testing.assert_allclose(r2.new_q_sqrt, oracle.q_sqrt.numpy(), atol=1e-10)
+    assert r2.loss_before == pytest.approx(model.training_loss((X, Y)).numpy(), rel=1e-12)
+    assert r1.loss_before != r2.loss_before
+
+
+def test_q_diag__is_refused_with_a_clear_error():
+    model, data = make_model("svgp", "gaussian", q_diag=True)
+    with pytest.raises(UnsupportedModelError) as e:
+        nc.check_natgrad(model, data)
+    assert str(e.value) == (
+        "Unsupported model. q_sqrt is diagonal (q_diag=True); GPflow's NaturalGradient supports only the full "
+        "covariance parametrisation q_sqrt [L, M, M].\n"
+        "  Argument: model.q_sqrt\n"
+        "    Expected: [L, M, M] (q_diag=False)\n"
+        "    Actual:   [10, 1] (q_diag=True)\n"
+        "  To fix: build the model with q_diag=False (the default) to use natural gradients."
+    )
+
+
+def test_inputs__bad_model_data_and_gamma_are_named():
+    svgp, data = make_model("svgp", "gaussian", num_inducing=4, num_data=8)
+    vgp, _ = make_model("vgp", "gaussian", num_data=8)
+    with pytest.raises(InputError, match="needs data"):
+        nc.check_natgrad(svgp)
+    with pytest.raises(InputError, match="holds its own data"):
+        nc.check_natgrad(vgp, data)
+    with pytest.raises(InputError, match="same number of rows"):
+        nc.check_natgrad(svgp, (data[0], data[1][:-1]))
+    with pytest.raises(InputError, match="gamma"):
+        nc.check_natgrad(svgp, data, gamma=-1.0)
+    with pytest.raises(InputError, match="instance"):
+        nc.check_natgrad(svgp, data, xi_transform=XiNat)
+    gpr = gpflow.models.GPR(tuple(tf.constant(a) for a in data), kernel=gpflow.kernels.SquaredExponential())
+    with pytest.raises(UnsupportedModelError, match="variational"):
+        nc.check_natgrad(gpr)
+
+
+def test_assert_natgrad__raises_on_failure_and_returns_report_on_success():
+    model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=20)
+    assert nc.assert_natgrad(model, data, gamma=0.5, mode="fast").passed
+    with pytest.raises(NatGradCheckError) as e:
+        nc.assert_natgrad(model, data, gamma=5.0, mode="fast")
+    msg = str(e.value)
+    assert msg.startswith("Natural-gradient check failed. 1 of") and "step_health" in msg and "use gamma =" in msg
+
+
+def test_assert_natgrad_step_matches_gpflow__passes_and_leaves_model_alone():
+    model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=20, num_latent=2)
+    before = _snapshot(model)
+    check = nc.assert_natgrad_step_matches_gpflow(model, data, gamma=0.3, xi_transform=XiSqrtMeanVar(), atol=1e-10)
+    _assert_untouched(model, before)
+    assert check.passed and check.max_abs_error <= 1e-10
+
+
+def test_cli__check_json_has_checks_and_exit_codes(capsys):
+    from natgrad_diag.cli import main
+
+    assert main(["check", "--model", "svgp", "--likelihood", "gaussian", "--num-inducing", "5", "--num-data", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and {c["name"] for c in out["checks"]} >= {"reproduction", "fisher_identity", "step_health"}
+    assert out["mode"] == "full" and out["M"] == 5
+    code = main(["check", "--likelihood", "bernoulli", "--num-inducing", "6", "--num-data", "20", "--gamma", "5", "--json"])
+    assert code == 1
+    out = json.loads(capsys.readouterr().out)
+    assert not [c for c in out["checks"] if c["name"] == "step_health"][0]["passed"]
+
+
+def test_cli__check_natgrad_cli_vgp_meanvar():
+    r = nc.check_natgrad_cli(model="vgp", likelihood="bernoulli", num_data=10, xi="meanvar", gamma=0.2, num_latent=2)
+    assert r.model_name == "VGP" and r.xi_transform == "XiSqrtMeanVar" and r.num_latent == 2 and r.passed
+    with pytest.raises(InputError, match="xi"):
+        nc.check_natgrad_cli(xi="natural")
+
+
+_PROPERTY_MODEL = {}
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(gamma=st.floats(0.01, 1.0), seed=st.integers(0, 10_000))
+def test_property__fast_mode_reproduces_gpflow_for_any_gamma_and_q(gamma, seed):
+    if not _PROPERTY_MODEL:  # one model, so the compiled graphs are reused; q(u) changes as in training
+        _PROPERTY_MODEL["m"] = make_model("svgp", "poisson", num_inducing=5, num_data=10, num_latent=2)
+    model, data = _PROPERTY_MODEL["m"]
+    rng = np.random.default_rng(seed)
+    model.q_mu.assign(rng.normal(size=(5, 2)) * 0.5)
+    model.q_sqrt.assign(np.tril(rng.normal(size=(2, 5, 5)) * 0.1, -1) + np.stack([np.diag(rng.uniform(0.3, 1.0, 5))] * 2))
+    report = nc.check_natgrad(model, data, gamma=gamma, mode="fast")
+    try:
+        oracle = _gpflow_step(model, tuple(tf.constant(a) for a in data), gamma=gamma, xi=XiNat())
+        gpflow_ok = bool(np.all(np.isfinite(oracle.q_sqrt.numpy())))
+    except tf.errors.InvalidArgumentError:
+        gpflow_ok = False
+    assert gpflow_ok == (report.new_q_sqrt is not None)  # a failed step must fail for GPflow too
+    if gpflow_ok:
+        np.testing.assert_allclose(report.new_q_sqrt, oracle.q_sqrt.numpy(), atol=1e-10, rtol=0)
+        np.testing.assert_allclose(report.new_q_mu, oracle.q_mu.numpy(), atol=1e-10, rtol=0)
+    assert report.check("reproduction").passed
