@@ -481,3 +481,16 @@ def test_gradient_check_report__cotangents_noted_in_settings() -> None:
     fast = nd.check_gradients(tf.sin, [x], mode="fast", cotangents=[None])
     assert fast.passed and "v = the given cotangents" in str(fast)
     assert nd.check_gradients(tf.sin, [x]).cotangents_given is False
+
+
+def test_check_gradients__fast_failure_cleared_by_full_rerun() -> None:
+    # y = x0·x1·x2: one-entry differences are exact (∂³y/∂x_k³ = 0), but along a direction u the central
+    # difference is off by ε²·u0·u1·u2 (the mixed third derivative): ~1e-3 at ε = 0.1, far above the tolerance
+    fn = lambda x: x[0] * x[1] * x[2]  # noqa: E731
+    x = np.array([1.0, 2.0, 3.0])
+    row = nd.check_gradients(fn, [x], mode="fast", eps=0.1).rows[0]
+    assert row.passed
+    assert "but full mode on this block passes" in row.note and "full mode on this block passed" in row.method
+    assert row.worst_entry.startswith("⟨v, ∂y0/∂x0·u⟩, direction")
+    assert 1e-5 < row.worst_abs_error < 0.1**2 and row.worst_abs_error > row.worst_tolerance  # |ε² u0 u1 u2| ≤ ε²/√27
+    assert nd.check_gradients(fn, [x], mode="full", eps=0.1).passed
