@@ -1089,13 +1089,15 @@ def gradcheck_cli(
 ) -> GradientCheckReport:
     """``natgrad-diag gradcheck``: check one of GPflow's natgrad maps at a random point of size (M, L).
 
-    ``structure="auto"`` infers it (eta2/nat2 symmetric, varsqrt lower-triangular); ``"general"``
-    shows the false mismatch that one-entry checkers report on symmetric inputs.
+    ``structure`` applies to the map's matrix input (eta2, nat2 or varsqrt [L, M, M]); ``"auto"`` infers
+    it (eta2/nat2 symmetric, varsqrt lower-triangular), ``"general"`` shows the false mismatch that
+    one-entry checkers report on symmetric inputs. The first input ([M, L]) is always general.
     """
     from gpflow.optimizers import natgrad
 
     point = gpflow_map_point(map, num_inducing, num_latent, seed=seed, dtype=dtype)
+    matrix_input = _GPFLOW_MAPS[map][0][1]
     return check_gradients(
-        getattr(natgrad, map), point, structure=None if structure == "auto" else structure, mode=mode,
-        eps=eps, rtol=rtol, atol=atol, seed=seed,
+        getattr(natgrad, map), point, structure=None if structure == "auto" else {matrix_input: structure},
+        mode=mode, eps=eps, rtol=rtol, atol=atol, seed=seed,
     )  # fmt: skip

@@ -468,6 +468,8 @@ def test_gradcheck_cli__passes_inferred_and_fails_general_on_eta2() -> None:
     assert not bad.passed and "looks symmetric" in bad.row("varsqrt", "eta2").hint
     f32 = gradcheck.gradcheck_cli(map="meanvarsqrt_to_expectation", num_inducing=3, num_latent=1, dtype="float32")
     assert f32.passed and f32.dtype == "float32" and f32.eps == 1e-3
+    forced = gradcheck.gradcheck_cli(map="natural_to_expectation", num_inducing=3, num_latent=1, structure="symmetric", mode="fast")
+    assert forced.passed and forced.structures == ("general", "symmetric")
     with pytest.raises(InputError, match="unknown GPflow map 'cholesky'"):
         gradcheck.gradcheck_cli(map="cholesky")
     with pytest.raises(InputError, match="num_inducing"):
