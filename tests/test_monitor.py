@@ -1,0 +1,98 @@
+"""NatGradMonitor in short real training runs: records against the model's own loss and GPflow's optimizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpflow.keras import tf_keras
+from gpflow.optimizers import NaturalGradient
+
+from natgrad_diag import NatGradMonitor
+from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.models import make_model
+from natgrad_diag.monitor import NatGradRecord
+
+
+def _setup(likelihood: str = "gaussian", **kw):
+    model, data = make_model("svgp", likelihood, num_inducing=6, num_data=30, **kw)
+    data = tuple(tf.constant(a) for a in data)
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    return model, data
+
+
+@pytest.mark.slow
+def test_monitor__records_every_k_steps_of_a_real_training_run():
+    model, data = _setup()
+    gamma = 0.5
+    monitor = NatGradMonitor(model, data, gamma=gamma, every=2)
+    assert isinstance(monitor, gpflow.monitor.MonitorTask)
+    natgrad = NaturalGradient(gamma)
+    adam = tf_keras.optimizers.Adam(0.01)
+    expected = {}
+    for step in range(6):
+        natgrad.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+        adam.minimize(lambda: model.training_loss(data), model.trainable_variables)
+        if step % 2 == 0:  # the oracles, computed before the monitor runs
+            copy_ = gpflow.utilities.deepcopy(model)
+            NaturalGradient(gamma).minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+            expected[step] = (float(model.training_loss(data).numpy()), float(copy_.training_loss(data).numpy()))
+        before = [v.numpy().copy() for v in model.variables]
+        monitor(step)
+        assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.variables, before))
+    assert [r.step for r in monitor.records] == [0, 2, 4]
+    for r in monitor.records:
+        assert isinstance(r, NatGradRecord)
+        loss, loss_after = expected[r.step]
+        assert r.loss == pytest.approx(loss, rel=1e-12)
+        assert r.loss_after == pytest.approx(loss_after, rel=1e-12)
+        assert r.passed and r.step_healthy and r.reproduction_passed and r.reproduction_error <= 1e-10
+    assert monitor.failures == []
+    # training moves the loss: the records are not copies of one another
+    assert monitor.records[0].loss > monitor.records[-1].loss
+    with pytest.raises(Exception):
+        monitor.records[0].loss = 0.0  # frozen
+
+
+def test_monitor__inside_gpflow_monitor_group_with_a_data_callable():
+    model, data = _setup("bernoulli")
+    task = NatGradMonitor(model, lambda: data, gamma=0.3)
+    monitor = gpflow.monitor.Monitor(gpflow.monitor.MonitorTaskGroup([task], period=3))
+    natgrad = NaturalGradient(0.3)
+    for step in range(7):
+        natgrad.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+        monitor(step)
+    assert [r.step for r in task.records] == [0, 3, 6]
+    assert all(r.passed for r in task.records)
+
+
+def test_monitor__records_a_failing_step_and_can_raise():
+    model, data = _setup("bernoulli")
+    monitor = NatGradMonitor(model, data, gamma=5.0)
+    monitor(0)
+    (record,) = monitor.records
+    assert not record.passed and not record.step_healthy
+    assert record.loss_after is None and "step_health" in record.detail
+    assert record.suggested_gamma is not None and record.suggested_gamma < 5.0
+    assert monitor.failures == [record]
+    strict = NatGradMonitor(model, data, gamma=5.0, raise_on_failure=True)
+    with pytest.raises(NatGradCheckError, match="at training step 3"):
+        strict(3)
+
+
+def test_monitor__every_must_be_positive():
+    model, data = _setup()
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(InputError, match="every"):
+            NatGradMonitor(model, data, every=bad)
+
+
+def test_monitor__module_import_does_not_import_gpflow():
+    code = "import sys, natgrad_diag.monitor; print('gpflow' in sys.modules, 'tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
