@@ -96,3 +96,19 @@ def test_monitor__module_import_does_not_import_gpflow():
     code = "import sys, natgrad_diag.monitor; print('gpflow' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_train_script__runs_a_few_steps_on_diabetes_with_the_monitor():
+    from pathlib import Path
+
+    pytest.importorskip("sklearn")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train_svgp_natgrad.py"
+    env = {**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, str(script), "--steps", "6", "--every", "3", "--num-inducing", "8"],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "N = 353 train, 89 test, D = 10, M = 8" in done.stdout
+    assert "monitor: 2 checks, 0 failed" in done.stdout
+    bad = subprocess.run([sys.executable, str(script), "--steps", "0"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "--steps must be a positive integer" in bad.stderr
