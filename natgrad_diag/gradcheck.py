@@ -1043,8 +1043,8 @@ def assert_gradients(
 def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int = 0, dtype: str = "float64") -> list[np.ndarray]:
     """A well-conditioned random point for one of GPflow's natgrad maps, built with numpy.
 
-    q_mu = m [M, L] ~ N(0, 1); q_sqrt = L_S [L, M, M] lower-triangular with 0.3·N(0, 1) below a unit
-    diagonal; S = L_S L_Sᵀ. Returns (m, L_S), (η₁, η₂) = (m, S + m mᵀ) or (θ₁, θ₂) = (S⁻¹m, −½S⁻¹),
+    q_mu = m [M, L] ~ N(0, 1); q_sqrt = L_S [L, M, M] lower-triangular with 0.3/√M·N(0, 1) below a unit
+    diagonal (so L_S stays well conditioned at any M); S = L_S L_Sᵀ. Returns (m, L_S), (η₁, η₂) = (m, S + m mᵀ) or (θ₁, θ₂) = (S⁻¹m, −½S⁻¹),
     whichever ``name`` takes.
 
     Raises:
@@ -1059,7 +1059,7 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
     L = _positive_int(num_latent, "num_latent")
     rng = np.random.default_rng(seed)
     m = rng.standard_normal((M, L))
-    A = np.tril(0.3 * rng.standard_normal((L, M, M)), -1) + np.eye(M)
+    A = np.tril(0.3 / math.sqrt(M) * rng.standard_normal((L, M, M)), -1) + np.eye(M)  # ‖A − I‖₂ ≲ 0.6
     S = A @ np.swapaxes(A, -1, -2)
     first = _GPFLOW_MAPS[name][0][0]
     if first == "mean":
