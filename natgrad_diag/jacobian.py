@@ -53,10 +53,14 @@ __all__ = [
 #: Default limit for a dense Jacobian: 2 GiB.
 DEFAULT_MAX_BYTES = 2 * 1024**3
 
-#: Memory for one chunk's result when ``chunk_size`` is not given: an eighth of the Jacobian, within
-#: these bounds (each chunk also holds a few intermediates of the same size while it is computed).
+#: Memory for one chunk's result when ``chunk_size`` is not given: 1/32 of the Jacobian, within these
+#: bounds. While a chunk is computed, pfor holds several intermediates of about the chunk's size (up to
+#: ~8 in forward mode through a Cholesky), so the peak stays near the Jacobian plus a quarter of it.
+_CHUNK_FRACTION = 32
 _CHUNK_BYTES_MIN = 4 * 1024**2
-_CHUNK_BYTES_MAX = 64 * 1024**2
+_CHUNK_BYTES_MAX = 16 * 1024**2
+#: ... but at least this many columns (rows) per chunk: fewer make the per-call overhead dominate.
+_CHUNK_MIN = 128
 
 
 def element_labels(name: str, shape: Sequence[int]) -> list[str]:
@@ -460,11 +464,6 @@ def _input_signature(xs: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs)
 
 
-def _output_structure(fn: Callable[..., Any], xs: Sequence[Any]) -> Any:
-    """The nest of outputs of ``fn`` (one forward pass, eager, as before)."""
-    return fn(*xs)
-
-
 def _build_chunk_fn(
     fn: Callable[..., Any],
     xs: Sequence[Any],
@@ -546,8 +545,8 @@ def _build_chunk_fn(
 
 
 def _auto_chunk(n_chunked: int, n_other: int, itemsize: int, total_bytes: int) -> int:
-    budget = min(max(total_bytes // 8, _CHUNK_BYTES_MIN), _CHUNK_BYTES_MAX)
-    chunk = max(1, min(n_chunked, budget // max(1, n_other * itemsize)))
+    budget = min(max(total_bytes // _CHUNK_FRACTION, _CHUNK_BYTES_MIN), _CHUNK_BYTES_MAX)
+    chunk = max(1, min(n_chunked, max(_CHUNK_MIN, budget // max(1, n_other * itemsize))))
     n_chunks = -(-n_chunked // chunk)
     return -(-n_chunked // n_chunks)  # equal chunks: the last one wastes as little as possible
 
@@ -584,7 +583,7 @@ def jacobian(
     symmetric: Sequence[bool] | bool | None = None,
     chunk_size: int | None = None,
     mode: str = "auto",
-    compiled: bool = True,
+    compiled: bool | None = None,
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
@@ -611,11 +610,14 @@ def jacobian(
             or the keys of dicts).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
-        chunk_size: columns (or rows) per chunk; default: about an eighth of the Jacobian per chunk,
-            between 4 MiB and 64 MiB.
+        chunk_size: columns (or rows) per chunk; default: about 1/32 of the Jacobian per chunk,
+            between 4 MiB and 16 MiB, and at least 128 columns (rows).
         mode: ``"forward"`` (column chunks), ``"reverse"`` (row chunks) or ``"auto"`` (forward when
             there are fewer stored columns than rows, else reverse).
-        compiled: ``False`` runs the original eager ``tape.jacobian`` path (no vech, no chunks).
+        compiled: ``True``: the cached compiled chunks; ``False``: eagerly, no tracing (one
+            ``tape.gradient`` per row for up to 256 rows, else ``tape.jacobian``); ``None``
+            (default): eager for a first call with at most 64 rows (tracing would cost more than
+            it saves), compiled otherwise and from the second call with the same ``fn`` and shapes.
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
@@ -655,38 +657,113 @@ def jacobian(
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
     sym = _validate_symmetric(symmetric, in_shapes, in_names)
 
-    outputs = _output_structure(fn, xs)  # one forward pass: the output shapes and names
-    if isinstance(outputs, Mapping) and output_names is None:
-        output_names = tuple(sorted(outputs.keys()))
-    ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
-    out_names = _names(output_names, len(ys), "y", "output_names")
-    out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    itemsize = ys[0].dtype.size if ys else xs[0].dtype.size
+    meta_key = (id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym)
+    meta = _SEEN.get(meta_key) if compiled is not False else None
+    if meta is not None and meta[0] is fn:
+        # seen before: the outputs' shapes are known, no eager forward pass is needed
+        _, out_shapes, dict_keys, out_dtypes = meta
+        tape, ys = None, None
+    else:
+        # one forward pass, on a tape: the output shapes and names, and the small-Jacobian path's VJPs
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch(xs)
+            outputs = fn(*xs)
+        dict_keys = tuple(sorted(outputs.keys())) if isinstance(outputs, Mapping) else None
+        ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
+        out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
+        out_dtypes = tuple(y.dtype for y in ys)
+        meta = None
+    if dict_keys is not None and output_names is None:
+        output_names = dict_keys
+    out_names = _names(output_names, len(out_shapes), "y", "output_names")
+    itemsize = out_dtypes[0].size if out_dtypes else xs[0].dtype.size
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
     nbytes = jacobian_nbytes(out_shapes, stored_shapes, itemsize)
-    check_memory(nbytes, max_bytes, f"{len(ys)} output(s) and {len(xs)} input(s)")
+    check_memory(nbytes, max_bytes, f"{len(out_shapes)} output(s) and {len(xs)} input(s)")
 
     n_rows = sum(int(np.prod(s)) for s in out_shapes)
     n_cols = sum(int(np.prod(s)) for s in stored_shapes)
-    dtypes = {x.dtype for x in xs} | {y.dtype for y in ys}
-    fast_ok = compiled and len(dtypes) == 1 and next(iter(dtypes)).is_floating and n_rows > 0 and n_cols > 0
-    if fast_ok:
-        # ties go to reverse mode: TensorFlow forms many JVPs as the derivative of a VJP (dearer)
-        forward = mode == "forward" or (mode == "auto" and n_cols < n_rows)
-        n_chunked, n_other = (n_cols, n_rows) if forward else (n_rows, n_cols)
-        chunk = int(chunk_size) if chunk_size is not None else _auto_chunk(n_chunked, n_other, itemsize, nbytes)
-        chunk = min(chunk, n_chunked)
-        try:
-            compact = _run_chunks(fn, xs, out_shapes, sym, forward, chunk, n_rows, n_cols)
-        except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
-            compact = None  # not traceable: fall back to the eager tape below
-        if compact is not None:
-            return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
-    blocks = _eager_blocks(fn, xs)
+    dtypes = {x.dtype for x in xs} | set(out_dtypes)
+    traceable = len(dtypes) == 1 and next(iter(dtypes)).is_floating and n_rows > 0 and n_cols > 0
+    compact = None
+    if traceable and compiled is not False:
+        seen = meta is not None
+        if not seen:
+            _remember(meta_key, (fn, out_shapes, dict_keys, out_dtypes))
+        if compiled or seen or n_rows > _EAGER_MAX_ROWS or chunk_size is not None:
+            # ties go to reverse mode: TensorFlow forms many JVPs as the derivative of a VJP (dearer)
+            forward = mode == "forward" or (mode == "auto" and n_cols < n_rows)
+            n_chunked, n_other = (n_cols, n_rows) if forward else (n_rows, n_cols)
+            chunk = int(chunk_size) if chunk_size is not None else _auto_chunk(n_chunked, n_other, itemsize, nbytes)
+            chunk = min(chunk, n_chunked)
+            try:
+                compact = _run_chunks(fn, xs, out_shapes, sym, forward, chunk, n_rows, n_cols)
+            except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
+                compact = None  # not traceable: the eager tape below
+    if compact is None and tape is None:
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch(xs)
+            outputs = fn(*xs)
+        ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
+    if compact is None and n_rows <= _EAGER_LOOP_MAX_ROWS:
+        compact = _eager_rows(tape, ys, xs, sym, n_rows, n_cols)
+    if compact is not None:
+        del tape
+        return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
+    blocks = tuple(
+        tuple(tape.jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO).numpy() for x in xs) for y in ys
+    )
+    del tape
     if not any(sym):
         return BlockJacobian(blocks, out_names, in_names, out_shapes, in_shapes)
     compact = _fold_general(blocks, out_shapes, in_shapes, sym, itemsize)
     return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
+
+
+#: A first call with at most this many output elements runs eagerly, one VJP per row (no tracing:
+#: for a one-off small Jacobian tracing costs more than it saves); a second call with the same
+#: function and shapes compiles.
+_EAGER_MAX_ROWS = 64
+#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many,
+#: and uses eager ``tape.jacobian`` beyond.
+_EAGER_LOOP_MAX_ROWS = 256
+_SEEN: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+
+
+def _remember(key: Any, meta: Any) -> None:
+    """Record (fn, output shapes, dict keys, dtypes) for ``key``: the next call compiles and skips the
+    eager forward pass. ``fn`` is kept, so that its id cannot be reused while the entry lives."""
+    with _LOCK:
+        _SEEN[key] = meta
+        _SEEN.move_to_end(key)
+        while len(_SEEN) > _CACHE_SIZE:
+            _SEEN.popitem(last=False)
+
+
+def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> np.ndarray:
+    """Row r of J = tape.gradient with a one-hot seed at output element r, eagerly (vech inputs folded)."""
+    import tensorflow as tf
+
+    dtype = xs[0].dtype
+    out = np.empty((n_rows, n_cols), dtype=dtype.as_numpy_dtype)
+    shapes = [tuple(y.shape.as_list()) for y in ys]
+    sizes = [int(np.prod(s)) for s in shapes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    zeros = [tf.zeros(s, dtype) for s in shapes]
+    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
+    for i, (s, n) in enumerate(zip(shapes, sizes)):
+        for a in range(n):
+            seed = np.zeros(n, dtype=dtype.as_numpy_dtype)
+            seed[a] = 1.0
+            cots = list(zeros)
+            cots[i] = tf.constant(seed.reshape(s))
+            gs = tape.gradient(ys, xs, output_gradients=cots, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            parts = []
+            for g, lay in zip(gs, layouts):
+                flat = g.numpy().ravel()
+                parts.append(flat if lay is None else np.bincount(lay[0], weights=flat, minlength=lay[2]))
+            out[offsets[i] + a] = np.concatenate(parts)
+    return out
 
 
 def _run_chunks(
@@ -723,21 +800,6 @@ def _run_chunks(
             out[start:stop, :] = res[: stop - start]
         del res
     return out
-
-
-def _eager_blocks(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[tuple[np.ndarray, ...], ...]:
-    """The original path: ``tape.jacobian`` per block, eagerly (for functions tf.function cannot trace)."""
-    import tensorflow as tf
-
-    with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
-        tape.watch(xs)
-        outputs = fn(*xs)
-    ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
-    blocks = tuple(
-        tuple(tape.jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO).numpy() for x in xs) for y in ys
-    )
-    del tape
-    return blocks
 
 
 def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> np.ndarray:

@@ -183,6 +183,7 @@ def natgrad_tensors(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gam
 
 _TRACE_COUNTS: collections.Counter[str] = collections.Counter()
 _COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_SEEN: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _CACHE_SIZE = 32
 _LOCK = threading.Lock()
 _OUT_KEYS = (
@@ -239,7 +240,8 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any, ...]) -> Any:
+def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any, ...], *, build: bool) -> Any:
+    """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false."""
     import tensorflow as tf
 
     with _LOCK:
@@ -247,6 +249,11 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any
         if fn is not None:
             _COMPILED.move_to_end(key)
             return fn
+        if not build:
+            _SEEN[key] = (xi, t_mu, t_sq)  # the next call with this key compiles
+            while len(_SEEN) > _CACHE_SIZE:
+                _SEEN.popitem(last=False)
+            return None
 
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             _TRACE_COUNTS["natgrad_tensors"] += 1
@@ -264,7 +271,8 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any
             )  # fmt: skip
             return out
 
-        fn = tf.function(step, input_signature=signature, autograph=False)
+        # traced here, once for this key; calling the concrete function skips tf.function's dispatch
+        fn = tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
         fn._natgrad_diag_keep = (xi, t_mu, t_sq)  # keep the keyed objects alive with the function
         _COMPILED[key] = fn
         while len(_COMPILED) > _CACHE_SIZE:
@@ -272,9 +280,12 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any
         return fn
 
 
-def _natgrad_trace_compiled(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any) -> NatGradTrace | None:
+def _natgrad_trace_compiled(
+    q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
+) -> NatGradTrace | None:
     """The compiled step, or ``None`` when the eager reference path must decide (any unusual input,
-    a failed in-graph check, a failed Cholesky): it then raises the same error it always did."""
+    a failed in-graph check, a failed Cholesky: it then raises the same error it always did), or,
+    with ``build=False``, when this key has not been compiled yet (a first call runs eagerly)."""
     import tensorflow as tf
 
     parts = [_fast_parts(q_mu), _fast_parts(q_sqrt)]
@@ -295,11 +306,13 @@ def _natgrad_trace_compiled(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad:
         return None
     key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
     signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
-    fn = _compiled_step(key, xi, t_mu, t_sq, signature)
     try:
+        fn = _compiled_step(key, xi, t_mu, t_sq, signature, build=build or key in _SEEN)
+        if fn is None:
+            return None
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
-    except (tf.errors.OpError, ValueError, TypeError):
-        return None
+    except Exception:  # noqa: BLE001 - the eager reference path re-raises what is genuine
+        return None  # a shape the step cannot trace, or a failed Cholesky: the eager path says which
     if not bool(out["inputs_ok"]):
         return None
     mu_shape, sq_shape = tuple(out["q_mu"].shape), tuple(out["q_sqrt"].shape)
@@ -336,16 +349,16 @@ def natgrad_trace(
     *,
     gamma: float = 1.0,
     xi_transform: Any = None,
-    compiled: bool = True,
+    compiled: bool | None = None,
 ) -> NatGradTrace:
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
     Nothing is assigned: the parameters are bit-identical afterwards.
 
-    By default the TensorFlow part runs as a ``tf.function`` traced once per (shapes, dtype, ξ
-    transform class, parameter transforms) and cached, so calling it in a training loop costs about
-    one compiled GPflow step; ``compiled=False`` runs the same operations eagerly (readable, and
-    cheaper for a single call, which pays no tracing). Both give the same numbers.
+    From the second call with the same (shapes, dtype, ξ transform class, parameter transforms) the
+    TensorFlow part runs as a ``tf.function`` traced once for that key and cached, so calling it in a
+    training loop costs about one compiled GPflow step; the first call runs the same operations
+    eagerly (a single call pays no tracing). Both paths give the same numbers.
 
     Args:
         q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
@@ -354,7 +367,8 @@ def natgrad_trace(
         q_sqrt_grad: dL/d(q_sqrt.unconstrained_variable) ([L, M(M+1)/2] for a triangular transform).
         gamma: the step length γ > 0.
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
-        compiled: run the step as a cached ``tf.function`` (default) or eagerly.
+        compiled: ``True``: always the cached ``tf.function`` (tracing on a first call);
+            ``False``: always eager; ``None`` (default): eager on the first call of a key, compiled after.
 
     Returns:
         A frozen :class:`NatGradTrace`.
@@ -372,8 +386,8 @@ def natgrad_trace(
     """
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)
-    if compiled:
-        result = _natgrad_trace_compiled(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi)
+    if compiled is not False:
+        result = _natgrad_trace_compiled(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi, build=bool(compiled))
         if result is not None:
             return result
     return _natgrad_trace_eager(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi)
