@@ -3,11 +3,13 @@
 Each helper raises an ``AssertionError`` subclass with a message that names the block or input, the
 worst entry, expected against actual, the tolerances and what to do, so a failing test reads::
 
-    natgrad_diag.exceptions.JacobianMismatchError: Jacobian mismatch. Output 1 (varsqrt) with respect
-    to input 1 (eta2): finite differences and the analytical derivative disagree.
-      Worst entry: ∂varsqrt[0,2,1]/∂eta2[0,2,1]
-        Expected:    numerical  0.6667  (central differences, eps=1e-06)
-        Actual:      analytical 0.3333  (reverse mode)
+    natgrad_diag.exceptions.JacobianMismatchError: Jacobian mismatch. Output 0 (square) with respect to
+    input 0 (x): finite differences and the analytical derivative disagree.
+      Output:      0 (square)
+      Input:       0 (x, structure 'general')
+      Worst entry: ∂square[2]/∂x[2]
+        Expected:    numerical  4.000000000115023  (central differences, eps=1e-06)
+        Actual:      analytical 6.0  (reverse mode)
       ...
 
 Only numpy is imported here; TensorFlow, GPflow and the natural-gradient checks load on first use.

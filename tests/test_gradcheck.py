@@ -432,6 +432,12 @@ def test_check_gradients__bad_arguments_are_named() -> None:
         nd.check_gradients(tf.linalg.cholesky, [-np.eye(2)])  # not positive definite: NaN on CPU
     with pytest.raises(InputError, match="num_directions"):
         nd.check_gradients(tf.sin, [np.ones(3)], mode="fast", num_directions=0)
+    with pytest.raises(InputError, match=r"structure names unknown input\(s\) \['eta3'\]"):
+        nd.check_gradients(ng.expectation_to_meanvarsqrt, gpflow_points(2, 1, 0)["expectation"], structure={"eta3": "symmetric"})
+    with pytest.raises(InputError, match="x1 must have the dtype of x0"):
+        nd.check_gradients(lambda a, b: a * tf.cast(b, a.dtype), [np.ones(2), np.ones(2, np.float32)])
+    with pytest.raises(InputError, match="fn must be callable"):
+        nd.check_gradients("sin", [np.ones(2)])  # type: ignore[arg-type]
 
 
 def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
