@@ -82,6 +82,8 @@ _GPFLOW_MAPS = {
     "expectation_to_natural": (("eta1", "eta2"), ("nat1", "nat2"), ("general", "symmetric")),
 }
 
+_TABLE_TITLE = "one row per ∂output/∂input; errors are the block's maxima"
+
 _FORWARD_NOTE = (
     "The forward column (ForwardAccumulator, ⟨v, J·u⟩) is information only: for ops TensorFlow builds it by "
     "transposing the registered gradient, so it agrees with reverse mode even when that gradient is wrong; for a "
@@ -212,7 +214,11 @@ class GradientCheckReport(Report):
                 return r
         raise InputError(
             f"no block ∂{output}/∂{input} in this report.",
-            context=[("Argument", "output, input"), ("Expected", f"outputs {self.output_names}, inputs {self.input_names}"), ("Got", f"{output!r}, {input!r}")],
+            context=[
+                ("Argument", "output, input"),
+                ("Expected", f"outputs {self.output_names}, inputs {self.input_names}"),
+                ("Got", f"{output!r}, {input!r}"),
+            ],
             remedy="use names from report.output_names and report.input_names (or their indices).",
         )
 
@@ -227,7 +233,9 @@ class GradientCheckReport(Report):
             f"Mode {self.mode}: {how}.\n"
             f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
             f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical|.\n"
-            "Inputs: " + ", ".join(f"{n} {shape_str(s)} {st}" for n, s, st in zip(self.input_names, self.input_shapes, self.structures)) + ".\n"
+            "Inputs: "
+            + ", ".join(f"{n} {shape_str(s)} {st}" for n, s, st in zip(self.input_names, self.input_shapes, self.structures))
+            + ".\n"
             "Outputs: " + ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes)) + "."
         )
         if self.mode == "fast":
@@ -250,7 +258,7 @@ class GradientCheckReport(Report):
             rows.append(tuple(cells))
         sections = [
             Section("Settings", settings),
-            Section("Blocks", "", (Table(columns=tuple(columns), rows=tuple(rows), title="one row per ∂output/∂input; errors are the block's maxima"),)),
+            Section("Blocks", "", (Table(columns=tuple(columns), rows=tuple(rows), title=_TABLE_TITLE),)),
         ]
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
@@ -293,7 +301,8 @@ class GradientCheckReport(Report):
             ("Worst entry", r.worst_entry),
             ("Expected", f"numerical  {r.numerical!r}  (central differences, eps={self.eps:g})"),
             ("Actual", f"analytical {r.analytical!r}  (reverse mode)"),
-            ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} (rtol={self.rtol:g}, atol={self.atol:g})"),
+            ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} "
+                      f"(rtol={self.rtol:g}, atol={self.atol:g})"),
             ("Block", f"max abs error {r.max_abs_error:.6g}, max rel error {r.max_rel_error:.6g}; {r.method}"),
         ]
         if r.note:
@@ -320,6 +329,11 @@ def _short_entry(r: GradientCheckRow) -> str:
     for name in (r.output, r.input):
         text = text.replace(f"∂{name}[", "[").replace(f"+{name}[", "+[").replace(f"∂{name}", "·")
     return text.replace(" (above diagonal)", " (upper)")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}"
 
 
 def _ratio(err: float, tol: float) -> float:
@@ -349,7 +363,9 @@ def _to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.
         values = [inputs]
         names = tuple(input_names) if input_names is not None else ("x0",)
     if not values:
-        raise _input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point to check at, e.g. [eta1, eta2].")
+        raise _input_error(
+            "inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point to check at, e.g. [eta1, eta2]."
+        )
     if len(names) != len(values):
         raise _input_error(
             f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
@@ -450,8 +466,9 @@ class _Problem:
         except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
             raise InputError(
                 "fn(*inputs) raised an error at the given point.",
-                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")],
-                remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid (e.g. positive definite).",
+                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", _first_line(e))],
+                remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
+                "(e.g. positive definite).",
             ) from e
         if isinstance(outputs, Mapping) and output_names is None:
             output_names = tuple(sorted(str(k) for k in outputs.keys()))
@@ -490,7 +507,7 @@ class _Problem:
         except Exception as e:  # noqa: BLE001
             raise InputError(
                 f"fn failed at a finite-difference point ({what}).",
-                context=[("Argument", "eps"), ("Step", scale), ("Error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")],
+                context=[("Argument", "eps"), ("Step", scale), ("Error", _first_line(e))],
                 remedy="pass a smaller eps, or a point further from the edge of fn's domain (e.g. better conditioned).",
             ) from e
         for name, y in zip(self.output_names, out):
@@ -699,7 +716,8 @@ def _full_rows(
                 num = numer[i]
                 k, werr, wtol, maxabs, maxrel, passed = _compare(num, ana, rtol, atol)
                 r, c = np.unravel_index(k, num.shape) if num.size else (0, 0)
-                out_label = _label(prob.output_names[i], tuple(int(v) for v in np.unravel_index(r, out_shapes[i]))) if num.size else prob.output_names[i]
+                out_idx = tuple(int(v) for v in np.unravel_index(r, out_shapes[i])) if num.size else ()
+                out_label = _label(prob.output_names[i], out_idx)
                 in_label = _coord_label(names[j], coords[c], structures[j]) if coords else names[j]
                 method = f"central differences, {len(coords)} coordinate(s)"
                 if structures[j] == "symmetric":
@@ -759,7 +777,9 @@ def _fast_rows(
             ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(prob.fn(*xs))]
         for k in range(n_dirs):
             for i in range(n_out):
-                grads = tape.gradient(ys[i], xs, output_gradients=tf.constant(vs[k][i]), unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                grads = tape.gradient(
+                    ys[i], xs, output_gradients=tf.constant(vs[k][i]), unconnected_gradients=tf.UnconnectedGradients.ZERO
+                )
                 for j in range(n_in):
                     if k < len(us[j]):
                         analytical[i, j, k] = float(np.vdot(grads[j].numpy(), us[j][k]))
@@ -917,9 +937,15 @@ def check_gradients(
         True
     """
     if not callable(fn):
-        raise _input_error("fn must be callable.", "fn", "a function of the inputs", type(fn).__name__, "pass the function to check, e.g. expectation_to_meanvarsqrt.")
+        raise _input_error(
+            "fn must be callable.", "fn", "a function of the inputs", type(fn).__name__,
+            "pass the function to check, e.g. expectation_to_meanvarsqrt.",
+        )  # fmt: skip
     if mode not in MODES:
-        raise _input_error(f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode), "use mode='full' for small problems, mode='fast' for large ones.")
+        raise _input_error(
+            f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
+            "use mode='full' for small problems, mode='fast' for large ones.",
+        )  # fmt: skip
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise _input_error("seed must be an integer.", "seed", "an int", repr(seed), "pass e.g. seed=0.")
     seed = int(seed)
@@ -1044,8 +1070,8 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
     """A well-conditioned random point for one of GPflow's natgrad maps, built with numpy.
 
     q_mu = m [M, L] ~ N(0, 1); q_sqrt = L_S [L, M, M] lower-triangular with 0.3/√M·N(0, 1) below a unit
-    diagonal (so L_S stays well conditioned at any M); S = L_S L_Sᵀ. Returns (m, L_S), (η₁, η₂) = (m, S + m mᵀ) or (θ₁, θ₂) = (S⁻¹m, −½S⁻¹),
-    whichever ``name`` takes.
+    diagonal (so L_S stays well conditioned at any M); S = L_S L_Sᵀ. Returns (m, L_S),
+    (η₁, η₂) = (m, S + m mᵀ) or (θ₁, θ₂) = (S⁻¹m, −½S⁻¹), whichever ``name`` takes.
 
     Raises:
         InputError: an unknown map name, or M, L < 1.

@@ -108,7 +108,10 @@ def assert_vjp_matches_jacobian(
     out_shapes = [tuple(y.shape) for y in ys]
     in_shapes = [tuple(x.shape) for x in xs]
     check_memory(jacobian_nbytes(out_shapes, in_shapes, ys[0].dtype.size), max_bytes, "assert_vjp_matches_jacobian")
-    vs = [np.ones(y.shape, y.dtype.as_numpy_dtype) if s is None else np.asarray(s, dtype=y.dtype.as_numpy_dtype) for s, y in zip(seeds, ys)]
+    vs = [
+        np.ones(y.shape, y.dtype.as_numpy_dtype) if s is None else np.asarray(s, dtype=y.dtype.as_numpy_dtype)
+        for s, y in zip(seeds, ys)
+    ]
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     got = tuple(g.numpy() for g in got)
     # the explicit Jacobian from reverse mode (one-hot seeds), contracted with v by numpy
@@ -134,7 +137,8 @@ def assert_vjp_matches_jacobian(
                 ("Worst entry", label),
                 ("Expected", f"{float(w.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
                 ("Actual", f"{float(g.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
-                ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} (rtol={rtol_:g}, atol={atol_:g})"),
+                ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} "
+                          f"(rtol={rtol_:g}, atol={atol_:g})"),
             ],
             remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "
             "by dy), or the cotangents are not in tf.nest.flatten order of the outputs.",
