@@ -502,3 +502,15 @@ def test_check_gradients__fast_failure_cleared_by_full_rerun() -> None:
     assert row.worst_entry.startswith("⟨v, ∂y0/∂x0·u⟩, direction")
     assert 1e-5 < row.worst_abs_error < 0.1**2 and row.worst_abs_error > row.worst_tolerance  # |ε² u0 u1 u2| ≤ ε²/√27
     assert nd.check_gradients(fn, [x], mode="full", eps=0.1).passed
+
+
+def test_check_gradients__fast_mode_symmetric_tangents_at_m50() -> None:
+    # the measurement: at M = 50 a non-symmetric tangent disagrees with reverse mode, a symmetric one agrees
+    eta1, eta2 = gradcheck.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
+    small = 10 * 1024**2  # too small for the full re-run of a 2500-coordinate block: fast numbers only
+    general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast", max_bytes=small)
+    symmetric = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", max_bytes=small)
+    assert symmetric.passed, str(symmetric)
+    bad = general.row("varsqrt", "eta2")
+    assert not bad.passed and "looks symmetric" in bad.hint and "too large to re-run" in bad.note
+    assert bad.worst_abs_error > 1e3 * symmetric.row("varsqrt", "eta2").max_abs_error
