@@ -1,0 +1,293 @@
+"""The chunked, compiled, vech Jacobian against tape.jacobian, hand contractions and finite differences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import natgrad_diag as nd
+from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
+from natgrad_diag.jacobian import jacobian_nbytes, natgrad_map_jacobian, trace_count, vech_layout
+from tests.conftest import np_meanvarsqrt, random_q
+
+
+def _eta(M: int, L: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    q_mu, q_sqrt = random_q(M, L, seed=seed)
+    eta2 = q_sqrt @ np.transpose(q_sqrt, (0, 2, 1)) + np.einsum("ml,nl->lmn", q_mu, q_mu)
+    return q_mu, eta2
+
+
+def _tape_blocks(fn, xs):
+    """The oracle: tape.jacobian per block, eagerly, unconnected blocks as zeros."""
+    xs = [tf.constant(x) for x in xs]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xs)
+        ys = tf.nest.flatten(fn(*xs))
+    zero = tf.UnconnectedGradients.ZERO
+    return [[tape.jacobian(y, x, unconnected_gradients=zero).numpy() for x in xs] for y in ys]
+
+
+def _gpflow_map(e1, e2):
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+
+    return expectation_to_meanvarsqrt(e1, e2)
+
+
+def _mixed(a, b):
+    """Two inputs, three outputs of different ranks, one output unconnected to b."""
+    return (tf.sin(a) * tf.reduce_sum(b), tf.linalg.matmul(b, b, transpose_b=True) + a[0], tf.exp(a))
+
+
+# ---- chunked == tape.jacobian ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
+def test_jacobian_chunks__equal_tape_jacobian_for_any_chunk_and_mode(mode, chunk_size):
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=3), rng.normal(size=(2, 3))
+    J = nd.jacobian(_mixed, [a, b], mode=mode, chunk_size=chunk_size, compiled=True)
+    want = _tape_blocks(_mixed, [a, b])
+    for i in range(3):
+        for j in range(2):
+            assert J.block(i, j).shape == want[i][j].shape
+            np.testing.assert_allclose(J.block(i, j), want[i][j], rtol=1e-13, atol=1e-14, err_msg=f"block {i},{j}")
+    # stored in one preallocated array; blocks of general inputs are views of it, read-only
+    assert J.compact.shape == J.shape == (3 + 4 + 3, 3 + 6)
+    assert np.shares_memory(J.block(1, 1), J.compact)
+    assert not J.compact.flags.writeable
+
+
+@pytest.mark.parametrize("M,L", [(4, 1), (3, 2)])
+def test_natgrad_map_jacobian__general_equals_tape_jacobian(M, L):
+    eta1, eta2 = _eta(M, L, seed=M + L)
+    J = natgrad_map_jacobian(eta1, eta2, symmetric=False, chunk_size=5)
+    want = _tape_blocks(_gpflow_map, [eta1, eta2])
+    for i in range(2):
+        for j in range(2):
+            np.testing.assert_allclose(J.block(i, j), want[i][j], rtol=1e-12, atol=1e-13)
+
+
+shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+
+
+@settings(max_examples=15)
+@given(xshape=shapes, yshape=shapes, chunk=st.integers(1, 9), mode=st.sampled_from(["forward", "reverse"]), seed=st.integers(0, 10_000))
+def test_jacobian_chunks__property_equals_tape_jacobian(xshape, yshape, chunk, mode, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=xshape)
+    W = tf.constant(rng.normal(size=yshape + xshape))
+    n = len(xshape)
+
+    def f(x):
+        lin = tf.tensordot(W, x, axes=n) if n else W * x
+        return tf.tanh(lin) * tf.reduce_sum(x**2), tf.exp(0.3 * x)
+
+    J = nd.jacobian(f, [x], chunk_size=chunk, mode=mode, compiled=True)
+    want = _tape_blocks(f, [x])
+    for i in range(2):
+        np.testing.assert_allclose(J.block(i, 0), want[i][0], rtol=1e-12, atol=1e-13)
+
+
+def test_jacobian__eager_small_path_equals_compiled_path():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=3), rng.normal(size=(2, 3))
+    J_e = nd.jacobian(_mixed, [a, b], compiled=False)
+    J_c = nd.jacobian(_mixed, [a, b], compiled=True)
+    np.testing.assert_allclose(J_e.matrix, J_c.matrix, rtol=1e-13, atol=1e-14)
+
+
+# ---- vech (symmetric) columns ---------------------------------------------------------------------
+
+
+def test_vech_layout__maps_each_element_to_its_lower_triangle_column():
+    index, scale, size = vech_layout((2, 3, 3))
+    assert size == 2 * 6
+    # (0, 2, 1) and (0, 1, 2) share column k(2, 1) = 2·3/2 + 1 = 4; batch 1 is offset by 6
+    assert index[0 * 9 + 2 * 3 + 1] == index[0 * 9 + 1 * 3 + 2] == 4
+    assert index[9 + 2 * 3 + 1] == 10
+    assert scale[0 * 9 + 1 * 3 + 1] == 1.0 and scale[0 * 9 + 1 * 3 + 2] == 0.5
+    assert sorted(set(index.tolist())) == list(range(12))
+
+
+@pytest.mark.parametrize("M,L", [(4, 1), (3, 2)])
+def test_natgrad_map_jacobian__vech_columns_are_symmetric_tangents_of_the_general_jacobian(M, L):
+    """Stored column (a, b) = G·(E_ab + E_ba) contracted by hand; blocks = G symmetrised."""
+    eta1, eta2 = _eta(M, L, seed=7)
+    Jv = natgrad_map_jacobian(eta1, eta2)  # vech by default
+    G = _tape_blocks(_gpflow_map, [eta1, eta2])  # the general Jacobian, independently
+    K = M * (M + 1) // 2
+    assert Jv.compact.shape == (M * L + L * M * M, M * L + L * K)
+    assert Jv.block(1, 1).shape == (L, M, M, L, M, M)
+    rows = np.concatenate([G[0][1].reshape(M * L, -1), G[1][1].reshape(L * M * M, -1)])  # [rows, L·M·M]
+    tri = np.tril_indices(M)
+    for l in range(L):
+        for k, (a, b) in enumerate(zip(*tri)):
+            E = np.zeros((L, M, M))
+            E[l, a, b] += 1.0
+            if a != b:
+                E[l, b, a] += 1.0
+            by_hand = rows @ E.ravel()
+            np.testing.assert_allclose(Jv.compact[:, M * L + l * K + k], by_hand, rtol=1e-12, atol=1e-13)
+    for i in range(2):
+        Gs = 0.5 * (G[i][1] + np.swapaxes(G[i][1], -1, -2))
+        np.testing.assert_allclose(Jv.block(i, 1), Gs, rtol=1e-12, atol=1e-13)
+        # TensorFlow's Cholesky gradient is symmetrised, so here the symmetrised G is G itself
+        np.testing.assert_allclose(Jv.block(i, 1), G[i][1], rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(Jv.block(i, 0), G[i][0], rtol=1e-12, atol=1e-13)
+
+
+def test_natgrad_map_jacobian__vech_column_matches_central_differences():
+    M, L = 3, 1
+    eta1, eta2 = _eta(M, L, seed=11)
+    J = natgrad_map_jacobian(eta1, eta2)
+    eps = 1e-6
+
+    def flat(e2):
+        m, vs = np_meanvarsqrt(eta1, e2)
+        return np.concatenate([m.ravel(), vs.ravel()])
+
+    for k, label in enumerate(J.compact_col_labels[M:]):
+        a, b = np.tril_indices(M)[0][k], np.tril_indices(M)[1][k]
+        d = np.zeros_like(eta2)
+        d[0, a, b] += eps
+        if a != b:
+            d[0, b, a] += eps
+        fd = (flat(eta2 + d) - flat(eta2 - d)) / (2 * eps)
+        np.testing.assert_allclose(J.compact[:, M + k], fd, rtol=1e-6, atol=1e-7, err_msg=label)
+
+
+def test_jacobian_vech__of_a_function_reading_one_triangle_gives_the_symmetrised_jacobian():
+    """f(X) = X[0, 1] reads only the upper element: ∂f/∂X = e₀₁, and its symmetrised block is ½(e₀₁ + e₁₀)."""
+    X = np.arange(9.0).reshape(3, 3)
+    J = nd.jacobian(lambda x: x[0, 1] * 1.0, [X], symmetric=[True], compiled=True)
+    want = np.zeros((3, 3))
+    want[0, 1] = want[1, 0] = 0.5
+    np.testing.assert_array_equal(J.block(0, 0), want)
+    assert J.compact_col_labels[:3] == ("x0[0,0]", "x0[1,0]+[0,1]", "x0[1,1]")
+    np.testing.assert_array_equal(J.compact[0], [0, 1, 0, 0, 0, 0])
+
+
+def test_vech_jacobian__vjp_and_jvp_equal_tensorflow_and_finite_differences():
+    M, L = 3, 2
+    eta1, eta2 = _eta(M, L, seed=5)
+    J = natgrad_map_jacobian(eta1, eta2)
+    rng = np.random.default_rng(2)
+    v1, v2 = rng.normal(size=(M, L)), rng.normal(size=(L, M, M))
+    e1, e2 = tf.constant(eta1), tf.constant(eta2)
+    with tf.GradientTape() as tape:
+        tape.watch([e1, e2])
+        ys = _gpflow_map(e1, e2)
+    g1, g2 = tape.gradient(ys, [e1, e2], output_gradients=[tf.constant(v1), tf.constant(v2)])
+    r1, r2 = J.vjp([v1, v2])
+    np.testing.assert_allclose(r1, g1.numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(r2, g2.numpy(), rtol=1e-12, atol=1e-13)
+    # J·u for a symmetric tangent u against central differences of the numpy map
+    u1 = rng.normal(size=(M, L))
+    A = rng.normal(size=(L, M, M))
+    u2 = A + np.transpose(A, (0, 2, 1))
+    eps = 1e-6
+    plus, minus = np_meanvarsqrt(eta1 + eps * u1, eta2 + eps * u2), np_meanvarsqrt(eta1 - eps * u1, eta2 - eps * u2)
+    got = J.jvp([u1, u2])
+    for k in range(2):
+        np.testing.assert_allclose(got[k], (plus[k] - minus[k]) / (2 * eps), rtol=1e-6, atol=1e-7)
+    # and the same through the expanded general matrix
+    np.testing.assert_allclose(
+        np.concatenate([g.ravel() for g in got]), J.matrix @ np.concatenate([u1.ravel(), u2.ravel()]), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_vech_jacobian__row_and_labels_of_the_general_matrix_are_kept():
+    eta1, eta2 = _eta(3, 1, seed=9)
+    Jv = natgrad_map_jacobian(eta1, eta2)
+    Jg = natgrad_map_jacobian(eta1, eta2, symmetric=False)
+    assert Jv.col_labels == Jg.col_labels and Jv.row_labels == Jg.row_labels
+    assert Jv.matrix.shape == Jg.matrix.shape == Jv.shape == (3 + 9, 3 + 9)
+    np.testing.assert_allclose(Jv.row("varsqrt[0,2,1]"), Jg.row("varsqrt[0,2,1]"), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(Jv.summed_gradient()[1], Jg.summed_gradient()[1], rtol=1e-12, atol=1e-13)
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+
+
+def test_jacobian__memory_guard_counts_the_stored_vech_size():
+    M = 20
+    eta1, eta2 = _eta(M, 1, seed=0)
+    general = jacobian_nbytes([(M, 1), (1, M, M)], [(M, 1), (1, M, M)], 8)
+    vech = jacobian_nbytes([(M, 1), (1, M, M)], [(M, 1), (M * (M + 1) // 2,)], 8)
+    limit = (general + vech) // 2
+    J = natgrad_map_jacobian(eta1, eta2, max_bytes=limit)
+    assert J.compact.nbytes == vech
+    with pytest.raises(MemoryLimitError, match="max_bytes"):
+        natgrad_map_jacobian(eta1, eta2, max_bytes=limit, symmetric=False)
+
+
+_PEAK = r"""
+import json, sys
+import numpy as np
+from natgrad_diag.bench import _natgrad_map_fixture
+from natgrad_diag.jacobian import natgrad_map_jacobian
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+M = int(sys.argv[1])
+natgrad_map_jacobian(*_natgrad_map_fixture(6), symmetric=False)
+open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS")
+J = natgrad_map_jacobian(*_natgrad_map_fixture(M), symmetric=False)
+print(json.dumps({"above": status("VmHWM") - base, "nbytes": J.compact.nbytes}))
+"""
+
+
+@pytest.mark.slow
+def test_jacobian__peak_memory_at_M80_is_under_one_and_a_half_jacobians():
+    """Measured in a fresh process: VmHWM (reset after warm-up) minus the RSS baseline."""
+    try:
+        open("/proc/self/clear_refs", "w").write("5")
+    except OSError:
+        pytest.skip("cannot reset VmHWM here (/proc/self/clear_refs)")
+    out = subprocess.run([sys.executable, "-c", _PEAK, "80"], capture_output=True, text=True, timeout=600, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["nbytes"] == (80 + 6400) ** 2 * 8
+    assert r["above"] <= 1.5 * r["nbytes"], r
+
+
+# ---- no retracing ---------------------------------------------------------------------------------
+
+
+def test_jacobian__repeated_calls_of_one_shape_trace_once():
+    eta1, eta2 = _eta(5, 1, seed=1)
+    natgrad_map_jacobian(eta1, eta2, chunk_size=11)
+    before = trace_count()
+    for seed in range(4):
+        e1, e2 = _eta(5, 1, seed=seed)  # new values, same shapes
+        natgrad_map_jacobian(e1, e2, chunk_size=11)
+    assert trace_count() == before
+    natgrad_map_jacobian(*_eta(6, 1, seed=0), chunk_size=11)  # a new shape traces once more
+    assert trace_count() == before + 1
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def test_jacobian__bad_symmetric_flags_are_refused_with_the_argument_named():
+    with pytest.raises(InputError) as e:
+        nd.jacobian(tf.sin, [np.ones((2, 2))], symmetric=[True, False])
+    assert "symmetric needs one flag per input" in str(e.value) and "Argument: symmetric" in str(e.value)
+    with pytest.raises(ShapeMismatchError) as e:
+        nd.jacobian(tf.sin, [np.ones((2, 3))], symmetric=[True])
+    assert "[..., M, M]" in str(e.value) and "[2, 3]" in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [({"mode": "sideways"}, "mode"), ({"chunk_size": 0}, "chunk_size"), ({"chunk_size": 2.5}, "chunk_size")])
+def test_jacobian__bad_mode_or_chunk_size_is_refused(kwargs, fragment):
+    with pytest.raises(InputError, match=fragment):
+        nd.jacobian(tf.sin, [np.ones(3)], **kwargs)
