@@ -514,3 +514,15 @@ def test_check_gradients__fast_mode_symmetric_tangents_at_m50() -> None:
     bad = general.row("varsqrt", "eta2")
     assert not bad.passed and "looks symmetric" in bad.hint and "too large to re-run" in bad.note
     assert bad.worst_abs_error > 1e3 * symmetric.row("varsqrt", "eta2").max_abs_error
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__wrong_custom_gradient_float32(mode: str) -> None:
+    x, y = X0.astype(np.float32), Y0.astype(np.float32)
+    report = nd.check_gradients(two_outputs, [x, y], mode=mode)
+    assert [r.passed for r in report.rows] == [False, True, True, True]
+    assert (report.eps, report.rtol, report.atol) == (1e-3, 2e-2, 2e-3)
+    bad = report.row(0, 0)
+    assert bad.worst_entry == "∂y0[2]/∂x0[2]"
+    # closed form in float32: 2x against 3x at x = 2
+    np.testing.assert_allclose([bad.numerical, bad.analytical], [4.0, 6.0], rtol=1e-3)
