@@ -1,0 +1,160 @@
+"""The compiled natgrad_trace: same numbers as the eager path and GPflow, same errors, traced once per key."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpflow.optimizers import NaturalGradient, XiNat, XiSqrtMeanVar
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import natgrad_diag as nd
+from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError, SingularCovarianceError, StepFailedError
+from natgrad_diag import trace as trace_module
+from natgrad_diag.trace import trace_count
+from tests.conftest import random_q
+
+XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
+ARRAY_FIELDS = [f.name for f in dataclasses.fields(nd.NatGradTrace) if f.name not in ("gamma", "xi_transform")]
+
+
+def _setup(M: int, L: int, seed: int, scale: float = 0.1):
+    q_mu, q_sqrt = random_q(M, L, seed=seed)
+    p_mu = gpflow.Parameter(q_mu)
+    p_sq = gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
+    rng = np.random.default_rng(seed + 100)
+    g_mu = tf.constant(rng.normal(size=p_mu.unconstrained_variable.shape) * scale)
+    g_sq = tf.constant(rng.normal(size=p_sq.unconstrained_variable.shape) * scale)
+    return p_mu, p_sq, g_mu, g_sq
+
+
+def _compiled_only(**kwargs):
+    """natgrad_trace(compiled=True), failing if it fell back to the eager reference path."""
+
+    def _no_eager(*a, **k):
+        pytest.fail("the compiled path fell back to the eager path")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trace_module, "_natgrad_trace_eager", _no_eager)
+        return nd.natgrad_trace(**kwargs, compiled=True)
+
+
+def _assert_same_trace(a: nd.NatGradTrace, b: nd.NatGradTrace) -> None:
+    """Equal to rounding: Grappler may reorder a floating-point sum, nothing more."""
+    for name in ARRAY_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.shape == y.shape and x.dtype == y.dtype, name
+        scale = max(1.0, float(np.max(np.abs(y), initial=0.0)))
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * scale, err_msg=name)
+    assert (a.gamma, a.xi_transform) == (b.gamma, b.xi_transform)
+
+
+@pytest.mark.parametrize("xi_name", ["XiNat", "XiSqrtMeanVar"])
+@pytest.mark.parametrize("L", [1, 3])
+def test_natgrad_trace__compiled_equals_eager(xi_name, L):
+    p_mu, p_sq, g_mu, g_sq = _setup(5, L, seed=L)
+    eager = nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, gamma=0.3, xi_transform=XI[xi_name](), compiled=False)
+    comp = _compiled_only(q_mu=p_mu, q_sqrt=p_sq, q_mu_grad=g_mu, q_sqrt_grad=g_sq, gamma=0.3, xi_transform=XI[xi_name]())
+    _assert_same_trace(comp, eager)
+
+
+@settings(max_examples=15)
+@given(M=st.integers(1, 6), L=st.integers(1, 3), seed=st.integers(0, 10_000), gamma=st.sampled_from([1.0, 0.5, 0.01]))
+def test_natgrad_trace__compiled_equals_eager__property(M, L, seed, gamma):
+    p_mu, p_sq, g_mu, g_sq = _setup(M, L, seed=seed, scale=0.05)
+    _assert_same_trace(
+        _compiled_only(q_mu=p_mu, q_sqrt=p_sq, q_mu_grad=g_mu, q_sqrt_grad=g_sq, gamma=gamma),
+        nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, gamma=gamma, compiled=False),
+    )
+
+
+@pytest.mark.parametrize("xi_name", ["XiNat", "XiSqrtMeanVar"])
+def test_natgrad_trace__compiled_step_equals_gpflow_optimizer_and_is_read_only(xi_name):
+    """Oracle: GPflow's public NaturalGradient on deep copies, with a linear loss with these gradients."""
+    p_mu, p_sq, g_mu, g_sq = _setup(6, 2, seed=4)
+    before = [p_mu.unconstrained_variable.numpy().copy(), p_sq.unconstrained_variable.numpy().copy()]
+    t = _compiled_only(q_mu=p_mu, q_sqrt=p_sq, q_mu_grad=g_mu, q_sqrt_grad=g_sq, gamma=0.5, xi_transform=XI[xi_name]())
+    mu_c, sq_c = copy.deepcopy(p_mu), copy.deepcopy(p_sq)
+
+    def loss() -> tf.Tensor:
+        return tf.reduce_sum(g_mu * mu_c.unconstrained_variable) + tf.reduce_sum(g_sq * sq_c.unconstrained_variable)
+
+    NaturalGradient(gamma=0.5, xi_transform=XI[xi_name]()).minimize(loss, [(mu_c, sq_c)])
+    np.testing.assert_allclose(t.new_q_mu, mu_c.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(t.new_q_sqrt, sq_c.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(p_mu.unconstrained_variable.numpy(), before[0])
+    np.testing.assert_array_equal(p_sq.unconstrained_variable.numpy(), before[1])
+
+
+def test_natgrad_trace__compiled_default_seed_is_tape_gradient_with_no_output_gradients():
+    """dtheta_deta from the compiled step against the user's literal tape.gradient(meanvarsqrt, [eta1, eta2])."""
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
+
+    p_mu, p_sq, g_mu, g_sq = _setup(4, 2, seed=8)
+    t = _compiled_only(q_mu=p_mu, q_sqrt=p_sq, q_mu_grad=g_mu, q_sqrt_grad=g_sq)
+    with tf.GradientTape(persistent=True) as tape:
+        eta1, eta2 = meanvarsqrt_to_expectation(tf.convert_to_tensor(p_mu), tf.convert_to_tensor(p_sq))
+        mvs = expectation_to_meanvarsqrt(eta1, eta2)
+    d1, d2 = tape.gradient(mvs, [eta1, eta2])
+    np.testing.assert_allclose(t.dtheta_deta1, d1.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(t.dtheta_deta2, d2.numpy(), rtol=0, atol=1e-12)
+
+
+# ---- tracing ----------------------------------------------------------------------------------------
+
+
+def test_natgrad_trace__repeated_calls_of_one_shape_trace_once():
+    p_mu, p_sq, g_mu, g_sq = _setup(7, 2, seed=0)
+    nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, compiled=True)
+    before = trace_count()
+    for k in range(5):  # new values, new gamma, new Parameters: same shapes, dtype and transforms
+        a = _setup(7, 2, seed=k + 1)
+        nd.natgrad_trace(*a, gamma=0.1 * (k + 1), compiled=True)
+    assert trace_count() == before
+    nd.natgrad_trace(*_setup(8, 2, seed=0), compiled=True)  # a new M
+    nd.natgrad_trace(*_setup(7, 2, seed=0), compiled=True, xi_transform=XiSqrtMeanVar())  # a new ξ class
+    assert trace_count() == before + 2
+
+
+def test_natgrad_trace__default_runs_eagerly_once_then_compiles_once():
+    shape_args = _setup(9, 1, seed=3)  # a shape no other test uses
+    before = trace_count()
+    first = nd.natgrad_trace(*shape_args)
+    assert trace_count() == before  # a one-off call pays no tracing
+    second = nd.natgrad_trace(*shape_args)
+    assert trace_count() == before + 1
+    for _ in range(3):
+        nd.natgrad_trace(*shape_args)
+    assert trace_count() == before + 1
+    _assert_same_trace(second, first)
+
+
+# ---- errors: the compiled path defers to the eager one, so messages are identical ---------------------
+
+
+def _error(args, kwargs, compiled):
+    with pytest.raises(Exception) as e:
+        nd.natgrad_trace(*args, compiled=compiled, **kwargs)
+    return type(e.value), str(e.value)
+
+
+def test_natgrad_trace__compiled_errors_are_the_eager_errors():
+    p_mu, p_sq, g_mu, g_sq = _setup(4, 1, seed=2)
+    bad_grad = g_sq.numpy().copy()
+    bad_grad[0, 3] = np.nan
+    nan_case = ((p_mu, p_sq, g_mu, tf.constant(bad_grad)), {})
+    sq = np.tril(np.eye(4))[None].copy()
+    sq[0, 2, 2] = 0.0
+    singular = ((p_mu, gpflow.Parameter(sq, transform=gpflow.utilities.triangular()), g_mu, g_sq), {})
+    shape = ((p_mu, p_sq, g_mu, tf.zeros((1, 4, 4), tf.float64)), {})
+    too_far = ((p_mu, p_sq, g_mu * 0, -50.0 * tf.ones_like(g_sq)), {"gamma": 1.0})
+    for (args, kwargs), kind in [(nan_case, NonFiniteError), (singular, SingularCovarianceError), (shape, ShapeMismatchError), (too_far, StepFailedError)]:
+        t_c, m_c = _error(args, kwargs, compiled=True)
+        t_e, m_e = _error(args, kwargs, compiled=False)
+        assert t_c is t_e is kind
+        assert m_c == m_e
