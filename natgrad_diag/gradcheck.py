@@ -310,8 +310,9 @@ class GradientCheckReport(Report):
         if others:
             context.append(("Also failed", ", ".join(others)))
         remedy = r.hint or (
-            f"the gradient TensorFlow uses for ∂{r.output}/∂{r.input} is wrong (look at tf.custom_gradient or "
-            "RegisterGradient code on that path); if the function is badly conditioned, pass a larger eps or use float64."
+            f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
+            "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
+            "strongly, larger against rounding) or in float64."
         )
         return JacobianMismatchError(
             f"Output {r.output_index} ({r.output}) with respect to input {r.input_index} ({r.input}): "
