@@ -140,8 +140,8 @@ class BenchReport(Report):
 
     @property
     def ratios(self) -> dict[str, float | None]:
-        """``{"<group> | <what> | M=<M>": ratio}`` for every row."""
-        return {f"{r.group} | {r.what} | M={r.M}": r.ratio for r in self.rows}
+        """``{"<what> vs <baseline>[, M=<M>]": ratio}`` for every row (see each row for its direction)."""
+        return {f"{r.what} vs {r.baseline_name}" + ("" if r.M is None else f", M={r.M}"): r.ratio for r in self.rows}
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()

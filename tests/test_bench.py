@@ -1,0 +1,96 @@
+"""The benchmark's structure (a quick smoke run; nothing is timed against a target here) and the CLI's cold start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from natgrad_diag.bench import BenchReport, BenchRow, run_bench
+from natgrad_diag.exceptions import InputError
+from natgrad_diag.results import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_report() -> BenchReport:
+    return run_bench(sizes=[12], repeats=1, quick=True, progress=False)
+
+
+@pytest.mark.slow
+def test_run_bench__quick_report_has_every_comparison(quick_report):
+    r = quick_report
+    assert isinstance(r, BenchReport) and isinstance(r, Report)
+    assert all(isinstance(row, BenchRow) for row in r.rows)
+    groups = {row.group for row in r.rows}
+    assert any("natgrad_trace" in g for g in groups)
+    assert any("tape.jacobian" in g for g in groups)
+    assert any("vech" in g for g in groups)
+    assert any("peak memory" in g for g in groups)
+    assert any("check_natgrad" in g for g in groups)
+    assert any("command line" in g for g in groups)
+    trace_rows = [row for row in r.rows if row.what == "natgrad_trace"]
+    assert [row.M for row in trace_rows] == [12]
+    for row in trace_rows:
+        assert row.ours > 0 and row.baseline > 0 and row.ratio == pytest.approx(row.ours / row.baseline)
+    speedup = [row for row in r.rows if row.higher_is_better]
+    assert speedup and all(row.ratio == pytest.approx(row.baseline / row.ours) for row in speedup)
+    # the vech stored size is exact: (M + M(M+1)/2) / (M + M²) at M = 20
+    size_row = next(row for row in r.rows if row.what == "vech Jacobian: stored size")
+    assert size_row.ratio == pytest.approx((20 + 210) / (20 + 400))
+
+
+@pytest.mark.slow
+def test_run_bench__checks_are_correctness_only_and_hold(quick_report):
+    names = {c.name for c in quick_report.checks}
+    assert names == {"trace_matches_gpflow", "jacobian_matches_tape", "vech_matches_general", "help_imports_no_tensorflow"}
+    assert quick_report.passed, str(quick_report)
+
+
+@pytest.mark.slow
+def test_run_bench__text_and_json_carry_machine_tables_and_ratios(quick_report):
+    text = str(quick_report)
+    assert "TensorFlow 2." in text and "cores" in text and "ratio" in text and "target" in text
+    assert len(quick_report.sections()) >= 6 and all(s.tables for s in quick_report.sections()[1:])
+    d = json.loads(json.dumps(quick_report.to_dict()))
+    assert d["quick"] is True and d["repeats"] == 1 and d["machine"]["tensorflow"].startswith("2.")
+    assert len(d["ratios"]) == len(d["rows"]) == len(quick_report.rows)
+    assert d["ratios"]["natgrad_trace vs _natgrad_apply_gradients, M=12"] == pytest.approx(quick_report.rows[0].ratio)
+    assert "natgrad_map_jacobian vs tape.jacobian, eager, M=10" in d["ratios"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [({"sizes": [1]}, "sizes"), ({"sizes": "abc"}, "sizes"), ({"sizes": [2.5]}, "sizes"), ({"repeats": 0}, "repeats"), ({"repeats": True}, "repeats")],
+)
+def test_run_bench__bad_arguments_are_refused_before_any_work(kwargs, fragment):
+    with pytest.raises(InputError, match=fragment):
+        run_bench(progress=False, **kwargs)
+
+
+def test_cli_parser__builds_without_importing_tensorflow():
+    code = (
+        "import sys; from natgrad_diag.cli import build_parser; p = build_parser(); "
+        "a = p.parse_args(['bench', '--sizes', '50,200', '--quick']); "
+        "print('tensorflow' in sys.modules, 'gpflow' in sys.modules, a.sizes, a.quick)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False", "[50,", "200]", "True"]
+
+
+def test_bench_script__parses_its_options_and_refuses_bad_sizes():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench as script  # scripts/bench.py
+    finally:
+        sys.path.pop(0)
+    args = script.build_parser().parse_args(["--sizes", "50,200", "--repeats", "3", "--quick", "--json"])
+    assert (args.sizes, args.repeats, args.quick, args.json) == ([50, 200], 3, True, True)
+    with pytest.raises(SystemExit):
+        script.build_parser().parse_args(["--sizes", "1,x"])
+    with pytest.raises(SystemExit):
+        script.build_parser().parse_args(["--repeats", "0"])
