@@ -14,6 +14,16 @@ from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+#: GPflow's conversion maps that ``natgrad-diag gradcheck --map`` can check.
+GPFLOW_MAPS = (
+    "expectation_to_meanvarsqrt",
+    "expectation_to_natural",
+    "meanvarsqrt_to_expectation",
+    "meanvarsqrt_to_natural",
+    "natural_to_expectation",
+    "natural_to_meanvarsqrt",
+)
+
 
 def _float_list(text: str) -> list[float]:
     try:
@@ -114,6 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _output_options(p)
 
+    p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
+    p.add_argument("--map", choices=GPFLOW_MAPS, default="expectation_to_meanvarsqrt", help="the GPflow map to check")
+    p.add_argument("--num-inducing", type=_positive_int, default=8, metavar="M")
+    p.add_argument("--num-latent", type=_positive_int, default=2, metavar="L")
+    p.add_argument("--mode", choices=("full", "fast"), default="full")
+    p.add_argument(
+        "--structure", choices=("auto", "general", "symmetric", "lower_triangular"), default="auto",
+        help="structure of the map's matrix input (auto: eta2/nat2 symmetric, varsqrt lower-triangular)",
+    )  # fmt: skip
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eps", type=_positive_float, default=None, help="finite-difference step (default from dtype)")
+    p.add_argument("--rtol", type=_positive_float, default=None)
+    p.add_argument("--atol", type=_positive_float, default=None)
+    _output_options(p)
+
     p = sub.add_parser("bench", help="time natgrad-diag against TensorFlow and GPflow; prints ratios")
     p.add_argument("--sizes", type=_int_list, default=None, help="comma-separated M values")
     p.add_argument("--repeats", type=_positive_int, default=5)
@@ -182,6 +208,13 @@ def _run(args: argparse.Namespace) -> Any:
             mode=args.mode,
             seed=args.seed,
         )
+    if command == "gradcheck":
+        from .gradcheck import gradcheck_cli
+
+        return gradcheck_cli(
+            map=args.map, num_inducing=args.num_inducing, num_latent=args.num_latent, mode=args.mode,
+            structure=args.structure, dtype=args.dtype, seed=args.seed, eps=args.eps, rtol=args.rtol, atol=args.atol,
+        )  # fmt: skip
     if command == "bench":
         from .bench import run_bench
 

@@ -57,3 +57,12 @@ def test_cli__help_does_not_import_tensorflow():
     code = "import sys; from natgrad_diag.cli import build_parser; build_parser(); import natgrad_diag; print('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_cli__gradcheck_structure_general_fails_on_eta2_and_auto_passes(capsys):
+    """The symmetric false mismatch through the CLI: exit 1 with general, 0 with the inferred structure."""
+    assert main(["gradcheck", "--num-inducing", "3", "--num-latent", "1", "--structure", "general", "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in d["checks"] if not c["passed"]] == ["dvarsqrt/deta2"]
+    assert main(["gradcheck", "--num-inducing", "3", "--num-latent", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True
