@@ -612,8 +612,10 @@ def jacobian(
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: columns (or rows) per chunk; default: about 1/32 of the Jacobian per chunk,
             between 4 MiB and 16 MiB, and at least 128 columns (rows).
-        mode: ``"forward"`` (column chunks), ``"reverse"`` (row chunks) or ``"auto"`` (forward when
-            there are fewer stored columns than rows, else reverse).
+        mode: ``"forward"`` (column chunks, ``ForwardAccumulator``), ``"reverse"`` (row chunks,
+            ``tape.gradient``) or ``"auto"``: reverse, unless a ``symmetric`` input leaves fewer
+            stored columns than rows. Forward mode differentiates the forward computation of a
+            ``tf.custom_gradient`` instead of using its gradient: use ``"reverse"`` for such functions.
         compiled: ``True``: the cached compiled chunks; ``False``: eagerly, no tracing (one
             ``tape.gradient`` per row for up to 256 rows, else ``tape.jacobian``); ``None``
             (default): eager for a first call with at most 64 rows (tracing would cost more than
@@ -691,8 +693,10 @@ def jacobian(
         if not seen:
             _remember(meta_key, (fn, out_shapes, dict_keys, out_dtypes))
         if compiled or seen or n_rows > _EAGER_MAX_ROWS or chunk_size is not None:
-            # ties go to reverse mode: TensorFlow forms many JVPs as the derivative of a VJP (dearer)
-            forward = mode == "forward" or (mode == "auto" and n_cols < n_rows)
+            # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms
+            # many JVPs as the derivative of a VJP), except when vech columns make forward mode the
+            # one with fewer passes
+            forward = mode == "forward" or (mode == "auto" and any(sym) and n_cols < n_rows)
             n_chunked, n_other = (n_cols, n_rows) if forward else (n_rows, n_cols)
             chunk = int(chunk_size) if chunk_size is not None else _auto_chunk(n_chunked, n_other, itemsize, nbytes)
             chunk = min(chunk, n_chunked)

@@ -158,3 +158,24 @@ def test_natgrad_trace__compiled_errors_are_the_eager_errors():
         t_e, m_e = _error(args, kwargs, compiled=False)
         assert t_c is t_e is kind
         assert m_c == m_e
+
+
+@settings(max_examples=20)
+@given(M=st.integers(1, 7), L=st.integers(1, 3), seed=st.integers(0, 10_000))
+def test_default_seed_gradient__closed_form_equals_tape_gradient_with_a_seed_of_ones(M, L, seed):
+    """The compiled path's Jᵀ·1 against TensorFlow's own backward pass with output_gradients=None."""
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+
+    from natgrad_diag.trace import default_seed_gradient
+
+    q_mu, q_sqrt = random_q(M, L, seed=seed)
+    eta1 = tf.constant(q_mu)
+    eta2 = tf.constant(q_sqrt @ np.transpose(q_sqrt, (0, 2, 1)) + np.einsum("ml,nl->lmn", q_mu, q_mu))
+    with tf.GradientTape() as tape:
+        tape.watch([eta1, eta2])
+        mvs = expectation_to_meanvarsqrt(eta1, eta2)
+    want1, want2 = tape.gradient(mvs, [eta1, eta2])
+    got1, got2 = default_seed_gradient(eta1, mvs[1])
+    scale = max(1.0, float(np.max(np.abs(want2.numpy()))))
+    np.testing.assert_allclose(got1.numpy(), want1.numpy(), rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(got2.numpy(), want2.numpy(), rtol=0, atol=1e-12 * scale)
