@@ -306,6 +306,27 @@ def test_gradient_mapping__scale_transform_on_q_mu_warns_with_the_right_error():
     assert report.check("reproduction").passed  # natgrad-diag reproduces GPflow, mistake included
 
 
+def test_gradient_mapping__softplus_diagonal_on_q_sqrt_is_flagged_with_the_right_error():
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=10)
+    X, Y = (tf.constant(a) for a in data)
+    with tf.GradientTape() as tape:  # oracle: the true ∂L/∂L_S (lower triangle) with GPflow's FillTriangular
+        loss = model.training_loss((X, Y))
+    true_c = gpflow.utilities.triangular().forward(tape.gradient(loss, model.q_sqrt.unconstrained_variable)).numpy()
+    T = tfp.bijectors.FillScaleTriL(diag_bijector=tfp.bijectors.Softplus(), diag_shift=None)
+    model.q_sqrt = gpflow.Parameter(model.q_sqrt.numpy(), transform=T)
+    with tf.GradientTape() as tape:
+        loss = model.training_loss((X, Y))
+    gpflow_map = T.forward(tape.gradient(loss, model.q_sqrt.unconstrained_variable)).numpy()  # what GPflow uses
+    before = _snapshot(model)
+    with pytest.warns(UserWarning, match="q_sqrt has the transform FillScaleTriL"):
+        report = nc.check_natgrad(model, data, mode="fast")
+    _assert_untouched(model, before)
+    c = report.check("gradient_mapping")
+    assert not c.passed
+    assert c.max_abs_error == pytest.approx(np.max(np.abs(gpflow_map - true_c)), rel=1e-9)
+    assert c.max_abs_error > 1e-3
+
+
 def test_gradient_mapping__default_transforms_are_exact():
     model, data = make_model("svgp", "bernoulli", num_inducing=5, num_data=10)
     with warnings.catch_warnings():
