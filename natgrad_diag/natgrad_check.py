@@ -767,7 +767,7 @@ def _check_reproduction(ctx: _Ctx, step: _Step, gp_mu: np.ndarray | None, gp_sq:
                 if agree else "natgrad-diag's step and GPflow's NaturalGradient agree on whether the step succeeds"
             ),
             passed=agree,
-            detail=f"natgrad-diag: {step.error or 'step succeeded'}; GPflow: {gp_error or 'step succeeded'}.",
+            detail=f"natgrad-diag: {(step.error or 'step succeeded').rstrip('.')}; GPflow: {(gp_error or 'step succeeded').rstrip('.')}.",
         )
     want = (gp_mu, gp_sq)
     err = _maxdiff((step.new_q_mu, step.new_q_sqrt), want)
@@ -1326,7 +1326,7 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
         detail = f"loss {step.loss!r} → {loss_after!r} ({'lower' if change < 0 else 'HIGHER'} by {format_number(abs(change))}).{hint}"
     else:
         claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid"
-        detail = f"{why}.{f32_note}{hint}"
+        detail = f"{why.rstrip('.')}.{f32_note}{hint}"
     ctx.checks.append(Check(name="step_health", claim=claim, passed=bool(healthy), detail=detail))
     advance()
 
