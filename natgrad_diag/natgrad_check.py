@@ -476,6 +476,9 @@ class _FastEngine:
         import gpflow
         import tensorflow as tf
 
+        # A weak reference: the engine lives in a WeakKeyDictionary keyed by the model, so it must not keep the
+        # model alive (the compiled graphs hold the variables they read, not the model).
+        model_ref = weakref.ref(model)
         self.scratch = gpflow.utilities.deepcopy(model)
         dtype = model.q_mu.dtype
         self.gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
@@ -500,6 +503,7 @@ class _FastEngine:
 
         @tf.function
         def run(data: Any, gamma: Any) -> dict[str, Any]:
+            model = model_ref()
             loss, g_mu, g_sq = _loss_and_grads(model, data if has_data else None)
             # only what the checks use, so that the graph prunes the rest (the default-seed gradient Jᵀ·1)
             out = {k: v for k, v in _step_tensors(model, g_mu, g_sq, gamma, xi).items() if k in keep}
@@ -511,12 +515,12 @@ class _FastEngine:
 
         @tf.function
         def grads_only(data: Any) -> dict[str, Any]:
-            loss, g_mu, g_sq = _loss_and_grads(model, data if has_data else None)
+            loss, g_mu, g_sq = _loss_and_grads(model_ref(), data if has_data else None)
             return dict(loss=loss, g_mu=g_mu, g_sq=g_sq)
 
         @tf.function
         def ours(g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
-            return _step_tensors(model, g_mu, g_sq, gamma, xi)
+            return _step_tensors(model_ref(), g_mu, g_sq, gamma, xi)
 
         @tf.function
         def gpflow_apply(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
@@ -549,6 +553,8 @@ def _fast_engine(model: Any, xi: Any, has_data: bool) -> _FastEngine:
         tuple(id(v) for v in model.variables),
     )  # fmt: skip
     if key not in per_model:
+        while len(per_model) >= 4:  # replaced parameters or other ξ transforms: keep the newest few
+            per_model.pop(next(iter(per_model)))
         per_model[key] = _FastEngine(model, xi, has_data)
     return per_model[key]
 

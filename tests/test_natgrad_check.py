@@ -478,3 +478,27 @@ def test_property__fast_mode_reproduces_gpflow_for_any_gamma_and_q(gamma, seed):
         np.testing.assert_allclose(report.new_q_sqrt, oracle.q_sqrt.numpy(), atol=1e-10, rtol=0)
         np.testing.assert_allclose(report.new_q_mu, oracle.q_mu.numpy(), atol=1e-10, rtol=0)
     assert report.check("reproduction").passed
+
+
+def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
+    import gc
+    import weakref
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
+    nc.check_natgrad(model, data, mode="fast")
+    assert model in nc._ENGINES
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
+    model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30, dtype="float32")
+    before = _snapshot(model)
+    report = nc.check_natgrad(model, data, gamma=5.0, mode="fast")
+    _assert_untouched(model, before)
+    health = report.check("step_health")
+    assert not health.passed and "float32" in health.detail
+    assert report.suggested_gamma is not None and report.suggested_gamma < 5.0
+    _assert_no_nan_numbers(json.loads(json.dumps(report.to_dict())))
