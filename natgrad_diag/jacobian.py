@@ -793,16 +793,19 @@ def _run_chunks(
             _CACHE[key] = entry
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
-    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype)
+    # column chunks go into a column-major array, row chunks into a row-major one: each chunk is then
+    # one contiguous write (blocks stay views either way: splitting an axis never needs a copy)
+    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
     n_chunked = n_cols if forward else n_rows
     for start in range(0, n_chunked, chunk):
         stop = min(start + chunk, n_chunked)
-        res = entry.chunk_fn(*xs, tf.constant(start, tf.int32)).numpy()  # [chunk, other]
+        res = entry.chunk_fn(*xs, tf.constant(start, tf.int32))  # [chunk, other]
+        view = np.asarray(res)  # no copy: read once, straight into ``out``
         if forward:
-            out[:, start:stop] = res[: stop - start].T
+            out[:, start:stop] = view[: stop - start].T
         else:
-            out[start:stop, :] = res[: stop - start]
-        del res
+            out[start:stop, :] = view[: stop - start]
+        del view, res
     return out
 
 
