@@ -1076,6 +1076,17 @@ def _check_conjugate(ctx: _Ctx) -> list[Check]:
     return checks
 
 
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first caller outside natgrad_diag."""
+    import sys
+
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("natgrad_diag"):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def _is_isometric(transform: Any) -> bool:
     import tensorflow_probability as tfp
 
@@ -1135,7 +1146,7 @@ def _check_gradient_mapping(ctx: _Ctx, step: _Step) -> Check:
                 f"the step is not a natural-gradient step. Use gpflow.utilities.triangular() for q_sqrt and no transform for q_mu."
             )
             ctx.warnings.append(msg)
-            warnings.warn(msg, UserWarning, stacklevel=4)
+            warnings.warn(msg, UserWarning, stacklevel=_user_stacklevel())
     return Check(
         name="gradient_mapping",
         claim=(
@@ -1254,7 +1265,6 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
     else:
         step, fast_out = _take_step_fast(ctx, engine)
     advance()
-    loss_before = step.loss if np.isfinite(step.loss) else None
     if not _finite(step.loss, step.g_mu, step.g_sq):
         f32 = ctx.np_dtype == np.float32
         msg = (
