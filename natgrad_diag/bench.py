@@ -515,7 +515,7 @@ def _bench_cli(repeats: int, quick: bool, checks: list[Check]) -> list[BenchRow]
     meets = None if t_explain is None or t_gpflow is None else t_explain <= t_gpflow + 2.0
     rows.append(BenchRow(group, "natgrad-diag (explain)", None, t_explain, "python -c 'import gpflow'", t_gpflow,
                          None if meets is None else t_explain / t_gpflow, "≤ import + 2 s", meets,
-                         note="" if meets is None else f"+{t_explain - t_gpflow:.2f} s"))  # fmt: skip
+                         note="" if meets is None else f"{t_explain - t_gpflow:+.2f} s"))  # fmt: skip
     return rows
 
 
