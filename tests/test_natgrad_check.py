@@ -478,6 +478,7 @@ def test_property__fast_mode_reproduces_gpflow_for_any_gamma_and_q(gamma, seed):
         np.testing.assert_allclose(report.new_q_sqrt, oracle.q_sqrt.numpy(), atol=1e-10, rtol=0)
         np.testing.assert_allclose(report.new_q_mu, oracle.q_mu.numpy(), atol=1e-10, rtol=0)
     assert report.check("reproduction").passed
+    assert report.check("fisher_identity").passed  # the closed-form F·∇ηL = ∇θL at every q(u)
 
 
 def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
