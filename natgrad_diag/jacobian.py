@@ -492,6 +492,13 @@ def _build_chunk_fn(
     zero = tf.UnconnectedGradients.ZERO
     layouts = [vech_layout(s) if sy else None for s, sy in zip(in_shapes, sym)]
 
+    def batched(one: Callable[[Any], Any], elems: Any, width: int) -> Any:
+        # pfor (vectorized_map) in float64; a tf.map_fn loop otherwise, because TensorFlow 2.21's pfor
+        # crashes the process (SIGSEGV) on a float32 Cholesky gradient
+        if dtype == tf.float64:
+            return tf.vectorized_map(one, elems)
+        return tf.map_fn(one, elems, fn_output_signature=tf.TensorSpec([width], dtype))
+
     def flat_outputs(ys: Any) -> list[Any]:
         return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
 
@@ -512,7 +519,7 @@ def _build_chunk_fn(
             cols = [tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys]
             return tf.concat(cols, axis=0) if len(cols) > 1 else cols[0]
 
-        return tf.vectorized_map(one, tuple(tangents))
+        return batched(one, tuple(tangents), n_out)
 
     def reverse_chunk(*args: Any) -> Any:
         _TRACE_COUNTS["jacobian_chunk"] += 1
@@ -528,7 +535,7 @@ def _build_chunk_fn(
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
             return tf.concat([tf.reshape(g, [-1]) for g in gs], axis=0) if len(gs) > 1 else tf.reshape(gs[0], [-1])
 
-        rows = tf.vectorized_map(one, cots)  # [chunk, Σ input sizes]
+        rows = batched(one, cots, int(sum(in_sizes)))  # [chunk, Σ input sizes]
         if not any(sym):
             return rows
         pieces = tf.split(rows, in_sizes, axis=1) if len(in_sizes) > 1 else [rows]

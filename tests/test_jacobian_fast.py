@@ -291,3 +291,25 @@ def test_jacobian__bad_symmetric_flags_are_refused_with_the_argument_named():
 def test_jacobian__bad_mode_or_chunk_size_is_refused(kwargs, fragment):
     with pytest.raises(InputError, match=fragment):
         nd.jacobian(tf.sin, [np.ones(3)], **kwargs)
+
+
+_FLOAT32 = r"""
+import numpy as np
+import tensorflow as tf
+from natgrad_diag.bench import _natgrad_map_fixture
+from natgrad_diag.jacobian import natgrad_map_jacobian
+e1, e2 = _natgrad_map_fixture(9)
+for sym in (True, False):
+    J32 = natgrad_map_jacobian(tf.cast(e1, tf.float32), tf.cast(e2, tf.float32), symmetric=sym, chunk_size=16)
+    J64 = natgrad_map_jacobian(e1, e2, symmetric=sym, chunk_size=16)
+    assert J32.compact.dtype == np.float32
+    print(float(np.max(np.abs(J32.compact - J64.compact)) / np.max(np.abs(J64.compact))))
+"""
+
+
+def test_natgrad_map_jacobian__float32_runs_and_agrees_with_float64():
+    """TensorFlow's pfor crashes the process on a float32 Cholesky gradient: run it in a subprocess."""
+    out = subprocess.run([sys.executable, "-c", _FLOAT32], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errors = [float(v) for v in out.stdout.split()]
+    assert len(errors) == 2 and max(errors) < 1e-5
