@@ -442,12 +442,10 @@ _CACHE_SIZE = 32
 _LOCK = threading.Lock()
 
 
-def trace_count(kind: str = "jacobian_chunk") -> int:
-    """How many times a compiled function of this module has been traced (for tests and the bench).
-
-    ``kind`` is ``"jacobian_chunk"`` (a chunk of a dense Jacobian) or ``"jacobian_shapes"``.
-    """
-    return _TRACE_COUNTS[kind]
+def trace_count() -> int:
+    """How many times a compiled Jacobian chunk function has been traced in this process (for tests:
+    repeated calls with the same function, shapes and options must not add to it)."""
+    return _TRACE_COUNTS["jacobian_chunk"]
 
 
 @dataclass
@@ -716,7 +714,8 @@ def jacobian(
             tape.watch(xs)
             outputs = fn(*xs)
         ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
-    if compact is None and n_rows <= _EAGER_LOOP_MAX_ROWS:
+    if compact is None and (n_rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64):
+        # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
         compact = _eager_rows(tape, ys, xs, sym, n_rows, n_cols)
     if compact is not None:
         del tape

@@ -78,6 +78,7 @@ def test_natgrad_map_jacobian__general_equals_tape_jacobian(M, L):
 shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
 
 
+@pytest.mark.slow
 @settings(max_examples=15)
 @given(xshape=shapes, yshape=shapes, chunk=st.integers(1, 9), mode=st.sampled_from(["forward", "reverse"]), seed=st.integers(0, 10_000))
 def test_jacobian_chunks__property_equals_tape_jacobian(xshape, yshape, chunk, mode, seed):
