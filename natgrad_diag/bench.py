@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .exceptions import InputError
-from .results import Check, Report, Section, Table, format_number, to_jsonable
+from .results import Check, Report, Section, Table, to_jsonable
 
 __all__ = ["BenchReport", "BenchRow", "DEFAULT_SIZES", "QUICK_SIZES", "run_bench"]
 
