@@ -179,3 +179,16 @@ def test_default_seed_gradient__closed_form_equals_tape_gradient_with_a_seed_of_
     scale = max(1.0, float(np.max(np.abs(want2.numpy()))))
     np.testing.assert_allclose(got1.numpy(), want1.numpy(), rtol=0, atol=1e-12 * scale)
     np.testing.assert_allclose(got2.numpy(), want2.numpy(), rtol=0, atol=1e-12 * scale)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "variable", "tensor"])
+def test_natgrad_trace__compiled_accepts_arrays_variables_and_tensors(kind):
+    """Identity transform: the compiled step on plain values equals the eager one, and reads only."""
+    q_mu, q_sqrt = random_q(4, 2, seed=6)
+    rng = np.random.default_rng(3)
+    g_mu, g_sq = rng.normal(size=(4, 2)) * 0.1, np.tril(rng.normal(size=(2, 4, 4))) * 0.1
+    wrap = {"numpy": np.array, "variable": tf.Variable, "tensor": tf.constant}[kind]
+    args = dict(q_mu=wrap(q_mu), q_sqrt=wrap(q_sqrt), q_mu_grad=wrap(g_mu), q_sqrt_grad=wrap(g_sq), gamma=0.2)
+    comp = _compiled_only(**args)
+    _assert_same_trace(comp, nd.natgrad_trace(**args, compiled=False))
+    np.testing.assert_array_equal(np.asarray(args["q_sqrt"]), q_sqrt)
