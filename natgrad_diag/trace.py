@@ -284,7 +284,7 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any, ...], *, build: bool) -> Any:
+def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
     """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false."""
     import tensorflow as tf
 
@@ -316,6 +316,8 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, signature: tuple[Any
             return out
 
         # traced here, once for this key; calling the concrete function skips tf.function's dispatch
+        shapes, dtype = key[0], tf.as_dtype(key[1])
+        signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
         fn = tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
         fn._natgrad_diag_keep = (xi, t_mu, t_sq)  # keep the keyed objects alive with the function
         _COMPILED[key] = fn
@@ -349,9 +351,8 @@ def _natgrad_trace_compiled(
     if k_mu is None or k_sq is None:
         return None
     key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
-    signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
     try:
-        fn = _compiled_step(key, xi, t_mu, t_sq, signature, build=build or key in _SEEN)
+        fn = _compiled_step(key, xi, t_mu, t_sq, build=build or key in _SEEN)
         if fn is None:
             return None
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
