@@ -58,6 +58,9 @@ GAMMA_GRID = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
 #: mode="auto" runs the full checks (explicit Jacobians) when M·L is at most this.
 AUTO_FULL_MAX_ML = 50
 
+#: fast mode checks the Fisher identity (matrix-free, about one more step's cost) up to this M unless told.
+FAST_FISHER_MAX_M = 256
+
 _MODES = ("auto", "full", "fast")
 
 
@@ -289,6 +292,7 @@ class _Ctx:
     np_dtype: Any
     M: int
     L: int
+    fisher: bool = True
     checks: list[Check] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -472,7 +476,7 @@ class _FastEngine:
     When a Cholesky fails inside the graph, ``grads_only`` and ``gpflow_apply`` find out which part failed.
     """
 
-    def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
+    def __init__(self, model: Any, xi: Any, has_data: bool, fisher: bool = True) -> None:
         import gpflow
         import tensorflow as tf
 
@@ -509,8 +513,9 @@ class _FastEngine:
             out = {k: v for k, v in _step_tensors(model, g_mu, g_sq, gamma, xi).items() if k in keep}
             out.update(loss=loss, g_mu=g_mu, g_sq=g_sq)
             out.update(gpflow_update(data, g_mu, g_sq, gamma))
-            q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
-            out.update(_fisher_matrix_free_tensors(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
+            if fisher:
+                q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
+                out.update(_fisher_matrix_free_tensors(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
             return out
 
         @tf.function
@@ -545,17 +550,17 @@ class _FastEngine:
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _fast_engine(model: Any, xi: Any, has_data: bool) -> _FastEngine:
+def _fast_engine(model: Any, xi: Any, has_data: bool, fisher: bool = True) -> _FastEngine:
     per_model = _ENGINES.setdefault(model, {})
     # the compiled graphs capture the model's variables: a replaced Parameter needs a new engine
     key = (
-        type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0, has_data,
+        type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0, has_data, fisher,
         tuple(id(v) for v in model.variables),
     )  # fmt: skip
     if key not in per_model:
         while len(per_model) >= 4:  # replaced parameters or other ξ transforms: keep the newest few
             per_model.pop(next(iter(per_model)))
-        per_model[key] = _FastEngine(model, xi, has_data)
+        per_model[key] = _FastEngine(model, xi, has_data, fisher)
     return per_model[key]
 
 
@@ -1188,6 +1193,7 @@ def check_natgrad(
     atol: float | None = None,
     fisher_rtol: float | None = None,
     conjugate_rtol: float | None = None,
+    fisher: bool | None = None,
     progress: bool = True,
 ) -> NatGradReport:
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
@@ -1210,6 +1216,8 @@ def check_natgrad(
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance; None means ``XiNat()``.
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".
         rtol, atol, fisher_rtol, conjugate_rtol: override :func:`natgrad_tolerances` for the model's dtype.
+        fisher: run the Fisher-identity check in fast mode (it costs about one more natural-gradient step);
+            None: when M ≤ :data:`FAST_FISHER_MAX_M`. Full mode always runs it.
         progress: show a progress bar (on a terminal) in full mode.
 
     Returns:
@@ -1248,6 +1256,7 @@ def check_natgrad(
     with dtype_context(np_dtype):
         tf_data = _validate_data(model, data, np_dtype)
         ctx = _Ctx(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L)
+        ctx.fisher = resolved == "full" or (M <= FAST_FISHER_MAX_M if fisher is None else bool(fisher))
         n_stages = 6 + (2 if resolved == "full" else 0) + (len(GAMMA_GRID) if resolved == "full" else 0)
         with progress_bar(n_stages if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
             return _run_checks(ctx, advance)
@@ -1258,7 +1267,7 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
     from gpflow.optimizers import XiNat
 
     model = ctx.model
-    engine = _fast_engine(model, ctx.xi, ctx.data is not None) if ctx.mode == "fast" else None
+    engine = _fast_engine(model, ctx.xi, ctx.data is not None, ctx.fisher) if ctx.mode == "fast" else None
     fast_out: dict[str, Any] = {}
     if engine is None:
         step = _take_step_full(ctx)
@@ -1292,7 +1301,10 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
 
     # (b) Fisher identity, and the ξ forward-mode product
     _fill_direction(ctx, step)
-    if step.dL_deta1 is None:
+    if not ctx.fisher:
+        ctx.skipped.append(("fisher_identity", f"fast mode skips it for M > {FAST_FISHER_MAX_M} (it costs about one more "
+                            "step); pass fisher=True, or run mode='full' on a smaller model"))  # fmt: skip
+    elif step.dL_deta1 is None:
         ctx.skipped.append(("fisher_identity", "∂L/∂η could not be computed at the current q(u)"))
     elif ctx.mode == "full":
         from .exceptions import MemoryLimitError

@@ -503,3 +503,13 @@ def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
     assert not health.passed and "float32" in health.detail
     assert report.suggested_gamma is not None and report.suggested_gamma < 5.0
     _assert_no_nan_numbers(json.loads(json.dumps(report.to_dict())))
+
+
+def test_fast_mode__fisher_is_skipped_above_the_limit_unless_asked():
+    model, data = make_model("svgp", "bernoulli", num_inducing=nc.FAST_FISHER_MAX_M + 4, num_data=10)
+    report = nc.check_natgrad(model, data, gamma=0.1)
+    assert report.mode == "fast" and report.passed
+    assert "fisher_identity" in dict(report.skipped) and all(c.name != "fisher_identity" for c in report.checks)
+    small, d = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
+    assert all(c.name != "fisher_identity" for c in nc.check_natgrad(small, d, mode="fast", fisher=False).checks)
+    assert nc.check_natgrad(small, d, mode="fast", fisher=True).check("fisher_identity").passed
