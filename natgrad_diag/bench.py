@@ -199,13 +199,18 @@ def _time_once(fn: Callable[[], Any]) -> float:
 
 
 def _compare(ours: Callable[[], Any], base: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    """Warm up both, then alternate ``repeats`` timed calls of each; the two medians."""
+    """Warm up both, then alternate ``repeats`` timed calls of each (which goes first alternates too,
+    so that a burst of load on a shared machine does not land on one side); the two medians."""
     ours()
     base()
     t_ours, t_base = [], []
-    for _ in range(repeats):
-        t_ours.append(_time_once(ours))
-        t_base.append(_time_once(base))
+    for k in range(repeats):
+        if k % 2:
+            t_base.append(_time_once(base))
+            t_ours.append(_time_once(ours))
+        else:
+            t_ours.append(_time_once(ours))
+            t_base.append(_time_once(base))
     return statistics.median(t_ours), statistics.median(t_base)
 
 
