@@ -308,6 +308,7 @@ for sym in (True, False):
 """
 
 
+@pytest.mark.slow
 def test_natgrad_map_jacobian__float32_runs_and_agrees_with_float64():
     """TensorFlow's pfor crashes the process on a float32 Cholesky gradient: run it in a subprocess."""
     out = subprocess.run([sys.executable, "-c", _FLOAT32], capture_output=True, text=True, timeout=300)
