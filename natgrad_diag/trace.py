@@ -37,7 +37,8 @@ class NatGradTrace:
         dL_dvarsqrt: [L, M, M], ∂L/∂L_S = ``_to_constrained(q_sqrt_grad, q_sqrt.transform)``.
         dL_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1, output_gradients=[dL_dmean, dL_dvarsqrt])`` = Jᵀ·v.
         dL_deta2: [L, M, M], the same for η₂.
-        dtheta_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1)`` with the default seed: Jᵀ·1.
+        dtheta_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1)`` with the default seed: Jᵀ·1 (the
+            compiled path computes it by :func:`default_seed_gradient`, equal to rounding).
         dtheta_deta2: [L, M, M], the same for η₂.
         xi1, xi2: [M, L], [L, M, M], the current ξ = ``xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)``.
         nat_dL_xi1, nat_dL_xi2: the natural gradient in ξ coordinates (= ∂L/∂η for XiNat).
