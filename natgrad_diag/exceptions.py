@@ -44,7 +44,7 @@ def _fmt(value: object) -> str:
 class NatGradDiagError(Exception):
     """Base class of every error natgrad-diag raises."""
 
-    error_message = "natgrad-diag error."
+    error_message = "An error in natgrad-diag."
 
     def __init__(
         self,

@@ -66,3 +66,15 @@ def test_cli__gradcheck_structure_general_fails_on_eta2_and_auto_passes(capsys):
     assert [c["name"] for c in d["checks"] if not c["passed"]] == ["dvarsqrt/deta2"]
     assert main(["gradcheck", "--num-inducing", "3", "--num-latent", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["passed"] is True
+
+
+@pytest.mark.slow
+def test_reproduce_seed_script__runs_the_users_snippet_and_explains_it():
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "reproduce_seed.py"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "dtheta_deta1 * q_mu_grad" in r.stdout and "<- not equal" in r.stdout
+    assert "-0.6255" in r.stdout and "Verdict: all checks hold." in r.stdout
