@@ -271,7 +271,7 @@ def explain_output_gradients(
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
 
-    J = natgrad_map_jacobian(trace.eta1, trace.eta2)
+    J = natgrad_map_jacobian(trace.eta1, trace.eta2, method="autodiff")  # the lesson says: from tape.jacobian
     v = (trace.dL_dmean, trace.dL_dvarsqrt)
     contraction = J.vjp(list(v))
     summed = J.summed_gradient()

@@ -844,6 +844,77 @@ def _natgrad_map(eta1: Any, eta2: Any) -> Any:
     return expectation_to_meanvarsqrt(eta1, eta2)
 
 
+def _natgrad_map_closed_form(eta1: Any, eta2: Any, *, symmetric: bool, max_bytes: int, chunk_size: int | None) -> BlockJacobian:
+    """J of ``expectation_to_meanvarsqrt`` in closed form, one JVP per stored column, in chunks.
+
+    mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt_l = chol(S_l) with
+    S_l = η₂,l − η₁,l η₁,lᵀ, and the derivative of a Cholesky factor C along a symmetric dS is
+    (Murray 2016, "Differentiation of the Cholesky decomposition", eq. 9)
+
+        dC = C·Φ(C⁻¹ dS C⁻ᵀ),    Φ(X) = the lower triangle of X with its diagonal halved.
+
+    Every tangent here is dS = s(p qᵀ + q pᵀ) with p, q columns of C⁻¹ (or w = C⁻¹η₁,l), so
+    C⁻¹ dS C⁻ᵀ = s(C⁻¹p (C⁻¹q)ᵀ + ...) is a rank-2 outer product and a column costs one M×M matmul:
+
+        η₁[m, l]:            dS = −(E_m η₁,lᵀ + η₁,l E_mᵀ)       (p = e_m, q = η₁,l, s = −1)
+        η₂ vech (a, b), a>b: dS = E_ab + E_ba                  (s = 1);   diagonal (a, a): dS = E_aa
+        η₂ general (a, b):   dS = ½(E_ab + E_ba)               (TensorFlow's symmetrised gradient)
+
+    The columns are written into one preallocated array; ``.block(i, j)`` equals ``tape.jacobian``'s.
+    """
+    from .exceptions import SingularCovarianceError
+
+    e1 = np.asarray(eta1)
+    e2 = np.asarray(eta2)
+    if e1.dtype not in (np.float32, np.float64):
+        e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
+    dtype = e1.dtype
+    M, L = e1.shape
+    K2 = M * (M + 1) // 2 if symmetric else M * M
+    n_rows, n_cols = M * L + L * M * M, M * L + L * K2
+    check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
+    out = np.zeros((n_rows, n_cols), dtype=dtype)
+    out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
+    # the stored η₂ columns of one latent GP: (p index, q index, scale) into the columns of C⁻¹
+    if symmetric:
+        a_idx, b_idx = np.tril_indices(M)
+        scale2 = np.ones(len(a_idx), dtype=dtype)
+    else:
+        a_idx, b_idx = (g.ravel() for g in np.meshgrid(np.arange(M), np.arange(M), indexing="ij"))
+        scale2 = np.full(len(a_idx), 0.5, dtype=dtype)  # ½(E_ab + E_ba); on the diagonal E_aa
+    if symmetric:
+        scale2[a_idx == b_idx] = 0.5  # E_aa = ½(c cᵀ + c cᵀ) in the rank-2 form
+    phi = np.tril(np.ones((M, M), dtype=dtype)) - 0.5 * np.eye(M, dtype=dtype)
+    per = max(1, (32 * 1024**2) // (3 * M * M * dtype.itemsize)) if chunk_size is None else int(chunk_size)
+    for l in range(L):
+        S = e2[l] - np.outer(e1[:, l], e1[:, l])
+        try:
+            C = np.linalg.cholesky(S)
+        except np.linalg.LinAlgError:
+            raise SingularCovarianceError(
+                f"eta2 − eta1·eta1ᵀ is not positive definite for latent GP {l}, so varsqrt = chol(·) has no derivative.",
+                context=[("Argument", "eta2"), ("Latent GP", l), ("min eigenvalue", float(np.linalg.eigvalsh(S).min()))],
+                remedy="pass expectation parameters of a valid q(u): eta2 = S + eta1·eta1ᵀ with S positive definite.",
+            ) from None
+        Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
+        w = Cinv @ e1[:, l]
+        # tangents of latent l: η₁ columns (m*L + l) then η₂ columns (M*L + l*K2 + k)
+        P = np.concatenate([Cinv.T, Cinv.T[a_idx]])  # rows are C⁻¹ columns
+        Q = np.concatenate([np.tile(w, (M, 1)), Cinv.T[b_idx]])
+        sc = np.concatenate([-np.ones(M, dtype=dtype), scale2])
+        cols = np.concatenate([np.arange(M) * L + l, M * L + l * K2 + np.arange(K2)])
+        r0 = M * L + l * M * M
+        for k0 in range(0, len(cols), per):
+            p, q, s_ = P[k0 : k0 + per], Q[k0 : k0 + per], sc[k0 : k0 + per]
+            X = p[:, :, None] * q[:, None, :]
+            X = s_[:, None, None] * (X + np.swapaxes(X, 1, 2))
+            dC = np.matmul(C, X * phi)  # [k, M, M]
+            out[r0 : r0 + M * M, cols[k0 : k0 + per]] = dC.reshape(len(s_), M * M).T
+    return BlockJacobian.from_compact(
+        out, ("mean", "varsqrt"), ("eta1", "eta2"), [(M, L), (L, M, M)], [(M, L), (L, M, M)], (False, bool(symmetric))
+    )
+
+
 def natgrad_map_jacobian(
     eta1: Any,
     eta2: Any,
@@ -851,6 +922,7 @@ def natgrad_map_jacobian(
     max_bytes: int = DEFAULT_MAX_BYTES,
     symmetric: bool = True,
     chunk_size: int | None = None,
+    method: str = "closed_form",
 ) -> BlockJacobian:
     """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁, η₂).
 
@@ -859,7 +931,19 @@ def natgrad_map_jacobian(
     symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time
     and memory); ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals
     ``tape.jacobian``'s block, because TensorFlow's Cholesky gradient is symmetrised.
+
+    ``method="closed_form"`` (default) computes each column as a closed-form JVP of the Cholesky factor
+    (see ``_natgrad_map_closed_form``), so its cost is proportional to the number of columns;
+    ``method="autodiff"`` builds the same matrix with TensorFlow through :func:`jacobian`.
     """
+    if method == "closed_form":
+        return _natgrad_map_closed_form(eta1, eta2, symmetric=bool(symmetric), max_bytes=max_bytes, chunk_size=chunk_size)
+    if method != "autodiff":
+        raise InputError(
+            "unknown method.",
+            context=[("Argument", "method"), ("Expected", "'closed_form' or 'autodiff'"), ("Got", repr(method))],
+            remedy="pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).",
+        )
     return jacobian(
         _natgrad_map,
         [eta1, eta2],

@@ -240,10 +240,10 @@ def status(key):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
 M = int(sys.argv[1])
-natgrad_map_jacobian(*_natgrad_map_fixture(6), symmetric=False)
+natgrad_map_jacobian(*_natgrad_map_fixture(6), symmetric=False, method="autodiff")
 open("/proc/self/clear_refs", "w").write("5")
 base = status("VmRSS")
-J = natgrad_map_jacobian(*_natgrad_map_fixture(M), symmetric=False)
+J = natgrad_map_jacobian(*_natgrad_map_fixture(M), symmetric=False, method="autodiff")
 print(json.dumps({"above": status("VmHWM") - base, "nbytes": J.compact.nbytes}))
 """
 
@@ -266,13 +266,13 @@ def test_jacobian__peak_memory_at_M80_is_under_one_and_a_half_jacobians():
 
 def test_jacobian__repeated_calls_of_one_shape_trace_once():
     eta1, eta2 = _eta(5, 1, seed=1)
-    natgrad_map_jacobian(eta1, eta2, chunk_size=11)
+    natgrad_map_jacobian(eta1, eta2, chunk_size=11, method="autodiff")
     before = trace_count()
     for seed in range(4):
         e1, e2 = _eta(5, 1, seed=seed)  # new values, same shapes
-        natgrad_map_jacobian(e1, e2, chunk_size=11)
+        natgrad_map_jacobian(e1, e2, chunk_size=11, method="autodiff")
     assert trace_count() == before
-    natgrad_map_jacobian(*_eta(6, 1, seed=0), chunk_size=11)  # a new shape traces once more
+    natgrad_map_jacobian(*_eta(6, 1, seed=0), chunk_size=11, method="autodiff")  # a new shape traces once more
     assert trace_count() == before + 1
 
 
@@ -315,3 +315,40 @@ def test_natgrad_map_jacobian__float32_runs_and_agrees_with_float64():
     assert out.returncode == 0, out.stderr[-2000:]
     errors = [float(v) for v in out.stdout.split()]
     assert len(errors) == 2 and max(errors) < 1e-5
+
+
+# ---- the closed-form natgrad-map Jacobian ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M,L", [(1, 1), (1, 3), (4, 2), (7, 1)])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["vech", "general"])
+def test_natgrad_map_jacobian__closed_form_equals_tensorflow(M, L, symmetric):
+    """The closed-form JVP columns against TensorFlow's own Jacobian (tape.jacobian, and the autodiff path)."""
+    eta1, eta2 = _eta(M, L, seed=10 * M + L)
+    J = natgrad_map_jacobian(eta1, eta2, symmetric=symmetric, chunk_size=3)
+    A = natgrad_map_jacobian(eta1, eta2, symmetric=symmetric, method="autodiff")
+    want = _tape_blocks(_gpflow_map, [eta1, eta2])
+    np.testing.assert_allclose(J.compact, A.compact, rtol=1e-11, atol=1e-12)
+    for i in range(2):
+        for j in range(2):
+            np.testing.assert_allclose(J.block(i, j), want[i][j], rtol=1e-11, atol=1e-12, err_msg=f"block {i},{j}")
+    assert J.compact.shape == (M * L + L * M * M, M * L + L * (M * (M + 1) // 2 if symmetric else M * M))
+
+
+def test_natgrad_map_jacobian__closed_form_float32_against_float64():
+    eta1, eta2 = _eta(4, 2, seed=3)
+    J64 = natgrad_map_jacobian(eta1, eta2)
+    J32 = natgrad_map_jacobian(eta1.astype(np.float32), eta2.astype(np.float32))
+    assert J32.dtype == np.float32
+    np.testing.assert_allclose(J32.compact, J64.compact, rtol=1e-3, atol=1e-4)
+
+
+def test_natgrad_map_jacobian__not_positive_definite_is_named():
+    from natgrad_diag.exceptions import SingularCovarianceError
+
+    eta1 = np.array([[2.0], [0.0]])
+    eta2 = np.eye(2)[None]  # S = eta2 - eta1 eta1ᵀ has eigenvalue 1 - 4 < 0
+    with pytest.raises(SingularCovarianceError, match=r"latent GP 0(.|\n)*Argument:\s+eta2"):
+        natgrad_map_jacobian(eta1, eta2)
+    with pytest.raises(InputError, match="method"):
+        natgrad_map_jacobian(eta1, eta2, method="magic")
