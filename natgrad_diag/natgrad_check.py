@@ -469,11 +469,11 @@ def _xi_jvp_tensors(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, xi: An
 class _FastEngine:
     """Compiled (tf.function) pieces for one model, ξ transform and data signature, reused across calls.
 
-    ``run`` computes, in one graph: the loss and its gradients (GPflow's tape), natgrad-diag's step
+    ``run`` computes, in compiled pieces called in turn: the loss and its gradients (GPflow's tape), natgrad-diag's step
     (``natgrad_tensors``), GPflow's own update ``NaturalGradient._natgrad_apply_gradients`` applied with the same
     gradients to a scratch deep copy of the model, the loss after GPflow's step, and the matrix-free Fisher
     products. The scratch copy's variables are overwritten from the model's at every call; the model is only read.
-    When a Cholesky fails inside the graph, ``grads_only`` and ``gpflow_apply`` find out which part failed.
+    When a Cholesky fails inside a piece, ``_take_step_fast`` finds out which part failed.
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool, fisher: bool = True) -> None:
@@ -504,19 +504,7 @@ class _FastEngine:
             )  # fmt: skip
 
         keep = ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt")
-
-        @tf.function
-        def run(data: Any, gamma: Any) -> dict[str, Any]:
-            model = model_ref()
-            loss, g_mu, g_sq = _loss_and_grads(model, data if has_data else None)
-            # only what the checks use, so that the graph prunes the rest (the default-seed gradient Jᵀ·1)
-            out = {k: v for k, v in _step_tensors(model, g_mu, g_sq, gamma, xi).items() if k in keep}
-            out.update(loss=loss, g_mu=g_mu, g_sq=g_sq)
-            out.update(gpflow_update(data, g_mu, g_sq, gamma))
-            if fisher:
-                q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
-                out.update(_fisher_matrix_free_tensors(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
-            return out
+        fisher_on = fisher
 
         @tf.function
         def grads_only(data: Any) -> dict[str, Any]:
@@ -525,7 +513,8 @@ class _FastEngine:
 
         @tf.function
         def ours(g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
-            return _step_tensors(model_ref(), g_mu, g_sq, gamma, xi)
+            # only what the checks use, so that the graph prunes the rest (the default-seed gradient Jᵀ·1)
+            return {k: v for k, v in _step_tensors(model_ref(), g_mu, g_sq, gamma, xi).items() if k in keep}
 
         @tf.function
         def gpflow_apply(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
@@ -534,6 +523,20 @@ class _FastEngine:
         @tf.function
         def fisher(q_mu: Any, q_sqrt: Any, dmean: Any, dvarsqrt: Any, d1: Any, d2: Any) -> dict[str, Any]:
             return _fisher_matrix_free_tensors(q_mu, q_sqrt, dmean, dvarsqrt, d1, d2)
+
+        def run(data: Any, gamma: Any) -> dict[str, Any]:
+            # Compiled pieces called in turn, not one fused graph: in one graph TensorFlow ran the independent
+            # branches (our step, GPflow's update) concurrently, and on 2 cores that oversubscription made the
+            # whole about 25% slower than its parts (measured at M = 1000).
+            g = grads_only(data)
+            out = dict(ours(g["g_mu"], g["g_sq"], gamma))
+            out.update(g)
+            out.update(gpflow_apply(data, g["g_mu"], g["g_sq"], gamma))
+            if fisher_on:
+                model = model_ref()
+                q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
+                out.update(fisher(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
+            return out
 
         self.run = run
         self.grads_only = grads_only
