@@ -104,7 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .checked import checked_gradient, vjp
     from .explain import Explanation, explain_output_gradients
     from .gradcheck import GradientCheckReport, assert_gradients, check_gradients
-    from .jacobian import BlockJacobian, jacobian
+    from .jacobian import BlockJacobian
     from .monitor import NatGradMonitor
     from .natgrad_check import NatGradReport, assert_natgrad, check_natgrad
     from .outer import OuterExample, outer_example

@@ -146,8 +146,8 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
     if (diag == 0).any():
         l_idx, m_idx = (int(i) for i in np.argwhere(diag == 0)[0])
         raise SingularCovarianceError(
-            f"q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular and has no natural "
-            f"parameters (S⁻¹ does not exist).",
+            "q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular and has no natural "
+            "parameters (S⁻¹ does not exist).",
             context=[("Argument", "q_sqrt"), ("Zero at", f"q_sqrt[{l_idx}, {m_idx}, {m_idx}]"), ("Diagonal", diag[l_idx])],
             remedy="use a q_sqrt with a non-zero diagonal (GPflow initialises it to the identity).",
         )
