@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import InputError
+from .exceptions import InputError, error_line
 from .results import Check, Report, Section, Table, to_jsonable
 
 __all__ = ["BenchReport", "BenchRow", "DEFAULT_SIZES", "QUICK_SIZES", "run_bench"]
@@ -430,7 +430,7 @@ def _bench_memory(M: int, hows: Sequence[str]) -> list[BenchRow]:
             )  # fmt: skip
             results[how] = json.loads(out.stdout.strip().splitlines()[-1])
         except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
-            results[how] = {"error": str(e).splitlines()[0][:120] if str(e) else type(e).__name__}
+            results[how] = {"error": error_line(e, limit=120)}
     names = {"general": "jacobian(), general η₂", "vech": "jacobian(), vech η₂", "tape": "tape.jacobian, compiled"}
     for how in hows:
         r = results[how]
@@ -495,7 +495,7 @@ def _bench_check_natgrad(M: int, N: int, repeats: int) -> list[BenchRow]:
         t_ours, t_base = _compare(ours, step, repeats)
     except Exception as e:  # noqa: BLE001 - a bench row must not abort the run
         return [_row(group, "check_natgrad(mode='fast')", M, None, "NaturalGradient step", None, 3.0,
-                     note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")]  # fmt: skip
+                     note=f"failed: {error_line(e, with_type=True, limit=80)}")]  # fmt: skip
     return [_row(group, "check_natgrad(mode='fast')", M, t_ours, "NaturalGradient step", t_base, 3.0, note=f"N = {N}")]
 
 

@@ -15,6 +15,7 @@ Each subclass also derives from the builtin exception a user would catch for tha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -33,7 +34,30 @@ __all__ = [
     "StepFailedError",
     "UnconnectedGradientError",
     "UnsupportedModelError",
+    "error_line",
 ]
+
+
+#: Words that mark the informative line of a numerical failure in a TensorFlow error.
+_KEY_WORDS = ("Cholesky", "not invertible", "Input matrix", "NaN", "Inf")
+#: Lines TensorFlow adds around the message of an error raised inside a graph.
+_NOISE = ("Graph execution error", "Detected at node", "File ", "[[")
+
+
+def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -> str:
+    """The one informative line of an error, for a report or a message's context.
+
+    TensorFlow wraps a failure inside a graph in ``{{function_node ...}}`` prefixes, "Graph execution
+    error" and "Detected at node" lines and an ``[Op:...]`` suffix; those are dropped, and a line
+    naming the numerical failure (Cholesky, NaN, ...) is preferred. ``with_type`` prefixes the class name.
+    """
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(getattr(e, "message", None) or e))
+    text = re.sub(r"\s*\[Op:[\w.]+\].*$", "", text, flags=re.S)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(_NOISE)]
+    line = next((ln for ln in lines if any(k in ln for k in _KEY_WORDS)), lines[0] if lines else "")[:limit]
+    if with_type:
+        return f"{type(e).__name__}: {line}" if line else type(e).__name__
+    return line or type(e).__name__
 
 
 def _fmt(value: object) -> str:

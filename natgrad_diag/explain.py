@@ -13,13 +13,14 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .jacobian import BlockJacobian, natgrad_map_jacobian
-from .results import Check, Report, Section, Table, format_number, to_jsonable
+from .results import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 from .trace import NatGradTrace, natgrad_trace
 
 __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
@@ -28,21 +29,6 @@ __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
 def default_tolerances(dtype: Any) -> tuple[float, float]:
     """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype``."""
     return (1e-10, 1e-12) if np.dtype(dtype) == np.float64 else (1e-4, 1e-5)
-
-
-def _bound(ref: np.ndarray, rtol: float, atol: float) -> float:
-    return atol + rtol * float(np.max(np.abs(ref), initial=0.0))
-
-
-def _maxdiff(a: Any, b: Any) -> float:
-    return float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-
-
-def _close_check(name: str, claim: str, got: Any, want: Any, rtol: float, atol: float, detail: str = "") -> Check:
-    err = max(_maxdiff(g, w) for g, w in zip(got, want)) if isinstance(got, (tuple, list)) else _maxdiff(got, want)
-    ref = np.concatenate([np.ravel(w) for w in want]) if isinstance(want, (tuple, list)) else np.ravel(want)
-    tol = _bound(ref, rtol, atol)
-    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
 
 
 @dataclass(frozen=True)
@@ -96,7 +82,7 @@ class Explanation(Report):
         t, J = self.trace, self.jacobian
         M, L = t.num_inducing, t.num_latent
         c = {ch.name: ch for ch in self.checks}
-        naive_err = _maxdiff(self.naive_product, t.dL_deta1)
+        naive_err = max_abs_diff(self.naive_product, t.dL_deta1)
         vs_eta1 = J.block(1, 0)
         intro = (
             "GPflow's step computes\n"
@@ -132,7 +118,7 @@ class Explanation(Report):
         why = (
             lead +
             f"∂mean/∂eta1 is the identity (the mean path equals dL/dmean to "
-            f"{format_number(_maxdiff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
+            f"{format_number(max_abs_diff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
             f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
             f"{format_number(float(np.max(np.abs(vs_eta1), initial=0.0)))}. So\n"
             "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt\n"
@@ -144,7 +130,7 @@ class Explanation(Report):
         ce_text = (
             f"One target, elementwise: y = sin(x) with x = [{', '.join(format_number(v) for v in ce.x)}]. J = diag(cos x) "
             f"is {'diagonal' if ce.jacobian_is_diagonal else 'NOT diagonal'}, so (Jᵀ·1) ⊙ v = cos(x) ⊙ v equals Jᵀ·v "
-            f"(max difference {format_number(_maxdiff(ce.naive, ce.vjp))}). The naive product is right exactly when "
+            f"(max difference {format_number(max_abs_diff(ce.naive, ce.vjp))}). The naive product is right exactly when "
             "J is diagonal."
         )
         m_rows, n_cols = J.matrix.shape
@@ -210,15 +196,13 @@ def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> 
     Jd = jacobian(tf.sin, [xt], input_names=("x",), output_names=("y",))
     naive = ones_seed * v
     diag = Jd.is_diagonal()
-    err = _maxdiff(naive, vjp)
-    tol = _bound(vjp, rtol, atol)
-    check = Check(
-        name="d_diagonal_counter_example",
-        claim="for y = sin(x) (one target, diagonal J) the naive product (Jᵀ·1)⊙v equals Jᵀ·v",
-        passed=bool(diag and err <= tol),
-        max_abs_error=err,
-        tolerance=tol,
-        detail="" if diag else "the Jacobian of sin was not diagonal",
+    equal = close_check(
+        "d_diagonal_counter_example",
+        "for y = sin(x) (one target, diagonal J) the naive product (Jᵀ·1)⊙v equals Jᵀ·v",
+        naive, vjp, rtol=rtol, atol=atol,
+    )  # fmt: skip
+    check = replace(
+        equal, passed=equal.passed and diag, detail="" if diag else "the Jacobian of sin was not diagonal"
     )
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
 
@@ -280,41 +264,40 @@ def explain_output_gradients(
     naive = trace.naive_product1
 
     checks = [
-        _close_check(
+        close_check(
             "a_vjp_equals_contraction",
             "output_gradients=[dL_dmean, dL_dvarsqrt] returns Jᵀ·v, the explicit Jacobian contracted with v",
-            (trace.dL_deta1, trace.dL_deta2), contraction, rtol, atol,
+            (trace.dL_deta1, trace.dL_deta2), contraction, rtol=rtol, atol=atol,
         ),
-        _close_check(
+        close_check(
             "b_default_seed_is_summed_gradient",
             "output_gradients=None returns Jᵀ·1, the gradient of the sum of all elements of mean and varsqrt",
-            (trace.dtheta_deta1, trace.dtheta_deta2), summed, rtol, atol,
+            (trace.dtheta_deta1, trace.dtheta_deta2), summed, rtol=rtol, atol=atol,
         ),
-        _close_check(
+        close_check(
             "b_default_seed_split",
             "dtheta/deta1 = 1 (the mean path seeded with ones) + Σ over varsqrt elements of ∂varsqrt/∂eta1",
-            trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol, atol,
+            trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol=rtol, atol=atol,
         ),
-        _close_check(
+        close_check(
             "c_split",
             "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
-            trace.dL_deta1, mean_path + varsqrt_path, rtol, atol,
+            trace.dL_deta1, mean_path + varsqrt_path, rtol=rtol, atol=atol,
         ),
     ]  # fmt: skip
-    naive_err = _maxdiff(naive, trace.dL_deta1)
-    naive_tol = _bound(trace.dL_deta1, rtol, atol)
     j_diag = J.is_diagonal()
-    checks.append(Check(
-        name="c_naive_product_differs",
-        claim=(
-            "J is not diagonal (varsqrt depends on eta1), and the naive product (Jᵀ·1)⊙v differs from Jᵀ·v"
-            if not j_diag else "J is diagonal, and the naive product equals Jᵀ·v"
-        ),
-        passed=bool((naive_err > naive_tol) != j_diag),
-        max_abs_error=naive_err,
-        tolerance=naive_tol,
+    naive_vs_vjp = close_check(
+        "c_naive_product_differs",
+        "J is not diagonal (varsqrt depends on eta1), and the naive product (Jᵀ·1)⊙v differs from Jᵀ·v"
+        if not j_diag else "J is diagonal, and the naive product equals Jᵀ·v",
+        naive, trace.dL_deta1, rtol=rtol, atol=atol,
+    )  # fmt: skip
+    naive_err = naive_vs_vjp.max_abs_error
+    checks.append(replace(
+        naive_vs_vjp,
+        passed=naive_vs_vjp.passed == j_diag,  # differs (not close) exactly when J is not diagonal
         detail=f"max |(Jᵀ·1)⊙v − Jᵀ·v| = {format_number(naive_err)}; the mean path alone equals dL/dmean to "
-        f"{format_number(_maxdiff(mean_path, trace.dL_dmean))}",
+        f"{format_number(max_abs_diff(mean_path, trace.dL_dmean))}",
         expect_difference=not j_diag,
     ))  # fmt: skip
     ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), rtol, atol)
@@ -322,10 +305,10 @@ def explain_output_gradients(
     M = trace.num_inducing
     row_label = f"varsqrt[0,{M - 1},0]"
     onehot = _onehot_row(trace, row_label)
-    checks.append(_close_check(
+    checks.append(close_check(
         "e_onehot_row",
         f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
-        onehot, J.row(row_label), rtol, atol,
+        onehot, J.row(row_label), rtol=rtol, atol=atol,
     ))  # fmt: skip
     return Explanation(
         trace=trace,

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ._validate import require_finite, require_float, require_same_dtype, shape_str, validate_seeds
-from .exceptions import InputError, JacobianMismatchError, NonFiniteError, ShapeMismatchError
+from .exceptions import InputError, JacobianMismatchError, NonFiniteError, ShapeMismatchError, error_line
 from .jacobian import DEFAULT_MAX_BYTES, check_memory, jacobian, jacobian_nbytes
 from .results import Check, Report, Section, Table, format_number, to_jsonable
 
@@ -332,11 +332,6 @@ def _short_entry(r: GradientCheckRow) -> str:
     return text.replace(" (above diagonal)", " (upper)")
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).splitlines()[0][:200] if str(e) else ""
-    return f"{type(e).__name__}: {text}"
-
-
 def _ratio(err: float, tol: float) -> float:
     if tol > 0:
         return err / tol
@@ -467,7 +462,7 @@ class _Problem:
         except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
             raise InputError(
                 "fn(*inputs) raised an error at the given point.",
-                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", _first_line(e))],
+                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", error_line(e, with_type=True))],
                 remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
                 "(e.g. positive definite).",
             ) from e
@@ -508,7 +503,7 @@ class _Problem:
         except Exception as e:  # noqa: BLE001
             raise InputError(
                 f"fn failed at a finite-difference point ({what}).",
-                context=[("Argument", "eps"), ("Step", scale), ("Error", _first_line(e))],
+                context=[("Argument", "eps"), ("Step", scale), ("Error", error_line(e, with_type=True))],
                 remedy="pass a smaller eps, or a point further from the edge of fn's domain (e.g. better conditioned).",
             ) from e
         for name, y in zip(self.output_names, out):

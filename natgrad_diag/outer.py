@@ -17,7 +17,6 @@ References:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,8 @@ import numpy as np
 
 from ._validate import shape_str
 from .jacobian import BlockJacobian
-from .exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError
-from .results import Check, Report, Section, Table, format_number, to_jsonable
+from .exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
+from .results import Check, Report, Section, Table, close_check, format_number, to_jsonable
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 
@@ -235,22 +234,6 @@ def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
-def _tf_error_text(e: Exception) -> str:
-    """TensorFlow's error without the ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
-    msg = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(e))
-    msg = re.sub(r"\s*\[Op:\w+\].*$", "", msg, flags=re.S)
-    return f"{type(e).__name__}: {_first_line(msg)}"
-
-
-def _close(name: str, claim: str, got: Any, want: Any, rtol: float, atol: float, detail: str = "") -> Check:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return Check(name=name, claim=claim, passed=False, detail=f"shapes differ: {shape_str(got.shape)} vs {shape_str(want.shape)}")
-    err = float(np.max(np.abs(got - want), initial=0.0))
-    tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
-    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
-
-
 def _validate_x(x: Any) -> np.ndarray:
     if x is None:
         return np.array(DEFAULT_X, dtype=np.float64)
@@ -360,7 +343,7 @@ def outer_example(
             raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
             tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
         except (tf.errors.OpError, ValueError, TypeError) as e:
-            tf_wrong = _tf_error_text(e)
+            tf_wrong = error_line(e, with_type=True)
         broadcast_error = ""
         try:
             checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
@@ -384,17 +367,17 @@ def outer_example(
 
         shapes_named = f"[{n}] and [{n}, {n}]"
         checks = [
-            _close("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(closed[0])}",
-                   g_ones, closed, rtol, atol),
-            _close("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
-                   g_default, g_ones, rtol, atol),
-            _close("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
-                   J, J_hand, rtol, atol),
-            _close("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
-                   "equals the output_gradients result", contraction, g_ones, rtol, atol),
-            _close("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
-                   two, one, rtol, atol),
-            _close("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, chain_closed, rtol, atol),
+            close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(closed[0])}",
+                   g_ones, closed, rtol=rtol, atol=atol),
+            close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
+                   g_default, g_ones, rtol=rtol, atol=atol),
+            close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
+                   J, J_hand, rtol=rtol, atol=atol),
+            close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
+                   "equals the output_gradients result", contraction, g_ones, rtol=rtol, atol=atol),
+            close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
+                   two, one, rtol=rtol, atol=atol),
+            close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, chain_closed, rtol=rtol, atol=atol),
             Check(
                 name="wrong_seed_caught",
                 claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
@@ -427,13 +410,13 @@ def outer_example(
                 status = "torch is not installed (pip install torch==2.13.0 to run it)"
         if torch_run is not None:
             checks += [
-                _close("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
-                       torch_run.gradient_ones_seed, g_ones, rtol, atol),
-                _close("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
-                       torch_run.jacobian, J, rtol, atol),
-                _close("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+                close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+                       torch_run.gradient_ones_seed, g_ones, rtol=rtol, atol=atol),
+                close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
+                       torch_run.jacobian, J, rtol=rtol, atol=atol),
+                close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
                        np.concatenate([torch_run.chain_two_step, torch_run.chain_one_step, np.ravel(torch_run.dL_dy)]),
-                       np.concatenate([two, one, np.ravel(dL_dy.numpy())]), rtol, atol),
+                       np.concatenate([two, one, np.ravel(dL_dy.numpy())]), rtol=rtol, atol=atol),
                 Check(
                     name="torch_rejects_wrong_seed",
                     claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Check", "Report", "Section", "Table", "format_number", "to_jsonable"]
+__all__ = ["Check", "Report", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
@@ -108,6 +108,36 @@ class Check:
         if self.detail:
             text += "\n" + wrap(self.detail, initial_indent="       ", subsequent_indent="       ")
         return text
+
+
+def _pairs(got: Any, want: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(got, want)`` as pairs of float64 arrays: one pair, or one per element of two sequences."""
+    if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)):
+        return [(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want)]
+    return [(np.asarray(got, np.float64), np.asarray(want, np.float64))]
+
+
+def max_abs_diff(got: Any, want: Any) -> float:
+    """max |got − want| over every element (of every pair, for sequences of arrays); 0 for empty arrays."""
+    return max((float(np.max(np.abs(g - w), initial=0.0)) for g, w in _pairs(got, want)), default=0.0)
+
+
+def close_check(name: str, claim: str, got: Any, want: Any, *, rtol: float, atol: float, detail: str = "") -> Check:
+    """A :class:`Check` that ``got`` equals ``want``: max |got − want| ≤ atol + rtol · max |want|.
+
+    ``got`` and ``want`` are arrays, or sequences of arrays compared pair by pair (one bound for all,
+    scaled by the largest |want|). Pairs of different shapes fail the check, with both shapes in
+    ``detail``: no broadcasting.
+    """
+    if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)) and len(got) != len(want):
+        return Check(name=name, claim=claim, passed=False, detail=f"{len(got)} array(s) against {len(want)}")
+    pairs = _pairs(got, want)
+    for g, w in pairs:
+        if g.shape != w.shape:
+            return Check(name=name, claim=claim, passed=False, detail=f"shapes differ: {list(g.shape)} vs {list(w.shape)}")
+    err = max_abs_diff(got, want)
+    tol = atol + rtol * max((float(np.max(np.abs(w), initial=0.0)) for _, w in pairs), default=0.0)
+    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .exceptions import MissingExtraError
-from .results import Check
+from .results import Check, close_check
 
 __all__ = ["TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
 
@@ -186,16 +186,10 @@ def compare_with_tensorflow(
     f_out = [np.asarray(o) for o in tf.nest.flatten(f_out)]
     f_grads = [np.asarray(g) for g in f_grads]
     # both libraries check each seed against its output's shape, so the shapes here agree
-    pairs = list(zip(f_out, t_out)) + list(zip(f_grads, t_grads))
-    err = max((float(np.max(np.abs(a - b), initial=0.0)) for a, b in pairs), default=0.0)
-    scale = max((float(np.max(np.abs(b), initial=0.0)) for _, b in pairs), default=0.0)
-    tol = atol + rtol * scale
-    return Check(
-        name=name,
-        claim="TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
-        passed=bool(err <= tol),
-        max_abs_error=err,
-        tolerance=tol,
+    return close_check(
+        name,
+        "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
+        f_out + f_grads, list(t_out) + list(t_grads), rtol=rtol, atol=atol,
         detail=f"{len(f_out)} output(s), {len(f_grads)} input(s), float64",
-    )
+    )  # fmt: skip
 

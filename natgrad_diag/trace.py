@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._validate import param_parts, validate_grad, validate_q
-from .exceptions import InputError, StepFailedError
+from .exceptions import InputError, StepFailedError, error_line
 
 __all__ = ["NatGradTrace", "default_seed_gradient", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
@@ -459,7 +459,7 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
     except tf.errors.InvalidArgumentError as e:
         raise StepFailedError(
             f"with gamma = {g:g} the updated covariance is not positive definite (Cholesky failed).",
-            context=[("gamma", g), ("xi_transform", type(xi).__name__), ("TensorFlow said", str(e).splitlines()[0][:200])],
+            context=[("gamma", g), ("xi_transform", type(xi).__name__), ("TensorFlow said", error_line(e))],
             remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
         ) from None
     arrays = {k: v.numpy() for k, v in out.items()}

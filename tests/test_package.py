@@ -33,7 +33,7 @@ def test_package__version_is_what_the_build_reads():
     assert nd.__version__ == importlib.metadata.version("natgrad-diag")
 
 
-@pytest.mark.parametrize("name", exceptions.__all__)
+@pytest.mark.parametrize("name", [n for n in exceptions.__all__ if isinstance(getattr(exceptions, n), type)])
 def test_exceptions__every_error_derives_from_the_base_and_states_its_message(name):
     cls = getattr(exceptions, name)
     assert issubclass(cls, exceptions.NatGradDiagError)
@@ -55,3 +55,25 @@ def test_exceptions__message_is_aligned_context_and_a_remedy():
     assert isinstance(exceptions.OutputGradientsError(), ValueError)
     assert isinstance(exceptions.JacobianMismatchError(), AssertionError)
     assert isinstance(exceptions.MemoryLimitError(), MemoryError)
+
+
+def test_error_line__drops_tensorflows_graph_noise_and_prefers_the_numerical_failure():
+    e = RuntimeError(
+        "Graph execution error:\n\nDetected at node Cholesky defined at (most recent call last):\n"
+        '  File "x.py", line 3\n{{function_node __wrapped__Cholesky}} Cholesky decomposition was not '
+        "successful. The input might not be valid. [Op:Cholesky] name: "
+    )
+    assert exceptions.error_line(e) == "Cholesky decomposition was not successful. The input might not be valid."
+    assert exceptions.error_line(ValueError("boom\nsecond line"), with_type=True) == "ValueError: boom"
+    assert exceptions.error_line(ValueError(""), with_type=True) == "ValueError"
+    assert exceptions.error_line(ValueError("x" * 300), limit=10) == "x" * 10
+
+
+def test_error_line__on_a_real_tensorflow_error():
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        tf.reshape(tf.constant([1.0]), [4])
+    line = exceptions.error_line(info.value, with_type=True)
+    assert line.startswith("InvalidArgumentError: Input to reshape is a tensor with 1 values")
+    assert "[Op:" not in line and "{{" not in line
