@@ -1,8 +1,8 @@
 """Result records shared by every report: a named check, a table, a section, and the report base.
 
 A report is a frozen dataclass that derives from :class:`Report`. It lists its ``checks`` and lays
-itself out as ``sections()``; from those one layout every output form is drawn: ``str()`` (plain
-text, here), the terminal, HTML and Markdown (``natgrad_diag.render``), and ``to_dict()`` for JSON.
+itself out as ``sections()``; from that one layout ``natgrad_diag.render`` draws every output form: ``str()``
+(the plain terminal text), the terminal, HTML and Markdown; ``to_dict()`` gives JSON.
 Nothing here imports TensorFlow.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,16 +155,6 @@ class Table:
                     f"(columns {self.columns})."
                 )
 
-    def to_text(self) -> str:
-        cells = [list(self.columns)] + [list(r) for r in self.rows]
-        widths = [max(len(row[c]) for row in cells) for c in range(len(self.columns))]
-        lines = [self.title] if self.title else []
-        for k, row in enumerate(cells):
-            lines.append("  ".join(cell.rjust(w) if k and c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))).rstrip())
-            if k == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
-
 
 @dataclass(frozen=True)
 class Section:
@@ -174,17 +163,6 @@ class Section:
     heading: str
     text: str = ""
     tables: tuple[Table, ...] = ()
-
-
-def checks_table(checks: Sequence[Check]) -> Table:
-    """The checks of a report as one table (mark, name, max abs error, tolerance)."""
-    return Table(
-        columns=("", "check", "max abs error", "tolerance"),
-        rows=tuple(
-            ("PASS" if c.passed else "FAIL", c.name, format_number(c.max_abs_error), format_number(c.tolerance))
-            for c in checks
-        ),
-    )
 
 
 class Report:
@@ -209,25 +187,10 @@ class Report:
         return {"title": self.title, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
 
     def __str__(self) -> str:
-        parts = [self.title, "=" * min(len(self.title), 78)]
-        for section in self.sections():
-            if section.heading:
-                parts.append("")
-                parts.append(section.heading)
-                parts.append("-" * min(len(section.heading), 78))
-            if section.text:
-                parts.append(wrap(section.text))
-            for table in section.tables:
-                parts.append("")
-                parts.append(table.to_text())
-        parts.append("")
-        parts.append("Checks")
-        parts.append("------")
-        parts.extend(str(c) for c in self.checks)
-        verdict = "all checks hold" if self.passed else f"{sum(not c.passed for c in self.checks)} check(s) FAILED"
-        parts.append("")
-        parts.append(f"Verdict: {verdict}.")
-        return "\n".join(parts)
+        """The plain-text layout that ``natgrad-diag --plain`` prints (one renderer for both)."""
+        from .render import to_terminal
+
+        return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
         """The pictures of this report, as ``natgrad_diag.plots.Picture`` (name, caption, PNG bytes).
