@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import (
+from natgrad_diag.exceptions import (
     InputError,
     JacobianMismatchError,
     MemoryLimitError,
@@ -20,10 +20,6 @@ from .exceptions import (
     UnsupportedModelError,
 )
 
-# The function ``jacobian`` shares its name with the module ``jacobian``: import it eagerly (the module
-# is light: numpy only), so that a later ``from .jacobian import ...`` cannot rebind the package
-# attribute to the module.
-from .jacobian import jacobian
 
 __version__ = "0.1.0"
 
@@ -61,28 +57,29 @@ __all__ = [
 
 # name -> module that defines it (imported on first access)
 _LAZY = {
-    "BlockJacobian": "jacobian",
-    "Check": "results",
-    "Explanation": "explain",
-    "GradientCheckReport": "gradcheck",
-    "NatGradMonitor": "monitor",
-    "NatGradReport": "natgrad_check",
-    "NatGradTrace": "trace",
-    "OuterExample": "outer",
-    "SeedScenario": "scenario",
-    "assert_gradients": "gradcheck",
-    "assert_natgrad": "natgrad_check",
-    "check_gradients": "gradcheck",
-    "check_natgrad": "natgrad_check",
-    "checked_gradient": "checked",
-    "explain_output_gradients": "explain",
-    "natgrad_trace": "trace",
-    "outer_example": "outer",
-    "seed_scenario": "scenario",
-    "vjp": "checked",
-    "write_report": "render",
+    "jacobian": "autodiff.dense",
+    "BlockJacobian": "autodiff.dense",
+    "Check": "report.records",
+    "Explanation": "lessons.explain",
+    "GradientCheckReport": "gradcheck.checker",
+    "NatGradMonitor": "natgrad.monitor",
+    "NatGradReport": "natgrad.check",
+    "NatGradTrace": "natgrad.trace",
+    "OuterExample": "lessons.outer",
+    "SeedScenario": "lessons.scenario",
+    "assert_gradients": "gradcheck.checker",
+    "assert_natgrad": "natgrad.check",
+    "check_gradients": "gradcheck.checker",
+    "check_natgrad": "natgrad.check",
+    "checked_gradient": "autodiff.seeded",
+    "explain_output_gradients": "lessons.explain",
+    "natgrad_trace": "natgrad.trace",
+    "outer_example": "lessons.outer",
+    "seed_scenario": "lessons.scenario",
+    "vjp": "autodiff.seeded",
+    "write_report": "report.render",
 }
-_SUBMODULES = ("testing", "torch_bridge")
+_SUBMODULES = {"testing": "testing", "torch_bridge": "lessons.torch_bridge"}
 
 
 def __getattr__(name: str) -> Any:
@@ -92,7 +89,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     raise AttributeError(f"module 'natgrad_diag' has no attribute {name!r}")
 
 
@@ -101,14 +98,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checked import checked_gradient, vjp
-    from .explain import Explanation, explain_output_gradients
-    from .gradcheck import GradientCheckReport, assert_gradients, check_gradients
-    from .jacobian import BlockJacobian
-    from .monitor import NatGradMonitor
-    from .natgrad_check import NatGradReport, assert_natgrad, check_natgrad
-    from .outer import OuterExample, outer_example
-    from .render import write_report
-    from .results import Check
-    from .scenario import SeedScenario, seed_scenario
-    from .trace import NatGradTrace, natgrad_trace
+    from natgrad_diag.autodiff.seeded import checked_gradient, vjp
+    from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
+    from natgrad_diag.gradcheck.checker import GradientCheckReport, assert_gradients, check_gradients
+    from natgrad_diag.autodiff.dense import BlockJacobian, jacobian
+    from natgrad_diag.natgrad.monitor import NatGradMonitor
+    from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
+    from natgrad_diag.lessons.outer import OuterExample, outer_example
+    from natgrad_diag.report.render import write_report
+    from natgrad_diag.report.records import Check
+    from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
+    from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace

@@ -1,5 +1,5 @@
 """``python -m natgrad_diag`` is the ``natgrad-diag`` command."""
 
-from .cli import main
+from natgrad_diag.cli.app import main
 
 raise SystemExit(main())

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import (
+from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
     NonFiniteError,

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from .gradcheck import assert_gradients
-from .jacobian import DEFAULT_MAX_BYTES
+from natgrad_diag.gradcheck.checker import assert_gradients
+from natgrad_diag.autodiff.dense import DEFAULT_MAX_BYTES
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
 
@@ -54,7 +54,7 @@ def assert_vjp_matches_jacobian(
 ) -> tuple[np.ndarray, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 
-    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.jacobian.jacobian`, one-hot seeds) and v_i the
+    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.autodiff.dense.jacobian`, one-hot seeds) and v_i the
     cotangent of output i, the expected result for input j is the explicit contraction
 
         (Jᵀ·v)_j[b] = Σ_i Σ_a v_i[a] · J_ij[a, b]          (numpy ``tensordot``)
@@ -84,10 +84,10 @@ def assert_vjp_matches_jacobian(
     __tracebackhide__ = True
     import tensorflow as tf
 
-    from ._validate import require_finite, require_float, validate_seeds
-    from .exceptions import JacobianMismatchError
-    from .gradcheck import _reverse_jacobian
-    from .jacobian import check_memory, element_labels, jacobian_nbytes
+    from natgrad_diag._validate import require_finite, require_float, validate_seeds
+    from natgrad_diag.exceptions import JacobianMismatchError
+    from natgrad_diag.gradcheck.checker import _reverse_jacobian
+    from natgrad_diag.autodiff.dense import check_memory, element_labels, jacobian_nbytes
 
     if isinstance(inputs, Mapping):
         names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
@@ -153,13 +153,13 @@ def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
     atol=None, rtol=None)``: natgrad-diag's step on the model's own parameters is compared with the step
     ``gpflow.optimizers.NaturalGradient`` applies to a deep copy; the model is not changed.
 
-    A thin wrapper: the check lives in :mod:`natgrad_diag.natgrad_check` under the same name, and is
+    A thin wrapper: the check lives in :mod:`natgrad_diag.natgrad.check` under the same name, and is
     imported when called (it needs GPflow); arguments and return value are passed through unchanged.
 
     Raises:
         NatGradCheckError: the step differs from GPflow's (an ``AssertionError``).
     """
     __tracebackhide__ = True
-    from . import natgrad_check
+    from natgrad_diag.natgrad import check as natgrad_check
 
     return natgrad_check.assert_natgrad_step_matches_gpflow(*args, **kwargs)

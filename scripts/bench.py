@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from natgrad_diag.cli import main
+from natgrad_diag.cli.app import main
 
 
 if __name__ == "__main__":

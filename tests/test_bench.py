@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from natgrad_diag.bench import BenchReport, BenchRow, run_bench
+from natgrad_diag.bench.runner import BenchReport, BenchRow, run_bench
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.results import Report
+from natgrad_diag.report.records import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_run_bench__bad_arguments_are_refused_before_any_work(kwargs, fragment):
 
 def test_cli_parser__builds_without_importing_tensorflow():
     code = (
-        "import sys; from natgrad_diag.cli import build_parser; p = build_parser(); "
+        "import sys; from natgrad_diag.cli.app import build_parser; p = build_parser(); "
         "a = p.parse_args(['bench', '--sizes', '50,200', '--quick']); "
         "print('tensorflow' in sys.modules, 'gpflow' in sys.modules, a.sizes, a.quick)"
     )

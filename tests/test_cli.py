@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import natgrad_diag as nd
-from natgrad_diag.cli import main
+from natgrad_diag.cli.app import main
 
 
 def test_cli__no_arguments_prints_the_lesson_and_exits_0(capsys):
@@ -54,7 +54,7 @@ def test_cli__installed_entry_point_runs_end_to_end():
 
 
 def test_cli__help_does_not_import_tensorflow():
-    code = "import sys; from natgrad_diag.cli import build_parser; build_parser(); import natgrad_diag; print('tensorflow' in sys.modules)"
+    code = "import sys; from natgrad_diag.cli.app import build_parser; build_parser(); import natgrad_diag; print('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
 

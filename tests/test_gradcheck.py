@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.gradcheck: every expected value from closed forms, numpy or a hand-made finite difference."""
+"""Tests of natgrad_diag.gradcheck.checker: every expected value from closed forms, numpy or a hand-made finite difference."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import natgrad_diag as nd
-from natgrad_diag import gradcheck
+from natgrad_diag.gradcheck import checker as gradcheck
 from natgrad_diag.exceptions import (
     InputError,
     JacobianMismatchError,

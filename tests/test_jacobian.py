@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import MemoryLimitError, ShapeMismatchError
-from natgrad_diag.jacobian import jacobian_nbytes, natgrad_map_jacobian
+from natgrad_diag.autodiff.dense import jacobian_nbytes, natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
-from natgrad_diag.jacobian import jacobian_nbytes, natgrad_map_jacobian, trace_count, vech_layout
+from natgrad_diag.autodiff.dense import jacobian_nbytes, natgrad_map_jacobian, trace_count, vech_layout
 from tests.conftest import np_meanvarsqrt, random_q
 
 
@@ -233,8 +233,8 @@ def test_jacobian__memory_guard_counts_the_stored_vech_size():
 _PEAK = r"""
 import json, sys
 import numpy as np
-from natgrad_diag.bench import _natgrad_map_fixture
-from natgrad_diag.jacobian import natgrad_map_jacobian
+from natgrad_diag.bench.runner import _natgrad_map_fixture
+from natgrad_diag.autodiff.dense import natgrad_map_jacobian
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -297,8 +297,8 @@ def test_jacobian__bad_mode_or_chunk_size_is_refused(kwargs, fragment):
 _FLOAT32 = r"""
 import numpy as np
 import tensorflow as tf
-from natgrad_diag.bench import _natgrad_map_fixture
-from natgrad_diag.jacobian import natgrad_map_jacobian
+from natgrad_diag.bench.runner import _natgrad_map_fixture
+from natgrad_diag.autodiff.dense import natgrad_map_jacobian
 e1, e2 = _natgrad_map_fixture(9)
 for sym in (True, False):
     J32 = natgrad_map_jacobian(tf.cast(e1, tf.float32), tf.cast(e2, tf.float32), symmetric=sym, chunk_size=16)

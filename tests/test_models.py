@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.models import LIKELIHOODS, dtype_context, make_data, make_model
+from natgrad_diag.demo import LIKELIHOODS, dtype_context, make_data, make_model
 
 
 @pytest.mark.parametrize("likelihood", LIKELIHOODS)

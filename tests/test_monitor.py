@@ -14,8 +14,8 @@ from gpflow.optimizers import NaturalGradient
 
 from natgrad_diag import NatGradMonitor
 from natgrad_diag.exceptions import InputError, NatGradCheckError
-from natgrad_diag.models import make_model
-from natgrad_diag.monitor import NatGradRecord
+from natgrad_diag.demo import make_model
+from natgrad_diag.natgrad.monitor import NatGradRecord
 
 
 def _setup(likelihood: str = "gaussian", **kw):
@@ -93,7 +93,7 @@ def test_monitor__every_must_be_positive():
 
 
 def test_monitor__module_import_does_not_import_gpflow():
-    code = "import sys, natgrad_diag.monitor; print('gpflow' in sys.modules, 'tensorflow' in sys.modules)"
+    code = "import sys, natgrad_diag.natgrad.monitor; print('gpflow' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 

@@ -15,9 +15,9 @@ from gpflow.optimizers import NaturalGradient, XiNat, XiSqrtMeanVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from natgrad_diag import natgrad_check as nc
+from natgrad_diag.natgrad import check as nc
 from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError
-from natgrad_diag.models import dtype_context, make_model
+from natgrad_diag.demo import dtype_context, make_model
 
 XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
 
@@ -436,7 +436,7 @@ def test_assert_natgrad_step_matches_gpflow__passes_and_leaves_model_alone():
 
 
 def test_cli__check_json_has_checks_and_exit_codes(capsys):
-    from natgrad_diag.cli import main
+    from natgrad_diag.cli.app import main
 
     assert main(["check", "--model", "svgp", "--likelihood", "gaussian", "--num-inducing", "5", "--num-data", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -182,7 +182,7 @@ def test_outer_example__bad_tolerance():
 
 
 def test_outer_cli__json_and_exit_codes(capsys):
-    from natgrad_diag.cli import main
+    from natgrad_diag.cli.app import main
 
     assert main(["outer", "--json", "--x", "2,3"]) == 0
     d = json.loads(capsys.readouterr().out)

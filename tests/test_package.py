@@ -20,7 +20,7 @@ def test_package__all_is_sorted_and_every_name_resolves():
 
 def test_package__import_loads_no_heavy_dependency():
     code = (
-        "import sys, natgrad_diag, natgrad_diag.results, natgrad_diag.exceptions, natgrad_diag.cli; "
+        "import sys, natgrad_diag, natgrad_diag.report.records, natgrad_diag.exceptions, natgrad_diag.cli; "
         "print(sorted(m for m in ('tensorflow', 'gpflow', 'matplotlib', 'torch') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.plots: the data each picture draws, checked against independent oracles.
+"""Tests of natgrad_diag.report.pictures: the data each picture draws, checked against independent oracles.
 
 Oracles: the Jacobian built here with ``tf.GradientTape.jacobian`` and reshaped by hand, central finite
 differences of a numpy Cholesky (``np_meanvarsqrt``), explicit numpy contractions of that Jacobian.
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from natgrad_diag import plots
+from natgrad_diag.report import pictures as plots
 from natgrad_diag.exceptions import InputError, MissingExtraError
-from natgrad_diag.jacobian import BlockJacobian
-from natgrad_diag.results import Check, Report, Section
+from natgrad_diag.autodiff.dense import BlockJacobian
+from natgrad_diag.report.records import Check, Report, Section
 from tests.conftest import np_meanvarsqrt, random_q
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -32,7 +32,7 @@ def _eta(M: int, L: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _tape_block_jacobian(eta1: np.ndarray, eta2: np.ndarray) -> BlockJacobian:
-    """J of GPflow's expectation_to_meanvarsqrt, built here with tape.jacobian (not natgrad_diag.jacobian)."""
+    """J of GPflow's expectation_to_meanvarsqrt, built here with tape.jacobian (not natgrad_diag.autodiff.dense)."""
     import tensorflow as tf
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 

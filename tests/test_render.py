@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.render: terminal tables, HTML and Markdown files, atomic writes, the CLI's --report.
+"""Tests of natgrad_diag.report.render: terminal tables, HTML and Markdown files, atomic writes, the CLI's --report.
 
 Oracles: Python's own html.parser and base64, the PNG signature and matplotlib's PNG decoder, the
 report's own fields (every check name, every table cell) and the file system before and after.
@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from natgrad_diag import cli, progress, render
+from natgrad_diag import progress
+from natgrad_diag.cli import app as cli
+from natgrad_diag.report import render
 from natgrad_diag.exceptions import InputError, ReportWriteError
-from natgrad_diag.results import Check, Report, Section, Table
+from natgrad_diag.report.records import Check, Report, Section, Table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ANSI = "\x1b["

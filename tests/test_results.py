@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from natgrad_diag.results import close_check, max_abs_diff
+from natgrad_diag.report.records import close_check, max_abs_diff
 
 
 def test_close_check__bound_is_atol_plus_rtol_times_largest_want():

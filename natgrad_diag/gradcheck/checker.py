@@ -21,7 +21,7 @@ The perturbations d follow each input's *structure*:
     equal the finite difference, which is zero when ``fn`` reads only the lower triangle
     (``tf.linalg.triangular_solve``, ``tf.linalg.cholesky``): there the gradient must be zero.
 
-``mode="full"`` compares every coordinate with the explicit Jacobian (:func:`natgrad_diag.jacobian.jacobian`).
+``mode="full"`` compares every coordinate with the explicit Jacobian (:func:`natgrad_diag.autodiff.dense.jacobian`).
 ``mode="fast"`` compares, for k random unit pairs (u, v), the directional difference ⟨v, D_u y⟩ with
 ⟨Jᵀ·v, u⟩ from reverse mode, never forming J (the idea of ``torch.autograd.gradcheck(fast_mode=True)``);
 after a failure on a small block it re-runs full mode on that block to name the worst entry.
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import require_finite, require_float, require_same_dtype, shape_str, validate_seeds
-from .exceptions import InputError, JacobianMismatchError, NonFiniteError, ShapeMismatchError, error_line
-from .jacobian import DEFAULT_MAX_BYTES, check_memory, jacobian, jacobian_nbytes
-from .results import Check, Report, Section, Table, format_number, to_jsonable
+from natgrad_diag._validate import require_finite, require_float, require_same_dtype, shape_str, validate_seeds
+from natgrad_diag.exceptions import InputError, JacobianMismatchError, NonFiniteError, ShapeMismatchError, error_line
+from natgrad_diag.autodiff.dense import DEFAULT_MAX_BYTES, check_memory, jacobian, jacobian_nbytes
+from natgrad_diag.report.records import Check, Report, Section, Table, format_number, to_jsonable
 
 __all__ = [
     "GradientCheckReport",
@@ -174,7 +174,7 @@ class GradientCheckReport(Report):
         num_directions: fast mode: random (u, v) pairs per block.
         seed: the random seed of fast mode.
         rows: one :class:`GradientCheckRow` per block, outputs outer, inputs inner.
-        checks: one :class:`~natgrad_diag.results.Check` per row.
+        checks: one :class:`~natgrad_diag.report.records.Check` per row.
         cotangents_given: whether fixed cotangents v were passed (used by fast mode; full mode compares every
             entry of J, which covers every v).
     """
@@ -674,7 +674,7 @@ def _full_rows(
     prob: _Problem, names: tuple[str, ...], structures: tuple[str, ...], eps: float, rtol: float, atol: float,
     max_bytes: int, only: tuple[int, int] | None = None,
 ) -> list[GradientCheckRow]:  # fmt: skip
-    from .progress import progress_bar
+    from natgrad_diag.progress import progress_bar
 
     in_shapes = [a.shape for a in prob.x]
     out_shapes = [y.shape for y in prob.y]
@@ -741,7 +741,7 @@ def _fast_rows(
 ) -> list[GradientCheckRow]:  # fmt: skip
     import tensorflow as tf
 
-    from .progress import progress_bar
+    from natgrad_diag.progress import progress_bar
 
     rng = np.random.default_rng(seed)
     n_in, n_out = len(prob.x), len(prob.y)

@@ -1,7 +1,7 @@
 """Result records shared by every report: a named check, a table, a section, and the report base.
 
 A report is a frozen dataclass that derives from :class:`Report`. It lists its ``checks`` and lays
-itself out as ``sections()``; from that one layout ``natgrad_diag.render`` draws every output form: ``str()``
+itself out as ``sections()``; from that one layout ``natgrad_diag.report.render`` draws every output form: ``str()``
 (the plain terminal text), the terminal, HTML and Markdown; ``to_dict()`` gives JSON.
 Nothing here imports TensorFlow.
 """
@@ -188,23 +188,23 @@ class Report:
 
     def __str__(self) -> str:
         """The plain-text layout that ``natgrad-diag --plain`` prints (one renderer for both)."""
-        from .render import to_terminal
+        from natgrad_diag.report.render import to_terminal
 
         return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
-        """The pictures of this report, as ``natgrad_diag.plots.Picture`` (name, caption, PNG bytes).
+        """The pictures of this report, as ``natgrad_diag.report.pictures.Picture`` (name, caption, PNG bytes).
 
-        By default drawn from what the report carries (see ``natgrad_diag.plots.picture_kinds``):
+        By default drawn from what the report carries (see ``natgrad_diag.report.pictures.picture_kinds``):
         a heatmap of ``jacobian``, the η₁ chart of an explanation, the numeric checks against their
         tolerances. Override to add or replace pictures. Empty when there is nothing to draw; raises
         ``MissingExtraError`` when there is and matplotlib is not installed.
         """
-        from .plots import report_pictures
+        from natgrad_diag.report.pictures import report_pictures
 
         return report_pictures(self)
 
     def _repr_html_(self) -> str:
-        from .render import to_html_fragment
+        from natgrad_diag.report.render import to_html_fragment
 
         return to_html_fragment(self)

@@ -2,7 +2,7 @@
 
 Three pictures, chosen by what a report has, never by its class:
 
-* ``jacobian`` (a :class:`~natgrad_diag.jacobian.BlockJacobian`): a heatmap of the explicit Jacobian
+* ``jacobian`` (a :class:`~natgrad_diag.autodiff.dense.BlockJacobian`): a heatmap of the explicit Jacobian
   J = ∂(mean, varsqrt)/∂(eta1, eta2), rows = output elements, columns = input elements, with the
   block boundaries drawn and each block labelled by its name and shape. For GPflow's map
   (mean, varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the mean–eta2 block is zero and the varsqrt–eta1 block
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import InputError, MissingExtraError
-from .results import format_number
+from natgrad_diag.exceptions import InputError, MissingExtraError
+from natgrad_diag.report.records import format_number
 
 __all__ = [
     "BlockSpan",
@@ -149,7 +149,7 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
     """The matrix, labels and block boundaries that :func:`plot_jacobian_heatmap` draws.
 
     Args:
-        jacobian: a :class:`~natgrad_diag.jacobian.BlockJacobian` (e.g. ``Explanation.jacobian``).
+        jacobian: a :class:`~natgrad_diag.autodiff.dense.BlockJacobian` (e.g. ``Explanation.jacobian``).
 
     Returns:
         A :class:`HeatmapData`; ``block("mean", "eta2")`` and friends slice it by name.
@@ -157,7 +157,7 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
     Raises:
         InputError: ``jacobian`` is not a BlockJacobian.
     """
-    from .jacobian import BlockJacobian
+    from natgrad_diag.autodiff.dense import BlockJacobian
 
     if not isinstance(jacobian, BlockJacobian):
         raise InputError(
@@ -181,7 +181,7 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     shows as a white rectangle and is also marked "all 0".
 
     Args:
-        jacobian: a :class:`~natgrad_diag.jacobian.BlockJacobian`.
+        jacobian: a :class:`~natgrad_diag.autodiff.dense.BlockJacobian`.
 
     Returns:
         A ``matplotlib.figure.Figure`` (on an Agg canvas; save it with ``fig.savefig``).
@@ -265,7 +265,7 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
     """The four series per element of η₁ from an explanation, flattened in row-major [M, L] order.
 
     Args:
-        report: an :class:`~natgrad_diag.explain.Explanation` (anything with ``trace.dL_deta1``,
+        report: an :class:`~natgrad_diag.lessons.explain.Explanation` (anything with ``trace.dL_deta1``,
             ``naive_product``, ``mean_path`` and ``varsqrt_path``, each [M, L]).
 
     Raises:
@@ -299,7 +299,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
     matches the VJP only when J is diagonal.
 
     Args:
-        report: an :class:`~natgrad_diag.explain.Explanation`.
+        report: an :class:`~natgrad_diag.lessons.explain.Explanation`.
         max_charts: draw at most this many elements (the title says how many there are).
 
     Returns:
@@ -425,7 +425,7 @@ class Picture:
 
 def picture_kinds(report: Any) -> tuple[str, ...]:
     """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
-    from .jacobian import BlockJacobian
+    from natgrad_diag.autodiff.dense import BlockJacobian
 
     kinds = []
     if isinstance(getattr(report, "jacobian", None), BlockJacobian):
@@ -451,7 +451,7 @@ def report_pictures(report: Any) -> tuple[Picture, ...]:
     if not kinds:
         return ()
     require_matplotlib()
-    from .progress import progress_bar
+    from natgrad_diag.progress import progress_bar
 
     def jacobian_picture() -> Picture:
         J = report.jacobian

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import shape_str
-from .jacobian import BlockJacobian
-from .exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
-from .results import Check, Report, Section, Table, close_check, format_number, to_jsonable
+from natgrad_diag._validate import shape_str
+from natgrad_diag.autodiff.dense import BlockJacobian
+from natgrad_diag.exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
+from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, to_jsonable
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 
@@ -47,7 +47,7 @@ class OuterExample(Report):
         default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
         closed_form: [n], 2·sum(x).
         jacobian: the explicit Jacobian from :func:`~natgrad_diag.jacobian` (a
-            :class:`~natgrad_diag.jacobian.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
+            :class:`~natgrad_diag.autodiff.dense.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
         jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
         contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
         dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).
@@ -59,7 +59,7 @@ class OuterExample(Report):
         broadcast_seed_error: our message for y = sin(x) with a seed of shape [n, 1].
         tensorflow_broadcast_shape: the shape of the "gradient" plain ``tape.gradient`` returned for it
             (``None`` if it raised).
-        torch: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`), or ``None``.
+        torch: the PyTorch run (a :class:`~natgrad_diag.lessons.torch_bridge.TorchOuter`), or ``None``.
         torch_status: "torch <version>" or why the cross-check did not run.
         checks: the claims, each decided by its numbers.
         rtol, atol: the tolerances of every "equal".
@@ -304,7 +304,7 @@ def outer_example(
         >>> report.gradient_ones_seed
         array([20., 20., 20., 20.])
     """
-    from .progress import progress_bar
+    from natgrad_diag.progress import progress_bar
 
     xn = _validate_x(x)
     for name, value in (("rtol", rtol), ("atol", atol)):
@@ -318,8 +318,8 @@ def outer_example(
     with progress_bar(total=4, description="outer example") as advance:
         import tensorflow as tf
 
-        from .checked import checked_gradient
-        from .jacobian import jacobian
+        from natgrad_diag.autodiff.seeded import checked_gradient
+        from natgrad_diag.autodiff.dense import jacobian
 
         advance()
         xt = tf.constant(xn)
@@ -399,7 +399,7 @@ def outer_example(
         if use_torch is False:
             status = "skipped (use_torch=False)"
         else:
-            from .torch_bridge import torch_outer
+            from natgrad_diag.lessons.torch_bridge import torch_outer
 
             try:
                 torch_run = torch_outer(xn)

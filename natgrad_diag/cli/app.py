@@ -66,8 +66,8 @@ def _positive_float(text: str) -> float:
 
 
 def _report_path(text: str) -> str:
-    from .exceptions import InputError
-    from .render import report_format
+    from natgrad_diag.exceptions import InputError
+    from natgrad_diag.report.render import report_format
 
     try:
         report_format(text, argument="--report")
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
             "With no command, runs 'explain' on the seed scenario."
         ),
     )
-    from . import __version__
+    from natgrad_diag import __version__
 
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -185,15 +185,15 @@ def _import_tensorflow_quietly() -> None:
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
     if command == "explain":
-        from .explain import explain_output_gradients
+        from natgrad_diag.lessons.explain import explain_output_gradients
 
         return explain_output_gradients(gamma=args.gamma, xi_transform=_xi(args.xi))
     if command == "outer":
-        from .outer import outer_example
+        from natgrad_diag.lessons.outer import outer_example
 
         return outer_example(args.x)
     if command == "check":
-        from .natgrad_check import check_natgrad_cli
+        from natgrad_diag.natgrad.check import check_natgrad_cli
 
         return check_natgrad_cli(
             model=args.model,
@@ -209,14 +209,14 @@ def _run(args: argparse.Namespace) -> Any:
             seed=args.seed,
         )
     if command == "gradcheck":
-        from .gradcheck import gradcheck_cli
+        from natgrad_diag.gradcheck.checker import gradcheck_cli
 
         return gradcheck_cli(
             map=args.map, num_inducing=args.num_inducing, num_latent=args.num_latent, mode=args.mode,
             structure=args.structure, dtype=args.dtype, seed=args.seed, eps=args.eps, rtol=args.rtol, atol=args.atol,
         )  # fmt: skip
     if command == "bench":
-        from .bench import run_bench
+        from natgrad_diag.bench.runner import run_bench
 
         return run_bench(sizes=args.sizes, repeats=args.repeats, quick=args.quick, progress=not args.json)
     raise AssertionError(command)  # pragma: no cover
@@ -231,10 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, not ours
     if getattr(args, "json", False):
-        from .progress import set_enabled
+        from natgrad_diag.progress import set_enabled
 
         set_enabled(False)
-    from .exceptions import InputError, NatGradDiagError, UnsupportedModelError
+    from natgrad_diag.exceptions import InputError, NatGradDiagError, UnsupportedModelError
 
     try:
         _import_tensorflow_quietly()
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NatGradDiagError as e:
         print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)
         return EXIT_FAILED
-    from .render import emit
+    from natgrad_diag.report.render import emit
 
     emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
     return EXIT_OK if report.passed else EXIT_FAILED

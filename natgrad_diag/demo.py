@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import InputError
+from natgrad_diag.exceptions import InputError
 
 __all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
 

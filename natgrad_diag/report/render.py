@@ -1,8 +1,8 @@
 """Output of reports: the terminal (rich), JSON, HTML and Markdown files, and Jupyter.
 
 Every report lays itself out once, as ``title``, ``sections()`` (headings, text, tables) and ``checks``;
-each form here is drawn from that layout, so any :class:`~natgrad_diag.results.Report` renders without
-this module knowing its class. Pictures come from ``report.figures()`` (see :mod:`natgrad_diag.plots`).
+each form here is drawn from that layout, so any :class:`~natgrad_diag.report.records.Report` renders without
+this module knowing its class. Pictures come from ``report.figures()`` (see :mod:`natgrad_diag.report.pictures`).
 
 * :func:`emit`: the command's output: aligned tables with PASS/FAIL marks on the terminal (colour only
   on a terminal; ``plain=True`` for no colour and no borders), or JSON; then, if asked, a report file.
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
-from .exceptions import InputError, MissingExtraError, ReportWriteError
-from .results import Check, Table, format_number
+from natgrad_diag.exceptions import InputError, MissingExtraError, ReportWriteError
+from natgrad_diag.report.records import Check, Table, format_number
 
 __all__ = [
     "REPORT_FORMATS",
@@ -115,11 +115,11 @@ def _pictures(report: Any) -> tuple[tuple[Any, ...], str]:
     try:
         if callable(figures):
             return tuple(figures()), ""
-        from .plots import report_pictures
+        from natgrad_diag.report.pictures import report_pictures
 
         return report_pictures(report), ""
     except MissingExtraError:
-        from .plots import PLOT_EXTRA_REMEDY
+        from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY
 
         return (), f"Pictures are not included: matplotlib is not installed. To add them: {PLOT_EXTRA_REMEDY}."
 
@@ -222,7 +222,7 @@ def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: boo
     """The report as the terminal shows it: title, sections, aligned tables, the checks with PASS/FAIL.
 
     Args:
-        report: any :class:`~natgrad_diag.results.Report`.
+        report: any :class:`~natgrad_diag.report.records.Report`.
         plain: no colour and no table borders (only a dashed line under each header).
         width: the width to lay out for, in columns (80 is readable everywhere).
         color: include ANSI colour codes (as on a terminal); ignored when ``plain``.
@@ -330,7 +330,7 @@ def to_html_fragment(report: Any) -> str:
 
 
 def _html_document(report: Any, pics: Sequence[Any], note: str) -> str:
-    from . import __version__
+    from natgrad_diag import __version__
 
     return "\n".join([
         "<!DOCTYPE html>",
@@ -379,9 +379,9 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks.
 
     Args:
-        report: any :class:`~natgrad_diag.results.Report`.
+        report: any :class:`~natgrad_diag.report.records.Report`.
         image_names: relative file names of ``pictures``, in order (linked with ``![caption](name)``).
-        pictures: :class:`~natgrad_diag.plots.Picture` records (only their captions are used here).
+        pictures: :class:`~natgrad_diag.report.pictures.Picture` records (only their captions are used here).
         note: a line shown where the pictures would be (e.g. that matplotlib is missing).
     """
     parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{_verdict(report)}**"]
@@ -468,7 +468,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     ``path`` as it was. Without matplotlib the report is written without pictures and ``note`` says so.
 
     Args:
-        report: any :class:`~natgrad_diag.results.Report`.
+        report: any :class:`~natgrad_diag.report.records.Report`.
         path: where to write; the extension chooses the format.
         argument: the name to use for ``path`` in error messages (the CLI passes ``"--report"``).
 
@@ -522,7 +522,7 @@ def emit(
     the command keeps its exit code (0 when every check holds, 1 otherwise).
 
     Args:
-        report: any :class:`~natgrad_diag.results.Report`.
+        report: any :class:`~natgrad_diag.report.records.Report`.
         as_json: print ``report.to_dict()`` as JSON instead of the tables.
         plain: no colour and no table borders. Colour is used only when ``stream`` is a terminal.
         report_path: also write an ``.html`` or ``.md`` report there (see :func:`write_report`).

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .exceptions import InputError
+from natgrad_diag.exceptions import InputError
 
 __all__ = ["NatGradMonitor", "NatGradRecord"]
 
@@ -125,7 +125,7 @@ def _build_class() -> type:
             self.records.append(self.check(step))
             last = self.records[-1]
             if self.raise_on_failure and not last.passed:
-                from .exceptions import NatGradCheckError
+                from natgrad_diag.exceptions import NatGradCheckError
 
                 raise NatGradCheckError(
                     f"at training step {step}.",
@@ -135,7 +135,7 @@ def _build_class() -> type:
 
         def check(self, step: int) -> NatGradRecord:
             """Run the cheap checks now and return the record (not appended)."""
-            from .natgrad_check import check_natgrad
+            from natgrad_diag.natgrad.check import check_natgrad
 
             data = self.data() if callable(self.data) else self.data
             report = check_natgrad(

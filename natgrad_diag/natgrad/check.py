@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import InputError, NatGradCheckError, UnsupportedModelError, error_line
-from .results import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
+from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError, error_line
+from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 
 __all__ = [
     "GAMMA_GRID",
@@ -382,11 +382,11 @@ def _loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
 
 
 def _step_tensors(model: Any, g_mu: Any, g_sq: Any, gamma: Any, xi: Any) -> dict[str, Any]:
-    """natgrad_diag.trace.natgrad_tensors on the model's current q(u): the step, not assigned."""
+    """natgrad_diag.natgrad.trace.natgrad_tensors on the model's current q(u): the step, not assigned."""
     import tensorflow as tf
     from gpflow.base import _to_constrained
 
-    from .trace import natgrad_tensors
+    from natgrad_diag.natgrad.trace import natgrad_tensors
 
     dL_dmean = _to_constrained(g_mu, model.q_mu.transform)
     dL_dvarsqrt = _to_constrained(g_sq, model.q_sqrt.transform)
@@ -575,8 +575,8 @@ def _take_step_full(ctx: _Ctx) -> _Step:
     import tensorflow as tf
     from gpflow.base import _to_constrained
 
-    from .exceptions import StepFailedError
-    from .trace import natgrad_trace
+    from natgrad_diag.exceptions import StepFailedError
+    from natgrad_diag.natgrad.trace import natgrad_trace
 
     loss, g_mu, g_sq = _loss_and_grads(ctx.model, ctx.data)
     step = _Step(
@@ -841,7 +841,7 @@ def _check_fisher_full(ctx: _Ctx, step: _Step, advance: Any) -> Check:
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
-    from .jacobian import jacobian
+    from natgrad_diag.autodiff.dense import jacobian
 
     M, L = ctx.M, ctx.L
     nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
@@ -931,11 +931,11 @@ def _check_xi_forward(ctx: _Ctx, step: _Step) -> Check:
     if ctx.mode == "full":
         from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
-        from .jacobian import jacobian
+        from natgrad_diag.autodiff.dense import jacobian
 
         nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
         nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
-        from .exceptions import MemoryLimitError
+        from natgrad_diag.exceptions import MemoryLimitError
 
         try:
             J = jacobian(ctx.xi.naturals_to_xi, [nat1, nat2], input_names=("nat1", "nat2"), output_names=("xi1", "xi2"), symmetric=(False, True))
@@ -987,7 +987,7 @@ def _nat_step_on(ctx: _Ctx, copy_: Any) -> None:
     """One XiNat step with γ = 1 (natgrad_trace, the core), assigned to ``copy_``."""
     from gpflow.optimizers import XiNat
 
-    from .trace import natgrad_trace
+    from natgrad_diag.natgrad.trace import natgrad_trace
 
     _, g_mu, g_sq = _loss_and_grads(copy_, ctx.data)
     t = natgrad_trace(copy_.q_mu, copy_.q_sqrt, g_mu, g_sq, gamma=1.0, xi_transform=XiNat())
@@ -1000,7 +1000,7 @@ def _check_conjugate(ctx: _Ctx) -> list[Check]:
     import gpflow
     import tensorflow as tf
 
-    from .exceptions import StepFailedError
+    from natgrad_diag.exceptions import StepFailedError
 
     m = ctx.model
     copy_ = gpflow.utilities.deepcopy(m)
@@ -1213,14 +1213,14 @@ def check_natgrad(
         UserWarning: q_mu or q_sqrt has a transform for which GPflow's gradient mapping is wrong.
 
     Example:
-        >>> from natgrad_diag.models import make_model
+        >>> from natgrad_diag.demo import make_model
         >>> model, data = make_model("svgp", "gaussian", num_inducing=5)
         >>> check_natgrad(model, data).passed
         True
     """
-    from .models import dtype_context
-    from .progress import progress_bar
-    from .trace import _validate_gamma, resolve_xi_transform
+    from natgrad_diag.demo import dtype_context
+    from natgrad_diag.progress import progress_bar
+    from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
 
     _validate_model(model)
     xi = resolve_xi_transform(xi_transform)
@@ -1289,7 +1289,7 @@ def _run_checks(ctx: _Ctx, advance: Any) -> NatGradReport:
     elif step.dL_deta1 is None:
         ctx.skipped.append(("fisher_identity", "∂L/∂η could not be computed at the current q(u)"))
     elif ctx.mode == "full":
-        from .exceptions import MemoryLimitError
+        from natgrad_diag.exceptions import MemoryLimitError
 
         try:
             ctx.checks.append(_check_fisher_full(ctx, step, advance))
@@ -1442,14 +1442,14 @@ def assert_natgrad_step_matches_gpflow(
         atol, rtol: |ours − GPflow's| ≤ atol + rtol·max|GPflow's| (default 1e-10 each in float64, 1e-4 in float32).
 
     Returns:
-        The passing ``reproduction`` :class:`~natgrad_diag.results.Check`.
+        The passing ``reproduction`` :class:`~natgrad_diag.report.records.Check`.
 
     Raises:
         NatGradCheckError: the steps differ, or only one of them fails.
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
-    from .models import dtype_context
-    from .trace import _validate_gamma, resolve_xi_transform
+    from natgrad_diag.demo import dtype_context
+    from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
 
     _validate_model(model)
     xi = resolve_xi_transform(xi_transform)
@@ -1490,10 +1490,10 @@ def check_natgrad_cli(
     mode: str = "auto",
     seed: int = 0,
 ) -> NatGradReport:
-    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.models.make_model`) and check it."""
+    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it."""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
-    from .models import make_model
+    from natgrad_diag.demo import make_model
 
     if xi not in ("nat", "meanvar"):
         raise InputError(

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import InputError, error_line
-from .results import Check, Report, Section, Table, to_jsonable
+from natgrad_diag.exceptions import InputError, error_line
+from natgrad_diag.report.records import Check, Report, Section, Table, to_jsonable
 
 __all__ = ["BenchReport", "BenchRow", "DEFAULT_SIZES", "QUICK_SIZES", "run_bench"]
 
@@ -265,7 +265,7 @@ def _bench_trace(sizes: Sequence[int], repeats: int, checks: list[Check]) -> lis
     import tensorflow as tf
     from gpflow.optimizers import NaturalGradient, XiNat
 
-    from .trace import natgrad_trace
+    from natgrad_diag.natgrad.trace import natgrad_trace
 
     rows = []
     worst = 0.0
@@ -332,7 +332,7 @@ def _tape_jacobian(e1: Any, e2: Any) -> Any:
 def _bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     import tensorflow as tf
 
-    from .jacobian import natgrad_map_jacobian
+    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
 
     e1, e2 = _natgrad_map_fixture(M)
     compiled_tape = tf.function(_tape_jacobian)
@@ -358,7 +358,7 @@ def _bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]
 
 
 def _bench_vech(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
-    from .jacobian import natgrad_map_jacobian
+    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
 
     e1, e2 = _natgrad_map_fixture(M)
     # the natgrad map's default method: closed-form JVP columns, so the cost follows the column count
@@ -384,8 +384,8 @@ import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
-from natgrad_diag.bench import _natgrad_map_fixture, _tape_jacobian
-from natgrad_diag.jacobian import natgrad_map_jacobian
+from natgrad_diag.bench.runner import _natgrad_map_fixture, _tape_jacobian
+from natgrad_diag.autodiff.dense import natgrad_map_jacobian
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -472,7 +472,7 @@ def _bench_check_natgrad(M: int, N: int, repeats: int) -> list[BenchRow]:
 
     group = "fast-mode check_natgrad vs one compiled GPflow NaturalGradient step (SVGP)"
     try:
-        from .natgrad_check import check_natgrad
+        from natgrad_diag.natgrad.check import check_natgrad
 
         has_fast = "mode" in inspect.signature(check_natgrad).parameters
     except ImportError:
@@ -518,12 +518,12 @@ def _time_subprocess(cmd: Sequence[str], repeats: int) -> float | None:
 
 def _bench_cli(repeats: int, quick: bool, checks: list[Check]) -> list[BenchRow]:
     group = "the command line"
-    code = "import sys; from natgrad_diag.cli import build_parser; build_parser(); print('tensorflow' in sys.modules)"
+    code = "import sys; from natgrad_diag.cli.app import build_parser; build_parser(); print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_subprocess_env())
     imported = out.stdout.strip() != "False"
     checks.append(Check(
         name="help_imports_no_tensorflow",
-        claim="importing natgrad_diag.cli and building the parser does not import TensorFlow",
+        claim="importing natgrad_diag.cli.app and building the parser does not import TensorFlow",
         passed=not imported, detail=out.stderr.strip()[-200:] if out.returncode else "",
     ))  # fmt: skip
     t_help = _time_subprocess(_cli_command() + ["--help"], max(3, min(repeats, 5)))
@@ -591,7 +591,7 @@ def run_bench(
     Raises:
         InputError: ``sizes`` or ``repeats`` is not valid.
     """
-    from .progress import progress_bar
+    from natgrad_diag.progress import progress_bar
 
     size_list = _validate_sizes(sizes)
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import dtype_name, shape_str, validate_seeds
-from .exceptions import DTypeMismatchError, InputError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
+from natgrad_diag._validate import dtype_name, shape_str, validate_seeds
+from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import MissingExtraError
-from .results import Check, close_check
+from natgrad_diag.exceptions import MissingExtraError
+from natgrad_diag.report.records import Check, close_check
 
 __all__ = ["TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
 
@@ -170,14 +170,14 @@ def compare_with_tensorflow(
         rtol, atol: tolerances (keyword-only; 1e-12 suits float64).
 
     Returns:
-        A :class:`~natgrad_diag.results.Check`; it never raises on a disagreement.
+        A :class:`~natgrad_diag.report.records.Check`; it never raises on a disagreement.
 
     Raises:
         MissingExtraError: PyTorch is not installed.
         OutputGradientsError: a cotangent does not match TensorFlow's output (natgrad-diag's check).
         RuntimeError: a cotangent does not match torch's output (torch's own check).
     """
-    from .checked import vjp
+    from natgrad_diag.autodiff.seeded import vjp
 
     t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])

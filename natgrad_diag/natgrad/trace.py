@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import param_parts, validate_grad, validate_q
-from .exceptions import InputError, StepFailedError, error_line
+from natgrad_diag._validate import param_parts, validate_grad, validate_q
+from natgrad_diag.exceptions import InputError, StepFailedError, error_line
 
 __all__ = ["NatGradTrace", "default_seed_gradient", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 

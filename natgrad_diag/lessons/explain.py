@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .jacobian import BlockJacobian, natgrad_map_jacobian
-from .results import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
-from .trace import NatGradTrace, natgrad_trace
+from natgrad_diag.autodiff.dense import BlockJacobian, natgrad_map_jacobian
+from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
+from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
 
 __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
 
@@ -184,7 +184,7 @@ class Explanation(Report):
 def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> tuple[CounterExample, Check]:
     import tensorflow as tf
 
-    from .jacobian import jacobian
+    from natgrad_diag.autodiff.dense import jacobian
 
     xt = tf.constant(x)
     with tf.GradientTape(persistent=True) as tape:
@@ -236,7 +236,7 @@ def explain_output_gradients(
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
 
     Args:
-        source: a :class:`NatGradTrace`, a :class:`~natgrad_diag.scenario.SeedScenario` (or any
+        source: a :class:`NatGradTrace`, a :class:`~natgrad_diag.lessons.scenario.SeedScenario` (or any
             ``(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)`` tuple), or ``None`` for ``seed_scenario()``.
         gamma, xi_transform: passed to :func:`natgrad_trace` when ``source`` is not a trace.
         rtol, atol: tolerances for "equal" (default from the dtype: 1e-10/1e-12 in float64).
@@ -246,7 +246,7 @@ def explain_output_gradients(
         It never raises on a failed check; see ``Explanation.passed``.
     """
     if source is None:
-        from .scenario import seed_scenario
+        from natgrad_diag.lessons.scenario import seed_scenario
 
         source = seed_scenario()
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import shape_str
-from .exceptions import InputError, MemoryLimitError, ShapeMismatchError
+from natgrad_diag._validate import shape_str
+from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
 
 __all__ = [
     "BlockJacobian",
@@ -862,7 +862,7 @@ def _natgrad_map_closed_form(eta1: Any, eta2: Any, *, symmetric: bool, max_bytes
 
     The columns are written into one preallocated array; ``.block(i, j)`` equals ``tape.jacobian``'s.
     """
-    from .exceptions import SingularCovarianceError
+    from natgrad_diag.exceptions import SingularCovarianceError
 
     e1 = np.asarray(eta1)
     e2 = np.asarray(eta2)

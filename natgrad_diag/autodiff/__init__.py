@@ -1,0 +1,1 @@
+"""Automatic differentiation with checked seeds: checked_gradient, vjp and the explicit block Jacobian."""

@@ -1,0 +1,1 @@
+"""The benchmark behind natgrad-diag bench: ratios against GPflow and TensorFlow, from one run."""

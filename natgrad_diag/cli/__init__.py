@@ -1,0 +1,5 @@
+"""The command line: natgrad-diag and its sub-commands (argument parsing and glue only)."""
+
+from natgrad_diag.cli.app import main
+
+__all__ = ["main"]

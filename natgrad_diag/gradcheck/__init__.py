@@ -1,0 +1,1 @@
+"""Structure-aware gradient checks: full mode (explicit Jacobian) and fast mode (random directions) behind one dispatcher."""

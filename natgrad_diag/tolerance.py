@@ -1,0 +1,171 @@
+"""One tolerance policy for every check: a table keyed by dtype and one rule for what rtol means.
+
+In the style of ``jax._src.public_test_util`` (one ``default_gradient_tolerance`` table, one
+``tolerance(dtype, tol)`` rule), every comparison in the package reads this module.
+
+The rule (norm-wise, per compared block):
+
+    |got − want| ≤ atol + rtol · max|want|      for every element,
+
+so rtol is relative to the *scale* of the reference block, not to each element. This is the error model
+of floating-point rounding: a computed vector y = f(x) carries an error bounded by a multiple of
+ε·‖y‖ (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.5 and §10.1 for Cholesky),
+so small entries of a large block are not held to a tighter absolute error than the block's large entries.
+
+The kinds of comparison:
+
+* ``"exact"``: two exact routes to the same number (a VJP against the explicit Jacobian contracted by
+  hand, GPflow's step against ours). Only rounding separates them: rtol ≈ 10⁴·ε absorbs the
+  accumulation over O(M²) terms for M up to a few hundred.
+* ``"finite_difference"``: analytic against central differences with step eps ≈ ∛ε, which balances the
+  O(eps²) truncation error against the O(ε/eps) rounding error (Nocedal & Wright, *Numerical
+  Optimization*, 2nd ed., §8.1); each is about ε^(2/3), so rtol leaves a margin of ~10² above that.
+
+Condition-number terms for ill-conditioned problems (κ(S), κ(F)) are added on top by the checks that
+measure them: :func:`rounding_bound` gives the ``c · ε · κ · scale`` term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KINDS", "Tolerance", "default_tolerance", "eps", "resolve", "rounding_bound", "tolerance_bound"]
+
+KINDS = ("exact", "finite_difference")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Tolerances of one comparison: ``|got − want| ≤ atol + rtol · max|want|``.
+
+    Attributes:
+        rtol: relative to the largest |want| of the compared block.
+        atol: absolute floor, for blocks whose reference is zero.
+        eps: the finite-difference step (``None`` for exact comparisons).
+    """
+
+    rtol: float
+    atol: float
+    eps: float | None = None
+
+    def bound(self, want: Any) -> float:
+        """The bound this tolerance allows against the reference ``want`` (an array or arrays)."""
+        return tolerance_bound(want, rtol=self.rtol, atol=self.atol)
+
+
+# (rtol, atol, fd step) by dtype and kind; see the module docstring for where each number comes from.
+_TABLE: dict[str, dict[str, Tolerance]] = {
+    "float64": {
+        "exact": Tolerance(rtol=1e-10, atol=1e-12),
+        "finite_difference": Tolerance(rtol=1e-5, atol=1e-7, eps=1e-6),
+    },
+    "float32": {
+        "exact": Tolerance(rtol=1e-4, atol=1e-5),
+        "finite_difference": Tolerance(rtol=2e-2, atol=2e-3, eps=1e-3),
+    },
+    "float16": {
+        "exact": Tolerance(rtol=1e-2, atol=1e-3),
+        "finite_difference": Tolerance(rtol=1e-1, atol=5e-2, eps=1e-2),
+    },
+}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str) or name not in _TABLE:
+        try:
+            name = np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).name
+        except TypeError:
+            name = str(dtype)
+    return name
+
+
+def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
+    """The default :class:`Tolerance` for comparisons of ``kind`` in ``dtype``.
+
+    Args:
+        dtype: a numpy or TensorFlow floating dtype (float16, float32 or float64).
+        kind: ``"exact"`` or ``"finite_difference"``.
+
+    Raises:
+        InputError: for a dtype or kind without a default.
+
+    Examples:
+        >>> default_tolerance("float64")
+        Tolerance(rtol=1e-10, atol=1e-12, eps=None)
+        >>> default_tolerance("float32", "finite_difference").eps
+        0.001
+    """
+    from natgrad_diag.exceptions import InputError
+
+    name = _dtype_name(dtype)
+    if kind not in KINDS:
+        raise InputError(
+            "Unknown kind of comparison.",
+            context=[("Argument", "kind"), ("Expected", " or ".join(KINDS)), ("Got", repr(kind))],
+            remedy="use one of the kinds listed.",
+        )
+    if name not in _TABLE:
+        raise InputError(
+            "No default tolerance for this dtype.",
+            context=[("Argument", "dtype"), ("Expected", "float16, float32 or float64"), ("Got", name)],
+            remedy="cast the inputs to a floating dtype (GPflow's default is float64).",
+        )
+    return _TABLE[name][kind]
+
+
+def eps(dtype: Any) -> float:
+    """Machine epsilon of ``dtype`` (2.2e-16 for float64)."""
+    return float(np.finfo(np.dtype(_dtype_name(dtype))).eps)
+
+
+def tolerance_bound(want: Any, *, rtol: float, atol: float) -> float:
+    """``atol + rtol · max|want|`` over every element of ``want`` (an array or a sequence of arrays).
+
+    Examples:
+        >>> tolerance_bound([1.0, -4.0], rtol=0.5, atol=0.25)
+        2.25
+    """
+    if isinstance(want, (tuple, list)) and want and not np.isscalar(want[0]):
+        scale = max((float(np.max(np.abs(np.asarray(w, np.float64)), initial=0.0)) for w in want), default=0.0)
+    else:
+        scale = float(np.max(np.abs(np.asarray(want, np.float64)), initial=0.0))
+    return atol + rtol * scale
+
+
+def rounding_bound(dtype: Any, *, condition: float, scale: float, factor: float = 100.0) -> float:
+    """The rounding term ``factor · ε · κ · scale`` of a computation with condition number κ.
+
+    A backward-stable computation of a quantity of size ``scale`` whose condition number is κ has a
+    forward error of order ε·κ·scale (Higham 2002, §1.6); ``factor`` absorbs the constants that grow
+    with the problem size.
+    """
+    return factor * eps(dtype) * float(condition) * float(scale)
+
+
+def resolve(dtype: Any, kind: str = "exact", *, rtol: Any = None, atol: Any = None) -> Tolerance:
+    """The default tolerance for ``dtype`` and ``kind``, with the user's ``rtol``/``atol`` where given.
+
+    Raises:
+        InputError: when rtol or atol is not a finite number ≥ 0.
+    """
+    from natgrad_diag.exceptions import InputError
+
+    base = default_tolerance(dtype, kind)
+    values = {}
+    for name, value, default in (("rtol", rtol, base.rtol), ("atol", atol, base.atol)):
+        if value is None:
+            values[name] = default
+            continue
+        ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+        if not ok or not np.isfinite(value) or value < 0:
+            raise InputError(
+                f"{name} must be a finite number ≥ 0.",
+                context=[("Argument", name), ("Expected", "a finite number ≥ 0"), ("Got", repr(value))],
+                remedy=f"pass {name}= a non-negative float, or leave it out for {default:g}.",
+            )
+        values[name] = float(value)
+    return Tolerance(rtol=values["rtol"], atol=values["atol"], eps=base.eps)
