@@ -77,7 +77,7 @@ _LAZY = {
     "outer_example": "lessons.outer",
     "seed_scenario": "lessons.scenario",
     "vjp": "autodiff.seeded",
-    "write_report": "report.render",
+    "write_report": "report.files",
 }
 _SUBMODULES = {"testing": "testing", "torch_bridge": "lessons.torch_bridge"}
 
@@ -105,7 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.natgrad.monitor import NatGradMonitor
     from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
     from natgrad_diag.lessons.outer import OuterExample, outer_example
-    from natgrad_diag.report.render import write_report
+    from natgrad_diag.report.files import write_report
     from natgrad_diag.report.records import Check
     from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
     from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace

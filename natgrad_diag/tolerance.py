@@ -32,7 +32,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KINDS", "Tolerance", "default_tolerance", "eps", "resolve", "rounding_bound", "tolerance_bound"]
+__all__ = [
+    "KINDS",
+    "Tolerance",
+    "default_tolerance",
+    "eps",
+    "resolve",
+    "rounding_bound",
+    "tolerance_bound",
+    "validate_tolerance",
+]
 
 KINDS = ("exact", "finite_difference")
 
@@ -152,20 +161,31 @@ def resolve(dtype: Any, kind: str = "exact", *, rtol: Any = None, atol: Any = No
     Raises:
         InputError: when rtol or atol is not a finite number ≥ 0.
     """
+    base = default_tolerance(dtype, kind)
+    values = {
+        name: default if value is None else validate_tolerance(name, value)
+        for name, value, default in (("rtol", rtol, base.rtol), ("atol", atol, base.atol))
+    }
+    return Tolerance(rtol=values["rtol"], atol=values["atol"], eps=base.eps)
+
+
+def validate_tolerance(name: str, value: Any) -> float:
+    """``value`` as a float, when it is a finite number ≥ 0 (a tolerance named ``name``).
+
+    Raises:
+        InputError: for anything else (a string, a bool, NaN, ∞, a negative number), naming ``name``.
+
+    Examples:
+        >>> validate_tolerance("rtol", 1e-6)
+        1e-06
+    """
     from natgrad_diag.exceptions import InputError
 
-    base = default_tolerance(dtype, kind)
-    values = {}
-    for name, value, default in (("rtol", rtol, base.rtol), ("atol", atol, base.atol)):
-        if value is None:
-            values[name] = default
-            continue
-        ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-        if not ok or not np.isfinite(value) or value < 0:
-            raise InputError(
-                f"{name} must be a finite number ≥ 0.",
-                context=[("Argument", name), ("Expected", "a finite number ≥ 0"), ("Got", repr(value))],
-                remedy=f"pass {name}= a non-negative float, or leave it out for {default:g}.",
-            )
-        values[name] = float(value)
-    return Tolerance(rtol=values["rtol"], atol=values["atol"], eps=base.eps)
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not ok or not np.isfinite(value) or value < 0:
+        raise InputError(
+            f"{name} must be a finite number ≥ 0.",
+            context=[("Argument", name), ("Expected", "a finite number ≥ 0, e.g. 1e-10"), ("Got", repr(value))],
+            remedy=f"pass {name}= a non-negative float, or leave it out for the dtype's default.",
+        )
+    return float(value)

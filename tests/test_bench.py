@@ -11,7 +11,7 @@ import pytest
 
 from natgrad_diag.bench.runner import BenchReport, BenchRow, run_bench
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.report.records import Report
+from natgrad_diag.report.base import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -175,9 +175,9 @@ def test_outer_example__bad_tolerance():
     assert str(info.value) == (
         "Invalid input. rtol must be a finite number ≥ 0.\n"
         "  Argument: rtol\n"
-        "    Expected: a float ≥ 0, e.g. 1e-12\n"
+        "    Expected: a finite number ≥ 0, e.g. 1e-10\n"
         "    Got:      -1.0\n"
-        "  To fix: pass rtol=1e-12 (float64) or leave the default."
+        "  To fix: pass rtol= a non-negative float, or leave it out for the dtype's default."
     )
 
 

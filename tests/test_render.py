@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.report.render: terminal tables, HTML and Markdown files, atomic writes, the CLI's --report.
+"""Tests of natgrad_diag.report's renderers: terminal tables, HTML and Markdown files, atomic writes, the CLI's --report.
 
 Oracles: Python's own html.parser and base64, the PNG signature and matplotlib's PNG decoder, the
 report's own fields (every check name, every table cell) and the file system before and after.
@@ -21,9 +21,15 @@ import pytest
 
 from natgrad_diag import progress
 from natgrad_diag.cli import app as cli
-from natgrad_diag.report import render
+from natgrad_diag.report import emit as emit_mod
+from natgrad_diag.report import files as files_mod
+from natgrad_diag.report import html as html_mod
+from natgrad_diag.report import layout as layout_mod
+from natgrad_diag.report import markdown as markdown_mod
+from natgrad_diag.report import text as text_mod
 from natgrad_diag.exceptions import InputError, ReportWriteError
-from natgrad_diag.report.records import Check, Report, Section, Table
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ANSI = "\x1b["
@@ -132,7 +138,7 @@ def _all_cells(report: Report, *, headers: bool = True) -> list[str]:
 
 
 def test_text_blocks__paragraphs_join_code_keeps_its_lines():
-    assert render.text_blocks("a\nb\n    c = 1\n    d()\ne\n\nf\n- item\n- item two") == [
+    assert layout_mod.text_blocks("a\nb\n    c = 1\n    d()\ne\n\nf\n- item\n- item two") == [
         ("para", "a b"),
         ("code", "    c = 1\n    d()"),
         ("para", "e"),
@@ -144,12 +150,12 @@ def test_text_blocks__paragraphs_join_code_keeps_its_lines():
 
 @pytest.mark.parametrize("path, fmt", [("r.html", "html"), ("R.HTM", "html"), ("dir/r.md", "markdown")])
 def test_report_format__by_extension(path, fmt):
-    assert render.report_format(path) == fmt
+    assert files_mod.report_format(path) == fmt
 
 
 def test_report_format__other_extensions_name_the_argument():
     with pytest.raises(InputError) as info:
-        render.report_format("out/report.pdf", argument="--report")
+        files_mod.report_format("out/report.pdf", argument="--report")
     assert str(info.value) == (
         "Invalid input. the report format is chosen by the file extension.\n"
         "  Argument: --report\n"
@@ -166,7 +172,7 @@ def test_report_format__other_extensions_name_the_argument():
 @pytest.mark.parametrize("plain", [False, True], ids=["rich", "plain"])
 def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
     for report in (Demo(), explanation):
-        text = render.to_terminal(report, plain=plain, width=80)
+        text = text_mod.to_terminal(report, plain=plain, width=80)
         lines = text.splitlines()
         assert max(len(line) for line in lines) <= 80
         for c in report.checks:
@@ -179,21 +185,21 @@ def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
 
 
 def test_to_terminal__plain_has_no_borders_rich_has_them():
-    plain = render.to_terminal(Demo(), plain=True)
-    boxed = render.to_terminal(Demo(), plain=False)
+    plain = text_mod.to_terminal(Demo(), plain=True)
+    boxed = text_mod.to_terminal(Demo(), plain=False)
     assert not BOX_CHARS & set(plain)
     assert BOX_CHARS & set(boxed)
     assert "Verdict: 1 of 4 check(s) FAILED." in plain
 
 
 def test_to_terminal__colour_only_when_asked():
-    coloured = render.to_terminal(Demo(), color=True)
+    coloured = text_mod.to_terminal(Demo(), color=True)
     assert ANSI in coloured
-    assert ANSI not in render.to_terminal(Demo(), color=True, plain=True)
+    assert ANSI not in text_mod.to_terminal(Demo(), color=True, plain=True)
 
 
 def test_to_terminal__numbers_against_their_tolerance():
-    lines = render.to_terminal(Demo(), plain=True).splitlines()
+    lines = text_mod.to_terminal(Demo(), plain=True).splitlines()
     row = {c.name: next(line for line in lines if c.name in line) for c in Demo().checks}
     assert re.search(r"FAIL\s+large_gap\s+0\.0025\s+> 1\.00e-08$", row["large_gap"])
     assert re.search(r"PASS\s+exact_match\s+0\s+≤ 1\.00e-12$", row["exact_match"])
@@ -206,16 +212,16 @@ def test_to_terminal__nan_error_is_not_within_tolerance():
     class NaNReport(Demo):
         checks: tuple[Check, ...] = (Check("nan_error", "the two routes agree", False, float("nan"), 1e-8),)
 
-    row = next(line for line in render.to_terminal(NaNReport(), plain=True).splitlines() if "nan_error" in line)
+    row = next(line for line in text_mod.to_terminal(NaNReport(), plain=True).splitlines() if "nan_error" in line)
     assert re.search(r"FAIL\s+nan_error\s+nan\s+> 1\.00e-08$", row)
 
 
 def test_emit__not_a_terminal_gets_no_colour_and_json_is_to_dict():
     out = io.StringIO()
-    assert render.emit(Demo(), stream=out) is None
+    assert emit_mod.emit(Demo(), stream=out) is None
     assert ANSI not in out.getvalue() and "large_gap" in out.getvalue()
     out = io.StringIO()
-    render.emit(Demo(), as_json=True, stream=out)
+    emit_mod.emit(Demo(), as_json=True, stream=out)
     assert json.loads(out.getvalue()) == json.loads(json.dumps(Demo().to_dict()))
 
 
@@ -224,7 +230,7 @@ def test_emit__not_a_terminal_gets_no_colour_and_json_is_to_dict():
 
 
 def test_to_html__parses_embeds_png_and_names_every_check(explanation):
-    doc = render.to_html(explanation)
+    doc = html_mod.to_html(explanation)
     parsed = _Parsed(doc)
     assert parsed.errors == [] and parsed.stack == []
     assert doc.startswith("<!DOCTYPE html>")
@@ -240,7 +246,7 @@ def test_to_html__parses_embeds_png_and_names_every_check(explanation):
 
 
 def test_to_html__escapes_cells_and_keeps_the_layout():
-    parsed = _Parsed(render.to_html(Demo(), pictures=False))
+    parsed = _Parsed(html_mod.to_html(Demo(), pictures=False))
     assert parsed.errors == []
     assert "a|b <c>" in parsed.cells and "2 | 3" in parsed.cells
     assert "Demo report <M = 3>" in parsed.text
@@ -268,7 +274,7 @@ def _md_cells(line: str) -> list[str]:
 
 
 def test_write_report__markdown_links_its_images_beside_it(tmp_path, explanation):
-    written = render.write_report(explanation, tmp_path / "r.md")
+    written = files_mod.write_report(explanation, tmp_path / "r.md")
     text = (tmp_path / "r.md").read_text(encoding="utf-8")
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert links == ["r-jacobian.png", "r-eta1.png", "r-checks.png"]
@@ -281,7 +287,7 @@ def test_write_report__markdown_links_its_images_beside_it(tmp_path, explanation
 
 
 def test_to_markdown__tables_keep_their_columns_and_escape_pipes():
-    text = render.to_markdown(Demo())
+    text = markdown_mod.to_markdown(Demo())
     lines = text.splitlines()
     header = lines.index(next(line for line in lines if "value [3, 1]" in line))
     assert _md_cells(lines[header]) == ["", "value [3, 1]", r"a\|b \<c\>"]
@@ -295,7 +301,7 @@ def test_to_markdown__tables_keep_their_columns_and_escape_pipes():
 
 
 def test_write_report__markdown_with_special_file_name_links_it_quoted(tmp_path):
-    written = render.write_report(Demo(), tmp_path / "my report.md")
+    written = files_mod.write_report(Demo(), tmp_path / "my report.md")
     text = written.path.read_text(encoding="utf-8")
     assert "](my%20report-checks.png)" in text
     assert (tmp_path / "my report-checks.png").exists()
@@ -318,9 +324,9 @@ def test_write_report__failed_replace_leaves_old_file_and_no_temp(tmp_path, monk
     def refuse(src, dst):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(render.os, "replace", refuse)
+    monkeypatch.setattr(files_mod.os, "replace", refuse)
     with pytest.raises(ReportWriteError) as info:
-        render.write_report(Demo(), path)
+        files_mod.write_report(Demo(), path)
     assert path.read_text(encoding="utf-8") == "OLD REPORT"
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
     assert str(info.value) == (
@@ -354,9 +360,9 @@ def test_write_report__disk_full_half_way_leaves_old_file(tmp_path, monkeypatch)
         def __exit__(self, *exc):
             self.f.close()
 
-    monkeypatch.setattr(render.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+    monkeypatch.setattr(files_mod.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
     with pytest.raises(ReportWriteError, match="No space left on device"):
-        render.write_report(Demo(), path)
+        files_mod.write_report(Demo(), path)
     assert path.read_text(encoding="utf-8") == "OLD REPORT"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
 
@@ -370,7 +376,7 @@ def test_write_report__exception_while_rendering_leaves_old_file(tmp_path):
     for name in ("r.html", "r.md"):
         path = _old(tmp_path, name)
         with pytest.raises(RuntimeError, match="bug in a report's layout"):
-            render.write_report(Broken(), path)
+            files_mod.write_report(Broken(), path)
         assert path.read_text(encoding="utf-8") == "OLD REPORT"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.md"]
 
@@ -378,7 +384,7 @@ def test_write_report__exception_while_rendering_leaves_old_file(tmp_path):
 def test_write_report__replaces_an_existing_report_keeping_its_mode(tmp_path):
     path = _old(tmp_path, "r.html")
     path.chmod(0o640)
-    render.write_report(Demo(), path)
+    files_mod.write_report(Demo(), path)
     assert "large_gap" in path.read_text(encoding="utf-8")
     assert path.stat().st_mode & 0o777 == 0o640
 
@@ -393,7 +399,7 @@ def test_write_report__unwritable_path_is_a_clear_error(tmp_path, where):
         "a_directory": tmp_path / "dir.html",
     }[where]
     with pytest.raises(ReportWriteError) as info:
-        render.write_report(Demo(), path)
+        files_mod.write_report(Demo(), path)
     message = str(info.value)
     assert message.startswith("Could not write the report.")
     assert f"Path:     {path}\n" in message and "Argument: path" in message and "To fix:" in message
@@ -407,16 +413,16 @@ def test_write_report__unwritable_path_is_a_clear_error(tmp_path, where):
 
 def test_reports_without_matplotlib__still_written_with_a_note(tmp_path, monkeypatch, explanation):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    doc = render.to_html(explanation)
+    doc = html_mod.to_html(explanation)
     parsed = _Parsed(doc)
     assert parsed.errors == [] and parsed.images == []
     assert 'pip install "natgrad-diag[plot]"' in "".join(parsed.text)
     assert {c.name for c in explanation.checks} <= set(parsed.codes)
-    written = render.write_report(explanation, tmp_path / "r.md")
+    written = files_mod.write_report(explanation, tmp_path / "r.md")
     assert written.images == () and "natgrad-diag[plot]" in written.path.read_text(encoding="utf-8")
     assert "matplotlib is not installed" in written.note
     assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
-    assert "a_vjp_equals_contraction" in render.to_terminal(explanation)
+    assert "a_vjp_equals_contraction" in text_mod.to_terminal(explanation)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,9 +433,9 @@ def test_rendering__leaves_the_report_bit_identical(tmp_path, explanation):
     t = explanation.trace
     before = {k: np.copy(getattr(t, k)) for k in ("eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1")}
     text_before = str(explanation)
-    render.to_terminal(explanation)
-    render.write_report(explanation, tmp_path / "r.md")
-    render.to_html_fragment(explanation)
+    text_mod.to_terminal(explanation)
+    files_mod.write_report(explanation, tmp_path / "r.md")
+    html_mod.to_html_fragment(explanation)
     for k, v in before.items():
         assert np.array_equal(getattr(t, k), v), k
     assert str(explanation) == text_before
@@ -524,4 +530,4 @@ def test_cli__without_matplotlib_the_report_is_written_with_a_note(tmp_path, mon
 def test_write_report__is_exported_at_the_top_level():
     import natgrad_diag
 
-    assert natgrad_diag.write_report is render.write_report and "write_report" in natgrad_diag.__all__
+    assert natgrad_diag.write_report is files_mod.write_report and "write_report" in natgrad_diag.__all__

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, error_line
-from natgrad_diag.report.records import Check, Report, Section, Table, to_jsonable
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, to_jsonable
 
 __all__ = ["BenchReport", "BenchRow", "DEFAULT_SIZES", "QUICK_SIZES", "run_bench"]
 

@@ -67,7 +67,7 @@ def _positive_float(text: str) -> float:
 
 def _report_path(text: str) -> str:
     from natgrad_diag.exceptions import InputError
-    from natgrad_diag.report.render import report_format
+    from natgrad_diag.report.files import report_format
 
     try:
         report_format(text, argument="--report")
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NatGradDiagError as e:
         print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)
         return EXIT_FAILED
-    from natgrad_diag.report.render import emit
+    from natgrad_diag.report.emit import emit
 
     emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
     return EXIT_OK if report.passed else EXIT_FAILED

@@ -45,7 +45,8 @@ import numpy as np
 from natgrad_diag._validate import require_finite, require_float, require_same_dtype, shape_str, validate_seeds
 from natgrad_diag.exceptions import InputError, JacobianMismatchError, NonFiniteError, ShapeMismatchError, error_line
 from natgrad_diag.autodiff.dense import DEFAULT_MAX_BYTES, check_memory, jacobian, jacobian_nbytes
-from natgrad_diag.report.records import Check, Report, Section, Table, format_number, to_jsonable
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
 
 __all__ = [
     "GradientCheckReport",

@@ -13,22 +13,24 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.autodiff.dense import BlockJacobian, natgrad_map_jacobian
-from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
+from natgrad_diag.tolerance import default_tolerance, resolve
 
 __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
 
 
 def default_tolerances(dtype: Any) -> tuple[float, float]:
-    """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype``."""
-    return (1e-10, 1e-12) if np.dtype(dtype) == np.float64 else (1e-4, 1e-5)
+    """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype`` (see :mod:`natgrad_diag.tolerance`)."""
+    tol = default_tolerance(dtype, "exact")
+    return tol.rtol, tol.atol
 
 
 @dataclass(frozen=True)
@@ -251,18 +253,44 @@ def explain_output_gradients(
         source = seed_scenario()
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
     trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform, compiled=False)
-    d_rtol, d_atol = default_tolerances(trace.eta1.dtype)
-    rtol = d_rtol if rtol is None else rtol
-    atol = d_atol if atol is None else atol
-
+    tol = resolve(trace.eta1.dtype, "exact", rtol=rtol, atol=atol)
+    rtol, atol = tol.rtol, tol.atol
     J = natgrad_map_jacobian(trace.eta1, trace.eta2, method="autodiff")  # the lesson says: from tape.jacobian
-    v = (trace.dL_dmean, trace.dL_dvarsqrt)
-    contraction = J.vjp(list(v))
-    summed = J.summed_gradient()
     mean_path = np.tensordot(trace.dL_dmean, J.block(0, 0), axes=2)
     varsqrt_path = np.tensordot(trace.dL_dvarsqrt, J.block(1, 0), axes=3)
-    naive = trace.naive_product1
+    checks = _claims_a_to_c(trace, J, mean_path, varsqrt_path, rtol=rtol, atol=atol)
+    ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), rtol, atol)
+    checks.append(ce_check)
+    M = trace.num_inducing
+    row_label = f"varsqrt[0,{M - 1},0]"
+    onehot = _onehot_row(trace, row_label)
+    checks.append(close_check(
+        "e_onehot_row",
+        f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
+        onehot, J.row(row_label), rtol=rtol, atol=atol,
+    ))  # fmt: skip
+    return Explanation(
+        trace=trace,
+        jacobian=J,
+        naive_product=trace.naive_product1,
+        mean_path=mean_path,
+        varsqrt_path=varsqrt_path,
+        counter_example=ce,
+        row_label=row_label,
+        onehot_row=onehot,
+        checks=tuple(checks),
+        rtol=rtol,
+        atol=atol,
+    )
 
+
+def _claims_a_to_c(
+    trace: NatGradTrace, J: BlockJacobian, mean_path: np.ndarray, varsqrt_path: np.ndarray, *, rtol: float, atol: float
+) -> list[Check]:
+    """Claims (a)-(c): Jᵀ·v, Jᵀ·1 and its split, the two paths, and the naive product against Jᵀ·v."""
+    contraction = J.vjp([trace.dL_dmean, trace.dL_dvarsqrt])
+    summed = J.summed_gradient()
+    naive = trace.naive_product1
     checks = [
         close_check(
             "a_vjp_equals_contraction",
@@ -300,26 +328,4 @@ def explain_output_gradients(
         f"{format_number(max_abs_diff(mean_path, trace.dL_dmean))}",
         expect_difference=not j_diag,
     ))  # fmt: skip
-    ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), rtol, atol)
-    checks.append(ce_check)
-    M = trace.num_inducing
-    row_label = f"varsqrt[0,{M - 1},0]"
-    onehot = _onehot_row(trace, row_label)
-    checks.append(close_check(
-        "e_onehot_row",
-        f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
-        onehot, J.row(row_label), rtol=rtol, atol=atol,
-    ))  # fmt: skip
-    return Explanation(
-        trace=trace,
-        jacobian=J,
-        naive_product=naive,
-        mean_path=mean_path,
-        varsqrt_path=varsqrt_path,
-        counter_example=ce,
-        row_label=row_label,
-        onehot_row=onehot,
-        checks=tuple(checks),
-        rtol=rtol,
-        atol=atol,
-    )
+    return checks

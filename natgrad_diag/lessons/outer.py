@@ -26,7 +26,8 @@ import numpy as np
 from natgrad_diag._validate import shape_str
 from natgrad_diag.autodiff.dense import BlockJacobian
 from natgrad_diag.exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
-from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, to_jsonable
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, to_jsonable
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 
@@ -101,6 +102,16 @@ class OuterExample(Report):
         return int(self.x.shape[0])
 
     def sections(self) -> tuple[Section, ...]:
+        return (
+            self._seed_section(),
+            Section("The seed of ones", "", (self._numbers_table(),)),
+            self._jacobian_section(),
+            self._chain_section(),
+            Section("The wrong seed", self._wrong_seed_text()),
+            Section("PyTorch cross-check", self._torch_text()),
+        )
+
+    def _seed_section(self) -> Section:
         n = self.n
         s_sum = format_number(float(np.sum(self.x)))
         intro = (
@@ -110,6 +121,10 @@ class OuterExample(Report):
             f"so a seed of ones gives dL/dx_i = Σ_k x_k + Σ_j x_j = 2·sum(x) = 2·{s_sum} = "
             f"{format_number(2 * float(np.sum(self.x)))} for every i. It is the gradient of sum(y), not the Jacobian."
         )
+        return Section("What the seed is", intro)
+
+    def _numbers_table(self) -> Table:
+        n = self.n
         cols = ["i", "x_i", "dL/dx_i (seed of ones)", "2·sum(x)", "Σ_jk J[j,k,i]"]
         if self.torch is not None:
             cols.append("torch")
@@ -120,7 +135,10 @@ class OuterExample(Report):
             if self.torch is not None:
                 row.append(format_number(self.torch.gradient_ones_seed[i]))
             rows.append(tuple(row))
-        numbers = Table(columns=tuple(cols), rows=tuple(rows))
+        return Table(columns=tuple(cols), rows=tuple(rows))
+
+    def _jacobian_section(self) -> Section:
+        n = self.n
         c = {ch.name: ch for ch in self.checks}
         jac_text = (
             f"tape.jacobian(y, x) has shape {shape_str(self.jacobian_array.shape)} (y's shape, then x's) and equals "
@@ -138,9 +156,13 @@ class OuterExample(Report):
                     title="J[:, :, 0] = ∂y/∂x_0",
                 ),
             )
+        return Section("The Jacobian", jac_text, tables)
+
+    def _chain_section(self) -> Section:
+        c = {ch.name: ch for ch in self.checks}
         chain_cols = ["i", "two steps", "one step", "4·x_i·Σx²"] + (["torch"] if self.torch is not None else [])
         chain_rows = []
-        for i in range(n):
+        for i in range(self.n):
             row = [str(i), format_number(self.chain_two_step[i]), format_number(self.chain_one_step[i]),
                    format_number(self.chain_closed_form[i])]  # fmt: skip
             if self.torch is not None:
@@ -153,6 +175,11 @@ class OuterExample(Report):
             f"(max difference {format_number(c['chain_two_steps_equal_one'].max_abs_error)}), and equals "
             "d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
         )
+        return Section("A chain: z = y², in two steps and in one", chain_text,
+                       (Table(columns=tuple(chain_cols), rows=tuple(chain_rows)),))  # fmt: skip
+
+    def _wrong_seed_text(self) -> str:
+        n = self.n
         wrong = [
             f"The seed ones_like(x) has shape [{n}], but y has shape [{n}, {n}]. What each one does with it:",
             f"- natgrad_diag.checked_gradient: {_first_line(self.wrong_seed_error)}",
@@ -174,23 +201,16 @@ class OuterExample(Report):
             "Call natgrad_diag.checked_gradient(tape, y, x, seed) where you would call tape.gradient(y, x, "
             "output_gradients=seed) to get these checks.",
         ]
+        return "\n".join(wrong)
+
+    def _torch_text(self) -> str:
         if self.torch is not None:
-            torch_text = (
+            return (
                 f"{self.torch_status}: torch.autograd.grad on the same x in float64 gives the same seed-of-ones "
                 "gradient, Jacobian and chain as TensorFlow (within atol + rtol·max|value|, "
                 f"rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)}), and rejects the wrong seed itself."
             )
-        else:
-            torch_text = f"The PyTorch cross-check did not run: {self.torch_status}."
-        return (
-            Section("What the seed is", intro),
-            Section("The seed of ones", "", (numbers,)),
-            Section("The Jacobian", jac_text, tables),
-            Section("A chain: z = y², in two steps and in one", chain_text,
-                    (Table(columns=tuple(chain_cols), rows=tuple(chain_rows)),)),  # fmt: skip
-            Section("The wrong seed", "\n".join(wrong)),
-            Section("PyTorch cross-check", torch_text),
-        )
+        return f"The PyTorch cross-check did not run: {self.torch_status}."
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -305,147 +325,194 @@ def outer_example(
         array([20., 20., 20., 20.])
     """
     from natgrad_diag.progress import progress_bar
+    from natgrad_diag.tolerance import validate_tolerance
 
     xn = _validate_x(x)
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")):
-            raise InputError(
-                f"{name} must be a finite number ≥ 0.",
-                context=[("Argument", name), ("Expected", "a float ≥ 0, e.g. 1e-12"), ("Got", repr(value))],
-                remedy=f"pass {name}=1e-12 (float64) or leave the default.",
-            )
-    n = xn.shape[0]
+    rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
     with progress_bar(total=4, description="outer example") as advance:
-        import tensorflow as tf
-
-        from natgrad_diag.autodiff.seeded import checked_gradient
-        from natgrad_diag.autodiff.dense import jacobian
-
         advance()
-        xt = tf.constant(xn)
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(xt)
-            y = xt[:, None] * xt[None, :]
-            z = y**2
-            s = tf.sin(xt)
-        g_ones = checked_gradient(tape, y, xt, tf.ones_like(y)).numpy()
-        g_default = tape.gradient(y, xt).numpy()
-        dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
-        two = checked_gradient(tape, y, xt, dL_dy).numpy()
-        one = checked_gradient(tape, z, xt, tf.ones_like(z)).numpy()
-
-        wrong_seed_error = tf_wrong = ""
-        try:
-            checked_gradient(tape, y, xt, tf.ones_like(xt))
-        except OutputGradientsError as e:
-            wrong_seed_error = str(e)
-        try:
-            raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
-            tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
-        except (tf.errors.OpError, ValueError, TypeError) as e:
-            tf_wrong = error_line(e, with_type=True)
-        broadcast_error = ""
-        try:
-            checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
-        except OutputGradientsError as e:
-            broadcast_error = str(e)
-        try:
-            b_shape: tuple[int, ...] | None = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=tf.ones([n, 1], tf.float64)).shape)
-        except (tf.errors.OpError, ValueError, TypeError):
-            b_shape = None
-        del tape
+        tf_run = _tensorflow_run(xn)
         advance()
-
-        J_block = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",))
-        J = J_block.block(0, 0)
-        eye = np.eye(n)
-        J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
-        contraction = np.tensordot(np.ones((n, n)), J, axes=2)
-        closed = np.full(n, 2.0 * xn.sum())
-        chain_closed = 4.0 * xn * np.sum(xn**2)
+        hand = _by_hand(xn)
         advance()
-
-        shapes_named = f"[{n}] and [{n}, {n}]"
-        checks = [
-            close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(closed[0])}",
-                   g_ones, closed, rtol=rtol, atol=atol),
-            close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
-                   g_default, g_ones, rtol=rtol, atol=atol),
-            close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
-                   J, J_hand, rtol=rtol, atol=atol),
-            close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
-                   "equals the output_gradients result", contraction, g_ones, rtol=rtol, atol=atol),
-            close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
-                   two, one, rtol=rtol, atol=atol),
-            close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, chain_closed, rtol=rtol, atol=atol),
-            Check(
-                name="wrong_seed_caught",
-                claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
-                passed=bool(wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in wrong_seed_error,
-                detail=f"plain tape.gradient: {tf_wrong}" if wrong_seed_error else f"no error for shapes {shapes_named}",
-            ),
-            Check(
-                name="broadcast_seed_caught",
-                claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
-                passed=bool(broadcast_error),
-                detail=(
-                    f"plain tape.gradient returned shape {shape_str(b_shape)} for a [{n}] source"
-                    if b_shape is not None else "plain tape.gradient raised"
-                ),
-            ),
-        ]  # fmt: skip
-
-        torch_run, status = None, ""
-        if use_torch is False:
-            status = "skipped (use_torch=False)"
-        else:
-            from natgrad_diag.lessons.torch_bridge import torch_outer
-
-            try:
-                torch_run = torch_outer(xn)
-                status = f"torch {torch_run.torch_version}"
-            except MissingExtraError:
-                if use_torch:
-                    raise
-                status = "torch is not installed (pip install torch==2.13.0 to run it)"
+        checks = _checks(xn, tf_run, hand, rtol=rtol, atol=atol)
+        torch_run, status = _torch_run(xn, use_torch)
         if torch_run is not None:
-            checks += [
-                close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
-                       torch_run.gradient_ones_seed, g_ones, rtol=rtol, atol=atol),
-                close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
-                       torch_run.jacobian, J, rtol=rtol, atol=atol),
-                close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
-                       np.concatenate([torch_run.chain_two_step, torch_run.chain_one_step, np.ravel(torch_run.dL_dy)]),
-                       np.concatenate([two, one, np.ravel(dL_dy.numpy())]), rtol=rtol, atol=atol),
-                Check(
-                    name="torch_rejects_wrong_seed",
-                    claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
-                    passed="Mismatch in shape" in torch_run.wrong_seed_error,
-                    detail=f"torch: {_first_line(torch_run.wrong_seed_error) or '(no error)'}",
-                ),
-            ]  # fmt: skip
+            checks += _torch_checks(torch_run, tf_run, hand, rtol=rtol, atol=atol)
         advance()
 
     return OuterExample(
         x=xn,
-        y=y.numpy(),
-        gradient_ones_seed=g_ones,
-        default_seed_gradient=g_default,
-        closed_form=closed,
-        jacobian=J_block,
-        jacobian_closed_form=J_hand,
-        contraction=contraction,
-        dL_dy=dL_dy.numpy(),
-        chain_two_step=two,
-        chain_one_step=one,
-        chain_closed_form=chain_closed,
-        wrong_seed_error=wrong_seed_error,
-        tensorflow_wrong_seed=tf_wrong,
-        broadcast_seed_error=broadcast_error,
-        tensorflow_broadcast_shape=b_shape,
+        y=tf_run.y,
+        gradient_ones_seed=tf_run.g_ones,
+        default_seed_gradient=tf_run.g_default,
+        closed_form=hand.closed,
+        jacobian=hand.J_block,
+        jacobian_closed_form=hand.J_hand,
+        contraction=hand.contraction,
+        dL_dy=tf_run.dL_dy,
+        chain_two_step=tf_run.two,
+        chain_one_step=tf_run.one,
+        chain_closed_form=hand.chain_closed,
+        wrong_seed_error=tf_run.wrong_seed_error,
+        tensorflow_wrong_seed=tf_run.tf_wrong,
+        broadcast_seed_error=tf_run.broadcast_error,
+        tensorflow_broadcast_shape=tf_run.b_shape,
         torch=torch_run,
         torch_status=status,
         checks=tuple(checks),
         rtol=rtol,
         atol=atol,
     )
+
+
+@dataclass(frozen=True)
+class _TensorFlowRun:
+    """What TensorFlow computes for y = x xᵀ, z = y², s = sin(x): gradients and the wrong seeds' fates."""
+
+    y: np.ndarray
+    g_ones: np.ndarray
+    g_default: np.ndarray
+    dL_dy: np.ndarray
+    two: np.ndarray
+    one: np.ndarray
+    wrong_seed_error: str
+    tf_wrong: str
+    broadcast_error: str
+    b_shape: tuple[int, ...] | None
+
+
+def _tensorflow_run(xn: np.ndarray) -> _TensorFlowRun:
+    import tensorflow as tf
+
+    from natgrad_diag.autodiff.seeded import checked_gradient
+
+    n = xn.shape[0]
+    xt = tf.constant(xn)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        y = xt[:, None] * xt[None, :]
+        z = y**2
+        s = tf.sin(xt)
+    g_ones = checked_gradient(tape, y, xt, tf.ones_like(y)).numpy()
+    g_default = tape.gradient(y, xt).numpy()
+    dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
+    two = checked_gradient(tape, y, xt, dL_dy).numpy()
+    one = checked_gradient(tape, z, xt, tf.ones_like(z)).numpy()
+    wrong_seed_error = tf_wrong = broadcast_error = ""
+    try:
+        checked_gradient(tape, y, xt, tf.ones_like(xt))
+    except OutputGradientsError as e:
+        wrong_seed_error = str(e)
+    try:
+        raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
+        tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        tf_wrong = error_line(e, with_type=True)
+    try:
+        checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
+    except OutputGradientsError as e:
+        broadcast_error = str(e)
+    try:
+        seed = tf.ones([n, 1], tf.float64)
+        b_shape: tuple[int, ...] | None = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=seed).shape)
+    except (tf.errors.OpError, ValueError, TypeError):
+        b_shape = None
+    return _TensorFlowRun(
+        y=y.numpy(), g_ones=g_ones, g_default=g_default, dL_dy=dL_dy.numpy(), two=two, one=one,
+        wrong_seed_error=wrong_seed_error, tf_wrong=tf_wrong, broadcast_error=broadcast_error, b_shape=b_shape,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _ByHand:
+    """The oracles: the explicit Jacobian (from :func:`jacobian` and by hand) and the closed forms."""
+
+    J_block: BlockJacobian
+    J: np.ndarray
+    J_hand: np.ndarray
+    contraction: np.ndarray
+    closed: np.ndarray
+    chain_closed: np.ndarray
+
+
+def _by_hand(xn: np.ndarray) -> _ByHand:
+    import tensorflow as tf
+
+    from natgrad_diag.autodiff.dense import jacobian
+
+    n = xn.shape[0]
+    J_block = jacobian(lambda a: a[:, None] * a[None, :], [tf.constant(xn)], input_names=("x",), output_names=("y",))
+    J = J_block.block(0, 0)
+    eye = np.eye(n)
+    J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
+    return _ByHand(
+        J_block=J_block, J=J, J_hand=J_hand, contraction=np.tensordot(np.ones((n, n)), J, axes=2),
+        closed=np.full(n, 2.0 * xn.sum()), chain_closed=4.0 * xn * np.sum(xn**2),
+    )  # fmt: skip
+
+
+def _checks(xn: np.ndarray, r: _TensorFlowRun, h: _ByHand, *, rtol: float, atol: float) -> list[Check]:
+    n = xn.shape[0]
+    shapes_named = f"[{n}] and [{n}, {n}]"
+    return [
+        close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(h.closed[0])}",
+               r.g_ones, h.closed, rtol=rtol, atol=atol),
+        close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
+               r.g_default, r.g_ones, rtol=rtol, atol=atol),
+        close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
+               h.J, h.J_hand, rtol=rtol, atol=atol),
+        close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
+               "equals the output_gradients result", h.contraction, r.g_ones, rtol=rtol, atol=atol),
+        close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
+               r.two, r.one, rtol=rtol, atol=atol),
+        close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", r.one, h.chain_closed, rtol=rtol, atol=atol),
+        Check(
+            name="wrong_seed_caught",
+            claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
+            passed=bool(r.wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in r.wrong_seed_error,
+            detail=f"plain tape.gradient: {r.tf_wrong}" if r.wrong_seed_error else f"no error for shapes {shapes_named}",
+        ),
+        Check(
+            name="broadcast_seed_caught",
+            claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
+            passed=bool(r.broadcast_error),
+            detail=(
+                f"plain tape.gradient returned shape {shape_str(r.b_shape)} for a [{n}] source"
+                if r.b_shape is not None else "plain tape.gradient raised"
+            ),
+        ),
+    ]  # fmt: skip
+
+
+def _torch_run(xn: np.ndarray, use_torch: bool | None) -> tuple[Any, str]:
+    """(the PyTorch run or None, its status line)."""
+    if use_torch is False:
+        return None, "skipped (use_torch=False)"
+    from natgrad_diag.lessons.torch_bridge import torch_outer
+
+    try:
+        run = torch_outer(xn)
+    except MissingExtraError:
+        if use_torch:
+            raise
+        return None, "torch is not installed (pip install torch==2.13.0 to run it)"
+    return run, f"torch {run.torch_version}"
+
+
+def _torch_checks(t: Any, r: _TensorFlowRun, h: _ByHand, *, rtol: float, atol: float) -> list[Check]:
+    return [
+        close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+               t.gradient_ones_seed, r.g_ones, rtol=rtol, atol=atol),
+        close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
+               t.jacobian, h.J, rtol=rtol, atol=atol),
+        close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+               np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
+               np.concatenate([r.two, r.one, np.ravel(r.dL_dy)]), rtol=rtol, atol=atol),
+        Check(
+            name="torch_rejects_wrong_seed",
+            claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
+            passed="Mismatch in shape" in t.wrong_seed_error,
+            detail=f"torch: {_first_line(t.wrong_seed_error) or '(no error)'}",
+        ),
+    ]  # fmt: skip

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError, error_line
-from natgrad_diag.report.records import Check, Report, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 
 __all__ = [
     "GAMMA_GRID",

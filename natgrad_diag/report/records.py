@@ -1,9 +1,7 @@
-"""Result records shared by every report: a named check, a table, a section, and the report base.
+"""Result records at the bottom of the package: a named check, a table, a section, number formatting.
 
-A report is a frozen dataclass that derives from :class:`Report`. It lists its ``checks`` and lays
-itself out as ``sections()``; from that one layout ``natgrad_diag.report.render`` draws every output form: ``str()``
-(the plain terminal text), the terminal, HTML and Markdown; ``to_dict()`` gives JSON.
-Nothing here imports TensorFlow.
+This module imports nothing else of natgrad-diag (and no TensorFlow): every report, renderer and check
+builds on it. The report base class, which knows its renderers, is :mod:`natgrad_diag.report.base`.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Check", "Report", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable"]
+__all__ = ["TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "wrap"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
@@ -163,48 +161,3 @@ class Section:
     heading: str
     text: str = ""
     tables: tuple[Table, ...] = ()
-
-
-class Report:
-    """Base of every report: ``checks``, ``sections()``, ``to_dict()``, ``passed`` and ``str()``.
-
-    Subclasses are frozen dataclasses that define ``title``, ``checks`` and ``sections()``.
-    """
-
-    # Annotations only: a default here would leak into subclasses' dataclass fields.
-    title: str
-    checks: tuple[Check, ...]
-
-    @property
-    def passed(self) -> bool:
-        """True when every check holds."""
-        return all(c.passed for c in self.checks)
-
-    def sections(self) -> tuple[Section, ...]:
-        raise NotImplementedError
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
-
-    def __str__(self) -> str:
-        """The plain-text layout that ``natgrad-diag --plain`` prints (one renderer for both)."""
-        from natgrad_diag.report.render import to_terminal
-
-        return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
-
-    def figures(self) -> tuple[Any, ...]:
-        """The pictures of this report, as ``natgrad_diag.report.pictures.Picture`` (name, caption, PNG bytes).
-
-        By default drawn from what the report carries (see ``natgrad_diag.report.pictures.picture_kinds``):
-        a heatmap of ``jacobian``, the η₁ chart of an explanation, the numeric checks against their
-        tolerances. Override to add or replace pictures. Empty when there is nothing to draw; raises
-        ``MissingExtraError`` when there is and matplotlib is not installed.
-        """
-        from natgrad_diag.report.pictures import report_pictures
-
-        return report_pictures(self)
-
-    def _repr_html_(self) -> str:
-        from natgrad_diag.report.render import to_html_fragment
-
-        return to_html_fragment(self)

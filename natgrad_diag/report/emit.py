@@ -1,0 +1,60 @@
+"""The command's output: a report printed as terminal tables or JSON, then, if asked, written to a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, TextIO
+
+from natgrad_diag.exceptions import InputError, ReportWriteError
+from natgrad_diag.report.files import WrittenReport, write_report
+from natgrad_diag.report.text import console_for, render_on
+
+__all__ = ["emit"]
+
+
+def emit(
+    report: Any,
+    *,
+    as_json: bool = False,
+    plain: bool = False,
+    report_path: str | os.PathLike[str] | None = None,
+    stream: TextIO | None = None,
+    err_stream: TextIO | None = None,
+) -> WrittenReport | None:
+    """Print ``report`` to ``stream`` (stdout), then write the report file if ``report_path`` is given.
+
+    The result is printed first, whatever happens to the file. A file that cannot be written is
+    reported on ``err_stream`` (stderr) as a :class:`ReportWriteError` message and not raised, so
+    the command keeps its exit code (0 when every check holds, 1 otherwise).
+
+    Args:
+        report: any :class:`~natgrad_diag.report.records.Report`.
+        as_json: print ``report.to_dict()`` as JSON instead of the tables.
+        plain: no colour and no table borders. Colour is used only when ``stream`` is a terminal.
+        report_path: also write an ``.html`` or ``.md`` report there (see :func:`write_report`).
+        stream, err_stream: where to print (default stdout, stderr).
+
+    Returns:
+        The :class:`WrittenReport`, or ``None`` when no file was asked for or it could not be written.
+    """
+    stream = sys.stdout if stream is None else stream
+    err_stream = sys.stderr if err_stream is None else err_stream
+    if as_json:
+        stream.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        stream.write(render_on(report, console_for(stream, plain=plain, width=None, color=None), plain))
+    stream.flush()
+    if report_path is None:
+        return None
+    try:
+        written = write_report(report, report_path, argument="--report")
+    except (ReportWriteError, InputError) as exc:
+        err_stream.write(f"natgrad-diag: {exc}\n")
+        return None
+    extra = f" and {len(written.images)} picture(s) beside it" if written.images else ""
+    err_stream.write(f"natgrad-diag: report written to {written.path}{extra}\n")
+    if written.note:
+        err_stream.write(f"natgrad-diag: {written.note}\n")
+    return written

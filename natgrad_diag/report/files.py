@@ -1,0 +1,124 @@
+"""Report files: the format from the extension, and atomic writes of HTML or Markdown with its pictures."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from natgrad_diag.exceptions import InputError, ReportWriteError
+from natgrad_diag.report.html import html_document
+from natgrad_diag.report.layout import report_pictures_or_note
+from natgrad_diag.report.markdown import to_markdown
+
+__all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
+
+#: File extension -> report format.
+REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown"}
+
+
+def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> str:
+    """``"html"`` or ``"markdown"`` from the extension of ``path``.
+
+    Raises:
+        InputError: the extension is not ``.html``, ``.htm`` or ``.md`` (the message names ``argument``).
+    """
+    suffix = Path(os.fspath(path)).suffix.lower()
+    if suffix not in REPORT_FORMATS:
+        raise InputError(
+            "the report format is chosen by the file extension.",
+            context=[("Argument", argument), ("Expected", "a path ending in .html, .htm or .md"), ("Got", repr(os.fspath(path)))],
+            remedy="name the file report.html (self-contained, pictures embedded) or report.md (pictures beside it).",
+        )
+    return REPORT_FORMATS[suffix]
+
+
+@dataclass(frozen=True)
+class WrittenReport:
+    """What :func:`write_report` wrote.
+
+    Attributes:
+        path: the report file.
+        format: ``"html"`` or ``"markdown"``.
+        images: the picture files written beside a Markdown report (none for HTML: embedded).
+        note: why pictures are missing, if they are ("" otherwise).
+    """
+
+    path: Path
+    format: str
+    images: tuple[Path, ...] = ()
+    note: str = ""
+
+
+def _file_mode(path: Path) -> int:
+    """The mode a new file gets (the existing file's mode when replacing one)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then move it over ``path`` (os.replace)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
+    """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it.
+
+    The format follows the extension: ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md``
+    writes ``<stem>-<picture>.png`` in the same directory and links them relatively. Everything is
+    rendered in memory first; each file then goes to a temporary file in the target directory and
+    is moved into place with ``os.replace``, so a failure at any point leaves any previous report at
+    ``path`` as it was. Without matplotlib the report is written without pictures and ``note`` says so.
+
+    Args:
+        report: any :class:`~natgrad_diag.report.records.Report`.
+        path: where to write; the extension chooses the format.
+        argument: the name to use for ``path`` in error messages (the CLI passes ``"--report"``).
+
+    Returns:
+        A :class:`WrittenReport` (the paths written and any note).
+
+    Raises:
+        InputError: the extension is not .html, .htm or .md.
+        ReportWriteError: the file could not be written (directory missing, not writable, ...).
+    """
+    fmt = report_format(path, argument=argument)
+    target = Path(os.fspath(path))
+    pics, note = report_pictures_or_note(report)
+    images: list[tuple[Path, bytes]] = []
+    if fmt == "html":
+        text = html_document(report, pics, note)
+    else:
+        names = [f"{target.stem}-{p.name}.png" for p in pics]
+        images = [(target.with_name(n), p.png) for n, p in zip(names, pics)]
+        text = to_markdown(report, image_names=names, pictures=pics, note=note)
+    try:
+        for image_path, data in images:
+            _atomic_write(image_path, data)
+        _atomic_write(target, text.encode("utf-8"))
+    except OSError as exc:
+        raise ReportWriteError(
+            f"{exc.strerror or exc}.",
+            context=[("Argument", argument), ("Path", str(target)), ("Got", f"{type(exc).__name__}: {exc.strerror or exc}")],
+            remedy="choose a path in an existing, writable directory; any previous report there is unchanged.",
+        ) from exc
+    return WrittenReport(target, fmt, tuple(p for p, _ in images), note)

@@ -1,0 +1,124 @@
+"""The HTML form of a report: a self-contained document (pictures embedded) or a fragment for Jupyter."""
+
+from __future__ import annotations
+
+import base64
+import html
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from natgrad_diag.report.layout import check_numbers, report_pictures_or_note, text_blocks, verdict
+from natgrad_diag.report.records import Check, Table
+
+__all__ = ["html_document", "to_html", "to_html_fragment"]
+
+
+_CSS = """
+.ngd-report { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; line-height: 1.45; max-width: 62rem; }
+.ngd-report table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.9rem; }
+.ngd-report caption { text-align: left; font-style: italic; padding-bottom: 0.25rem; }
+.ngd-report th, .ngd-report td { border: 1px solid #ccc; padding: 0.2rem 0.55rem; vertical-align: top; }
+.ngd-report th { background: #f3f3f3; }
+.ngd-report td.num { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
+.ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
+.ngd-report .pass { color: #1e7b34; font-weight: bold; }
+.ngd-report .fail { color: #b42318; font-weight: bold; }
+.ngd-report .claim { color: #444; }
+.ngd-report .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4rem 0.75rem; }
+.ngd-report figure { margin: 1rem 0; }
+.ngd-report figure img { max-width: 100%; height: auto; }
+.ngd-report figcaption { font-size: 0.9rem; color: #444; }
+"""
+
+
+def _html_table(table: Table) -> str:
+    e = html.escape
+    parts = ["<table>"]
+    if table.title:
+        parts.append(f"<caption>{e(table.title)}</caption>")
+    parts.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
+    for row in table.rows:
+        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="num">{e(cell)}</td>' for k, cell in enumerate(row)]
+        parts.append("<tr>" + "".join(cells) + "</tr>")
+    parts.append("</tbody></table>")
+    return "\n".join(parts)
+
+
+def _html_checks(checks: Sequence[Check]) -> str:
+    e = html.escape
+    parts = [
+        '<table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
+        "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
+    ]
+    for c in checks:
+        mark = '<span class="pass">PASS</span>' if c.passed else '<span class="fail">FAIL</span>'
+        err, bound = check_numbers(c)
+        claim = e(c.claim) + (f"<br><small>{e(c.detail)}</small>" if c.detail else "")
+        parts.append(
+            f"<tr><td>{mark}</td><td><code>{e(c.name)}</code></td><td class=\"claim\">{claim}</td>"
+            f'<td class="num">{e(err)}</td><td class="num">{e(bound)}</td></tr>'
+        )
+    parts.append("</tbody></table>")
+    return "\n".join(parts)
+
+
+def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
+    e = html.escape
+    parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
+    verdict_class = "pass" if report.passed else "fail"
+    parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
+    for section in report.sections():
+        if section.heading:
+            parts.append(f"<h2>{e(section.heading)}</h2>")
+        for kind, block in text_blocks(section.text):
+            parts.append(f"<pre>{e(textwrap.dedent(block))}</pre>" if kind == "code" else f"<p>{e(block)}</p>")
+        parts.extend(_html_table(t) for t in section.tables)
+    if pictures or note:
+        parts.append("<h2>Pictures</h2>")
+    if note:
+        parts.append(f'<p class="note">{e(note)}</p>')
+    for p in pictures:
+        data = base64.b64encode(p.png).decode("ascii")
+        parts.append(
+            f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
+            f"<figcaption>{e(p.caption)}</figcaption></figure>"
+        )
+    parts.append("<h2>Checks</h2>")
+    parts.append(_html_checks(report.checks))
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def to_html_fragment(report: Any) -> str:
+    """The report as an HTML ``<div>`` of headings, paragraphs and tables, no pictures (for Jupyter).
+
+    ``Report._repr_html_`` returns this, so a report shows as tables in a notebook.
+    """
+    return f"<style>{_CSS}</style>\n" + _html_body(report, (), "")
+
+
+def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
+    from natgrad_diag import __version__
+
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(str(report.title))}</title>",
+        f'<meta name="generator" content="natgrad-diag {__version__}">',
+        f"<style>{_CSS}</style></head><body>",
+        _html_body(report, pics, note),
+        f"<footer><small>Written by natgrad-diag {__version__}.</small></footer>",
+        "</body></html>",
+        "",
+    ])  # fmt: skip
+
+
+def to_html(report: Any, *, pictures: bool = True) -> str:
+    """A self-contained HTML document: the report, its pictures as base64 PNG data URIs, and styles.
+
+    Without matplotlib the document has no pictures and a note that names the extra to install.
+    """
+    pics, note = report_pictures_or_note(report) if pictures else ((), "")
+    return html_document(report, pics, note)

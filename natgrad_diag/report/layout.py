@@ -1,0 +1,65 @@
+"""The layout every output form shares: text blocks, a check's numbers, the verdict line, the pictures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from natgrad_diag.exceptions import MissingExtraError
+from natgrad_diag.report.records import Check, format_number
+
+__all__ = ["check_numbers", "report_pictures_or_note", "text_blocks", "verdict"]
+
+
+def text_blocks(text: str) -> list[tuple[str, str]]:
+    """Split a section's text into ``("para", ...)`` and ``("code", ...)`` blocks.
+
+    Lines indented by a space are code and keep their line breaks; consecutive other lines form one
+    paragraph (reports break their source lines anywhere), except lines that start a list item.
+    """
+    blocks: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            blocks.append(("break", ""))
+            continue
+        kind = "code" if line.startswith(" ") else "para"
+        starts_item = kind == "para" and line.lstrip()[:2] in ("- ", "* ", "• ")
+        if blocks and blocks[-1][0] == kind and not starts_item:
+            sep = "\n" if kind == "code" else " "
+            blocks[-1] = (kind, blocks[-1][1] + sep + line)
+        else:
+            blocks.append((kind, line))
+    return [b for b in blocks if b[0] != "break"]
+
+
+def check_numbers(check: Check) -> tuple[str, str]:
+    """(max abs error, "≤ tol" / "> tol") as printed in every check table."""
+    if check.max_abs_error is None:
+        return "-", "-"
+    err = format_number(check.max_abs_error)
+    if check.tolerance is None:
+        return err, "-"
+    relation = "≤" if check.max_abs_error <= check.tolerance else ">"  # NaN is not within
+    bound = f"{relation} {format_number(check.tolerance)}"
+    if check.expect_difference:
+        bound += " (must differ)"
+    return err, bound
+
+
+def verdict(report: Any) -> str:
+    failed = sum(not c.passed for c in report.checks)
+    return "all checks hold." if not failed else f"{failed} of {len(report.checks)} check(s) FAILED."
+
+
+def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
+    """(pictures, note): the report's pictures, or none and a note saying why."""
+    figures = getattr(report, "figures", None)
+    try:
+        if callable(figures):
+            return tuple(figures()), ""
+        from natgrad_diag.report.pictures import report_pictures
+
+        return report_pictures(report), ""
+    except MissingExtraError:
+        from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY
+
+        return (), f"Pictures are not included: matplotlib is not installed. To add them: {PLOT_EXTRA_REMEDY}."

@@ -1,0 +1,63 @@
+"""The Markdown form of a report (GitHub flavour): headings, paragraphs, pipe tables, the checks."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
+
+__all__ = ["to_markdown"]
+
+
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_<>|"})
+
+
+def _md(text: str) -> str:
+    """Escape text for Markdown: emphasis, code, HTML, table pipes, links and a heading ``#``."""
+    text = text.translate(_MD_SPECIAL).replace("](", "\\](").replace("][", "\\][")
+    return "\\" + text if text.startswith("#") else text
+
+
+def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: bool = True) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("\n", "<br>") for c in cells) + " |"
+
+    align = ["---"] + ["---:" if right else "---"] * (len(columns) - 1)
+    return "\n".join([line([_md(c) or " " for c in columns]), line(align), *(line(r) for r in rows)])
+
+
+def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Sequence[Any] = (), note: str = "") -> str:
+    """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks.
+
+    Args:
+        report: any :class:`~natgrad_diag.report.records.Report`.
+        image_names: relative file names of ``pictures``, in order (linked with ``![caption](name)``).
+        pictures: :class:`~natgrad_diag.report.pictures.Picture` records (only their captions are used here).
+        note: a line shown where the pictures would be (e.g. that matplotlib is missing).
+    """
+    parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
+    for section in report.sections():
+        if section.heading:
+            parts += ["", f"## {_md(section.heading)}"]
+        for kind, block in text_blocks(section.text):
+            parts += ["", f"```\n{textwrap.dedent(block)}\n```" if kind == "code" else _md(block)]
+        for table in section.tables:
+            if table.title:
+                parts += ["", f"*{_md(table.title)}*"]
+            parts += ["", _md_table(table.columns, [[_md(c) for c in r] for r in table.rows])]
+    if pictures or note:
+        parts += ["", "## Pictures"]
+    if note:
+        parts += ["", f"> {_md(note)}"]
+    for name, p in zip(image_names, pictures):
+        parts += ["", f"![{_md(p.caption)}]({quote(name)})", "", _md(p.caption)]
+    rows = []
+    for c in report.checks:
+        err, bound = check_numbers(c)
+        claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
+        rows.append(["**PASS**" if c.passed else "**FAIL**", f"`{c.name}`", claim, _md(err), _md(bound)])
+    parts += ["", "## Checks", "", _md_table(["", "check", "claim", "max abs error", "tolerance"], rows), ""]
+    return "\n".join(parts)
