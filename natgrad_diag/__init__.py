@@ -79,16 +79,26 @@ _LAZY = {
     "vjp": "autodiff.seeded",
     "write_report": "report.files",
 }
+# modules whose import (and whose names' use) never needs TensorFlow: no quiet TensorFlow import for them
+_LIGHT = frozenset({"report.records", "report.files", "testing"})
 _SUBMODULES = {"testing": "testing", "torch_bridge": "lessons.torch_bridge"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        if _LAZY[name] not in _LIGHT:
+            from natgrad_diag._tf import import_tensorflow_quietly
+
+            import_tensorflow_quietly()
         module = importlib.import_module(f".{_LAZY[name]}", __name__)
         value = getattr(module, name)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
+        if _SUBMODULES[name] not in _LIGHT:
+            from natgrad_diag._tf import import_tensorflow_quietly
+
+            import_tensorflow_quietly()
         return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     raise AttributeError(f"module 'natgrad_diag' has no attribute {name!r}")
 

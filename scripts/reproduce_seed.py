@@ -3,15 +3,14 @@
 Run:  python scripts/reproduce_seed.py
 """
 
-import os
+import natgrad_diag
+from natgrad_diag._tf import import_tensorflow_quietly
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import_tensorflow_quietly()  # TensorFlow's C++ start-up lines are not part of the lesson
 
 import gpflow
 import tensorflow as tf
 from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
-
-import natgrad_diag
 
 # ---- the user's code, as written (float64, M = 5, L = 1) ----
 q_mu = gpflow.Parameter([[0.93350756], [0.15833747], [0.23830378], [0.28742445], [0.14999759]])  # [M, L]

@@ -20,7 +20,6 @@ Exit code 0 when every monitored check held, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -71,7 +70,9 @@ def load_diabetes_split(seed: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from natgrad_diag._tf import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # TensorFlow's C++ start-up lines are not the script's output
     import gpflow
     import numpy as np
     import tensorflow as tf

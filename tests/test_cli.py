@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,12 +46,35 @@ def test_cli__bad_usage_exits_2(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+_TF_LOG = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuInit|cuda drivers|cpu_feature_guard|rebuild TensorFlow")
+
+
+def _tensorflow_log_lines(stderr: str) -> list[str]:
+    """Lines of TensorFlow's C++ start-up logging (absl's ``I0000 00:00:...`` format and its notes)."""
+    return [line for line in stderr.splitlines() if _TF_LOG.search(line)]
+
+
+def _env_without_tf_level() -> dict[str, str]:
+    """The environment as a user has it: no TF_CPP_MIN_LOG_LEVEL, so the package's own quieting is tested."""
+    return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def test_tensorflow_log_detector__finds_the_start_up_lines():
+    sample = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1796056431.950319   21403 port.cc:153] oneDNN custom operations are on.\n"
+        "natgrad-diag: report written to r.html\n"
+    )
+    assert len(_tensorflow_log_lines(sample)) == 2
+
+
 @pytest.mark.slow
-def test_cli__installed_entry_point_runs_end_to_end():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+def test_cli__installed_entry_point_runs_end_to_end_quietly():
+    env = _env_without_tf_level()
     r = subprocess.run([sys.executable, "-m", "natgrad_diag", "--json"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["passed"] is True
+    assert _tensorflow_log_lines(r.stderr) == []
 
 
 def test_cli__help_does_not_import_tensorflow():
@@ -73,8 +97,8 @@ def test_reproduce_seed_script__runs_the_users_snippet_and_explains_it():
     import pathlib
 
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "reproduce_seed.py"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env_without_tf_level(), timeout=300)
     assert r.returncode == 0, r.stderr
+    assert _tensorflow_log_lines(r.stderr) == []
     assert "dtheta_deta1 * q_mu_grad" in r.stdout and "<- not equal" in r.stdout
     assert "-0.6255" in r.stdout and "Verdict: all checks hold." in r.stdout

@@ -154,34 +154,6 @@ def _xi(name: str) -> Any:
     return XiNat() if name == "nat" else XiSqrtMeanVar()
 
 
-def _import_tensorflow_quietly() -> None:
-    """Import TensorFlow with the C++ start-up chatter (CUDA probing, oneDNN notes) kept off stderr.
-
-    Those lines are written before TF_CPP_MIN_LOG_LEVEL is read, so file descriptor 2 is pointed at a
-    temporary file for the import; if the import fails, what it wrote is replayed before the error.
-    """
-    if "tensorflow" in sys.modules:
-        return
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-
-            tensorflow.constant(0.0) + 0.0  # device initialisation logs here too
-        except BaseException:
-            os.dup2(saved, 2)
-            sink.seek(0)
-            sys.stderr.write(sink.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
     if command == "explain":
@@ -237,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from natgrad_diag.exceptions import InputError, NatGradDiagError, UnsupportedModelError
 
     try:
-        _import_tensorflow_quietly()
+        from natgrad_diag._tf import import_tensorflow_quietly
+
+        import_tensorflow_quietly(force=True)
         report = _run(args)
     except (InputError, UnsupportedModelError) as e:
         print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)

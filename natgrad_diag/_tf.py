@@ -1,0 +1,59 @@
+"""TensorFlow imported quietly: its C++ start-up lines (absl, oneDNN, CUDA probing) kept off stderr.
+
+TensorFlow 2.21 writes 7-9 lines to file descriptor 2 when it is imported and when its devices are first
+initialised ("All log messages before absl::InitializeLog() ...", the oneDNN note, "Could not find cuda
+drivers", "failed call to cuInit"). They are written by C++ before ``TF_CPP_MIN_LOG_LEVEL`` applies to all
+of them, so the only way to keep them from a user who asked natgrad-diag a question is to point
+descriptor 2 at a temporary file for the import. What was written is dropped when the import succeeds
+and replayed before the error when it fails.
+
+A user who wants TensorFlow's start-up lines sets ``TF_CPP_MIN_LOG_LEVEL=0`` before the first import.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+__all__ = ["import_tensorflow_quietly", "wants_tensorflow_logs"]
+
+
+def wants_tensorflow_logs() -> bool:
+    """True when the user asked for TensorFlow's own logs (``TF_CPP_MIN_LOG_LEVEL=0`` in the environment)."""
+    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0"
+
+
+def import_tensorflow_quietly(*, force: bool = False) -> None:
+    """Import TensorFlow (and initialise its devices) with descriptor 2 pointed at a temporary file.
+
+    Does nothing when TensorFlow is already imported, or (unless ``force``) when the user asked for
+    TensorFlow's logs. Python-level TensorFlow logging is set to errors only, unless already configured.
+
+    Args:
+        force: quiet even when ``TF_CPP_MIN_LOG_LEVEL=0`` (the CLI's own runs).
+    """
+    if "tensorflow" in sys.modules or (wants_tensorflow_logs() and not force):
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow
+
+            tensorflow.constant(0.0) + 0.0  # device initialisation logs here too
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    import logging
+
+    tf_logger = logging.getLogger("tensorflow")
+    if tf_logger.level == logging.NOTSET:
+        tf_logger.setLevel(logging.ERROR)
