@@ -38,12 +38,58 @@ def test_cli__explain_meanvar_gamma(capsys):
     assert d["xi_transform"] == "XiSqrtMeanVar" and d["gamma"] == 0.5
 
 
-@pytest.mark.parametrize("argv", [["explain", "--gamma", "-1"], ["explain", "--xi", "other"], ["nonsense"], ["outer", "--x", "a,b"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["explain", "--gamma", "-1"],
+        ["explain", "--xi", "other"],
+        ["nonsense"],
+        ["outer", "--x", "a,b"],
+        ["outer", "--x", "1,,2"],
+        ["outer", "--x", "1,2,"],
+        ["check", "--seed", "-1"],
+        ["gradcheck", "--seed", "x"],
+        ["gradcheck", "--rtol", "abc"],
+        ["gradcheck", "--rtol", "-1"],
+        ["gradcheck", "--atol", "nan"],
+        ["bench", "--sizes", "10,,20"],
+    ],
+)
 def test_cli__bad_usage_exits_2(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    assert "error" in capsys.readouterr().err
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "error: argument" in err or "invalid choice" in err
+    assert err.count("\nnatgrad-diag ") + err.startswith("natgrad-diag ") == 1  # one error line after the usage
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv", [["outer", "--x", "1,,2", "--json"], ["check", "--seed", "-1", "--json"], ["outer", "--x", "1,nan", "--json"]])
+def test_cli__bad_input_under_json_prints_one_json_error(argv, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    d = json.loads(out)
+    assert set(d) == {"error", "command", "exit_code"} and d["exit_code"] == 2 and d["command"] == argv[0]
+    assert d["error"] and d["error"].splitlines()[0] in err
+
+
+def test_cli__every_option_has_help_and_shows_its_default(capsys):
+    import argparse
+
+    from natgrad_diag.cli.app import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, sub in subparsers.choices.items()
+        for action in sub._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = capsys.readouterr().out
+    assert "inducing points M (default: 10)" in text and "(default: None)" not in text and "(default: False)" not in text
 
 
 _TF_LOG = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuInit|cuda drivers|cpu_feature_guard|rebuild TensorFlow")

@@ -63,7 +63,7 @@ def explanation():
 
 @pytest.fixture(autouse=True)
 def _restore_progress(monkeypatch):
-    """The CLI turns progress bars off for --json: restore the global afterwards."""
+    """A test that turns progress bars off restores the global afterwards."""
     monkeypatch.setattr(progress, "_ENABLED", progress._ENABLED)
 
 
@@ -475,9 +475,7 @@ def test_cli__unwritable_report_prints_result_error_and_keeps_exit_code(tmp_path
 
 def test_cli__bad_report_extension_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the command must not run"))
-    with pytest.raises(SystemExit) as info:
-        cli.main(["explain", "--report", "r.pdf"])
-    assert info.value.code == 2
+    assert cli.main(["explain", "--report", "r.pdf"]) == 2
     err = capsys.readouterr().err
     assert "argument --report: expected a path ending in .html, .htm or .md" in err and "'r.pdf'" in err
 
@@ -488,7 +486,7 @@ def test_cli__json_and_markdown_report(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["title"] == Demo().title
     assert (tmp_path / "r.md").exists() and (tmp_path / "r-checks.png").exists()
-    assert not progress.progress_enabled()  # --json silences progress bars
+    assert progress._ENABLED  # --json keeps progress bars: they go to stderr (on a terminal), JSON to stdout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -531,3 +529,33 @@ def test_write_report__is_exported_at_the_top_level():
     import natgrad_diag
 
     assert natgrad_diag.write_report is files_mod.write_report and "write_report" in natgrad_diag.__all__
+
+
+def _strict_json(text):
+    """json.loads that refuses NaN/Infinity, which JSON does not have (Python's json accepts them)."""
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cli__json_is_strict_for_non_finite_numbers(capsys, monkeypatch):
+    inf_check = Check(name="overflow", claim="a check whose error overflowed", passed=False, max_abs_error=float("inf"),
+                      tolerance=1e-12)  # fmt: skip
+    monkeypatch.setattr(cli, "_run", lambda args: Demo(checks=(inf_check,)))
+    assert cli.main(["check", "--json"]) == 1
+    d = _strict_json(capsys.readouterr().out)
+    assert d["checks"][0]["max_abs_error"] == "inf"
+
+
+def test_cli__outer_with_overflowing_x_is_bad_input(capsys):
+    # x = 1e300: y = x xᵀ and z = y² overflow float64: refused (exit 2), one strict JSON error object
+    assert cli.main(["outer", "--x", "1e300,1e300", "--json"]) == 2
+    d = _strict_json(capsys.readouterr().out)
+    assert d["exit_code"] == 2 and "too large" in d["error"]
+
+
+def test_strict_json_helper__refuses_infinity():
+    with pytest.raises(AssertionError, match="Infinity"):
+        _strict_json('{"a": Infinity}')

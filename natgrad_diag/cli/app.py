@@ -7,7 +7,6 @@ Only argparse is imported at start-up; each command imports what it needs when i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,24 +24,39 @@ GPFLOW_MAPS = (
 )
 
 
+def _items(text: str, example: str) -> list[str]:
+    """The comma-separated items of ``text``; an empty item ("1,,2", "1,") is an error, not skipped."""
+    items = [v.strip() for v in text.split(",")]
+    if not text.strip() or any(not v for v in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated values such as {example}, got {text!r} (an empty item)")
+    return items
+
+
 def _float_list(text: str) -> list[float]:
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        return [float(v) for v in _items(text, "1,2,3,4")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,2,3,4, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number, e.g. --x 1,2,3,4")
-    return values
 
 
 def _int_list(text: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in _items(text, "50,200")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 50,200, got {text!r}") from None
-    if not values or min(values) < 1:
+    if min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers such as 50,200, got {text!r}")
     return values
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**32 - 1, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**32 - 1, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -52,6 +66,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
     return value
 
 
@@ -88,9 +112,36 @@ def _output_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+class UsageError(Exception):
+    """A command line argparse refused: the message, and the sub-command it belongs to."""
+
+    def __init__(self, message: str, prog: str, usage: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+        self.usage = usage
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" for options that have a value by default; not for flags or "None"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        default = action.default
+        if default is None or isinstance(default, bool) or default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of exiting, so ``--json`` can report it as JSON."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(message, self.prog, self.format_usage())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="natgrad-diag",
+        formatter_class=_HelpFormatter,
         description=(
             "What output_gradients computes in GPflow's natural-gradient step, and checks for it. "
             "With no command, runs 'explain' on the seed scenario."
@@ -99,50 +150,56 @@ def build_parser() -> argparse.ArgumentParser:
     from natgrad_diag import __version__
 
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     p = sub.add_parser("explain", help="why dL/deta1 != dtheta_deta1 * q_mu_grad, with numbers (default)")
-    p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform (default nat)")
-    p.add_argument("--gamma", type=_positive_float, default=1.0, help="step length (default 1.0)")
+    p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform: nat (XiNat) or meanvar (XiSqrtMeanVar)")
+    p.add_argument("--gamma", type=_positive_float, default=1.0, help="the natural-gradient step length γ")
     _output_options(p)
 
     p = sub.add_parser("outer", help="torch.outer's grad_outputs example, in TensorFlow (and torch if installed)")
-    p.add_argument("--x", type=_float_list, default=None, help="comma-separated x (default 1,2,3,4)")
+    p.add_argument("--x", type=_float_list, default=None, help="comma-separated x (default: 1,2,3,4, PyTorch's example)")
     _output_options(p)
 
     p = sub.add_parser("check", help="natural-gradient checks on a small GPflow SVGP or VGP model")
-    p.add_argument("--model", choices=("svgp", "vgp"), default="svgp")
-    p.add_argument("--likelihood", choices=("gaussian", "bernoulli", "poisson", "studentt"), default="gaussian")
-    p.add_argument("--num-inducing", type=_positive_int, default=10, metavar="M")
-    p.add_argument("--num-latent", type=_positive_int, default=1, metavar="L")
-    p.add_argument("--num-data", type=_positive_int, default=50, metavar="N")
-    p.add_argument("--xi", choices=("nat", "meanvar"), default="nat")
-    p.add_argument("--gamma", type=_positive_float, default=1.0)
-    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening (default on)")
-    p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", choices=("svgp", "vgp"), default="svgp", help="the demo GPflow model")
+    p.add_argument("--likelihood", choices=("gaussian", "bernoulli", "poisson", "studentt"), default="gaussian", help="the demo model's likelihood")
+    p.add_argument("--num-inducing", type=_positive_int, default=10, metavar="M", help="inducing points M")
+    p.add_argument("--num-latent", type=_positive_int, default=1, metavar="L", help="latent GPs L")
+    p.add_argument("--num-data", type=_positive_int, default=50, metavar="N", help="data points N")
+    p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform: nat (XiNat) or meanvar (XiSqrtMeanVar)")
+    p.add_argument("--gamma", type=_positive_float, default=1.0, help="the natural-gradient step length γ")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="float dtype of the model")
+    p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
+    p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
     p.add_argument("--map", choices=GPFLOW_MAPS, default="expectation_to_meanvarsqrt", help="the GPflow map to check")
-    p.add_argument("--num-inducing", type=_positive_int, default=8, metavar="M")
-    p.add_argument("--num-latent", type=_positive_int, default=2, metavar="L")
-    p.add_argument("--mode", choices=("full", "fast"), default="full")
+    p.add_argument("--num-inducing", type=_positive_int, default=8, metavar="M", help="inducing points M")
+    p.add_argument("--num-latent", type=_positive_int, default=2, metavar="L", help="latent GPs L")
+    p.add_argument("--mode", choices=("full", "fast"), default="full", help="full: every Jacobian entry; fast: random directions")
     p.add_argument(
         "--structure", choices=("auto", "general", "symmetric", "lower_triangular"), default="auto",
         help="structure of the map's matrix input (auto: eta2/nat2 symmetric, varsqrt lower-triangular)",
     )  # fmt: skip
-    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eps", type=_positive_float, default=None, help="finite-difference step (default from dtype)")
-    p.add_argument("--rtol", type=_positive_float, default=None)
-    p.add_argument("--atol", type=_positive_float, default=None)
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="float dtype of the point")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
+    p.add_argument("--eps", type=_positive_float, default=None, help="finite-difference step (default: from the dtype, ∛ε)")
+    p.add_argument("--rtol", type=_nonnegative_float, default=None, help="relative tolerance (default: from the dtype)")
+    p.add_argument("--atol", type=_nonnegative_float, default=None, help="absolute tolerance (default: from the dtype)")
     _output_options(p)
 
     p = sub.add_parser("bench", help="time natgrad-diag against TensorFlow and GPflow; prints ratios")
-    p.add_argument("--sizes", type=_int_list, default=None, help="comma-separated M values")
-    p.add_argument("--repeats", type=_positive_int, default=5)
+    p.add_argument("--sizes", type=_int_list, default=None, help="comma-separated M values (default: 50,200,1000)")
+    p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
     return parser
@@ -190,35 +247,43 @@ def _run(args: argparse.Namespace) -> Any:
     if command == "bench":
         from natgrad_diag.bench.runner import run_bench
 
-        return run_bench(sizes=args.sizes, repeats=args.repeats, quick=args.quick, progress=not args.json)
+        return run_bench(sizes=args.sizes, repeats=args.repeats, quick=args.quick, progress=True)
     raise AssertionError(command)  # pragma: no cover
 
 
+def _fail(argv: Sequence[str], command: str, message: str, code: int) -> int:
+    """One line (or the error's aligned lines) on stderr, and under ``--json`` one JSON object on stdout."""
+    print(f"natgrad-diag {command}: {message}".rstrip(), file=sys.stderr)
+    if "--json" in argv:
+        import json
+
+        print(json.dumps({"error": message, "command": command, "exit_code": code}, indent=2))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``natgrad-diag``; returns the exit code."""
+    """Entry point of ``natgrad-diag``; returns the exit code (0 pass, 1 a check failed, 2 bad input)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
-    args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, not ours
-    if getattr(args, "json", False):
-        from natgrad_diag.progress import set_enabled
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        sys.stderr.write(e.usage)
+        return _fail(argv, (argv[0] if argv and not argv[0].startswith("-") else "explain"), f"error: {e}", EXIT_USAGE)
+    from natgrad_diag.exceptions import InputError, MemoryLimitError, NatGradDiagError, UnsupportedModelError
 
-        set_enabled(False)
-    from natgrad_diag.exceptions import InputError, NatGradDiagError, UnsupportedModelError
-
+    command = args.command or "explain"
     try:
         from natgrad_diag._tf import import_tensorflow_quietly
 
         import_tensorflow_quietly(force=True)
         report = _run(args)
-    except (InputError, UnsupportedModelError) as e:
-        print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    except (InputError, UnsupportedModelError, MemoryLimitError) as e:
+        return _fail(argv, command, str(e), EXIT_USAGE)
     except NatGradDiagError as e:
-        print(f"natgrad-diag {args.command}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(argv, command, str(e), EXIT_FAILED)
     from natgrad_diag.report.emit import emit
 
     emit(report, as_json=args.json, plain=args.plain, report_path=args.report)

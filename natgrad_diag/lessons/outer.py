@@ -35,6 +35,8 @@ __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 DEFAULT_X = (1.0, 2.0, 3.0, 4.0)
 #: The longest x accepted: the explicit Jacobian has n³ entries.
 MAX_LENGTH = 64
+#: The largest |x_i| accepted: z = (x xᵀ)² has entries x_i²x_j², finite in float64 while |x_i| ≤ 1e76.
+MAX_ABS_X = 1e76
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,12 @@ def _validate_x(x: Any) -> np.ndarray:
             f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
             context=[("Argument", "x"), ("Expected", "finite numbers"), ("Got", _vec(a))],
             remedy="pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
+        )
+    if np.max(np.abs(a)) > MAX_ABS_X:
+        raise InputError(
+            "x is too large: the chain z = (x xᵀ)² would overflow float64.",
+            context=[("Argument", "x"), ("Expected", f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)"), ("Got", _vec(a))],
+            remedy="rescale x; the lesson does not depend on its size, e.g. outer_example([1, 2, 3, 4]).",
         )
     return a
 

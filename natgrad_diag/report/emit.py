@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from natgrad_diag.exceptions import InputError, ReportWriteError
 from natgrad_diag.report.files import WrittenReport, write_report
+from natgrad_diag.report.records import to_jsonable
 from natgrad_diag.report.text import console_for, render_on
 
 __all__ = ["emit"]
@@ -42,7 +43,7 @@ def emit(
     stream = sys.stdout if stream is None else stream
     err_stream = sys.stderr if err_stream is None else err_stream
     if as_json:
-        stream.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        stream.write(json.dumps(to_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n")
     else:
         stream.write(render_on(report, console_for(stream, plain=plain, width=None, color=None), plain))
     stream.flush()

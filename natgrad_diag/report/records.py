@@ -46,11 +46,19 @@ def wrap(text: str, **kwargs: Any) -> str:
 
 
 def to_jsonable(value: Any) -> Any:
-    """Numpy arrays and scalars to nested lists of Python floats, recursively."""
+    """``value`` as strict JSON data: numpy arrays and scalars to Python lists and numbers, recursively.
+
+    JSON has no NaN or infinity, so non-finite floats become the strings ``"nan"``, ``"inf"`` and
+    ``"-inf"`` (Python's ``str``); ``json.dumps(..., allow_nan=False)`` then always succeeds.
+
+    Examples:
+        >>> to_jsonable({"x": np.array([1.0, np.inf]), 2: np.float64("nan")})
+        {'x': [1.0, 'inf'], '2': 'nan'}
+    """
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return to_jsonable(value.tolist())
     if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return value.item()
+        return to_jsonable(value.item())
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
