@@ -559,3 +559,53 @@ def test_cli__outer_with_overflowing_x_is_bad_input(capsys):
 def test_strict_json_helper__refuses_infinity():
     with pytest.raises(AssertionError, match="Infinity"):
         _strict_json('{"a": Infinity}')
+
+
+# --------------------------------------------------------------------------------------------------
+# every table fits 80 (and 120) columns without breaking a header, a cell or a check's name
+
+
+def _wide_demo():
+    """A table too wide for 80 columns whole: it must switch to records, not break cells."""
+
+    @dataclass(frozen=True)
+    class Wide(Report):
+        title: str = "wide"
+        checks: tuple[Check, ...] = (Check("a_rather_long_check_name_that_must_stay_whole", "claim", True, 0.0, 1.0),)
+
+        def sections(self):
+            columns = ("", "block", "worst entry", "numerical", "analytical", "abs err", "rel err")
+            row = ("PASS", "∂varsqrt/∂eta2", "[0,2,2]/[0,1,0]+[0,0,1]", "-0.03625", "0.02103", "9.04e-11", "1.75e-09")
+            return (Section("Blocks", "", (Table(columns, (row,)),)),)
+
+    return Wide()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal__tables_fit_the_width_and_break_no_cell(explanation, width):
+    for report in (Demo(), explanation, _wide_demo()):
+        out = text_mod.to_terminal(report, plain=True, width=width)
+        assert max(len(line) for line in out.splitlines()) <= width
+        for section in report.sections():
+            for table in section.tables:
+                # headers appear whole when the table is drawn as columns; records show the value columns' names
+                headers = table.columns if text_mod.fits(table, width) else table.columns[2:]
+                for cell in [*headers, *(c for row in table.rows for c in row)]:
+                    assert not cell.strip() or any(cell in line for line in out.splitlines()), (width, cell)
+        for check in report.checks:
+            assert any(check.name in line for line in out.splitlines())
+
+
+def test_terminal__a_table_too_wide_becomes_records():
+    out = text_mod.to_terminal(_wide_demo(), plain=True, width=80)
+    assert "PASS ∂varsqrt/∂eta2\n  worst entry: [0,2,2]/[0,1,0]+[0,0,1]" in out
+    wide = text_mod.to_terminal(_wide_demo(), plain=True, width=120)
+    assert "worst entry" in wide.splitlines()[wide.splitlines().index("Blocks") + 3]  # a header row at 120
+
+
+def test_cli__piped_output_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(cli, "_run", lambda args: _wide_demo())
+    cli.main(["check", "--plain"])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "[0,2,2]/[0,1,0]+[0,0,1]" in out

@@ -107,9 +107,10 @@ class Explanation(Report):
                 format_number(self.varsqrt_path[idx]),
             ))  # fmt: skip
         table = Table(
-            columns=("", "dL/deta1 = Jᵀ·v", "dtheta/deta1 = Jᵀ·1", "naive (Jᵀ·1)⊙v", "mean path", "varsqrt path"),
+            columns=("", "Jᵀ·v", "Jᵀ·1", "(Jᵀ·1)⊙v", "mean path", "varsqrt path"),
             rows=tuple(rows),
-            title="eta1: the output_gradients result, the default seed, the naive product, and the split",
+            title="eta1: Jᵀ·v = dL/deta1 (output_gradients), Jᵀ·1 = dtheta/deta1 (default seed), (Jᵀ·1)⊙v the "
+            "naive product, and Jᵀ·v split into its mean and varsqrt paths",
         )
         differs = c["c_naive_product_differs"]
         lead = (
@@ -119,14 +120,14 @@ class Explanation(Report):
         )
         why = (
             lead +
-            f"∂mean/∂eta1 is the identity (the mean path equals dL/dmean to "
-            f"{format_number(max_abs_diff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
+            "∂mean/∂eta1 is the identity (the mean path equals dL/dmean "
+            f"{_within(max_abs_diff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
             f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
             f"{format_number(float(np.max(np.abs(vs_eta1), initial=0.0)))}. So\n"
             "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt\n"
-            f"(the mean path plus the varsqrt path), which holds here to {format_number(c['c_split'].max_abs_error)}. The default seed mixes the same two "
-            "paths with ones instead of v: dtheta/deta1 = 1 + Σ ∂varsqrt/∂eta1 (to "
-            f"{format_number(c['b_default_seed_split'].max_abs_error)}), so no elementwise factor can turn it into Jᵀ·v."
+            f"(the mean path plus the varsqrt path), which holds here {_within(c['c_split'].max_abs_error)}. The default "
+            "seed mixes the same two paths with ones instead of v: dtheta/deta1 = 1 + Σ ∂varsqrt/∂eta1 (which holds "
+            f"{_within(c['b_default_seed_split'].max_abs_error)}), so no elementwise factor can turn it into Jᵀ·v."
         )
         ce = self.counter_example
         ce_text = (
@@ -137,8 +138,8 @@ class Explanation(Report):
         )
         m_rows, n_cols = J.matrix.shape
         row_text = (
-            f"output_gradients = one-hot at {self.row_label} returns one row of J (max difference from "
-            f"tape.jacobian's row {format_number(c['e_onehot_row'].max_abs_error)}). The whole J from tape.jacobian "
+            f"output_gradients = one-hot at {self.row_label} returns the row {self.row_label} of J: it equals that row "
+            f"of tape.jacobian's J {_within(c['e_onehot_row'].max_abs_error)}. The whole J from tape.jacobian "
             f"is {m_rows} × {n_cols}: rows {', '.join(f'{n}{list(s)}' for n, s in zip(J.output_names, J.output_shapes))}, "
             f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
         )
@@ -181,6 +182,13 @@ class Explanation(Report):
             onehot_row_label=self.row_label,
         )
         return to_jsonable(d)
+
+
+def _within(difference: float | None) -> str:
+    """How closely two routes agree, in words: "exactly" or "to within 3.1e-16"."""
+    if difference is None:
+        return "(not compared)"
+    return "exactly" if difference == 0 else f"to within {format_number(difference)}"
 
 
 def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> tuple[CounterExample, Check]:

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
 from natgrad_diag.report.records import Check, Table
 
-__all__ = ["console_for", "render_on", "to_terminal"]
+__all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
 
 
 def _plain_box() -> Any:
@@ -18,7 +18,18 @@ def _plain_box() -> Any:
     return Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
+def column_widths(table: Table) -> list[int]:
+    """The width each column needs so that neither its header nor any cell is broken."""
+    return [max([len(table.columns[k])] + [len(row[k]) for row in table.rows]) for k in range(len(table.columns))]
+
+
+def fits(table: Table, width: int) -> bool:
+    """True when the table, every header and cell whole, fits ``width`` columns (3 per column separator)."""
+    return sum(column_widths(table)) + 3 * len(table.columns) <= width
+
+
 def _rich_table(table: Table, plain: bool, width: int) -> Any:
+    """The table as columns, every header and cell on one line (callers use :func:`vertical` when it does not fit)."""
     from rich import box
     from rich.table import Table as RichTable
 
@@ -27,15 +38,33 @@ def _rich_table(table: Table, plain: bool, width: int) -> Any:
         box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
         show_edge=not plain, pad_edge=not plain,
     )  # fmt: skip
-    # Columns at least as wide as their cells (so numbers never break) when the table fits that way;
-    # headers wrap.
-    cells = [max((len(row[k]) for row in table.rows), default=1) for k in range(len(table.columns))]
-    fits = sum(cells) + 3 * len(cells) + 1 <= width
-    for k, column in enumerate(table.columns):
-        t.add_column(column, justify="left" if k == 0 else "right", overflow="fold", min_width=cells[k] if fits else None)
+    for k, (column, cells) in enumerate(zip(table.columns, column_widths(table))):
+        t.add_column(column, justify="left" if k == 0 else "right", no_wrap=True, min_width=cells)
     for row in table.rows:
         t.add_row(*row)
     return t
+
+
+def vertical(table: Table) -> str:
+    """A table too wide for the screen, one record per row: the row's first cell, then ``column: value`` lines.
+
+    Examples:
+        >>> print(vertical(Table(("block", "error"), (("∂mean/∂eta1", "2.9e-11"),), "blocks")))
+        blocks
+        ∂mean/∂eta1
+          error: 2.9e-11
+        >>> print(vertical(Table(("", "block", "error"), (("PASS", "∂mean/∂eta1", "2.9e-11"),))))
+        PASS ∂mean/∂eta1
+          error: 2.9e-11
+    """
+    # an unnamed first column is a mark (PASS/FAIL): the record's heading is the mark and the next cell
+    head = 2 if not table.columns[0] and len(table.columns) > 1 else 1
+    lines = [table.title] if table.title else []
+    label_width = max((len(c) for c in table.columns[head:]), default=0)
+    for row in table.rows:
+        lines.append(" ".join(cell for cell in row[:head] if cell) or table.columns[0])
+        lines.extend(f"  {(c + ':').ljust(label_width + 1)} {cell}" for c, cell in zip(table.columns[head:], row[head:]))
+    return "\n".join(lines)
 
 
 def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
@@ -80,7 +109,10 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
             console.print(Text(block, style=style, no_wrap=False, overflow="fold"), soft_wrap=False)
         for table in section.tables:
             console.print()
-            console.print(_rich_table(table, plain, console.width))
+            if fits(table, console.width if plain else console.width - 2):
+                console.print(_rich_table(table, plain, console.width))
+            else:
+                console.print(Text(vertical(table)), soft_wrap=True)
     console.print()
     console.print(Text("Checks", style="" if plain else "bold underline"))
     if plain:
