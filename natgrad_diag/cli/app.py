@@ -1,4 +1,4 @@
-"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check`` and ``bench``.
+"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``bench`` and ``strict``.
 
 Exit codes: 0 when every check holds, 1 when one fails, 2 for bad usage or bad input.
 Only argparse is imported at start-up; each command imports what it needs when it runs.
@@ -11,6 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from natgrad_diag.cli.strict import add_strict_parser, run_strict
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5)
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
+    add_strict_parser(sub)
     return parser
 
 
@@ -229,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
     args = parser.parse_args(argv)
+    if args.command == "strict":
+        return run_strict(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, not ours
     if getattr(args, "json", False):
         from natgrad_diag.progress import set_enabled
