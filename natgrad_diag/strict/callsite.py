@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
 import re
+import tokenize
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -80,7 +82,7 @@ def call_site(caller: FrameType | None) -> CallSite:
     if _AUTOGRAPH_FILE in frame.f_code.co_filename:
         origin = _autograph_origin(frame)
         if origin is not None:
-            return CallSite(origin.loc.filename, int(origin.loc.lineno), _one_line(origin.source_code_line), module)
+            return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)
     return CallSite(frame.f_code.co_filename, frame.f_lineno or 0, _call_text(frame), module)
 
 
@@ -97,6 +99,19 @@ def _autograph_origin(frame: FrameType) -> Any:
         if isinstance(source_map, dict) and key in source_map:
             return source_map[key]
     return None
+
+
+def _without_comment(origin: Any) -> str:
+    """The user's source line of an AutoGraph OriginInfo, without its trailing comment."""
+    text = str(origin.source_code_line)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                text = text[: token.start[1]]
+                break
+    except (tokenize.TokenError, SyntaxError):  # a line that opens a bracket it does not close
+        pass
+    return text.strip()
 
 
 def _call_text(frame: FrameType) -> str:
