@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import linecache
 import os
@@ -32,6 +33,7 @@ class CallSite:
         return f"{self.filename}:{self.lineno}"
 
 
+@functools.lru_cache(maxsize=1)
 def _tensorflow_dirs() -> tuple[str, str, str]:
     """(tensorflow/, tensorflow/python/autograph/, the file of GradientTape) as path prefixes."""
     import tensorflow as tf

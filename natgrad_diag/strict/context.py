@@ -67,12 +67,12 @@ class StrictGradients(contextlib.ContextDecorator):
     def __repr__(self) -> str:
         return f"strict_gradients(action={self.action!r}, allow_implicit_sum={self.allow_implicit_sum})"
 
-    def __enter__(self) -> StrictGradients:
+    def __enter__(self) -> StrictGradients:  # noqa: PYI034  # not meant to be subclassed
         _install()
         _stack().append(self)
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         stack = _stack()
         for k in range(len(stack) - 1, -1, -1):
             if stack[k] is self:
@@ -203,7 +203,7 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def gradient(self: Any, *args: Any, **kwargs: Any) -> Any:
         stack = getattr(_local, "stack", None)
         if stack:
-            __tracebackhide__ = True  # noqa: F841  # pytest shows the user's call as the failing line
+            __tracebackhide__ = True  # pytest shows the user's call as the failing line
             active = stack[-1]
             found = active._judge(sys._getframe(1), args, kwargs)
             if found is not None:
@@ -219,7 +219,7 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _warn(found: Violation) -> None:
     """Warn at the user's line (its file, line and module), not at this package's."""
-    __tracebackhide__ = True  # noqa: F841
+    __tracebackhide__ = True
     site = found.site
     module = sys.modules.get(site.module)
     registry = getattr(module, "__dict__", {}).setdefault("__warningregistry__", {}) if module is not None else None

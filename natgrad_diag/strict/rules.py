@@ -131,12 +131,12 @@ def _summed(target: Any) -> bool:
 
 
 def _count(target: Any) -> str:
-    dims = [None if d is None else int(d) for d in target.shape]
-    if None in dims:
-        return "more than one element"
+    """"16 elements", or "more than one element" when a dim is unknown while tracing."""
     n = 1
-    for d in dims:
-        n *= d
+    for d in target.shape:
+        if d is None:
+            return "more than one element"
+        n *= int(d)
     return f"{n} elements"
 
 

@@ -65,7 +65,7 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
                     runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e, out)
-    except BaseException:  # the script failed: show it as Python would, then still report
+    except BaseException:  # noqa: BLE001  # the script failed: show it as Python would, then still report
         traceback.print_exc(file=out)
         code = 1
     finally:
@@ -109,10 +109,11 @@ def format_violations(violations: Sequence[Violation], *, checked_calls: int, pr
     sites: dict[tuple[str, int, str], list[Violation]] = {}
     for v in violations:
         sites.setdefault((v.site.filename, v.site.lineno, str(v.error)), []).append(v)
-    lines = [
+    head = (
         f"{prog}: {len(violations)} tape.gradient call(s) broke PyTorch's seed rules, at {len(sites)} place(s) "
         f"({checked_calls} call(s) checked):"
-    ]
+    )
+    lines = [head]
     for (filename, lineno, message), found in sites.items():
         times = f" ({len(found)} calls)" if len(found) > 1 else ""
         lines.extend(["", f"{filename}:{lineno}: {found[0].rule}{times}", message])
