@@ -250,6 +250,29 @@ def test_strict__scalar_losses_and_one_element_targets__return_tensorflows_resul
         np.testing.assert_array_equal(g, w)
 
 
+def test_strict__nests_of_targets_and_seeds__flattened_as_tensorflow_does():
+    x = tf.constant(X, tf.float64)
+
+    def compute():
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            ys = {"outer": x[:, None] * x[None, :], "sin": tf.sin(x), "loss": tf.reduce_sum(x**3)}
+        seeds = {"outer": tf.ones([4, 4], tf.float64), "sin": tf.constant(X, tf.float64), "loss": tf.constant(2.0, tf.float64)}
+        return tape, ys, tape.gradient(ys, {"x": x}, output_gradients=seeds)["x"].numpy()
+
+    want = compute()[2]
+    with nd.strict_gradients() as strict:
+        tape, ys, got = compute()
+        with pytest.raises(OutputGradientsError) as info:  # flattened by sorted keys: loss, outer, sin
+            tape.gradient(ys, x, output_gradients={"outer": tf.ones([4, 4], tf.float64), "sin": None, "loss": 1.0})
+    np.testing.assert_array_equal(got, want)
+    assert str(info.value).splitlines()[0].endswith(
+        "target[2] has 4 elements (shape [4]) and no seed, so TensorFlow would seed every element with 1 and return "
+        "the gradient of its sum."
+    )
+    assert [v.rule for v in strict.violations] == [IMPLICIT_SUM]
+
+
 def test_strict__tf_function_bodies__are_judged_when_traced():
     x = tf.constant(X, tf.float64)
 
@@ -592,6 +615,16 @@ def test_runner__a_clean_script_exits_0_and_a_failing_one_keeps_its_code(tmp_pat
     assert run_command(["python", str(tmp_path / "missing.py")], stream=err) == 2
     assert err.getvalue() == f"python -m natgrad_diag.strict: no such script: {tmp_path / 'missing.py'}\n"
     capsys.readouterr()
+
+
+def test_runner__dash_m_runs_a_module_from_the_current_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bad_module.py").write_text(BAD_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    assert run_command(["python", "-m", "bad_module", "z"], stream=err) == 1
+    assert capsys.readouterr().out == "argv ['z']\n"
+    assert f"{tmp_path / 'bad_module.py'}:8: implicit_sum (3 calls)" in err.getvalue()
+    sys.modules.pop("bad_module", None)
 
 
 def test_cli__natgrad_diag_strict_runs_the_script(tmp_path, capsys):
