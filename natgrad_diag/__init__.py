@@ -51,6 +51,7 @@ __all__ = [
     "natgrad_trace",
     "outer_example",
     "seed_scenario",
+    "strict_gradients",
     "vjp",
     "write_report",
 ]
@@ -76,6 +77,7 @@ _LAZY = {
     "natgrad_trace": "natgrad.trace",
     "outer_example": "lessons.outer",
     "seed_scenario": "lessons.scenario",
+    "strict_gradients": "strict.context",
     "vjp": "autodiff.seeded",
     "write_report": "report.files",
 }
@@ -119,3 +121,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.report.records import Check
     from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
     from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
+    from natgrad_diag.strict.context import strict_gradients

@@ -73,7 +73,8 @@ def _graph() -> dict[str, set[str]]:
             parts = target.split(".")
             for k in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b
                 prefix = ".".join(parts[:k])
-                if prefix in modules and prefix != name:
+                # a package that contains the importer is already being imported: not an edge
+                if prefix in modules and prefix != name and not name.startswith(prefix + "."):
                     edges.add(prefix)
         graph[name] = edges
     return graph

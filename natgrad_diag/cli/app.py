@@ -1,4 +1,4 @@
-"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check`` and ``bench``.
+"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``bench`` and ``strict``.
 
 Exit codes: 0 when every check holds, 1 when one fails, 2 for bad usage or bad input.
 Only argparse is imported at start-up; each command imports what it needs when it runs.
@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from natgrad_diag.cli.strict import add_strict_parser, run_strict
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
+    add_strict_parser(sub)
     return parser
 
 
@@ -275,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from natgrad_diag.exceptions import InputError, MemoryLimitError, NatGradDiagError, UnsupportedModelError
 
     command = args.command or "explain"
+    if command == "strict":
+        return run_strict(args)
     try:
         from natgrad_diag._tf import import_tensorflow_quietly
 

@@ -27,6 +27,15 @@ from natgrad_diag.tolerance import default_tolerance, resolve
 __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
 
 
+#: The one line that refuses the original mistake where it is made (see natgrad_diag.strict).
+_CATCH_IT = (
+    "One line would have caught the mistake where it was made: run the code under\n"
+    "    with natgrad_diag.strict_gradients(): ...\n"
+    "(or the tests with pytest --strict-gradients), and tape.gradient(meanvarsqrt, [eta1, eta2]) without "
+    "output_gradients raises, as PyTorch would."
+)
+
+
 def default_tolerances(dtype: Any) -> tuple[float, float]:
     """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype`` (see :mod:`natgrad_diag.tolerance`)."""
     tol = default_tolerance(dtype, "exact")
@@ -149,6 +158,7 @@ class Explanation(Report):
             Section("Where the difference comes from", why),
             Section("When the naive product is right", ce_text),
             Section("Reading J itself", row_text),
+            Section("What would have caught it", _CATCH_IT),
         ]
         if M <= 6:
             def mat(a: np.ndarray, name: str) -> Table:

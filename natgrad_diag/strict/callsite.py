@@ -1,0 +1,150 @@
+"""Where a ``tape.gradient`` call was made: the caller's file, line and source text, autograph mapped back."""
+
+from __future__ import annotations
+
+import functools
+import io
+import linecache
+import os
+import re
+import tokenize
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+__all__ = ["CallSite", "call_site", "is_exempt"]
+
+#: natgrad_diag/ itself: its lessons compute the default seed on purpose, and its frames are never the user's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: The file name AutoGraph gives the code it generates from a ``tf.function`` body.
+_AUTOGRAPH_FILE = "__autograph_generated_file"
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A line of the user's code: ``filename:lineno``, its source text and the module it is in."""
+
+    filename: str
+    lineno: int
+    code: str
+    module: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+
+@functools.lru_cache(maxsize=1)
+def _tensorflow_dirs() -> tuple[str, str, str]:
+    """(tensorflow/, tensorflow/python/autograph/, the file of GradientTape) as path prefixes."""
+    import tensorflow as tf
+    from tensorflow.python.eager import backprop
+
+    root = os.path.dirname(os.path.abspath(tf.__file__)) + os.sep
+    return root, os.path.join(root, "python", "autograph") + os.sep, os.path.abspath(backprop.__file__)
+
+
+def _skip_autograph(frame: FrameType | None, autograph_dir: str) -> FrameType | None:
+    """The first frame at or above ``frame`` that is not AutoGraph's call dispatch (``converted_call``)."""
+    while frame is not None and frame.f_code.co_filename.startswith(autograph_dir):
+        frame = frame.f_back
+    return frame
+
+
+def is_exempt(caller: FrameType | None) -> bool:
+    """True when ``tape.gradient`` was called by TensorFlow's own tape code or by natgrad-diag.
+
+    ``tape.jacobian`` and ``tape.batch_jacobian`` call ``self.gradient`` once per row without a
+    seed (a scalar row for ``jacobian``, a [batch] column for ``batch_jacobian``): that is their
+    implementation, not the user's seed, so calls from ``backprop.py`` are not judged. natgrad-diag's
+    lessons compute TensorFlow's default seed deliberately (``dtheta_deta``), so they are exempt too.
+    AutoGraph's dispatch frames between a ``tf.function`` body and the call are looked through.
+    """
+    _, autograph_dir, backprop_file = _tensorflow_dirs()
+    frame = _skip_autograph(caller, autograph_dir)
+    if frame is None:
+        return False
+    filename = frame.f_code.co_filename
+    return filename == backprop_file or filename.startswith(_PACKAGE_DIR)
+
+
+def call_site(caller: FrameType | None) -> CallSite:
+    """The first frame at or above ``caller`` outside natgrad-diag and TensorFlow, as a :class:`CallSite`.
+
+    Inside a ``tf.function`` that frame is AutoGraph's generated code; its line is mapped back to the
+    user's file and line with the converted function's ``ag_source_map`` (as TensorFlow's own error
+    messages do). Unknown when there is no such frame (``<unknown>:0``).
+    """
+    tf_dir, _, _ = _tensorflow_dirs()
+    frame = caller
+    while frame is not None and frame.f_code.co_filename.startswith((tf_dir, _PACKAGE_DIR)):
+        frame = frame.f_back
+    if frame is None:
+        return CallSite("<unknown>", 0, "", "")
+    module = str(frame.f_globals.get("__name__", ""))
+    if _AUTOGRAPH_FILE in frame.f_code.co_filename:
+        origin = _autograph_origin(frame)
+        if origin is not None:
+            return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)
+    return CallSite(frame.f_code.co_filename, frame.f_lineno or 0, _call_text(frame), module)
+
+
+def _autograph_origin(frame: FrameType) -> Any:
+    """The OriginInfo (user's file, line, source) of the current line of AutoGraph-generated code, or None."""
+    outer = frame.f_back
+    if outer is None:
+        return None
+    from tensorflow.python.autograph.pyct import origin_info
+
+    key = origin_info.LineLocation(frame.f_code.co_filename, frame.f_lineno)
+    for value in list(outer.f_locals.values()):  # converted_call holds the converted function
+        source_map = getattr(value, "ag_source_map", None)
+        if isinstance(source_map, dict) and key in source_map:
+            return source_map[key]
+    return None
+
+
+def _without_comment(origin: Any) -> str:
+    """The user's source line of an AutoGraph OriginInfo, without its trailing comment."""
+    text = str(origin.source_code_line)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                text = text[: token.start[1]]
+                break
+    except (tokenize.TokenError, SyntaxError):  # a line that opens a bracket it does not close
+        pass
+    return text.strip()
+
+
+def _call_text(frame: FrameType) -> str:
+    """The source text of the call the frame is executing (``tape.gradient(y, x)``), on one line.
+
+    Python 3.11+ records each instruction's span (``co_positions``); before that, or without the
+    source, the frame's line is used.
+    """
+    code = frame.f_code
+    try:
+        start, end, col, end_col = list(code.co_positions())[frame.f_lasti // 2]
+    except (AttributeError, IndexError):
+        start, end, col, end_col = frame.f_lineno, frame.f_lineno, None, None
+    if start is None:
+        return ""
+    end = end or start
+    lines = [linecache.getline(code.co_filename, n, frame.f_globals) for n in range(start, end + 1)]
+    if not any(lines):
+        return ""
+    if col is not None and end_col is not None:  # offsets are in UTF-8 bytes
+        if start == end:
+            lines[0] = lines[0].encode()[col:end_col].decode(errors="replace")
+        else:
+            lines[0] = lines[0].encode()[col:].decode(errors="replace")
+            lines[-1] = lines[-1].encode()[:end_col].decode(errors="replace")
+    return _one_line("\n".join(lines))
+
+
+def _one_line(text: str) -> str:
+    """A call written over several lines, joined (no space after an opening or before a closing bracket)."""
+    parts = [part.strip() for part in str(text).splitlines() if part.strip()]
+    if len(parts) <= 1:
+        return parts[0] if parts else ""
+    return re.sub(r"([(\[{])\s+", r"\1", re.sub(r"\s+([)\]}])", r"\1", " ".join(parts)))

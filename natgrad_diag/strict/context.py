@@ -1,0 +1,226 @@
+"""``strict_gradients()``: PyTorch's seed rules on every ``tf.GradientTape.gradient`` call made in a block.
+
+How it works: entering the first context (in any thread) replaces ``tf.GradientTape.gradient`` with a
+thin wrapper; leaving the last one puts TensorFlow's own method back, also after an exception. The
+wrapper judges a call only when the calling thread is inside a context (a ``threading.local`` stack,
+innermost wins), so other threads see TensorFlow's behaviour. It reads static shapes only and then
+calls TensorFlow's method with the arguments exactly as given: same results, same tape semantics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar, overload
+
+from natgrad_diag.exceptions import InputError
+from natgrad_diag.strict.callsite import call_site, is_exempt
+from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
+
+__all__ = ["ACTIONS", "StrictGradients", "strict_gradients"]
+
+#: What a violation does: raise :class:`~natgrad_diag.exceptions.OutputGradientsError`, or warn and go on.
+ACTIONS = ("raise", "warn")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_local = threading.local()  # .stack: the StrictGradients this thread is inside, innermost last
+
+
+class _Patch:
+    """The one replacement of ``tf.GradientTape.gradient``, counted across threads."""
+
+    lock = threading.Lock()
+    count = 0
+    original: Any = None
+    wrapper: Any = None
+
+
+class StrictGradients(contextlib.ContextDecorator):
+    """A context manager and decorator applying PyTorch's seed rules to ``tape.gradient`` calls.
+
+    Attributes:
+        action: ``"raise"`` or ``"warn"``.
+        allow_implicit_sum: targets without a seed are allowed (only given seeds are checked).
+        violations: every rule broken in this context so far (in this thread), in order.
+        checked_calls: how many ``tape.gradient`` calls this context judged.
+    """
+
+    def __init__(self, action: str = "raise", *, allow_implicit_sum: bool = False) -> None:
+        if action not in ACTIONS:
+            raise InputError(
+                "action must say what a violation does.",
+                context=[("Argument", "action"), ("Expected", '"raise" or "warn"'), ("Got", repr(action))],
+                remedy='pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
+                "and TensorFlow's result).",
+            )
+        self.action = action
+        self.allow_implicit_sum = bool(allow_implicit_sum)
+        self.violations: list[Violation] = []
+        self.checked_calls = 0
+
+    def __repr__(self) -> str:
+        return f"strict_gradients(action={self.action!r}, allow_implicit_sum={self.allow_implicit_sum})"
+
+    def __enter__(self) -> StrictGradients:  # noqa: PYI034  # not meant to be subclassed
+        _install()
+        _stack().append(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        stack = _stack()
+        for k in range(len(stack) - 1, -1, -1):
+            if stack[k] is self:
+                del stack[k]
+                break
+        _uninstall()
+
+    def _recreate_cm(self) -> StrictGradients:
+        # as a decorator: a fresh context per call, so recursion and threads do not share one
+        return StrictGradients(self.action, allow_implicit_sum=self.allow_implicit_sum)
+
+    def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
+        if is_exempt(caller):
+            return None
+        if args:
+            target = args[0]
+        elif "target" in kwargs:
+            target = kwargs["target"]
+        else:
+            return None  # TensorFlow reports the missing argument itself
+        output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
+        self.checked_calls += 1
+        found = check_call(target, output_gradients, allow_implicit_sum=self.allow_implicit_sum, site=lambda: call_site(caller))
+        if found is not None:
+            self.violations.append(found)
+        return found
+
+
+@overload
+def strict_gradients(action: F) -> F: ...
+@overload
+def strict_gradients(action: str = "raise", *, allow_implicit_sum: bool = False) -> StrictGradients: ...
+
+
+def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False) -> Any:
+    """Apply PyTorch's seed rules to every ``tf.GradientTape.gradient`` call in a block or function.
+
+    ``tape.gradient(y, x)`` with a ``y`` of more than one element and no ``output_gradients`` returns
+    Jᵀ·1 = ∂(Σ y)/∂x, the gradient of the sum, where the chain rule needs Jᵀ·v with v = ∂L/∂y; and a seed
+    v of another shape than y is broadcast or fails deep inside. PyTorch refuses both; under this
+    context so does TensorFlow, eager or while a ``tf.function`` is being traced:
+
+    - a target of more than one element without a seed (``None``, or a ``None`` entry): ``grad can be
+      implicitly created only for scalar outputs``, naming the target, its shape and the two fixes;
+    - a seed of the wrong count, shape or dtype: the message of
+      :func:`~natgrad_diag.autodiff.seeded.checked_gradient` (no broadcasting, no cast).
+
+    Each message starts with the call and its ``file:line``. A refused call computes nothing, so a
+    non-persistent tape is still usable. Everything else is TensorFlow's own method with the arguments
+    as given: results, persistent and nested tapes and ``unconnected_gradients`` are unchanged.
+    ``tape.jacobian`` and ``tape.batch_jacobian`` (which call ``gradient`` per row without a seed) and
+    natgrad-diag's own lessons are not judged.
+
+    Scope: the calling thread only (other threads run TensorFlow's method unchanged); a ``tf.function``
+    is judged when it is traced, so one traced before the context is not re-checked; a target whose
+    element count is unknown while tracing (all known dims 1) is not judged.
+
+    Args:
+        action: ``"raise"`` (default) raises :class:`~natgrad_diag.exceptions.OutputGradientsError` at
+            the call; ``"warn"`` issues a :class:`~natgrad_diag.strict.rules.StrictGradientsWarning`
+            at the user's line and returns TensorFlow's result. Used bare as a decorator
+            (``@strict_gradients``), ``action`` is the function and the default applies.
+        allow_implicit_sum: allow targets without a seed (the gradient of the sum, on purpose); the
+            seeds that are given are still checked.
+
+    Returns:
+        A :class:`StrictGradients`, a context manager (``with ... as strict``; ``strict.violations``
+        lists what was found) and a decorator.
+
+    Raises:
+        InputError: ``action`` is not ``"raise"`` or ``"warn"``.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> import natgrad_diag as nd
+        >>> x = tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64)
+        >>> with nd.strict_gradients():
+        ...     with tf.GradientTape() as tape:
+        ...         tape.watch(x)
+        ...         y = x[:, None] * x[None, :]
+        ...     tape.gradient(y, x, output_gradients=tf.ones_like(y)).numpy()
+        array([20., 20., 20., 20.])
+        >>> with nd.strict_gradients():
+        ...     with tf.GradientTape() as tape:
+        ...         tape.watch(x)
+        ...         y = x[:, None] * x[None, :]
+        ...     tape.gradient(y, x)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        natgrad_diag.exceptions.OutputGradientsError: Mismatch in output_gradients. grad can be implicitly created only for scalar outputs: target[0] has 16 elements (shape [4, 4]) and no seed, ...
+    """
+    if callable(action):
+        return StrictGradients()(action)
+    return StrictGradients(action, allow_implicit_sum=allow_implicit_sum)
+
+
+def _stack() -> list[StrictGradients]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _install() -> None:
+    import tensorflow as tf
+
+    with _Patch.lock:
+        if _Patch.count == 0:
+            _Patch.original = tf.GradientTape.__dict__["gradient"]
+            _Patch.wrapper = _make_wrapper(_Patch.original)
+            tf.GradientTape.gradient = _Patch.wrapper
+        _Patch.count += 1
+
+
+def _uninstall() -> None:
+    import tensorflow as tf
+
+    with _Patch.lock:
+        _Patch.count -= 1
+        if _Patch.count == 0:
+            if tf.GradientTape.__dict__.get("gradient") is _Patch.wrapper:  # else someone patched over us: leave theirs
+                tf.GradientTape.gradient = _Patch.original
+            _Patch.original = _Patch.wrapper = None
+
+
+def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def gradient(self: Any, *args: Any, **kwargs: Any) -> Any:
+        stack = getattr(_local, "stack", None)
+        if stack:
+            __tracebackhide__ = True  # pytest shows the user's call as the failing line
+            active = stack[-1]
+            found = active._judge(sys._getframe(1), args, kwargs)
+            if found is not None:
+                if active.action == "raise":
+                    raise found.error
+                _warn(found)
+        return original(self, *args, **kwargs)
+
+    # AutoGraph calls it as it is inside tf.function (what tf.autograph.experimental.do_not_convert sets)
+    gradient.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+    return gradient
+
+
+def _warn(found: Violation) -> None:
+    """Warn at the user's line (its file, line and module), not at this package's."""
+    __tracebackhide__ = True
+    site = found.site
+    module = sys.modules.get(site.module)
+    registry = getattr(module, "__dict__", {}).setdefault("__warningregistry__", {}) if module is not None else None
+    warnings.warn_explicit(str(found.error), StrictGradientsWarning, site.filename, site.lineno, module=site.module or None, registry=registry)

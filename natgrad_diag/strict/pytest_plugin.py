@@ -1,0 +1,81 @@
+"""The pytest plugin: ``--strict-gradients``, the ``strict_gradients`` marker and fixture.
+
+Registered through the package's ``pytest11`` entry point, so it loads wherever natgrad-diag is
+installed; it imports nothing heavy until a test asks for the rules.
+
+- ``pytest --strict-gradients``: every test (its set-up, call and tear-down) runs under
+  ``natgrad_diag.strict_gradients()``; a ``tape.gradient`` call that breaks PyTorch's seed rules fails
+  its test at the user's line.
+- ``@pytest.mark.strict_gradients`` (or ``(action="warn", allow_implicit_sum=True)``): one test under
+  the rules, with or without the option; its arguments are ``strict_gradients()``'s.
+- the ``strict_gradients`` fixture: the rules for one test, yielding the context (``.violations``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+OPTION = "--strict-gradients"
+MARKER = "strict_gradients"
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("natgrad-diag")
+    group.addoption(
+        OPTION,
+        action="store_true",
+        default=False,
+        dest="strict_gradients",
+        help="run every test under natgrad_diag.strict_gradients(): tf.GradientTape.gradient refuses a "
+        "non-scalar target without output_gradients and a seed of the wrong shape, as PyTorch does.",
+    )
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(action='raise', *, allow_implicit_sum=False): run this test under "
+        "natgrad_diag.strict_gradients() (PyTorch's seed rules for tf.GradientTape.gradient).",
+    )
+
+
+def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None and not item.config.getoption("strict_gradients"):
+        return contextlib.nullcontext()
+    from natgrad_diag.strict.context import StrictGradients
+
+    if marker is None:
+        return StrictGradients()
+    return StrictGradients(*marker.args, **marker.kwargs)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: Any) -> Iterator[None]:
+    with _context(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: Any) -> Iterator[None]:
+    with _context(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: Any) -> Iterator[None]:
+    with _context(item):
+        return (yield)
+
+
+@pytest.fixture(name=MARKER)
+def strict_gradients_fixture() -> Iterator[Any]:
+    """This test under ``natgrad_diag.strict_gradients()``; yields the context (``.violations``)."""
+    from natgrad_diag.strict.context import StrictGradients
+
+    with StrictGradients() as strict:
+        yield strict

@@ -1,0 +1,179 @@
+"""The per-call rule: does one ``tape.gradient(target, sources, output_gradients)`` break PyTorch's seed rules?
+
+PyTorch's ``torch.autograd.grad(outputs, inputs, grad_outputs)`` refuses what TensorFlow silently does:
+
+- an output with more than one element and no ``grad_outputs`` (``grad can be implicitly created only
+  for scalar outputs``); TensorFlow seeds every element with 1 and returns Jᵀ·1, the gradient of the
+  output's sum, which is not the Jacobian and not the chain rule's Jᵀ·v;
+- a ``grad_outputs[i]`` whose shape is not exactly ``outputs[i]``'s (``Mismatch in shape: grad_output[0]
+  has a shape of ...``); TensorFlow broadcasts it (y = sin(x), x [4], a seed [4, 1] gives a [4, 4]
+  "gradient") or fails deep inside with a reshape error.
+
+The seed checks and their messages are :func:`natgrad_diag._validate.validate_seeds`, the ones
+:func:`~natgrad_diag.autodiff.seeded.checked_gradient` raises; this module adds the no-seed rule and
+the call site. Nothing here creates a TensorFlow op: only static shapes are read.
+
+References:
+    PyTorch, ``torch.autograd.grad`` and ``_make_grads`` (torch/autograd/__init__.py).
+    TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from natgrad_diag._validate import shape_str, validate_seeds
+from natgrad_diag.exceptions import OutputGradientsError
+from natgrad_diag.strict.callsite import CallSite
+
+__all__ = [
+    "IMPLICIT_SUM",
+    "SEED_MISMATCH",
+    "TORCH_IMPLICIT_MESSAGE",
+    "StrictGradientsWarning",
+    "Violation",
+    "check_call",
+]
+
+#: The rule a call broke: a target of more than one element without a seed.
+IMPLICIT_SUM = "implicit_sum"
+#: The rule a call broke: a seed of the wrong count, shape or dtype.
+SEED_MISMATCH = "seed_mismatch"
+#: PyTorch's words for the first rule (``torch.autograd.grad`` on a non-scalar output without a seed).
+TORCH_IMPLICIT_MESSAGE = "grad can be implicitly created only for scalar outputs"
+
+_IMPLICIT_SUM_REMEDY = (
+    "pass output_gradients with one seed of each target's shape (dL/dtarget: the result is then Jᵀ·v, the "
+    "chain rule), or differentiate tf.reduce_sum(target) if the gradient of the sum is what you mean."
+)
+
+
+class StrictGradientsWarning(UserWarning):
+    """A ``tape.gradient`` call broke PyTorch's seed rules under ``strict_gradients(action="warn")``."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One ``tape.gradient`` call that broke a rule: which rule, where, and the error that says so.
+
+    Attributes:
+        rule: :data:`IMPLICIT_SUM` or :data:`SEED_MISMATCH`.
+        site: the user's line that made the call.
+        error: the :class:`~natgrad_diag.exceptions.OutputGradientsError` raised (or warned) for it.
+    """
+
+    rule: str
+    site: CallSite
+    error: OutputGradientsError
+
+    def __str__(self) -> str:
+        return f"{self.site}: {self.error}"
+
+
+def check_call(
+    target: Any,
+    output_gradients: Any,
+    *,
+    allow_implicit_sum: bool,
+    site: Callable[[], CallSite],
+) -> Violation | None:
+    """The rule the call ``tape.gradient(target, ..., output_gradients=output_gradients)`` breaks, or None.
+
+    Args:
+        target: the call's ``target`` (a tensor or a nest of them, flattened as TensorFlow does).
+        output_gradients: the call's seeds, ``None`` for TensorFlow's default seed of ones.
+        allow_implicit_sum: do not judge targets without a seed (only the seeds given are checked).
+        site: returns the call site; called only when there is a violation.
+
+    Returns:
+        ``None`` when the call is fine or cannot be judged here (a target that is not a tensor: TensorFlow
+        reports that itself), else the :class:`Violation` with its located error.
+    """
+    import tensorflow as tf
+
+    targets = tf.nest.flatten(target)
+    if not targets or not all(hasattr(t, "shape") and hasattr(t, "dtype") for t in targets):
+        return None
+    if output_gradients is None:
+        seeds: list[Any] = [None] * len(targets)
+    else:
+        seeds = tf.nest.flatten(output_gradients)
+        try:
+            validate_seeds(seeds, targets)
+        except OutputGradientsError as e:
+            return _locate(SEED_MISMATCH, e, site())
+    if allow_implicit_sum:
+        return None
+    unseeded = [i for i, (s, t) in enumerate(zip(seeds, targets)) if s is None and _summed(t)]
+    if not unseeded:
+        return None
+    return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
+
+
+def _summed(target: Any) -> bool:
+    """True when a seed of ones would sum the target: more than one element, and a differentiable dtype.
+
+    Decided from the static shape: a dim of 0 means no element; a known dim above 1 means more than
+    one; otherwise (all known dims 1, some unknown while tracing a ``tf.function``) it is not judged.
+    """
+    dtype = getattr(target, "dtype", None)
+    if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)):
+        return False  # integers and booleans get no gradient: nothing is summed
+    shape = target.shape
+    if getattr(shape, "rank", 0) is None:
+        return False
+    dims = [None if d is None else int(d) for d in shape]
+    if 0 in dims:
+        return False
+    return any(d is not None and d > 1 for d in dims)
+
+
+def _count(target: Any) -> str:
+    """"16 elements", or "more than one element" when a dim is unknown while tracing."""
+    n = 1
+    for d in target.shape:
+        if d is None:
+            return "more than one element"
+        n *= int(d)
+    return f"{n} elements"
+
+
+def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_none: bool) -> OutputGradientsError:
+    """The message for targets of more than one element without a seed."""
+    if len(unseeded) == 1:
+        i = unseeded[0]
+        detail = (
+            f"{TORCH_IMPLICIT_MESSAGE}: target[{i}] has {_count(targets[i])} (shape {shape_str(targets[i])}) and no "
+            "seed, so TensorFlow would seed every element with 1 and return the gradient of its sum."
+        )
+    else:
+        named = [f"target[{i}] ({shape_str(targets[i])})" for i in unseeded]
+        detail = (
+            f"{TORCH_IMPLICIT_MESSAGE}: {', '.join(named[:-1])} and {named[-1]} have more than one element and no "
+            "seed, so TensorFlow would seed every element with 1 and return the gradient of the sum of all their "
+            "elements."
+        )
+    if all_none:
+        context: list[tuple[str, object]] = [
+            ("Argument", "output_gradients"),
+            ("Expected", "one seed per target, of its shape: " + ", ".join(f"target[{i}] {shape_str(t)}" for i, t in enumerate(targets))),
+            ("Actual", "None (a seed of ones for every target)"),
+        ]
+    else:
+        context = [
+            ("Argument", ", ".join(f"output_gradients[{i}]" for i in unseeded)),
+            ("Expected", ", ".join(f"a seed of shape {shape_str(targets[i])} (target[{i}]'s shape)" for i in unseeded)),
+            ("Actual", "None"),
+        ]
+    return OutputGradientsError(detail, context=context, remedy=_IMPLICIT_SUM_REMEDY)
+
+
+def _locate(rule: str, error: OutputGradientsError, site: CallSite) -> Violation:
+    """The violation, its error re-built with the call and its place first in the context."""
+    located = type(error)(
+        error.detail, context=[("Call", site.code or "tape.gradient(...)"), ("At", str(site)), *error.context], remedy=error.remedy
+    )
+    located.ag_pass_through = True  # type: ignore[attr-defined]  # inside tf.function, AutoGraph re-raises it as is
+    return Violation(rule=rule, site=site, error=located)

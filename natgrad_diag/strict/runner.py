@@ -1,0 +1,120 @@
+"""Run a Python script under ``strict_gradients(action="warn")`` and report every call that broke a rule."""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import TextIO
+
+from natgrad_diag.strict.rules import StrictGradientsWarning, Violation
+
+__all__ = ["EXIT_OK", "EXIT_USAGE", "EXIT_VIOLATIONS", "format_violations", "run_command"]
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
+
+USAGE = "usage: {prog} [--] [python] SCRIPT [ARGS ...]   or   {prog} [--] [python] -m MODULE [ARGS ...]"
+
+
+def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.strict", stream: TextIO | None = None) -> int:
+    """Run ``python SCRIPT ARGS`` (or ``-m MODULE``) in this process under the rules; return the exit code.
+
+    The script runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and its folder first on
+    ``sys.path``, as ``python SCRIPT`` would. Violations are collected (not raised, so one run finds
+    them all; not warned as they happen) and reported on ``stream`` (stderr), one block per call site.
+
+    Args:
+        command: ``["python", "my_script.py", "--epochs", "3"]``; the leading ``python`` and a ``--``
+            are optional.
+        prog: the name the usage message shows.
+        stream: where the report goes (default ``sys.stderr``).
+
+    Returns:
+        The script's own exit code when it fails (an uncaught exception: 1, printed as Python would);
+        otherwise 1 if any call broke a rule, else 0. 2 for bad usage (no script, a missing file).
+    """
+    from natgrad_diag.strict.context import StrictGradients
+
+    out = sys.stderr if stream is None else stream
+    parsed = _parse(list(command))
+    if isinstance(parsed, str):
+        print(f"{prog}: {parsed}\n{USAGE.format(prog=prog)}", file=out)
+        return EXIT_USAGE
+    kind, name, args = parsed
+    if kind == "path" and not os.path.isfile(name):
+        print(f"{prog}: no such script: {name}", file=out)
+        return EXIT_USAGE
+    strict = StrictGradients("warn")
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [name, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(name)) if kind == "path" else os.getcwd())
+    code = EXIT_OK
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StrictGradientsWarning)  # reported once, below
+            with strict:
+                if kind == "path":
+                    runpy.run_path(name, run_name="__main__")
+                else:
+                    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = _exit_code(e, out)
+    except BaseException:  # noqa: BLE001  # the script failed: show it as Python would, then still report
+        traceback.print_exc(file=out)
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    print(format_violations(strict.violations, checked_calls=strict.checked_calls, prog=prog), file=out)
+    if code != EXIT_OK:
+        return code
+    return EXIT_VIOLATIONS if strict.violations else EXIT_OK
+
+
+def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
+    """("path", script, args) or ("module", name, args), or the usage error."""
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if command and (_PYTHON.match(os.path.basename(command[0])) or command[0] == sys.executable):
+        command = command[1:]
+    if not command:
+        return "no script given."
+    if command[0] == "-m":
+        if len(command) < 2:
+            return "-m needs a module name."
+        return "module", command[1], command[2:]
+    if command[0].startswith("-"):
+        return f"unsupported option {command[0]!r}: only a script or -m MODULE can be run."
+    return "path", command[0], command[1:]
+
+
+def _exit_code(e: SystemExit, out: TextIO) -> int:
+    if e.code is None:
+        return EXIT_OK
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=out)  # sys.exit("message"), as Python prints it
+    return 1
+
+
+def format_violations(violations: Sequence[Violation], *, checked_calls: int, prog: str) -> str:
+    """The report: one block per call site (file:line, how many calls, the message), or one line if none."""
+    if not violations:
+        return f"{prog}: no tape.gradient call broke PyTorch's seed rules ({checked_calls} call(s) checked)."
+    sites: dict[tuple[str, int, str], list[Violation]] = {}
+    for v in violations:
+        sites.setdefault((v.site.filename, v.site.lineno, str(v.error)), []).append(v)
+    head = (
+        f"{prog}: {len(violations)} tape.gradient call(s) broke PyTorch's seed rules, at {len(sites)} place(s) "
+        f"({checked_calls} call(s) checked):"
+    )
+    lines = [head]
+    for (filename, lineno, message), found in sites.items():
+        times = f" ({len(found)} calls)" if len(found) > 1 else ""
+        lines.extend(["", f"{filename}:{lineno}: {found[0].rule}{times}", message])
+    return "\n".join(lines)
