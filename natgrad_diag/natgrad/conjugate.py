@@ -1,5 +1,6 @@
-"""The conjugate oracles (Gaussian likelihood): one γ = 1 XiNat step reaches SGPR's bound (SVGP) or GPR's marginal
-likelihood (VGP), and a second step stays there.
+"""The conjugate oracles (Gaussian likelihood): one γ = 1 step reaches the collapsed bound, a second stays there.
+
+One XiNat step with γ = 1 lands on SGPR's bound (SVGP) or GPR's marginal likelihood with noise σ² + jitter (VGP).
 
 With a Gaussian likelihood the optimal q(u) is known in closed form and a natural-gradient step with γ = 1 lands on
 it (Salimbeni, Eleftheriadis and Hensman 2018, §3); the ELBO there is Titsias's (2009) collapsed bound.

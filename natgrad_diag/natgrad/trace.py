@@ -426,6 +426,7 @@ def natgrad_trace(
         StepFailedError: the step for this gamma leaves the positive-definite cone.
 
     Example:
+        >>> from natgrad_diag import seed_scenario
         >>> trace = natgrad_trace(*seed_scenario())
         >>> trace.dL_deta1.shape
         (5, 1)
