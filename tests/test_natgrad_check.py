@@ -522,3 +522,18 @@ def test_fast_mode__fisher_is_skipped_above_the_limit_unless_asked():
     small, d = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
     assert all(c.name != "fisher_identity" for c in nc.check_natgrad(small, d, mode="fast", fisher=False).checks)
     assert nc.check_natgrad(small, d, mode="fast", fisher=True).check("fisher_identity").passed
+
+
+def test_layout__natgrad_modules_do_not_import_the_demo_models():
+    """Checks must not depend on the demo models (imports inside functions count)."""
+    import ast
+    from pathlib import Path
+
+    import natgrad_diag.natgrad
+
+    found = []
+    for path in sorted(Path(natgrad_diag.natgrad.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}" for n in names if n == "natgrad_diag.demo"]
+    assert found == []

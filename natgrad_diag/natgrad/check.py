@@ -203,8 +203,11 @@ def _fisher_stage(ctx: Context, step: Step, taken: _Taken, advance: Callable[...
     from natgrad_diag.exceptions import MemoryLimitError
 
     if not ctx.fisher:
-        return Outcome(skipped=(("fisher_identity", f"fast mode skips it for M > {FAST_FISHER_MAX_M} (it costs about one "
-                                 "more step); pass fisher=True, or run mode='full' on a smaller model"),))  # fmt: skip
+        why = (
+            f"fast mode skips it for M > {FAST_FISHER_MAX_M} (it costs about one more step); pass fisher=True, "
+            "or run mode='full' on a smaller model"
+        )
+        return Outcome(skipped=(("fisher_identity", why),))
     if step.dL_deta1 is None:
         return Outcome(skipped=(("fisher_identity", "∂L/∂η could not be computed at the current q(u)"),))
     if ctx.mode == "fast":
