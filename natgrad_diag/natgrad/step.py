@@ -142,7 +142,7 @@ def take_step_fast(ctx: Context, engine: FastEngine) -> tuple[Step, GpflowStep, 
         gp = GpflowStep(out["gp_q_mu"], out["gp_q_sqrt"], "", float(out["loss_after"]))
     else:
         gp = GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt", float(out["loss_after"]))
-    fisher = {k: out[k] for k in ("F_u1", "F_u2", "grad_theta1", "grad_theta2") if k in out}
+    fisher: dict[str, Any] = {k: out[k] for k in ("F_u1", "F_u2", "grad_theta1", "grad_theta2") if k in out}
     return step, gp, fisher
 
 
