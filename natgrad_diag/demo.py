@@ -16,14 +16,14 @@ TensorFlow and GPflow are imported inside the functions.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.exceptions import InputError
+from natgrad_diag.natgrad.context import dtype_context
+from natgrad_diag.natgrad.context import float_dtype as _dtype
 
 __all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
 
@@ -31,7 +31,6 @@ __all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "
 LIKELIHOODS = ("gaussian", "bernoulli", "poisson", "studentt")
 #: Model names understood by :func:`make_model` and ``natgrad-diag check --model``.
 MODELS = ("svgp", "vgp")
-_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
@@ -53,29 +52,6 @@ def _count(value: Any, name: str, *, minimum: int = 1) -> int:
             remedy=f"pass {name} as a positive integer.",
         )
     return int(value)
-
-
-def _dtype(dtype: Any) -> type:
-    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
-    if name not in _DTYPES:
-        raise InputError(
-            "dtype must be float64 or float32.",
-            context=[("Argument", "dtype"), ("Expected", "'float64' | 'float32'"), ("Got", repr(dtype))],
-            remedy="pass dtype='float64' (recommended) or dtype='float32'.",
-        )
-    return _DTYPES[name]
-
-
-@contextlib.contextmanager
-def dtype_context(dtype: Any) -> Iterator[None]:
-    """GPflow's config with ``default_float`` set to ``dtype`` inside the block, restored afterwards."""
-    import dataclasses
-
-    import gpflow
-
-    cfg = dataclasses.replace(gpflow.config.config(), float=_dtype(dtype))
-    with gpflow.config.as_context(cfg):
-        yield
 
 
 def make_data(

@@ -3,6 +3,7 @@ SGPR's and GPR's closed forms, and a model with the identity transform for the g
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -15,9 +16,14 @@ from gpflow.optimizers import NaturalGradient, XiNat, XiSqrtMeanVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from natgrad_diag.natgrad import check as nc
+from natgrad_diag.cli.check import check_natgrad_cli
+from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError
-from natgrad_diag.demo import dtype_context, make_model
+from natgrad_diag.natgrad import check as nc
+from natgrad_diag.natgrad.context import Context, dtype_context
+from natgrad_diag.natgrad.engine import ENGINES
+from natgrad_diag.natgrad.fisher import check_fisher_fast, check_fisher_full
+from natgrad_diag.natgrad.step import take_step_full
 
 XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
 
@@ -138,12 +144,15 @@ def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likeli
 def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=6, seed=1)
     with dtype_context(np.float64):
-        ctx = nc._Ctx(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1, mode=mode,
+        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1, mode=mode,
                       tol=nc.natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)  # fmt: skip
-        step = nc._take_step_full(ctx)
-        good = nc._check_fisher_full(ctx, step, lambda n=1: None) if mode == "full" else nc._check_fisher_fast(ctx, step, None, {})
-        step.dL_deta1 = step.dL_deta1 * (1 + 1e-4)
-        bad = nc._check_fisher_full(ctx, step, lambda n=1: None) if mode == "full" else nc._check_fisher_fast(ctx, step, None, {})
+        step = take_step_full(ctx)
+
+        def fisher_check(s):
+            return check_fisher_full(ctx, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_fast(ctx, s, None, {})
+
+        good = fisher_check(step)
+        bad = fisher_check(dataclasses.replace(step, dL_deta1=step.dL_deta1 * (1 + 1e-4)))
     assert good.passed and not bad.passed
     assert bad.max_abs_error > bad.tolerance
 
@@ -449,10 +458,10 @@ def test_cli__check_json_has_checks_and_exit_codes(capsys):
 
 
 def test_cli__check_natgrad_cli_vgp_meanvar():
-    r = nc.check_natgrad_cli(model="vgp", likelihood="bernoulli", num_data=10, xi="meanvar", gamma=0.2, num_latent=2)
+    r = check_natgrad_cli(model="vgp", likelihood="bernoulli", num_data=10, xi="meanvar", gamma=0.2, num_latent=2)
     assert r.model_name == "VGP" and r.xi_transform == "XiSqrtMeanVar" and r.num_latent == 2 and r.passed
     with pytest.raises(InputError, match="xi"):
-        nc.check_natgrad_cli(xi="natural")
+        check_natgrad_cli(xi="natural")
 
 
 _PROPERTY_MODEL = {}
@@ -487,7 +496,7 @@ def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
 
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
     nc.check_natgrad(model, data, mode="fast")
-    assert model in nc._ENGINES
+    assert model in ENGINES
     ref = weakref.ref(model)
     del model
     gc.collect()
@@ -513,3 +522,18 @@ def test_fast_mode__fisher_is_skipped_above_the_limit_unless_asked():
     small, d = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
     assert all(c.name != "fisher_identity" for c in nc.check_natgrad(small, d, mode="fast", fisher=False).checks)
     assert nc.check_natgrad(small, d, mode="fast", fisher=True).check("fisher_identity").passed
+
+
+def test_layout__natgrad_modules_do_not_import_the_demo_models():
+    """Checks must not depend on the demo models (imports inside functions count)."""
+    import ast
+    from pathlib import Path
+
+    import natgrad_diag.natgrad
+
+    found = []
+    for path in sorted(Path(natgrad_diag.natgrad.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}" for n in names if n == "natgrad_diag.demo"]
+    assert found == []

@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace) -> Any:
 
         return outer_example(args.x)
     if command == "check":
-        from natgrad_diag.natgrad.check import check_natgrad_cli
+        from natgrad_diag.cli.check import check_natgrad_cli
 
         return check_natgrad_cli(
             model=args.model,

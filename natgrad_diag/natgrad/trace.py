@@ -302,7 +302,7 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
 
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             _TRACE_COUNTS["natgrad_tensors"] += 1
-            # the same operations as param_parts / _to_constrained on the eager path
+            # the same operations as param_parts / to_constrained on the eager path
             q_mu = mu_in if t_mu is None else t_mu.forward(mu_in)
             q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
             dL_dmean = g_mu if t_mu is None else t_mu.forward(g_mu)
@@ -426,6 +426,7 @@ def natgrad_trace(
         StepFailedError: the step for this gamma leaves the positive-definite cone.
 
     Example:
+        >>> from natgrad_diag import seed_scenario
         >>> trace = natgrad_trace(*seed_scenario())
         >>> trace.dL_deta1.shape
         (5, 1)
@@ -442,7 +443,8 @@ def natgrad_trace(
 def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any) -> NatGradTrace:
     """The reference path: validate every input (the errors), then the step eagerly."""
     import tensorflow as tf
-    from gpflow.base import _to_constrained
+
+    from natgrad_diag._gpflow import to_constrained
 
     mu_p = param_parts(q_mu, "q_mu")
     sq_p = param_parts(q_sqrt, "q_sqrt")
@@ -450,8 +452,8 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
     g_mu = validate_grad(q_mu_grad, mu_p, "q_mu_grad", "q_mu")
     g_sq = validate_grad(q_sqrt_grad, sq_p, "q_sqrt_grad", "q_sqrt")
 
-    dL_dmean = _to_constrained(g_mu, mu_p.transform)
-    dL_dvarsqrt = _to_constrained(g_sq, sq_p.transform)
+    dL_dmean = to_constrained(g_mu, mu_p.transform)
+    dL_dvarsqrt = to_constrained(g_sq, sq_p.transform)
     mu_t = tf.identity(mu_p.value)
     sq_t = tf.identity(sq_p.value)
     try:

@@ -1,0 +1,151 @@
+"""The ``fisher_identity`` oracle: F⁻¹·∇θL = ∇ηL with explicit Jacobians (full mode), or F·∇ηL = ∇θL matrix-free (fast).
+
+For an exponential family the Fisher information in the natural parameters θ is F = ∂η/∂θ = ∂²A/∂θ² (A the
+log-partition), so F⁻¹·∇θL = F⁻¹·Fᵀ·∇ηL = ∇ηL: GPflow's ∂L/∂η is the natural gradient (Salimbeni, Eleftheriadis and
+Hensman 2018, equation [10]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.exceptions import error_line
+from natgrad_diag.natgrad.arrays import maxabs, scale
+from natgrad_diag.natgrad.context import Context
+from natgrad_diag.natgrad.engine import FastEngine
+from natgrad_diag.natgrad.report import Outcome
+from natgrad_diag.natgrad.step import Step
+from natgrad_diag.natgrad.tensors import fisher_matrix_free_tensors
+from natgrad_diag.report.records import Check, format_number, max_abs_diff
+
+__all__ = ["check_fisher_fast", "check_fisher_full", "theta2_of_vech", "vech_maps"]
+
+
+def vech_maps(M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For vech (row-major lower triangle, P = M(M+1)/2 entries): the vech position of every (i, j) of a
+    symmetric M×M matrix [M·M], the flat positions of the lower triangle [P], and the dual weights [P]
+    (1 on the diagonal, 2 off it).
+
+    Examples:
+        >>> full_pos, lower_flat, weights = vech_maps(2)
+        >>> full_pos.tolist(), lower_flat.tolist(), weights.tolist()
+        ([0, 1, 1, 2], [0, 2, 3], [1.0, 2.0, 1.0])
+    """
+    rows, cols = np.tril_indices(M)
+    pos = np.zeros((M, M), dtype=np.int64)
+    pos[rows, cols] = np.arange(rows.size)
+    pos[cols, rows] = np.arange(rows.size)
+    return pos.ravel(), rows * M + cols, np.where(rows == cols, 1.0, 2.0)
+
+
+def theta2_of_vech(b: Any) -> Any:
+    """θ₂ [L, M, M] symmetric from its vech b [L, P]."""
+    import tensorflow as tf
+
+    P = int(b.shape[-1])
+    M = int(round((np.sqrt(8 * P + 1) - 1) / 2))
+    full_pos, _, _ = vech_maps(M)
+    return tf.reshape(tf.gather(b, full_pos, axis=1), [-1, M, M])
+
+
+def _fisher_eta_of_theta(a: Any, b: Any) -> tuple[Any, Any]:
+    """(θ₁ [M, L], vech θ₂ [L, P]) ↦ (η₁ [M, L], dual-vech η₂ [L, P]); its Jacobian is the Fisher matrix."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import natural_to_expectation
+
+    M = int(a.shape[0])
+    _, lower_flat, weights = vech_maps(M)
+    e1, e2 = natural_to_expectation(a, theta2_of_vech(b))
+    return e1, tf.gather(tf.reshape(e2, [-1, M * M]), lower_flat, axis=1) * tf.constant(weights, e2.dtype)
+
+
+def _fisher_msqrt_of_theta(a: Any, b: Any) -> tuple[Any, Any]:
+    """(θ₁ [M, L], vech θ₂ [L, P]) ↦ (m [M, L], L_S [L, M, M]) by GPflow's natural_to_meanvarsqrt."""
+    from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
+
+    return natural_to_meanvarsqrt(a, theta2_of_vech(b))
+
+
+def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> Outcome:
+    """F⁻¹·∇θL = ∇ηL with explicit Jacobians, in coordinates where F is a true (symmetric) Fisher matrix.
+
+    θ = (θ₁, vech θ₂) (lower triangle of the symmetric θ₂) and η' = (η₁, dual-vech η₂) (diagonal, and twice the
+    strict lower triangle), so that ⟨θ, η'⟩ = θ₁ᵀη₁ + tr(θ₂η₂). Then F = ∂η'/∂θ = ∂²A/∂θ² and
+    ∇_η' L = (∂L/∂η₁, vech(∂L/∂η₂)) for GPflow's symmetric ∂L/∂η₂. All L latent GPs at once (F is block-diagonal).
+    """
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    from natgrad_diag.autodiff.dense import jacobian
+
+    M, L = ctx.M, ctx.L
+    nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
+    _, lower_flat, _ = vech_maps(M)
+    # The oracle runs in float64 whatever the model's dtype (float32 is compared with float32 tolerances).
+    w1 = tf.cast(nat1, tf.float64)
+    w2 = tf.gather(tf.reshape(tf.cast(nat2, tf.float64), [L, M * M]), lower_flat, axis=1)
+    F = jacobian(_fisher_eta_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("eta1", "dual_vech_eta2")).matrix
+    advance()
+    K = jacobian(_fisher_msqrt_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("mean", "varsqrt"))
+    advance()
+    grad_theta = np.concatenate([np.ravel(g) for g in K.vjp([step.dL_dmean, step.dL_dvarsqrt])])
+    want = np.concatenate([np.ravel(step.dL_deta1), np.ravel(step.dL_deta2.reshape(L, M * M)[:, lower_flat])])
+    eps = float(np.finfo(ctx.np_dtype).eps)
+    F64 = F.astype(np.float64)
+    try:
+        got = np.linalg.solve(F64, grad_theta.astype(np.float64))
+        cond = float(np.linalg.cond(F64))
+    except np.linalg.LinAlgError:
+        got, cond = np.full_like(want, np.inf), float("inf")
+    err = maxabs(got - want)
+    bound = scale([want]) * (ctx.tol.fisher_rtol + 100 * eps * cond) + ctx.tol.atol
+    sym = maxabs(F64 - F64.T) / max(maxabs(F64), 1e-300)
+    n = L * (M + M * (M + 1) // 2)
+    check = Check(
+        name="fisher_identity",
+        claim=(
+            "F⁻¹·∇θL = ∇ηL: the explicit Fisher matrix F = ∂η/∂θ (natural_to_expectation) solved against "
+            "∇θL (the explicit Jacobian of natural_to_meanvarsqrt contracted with ∂L/∂(m, L_S)) gives the "
+            "∂L/∂η of GPflow's step"
+        ),
+        passed=bool(err <= bound),
+        max_abs_error=err,
+        tolerance=bound,
+        detail=f"F is {n} × {n}; cond(F) = {format_number(cond)}, F symmetric to {format_number(sym)} (relative)",
+    )
+    return Outcome(checks=(check,), numbers=(("cond(F)", cond), ("max |F − Fᵀ| / max |F|", sym)))
+
+
+def check_fisher_fast(ctx: Context, step: Step, engine: FastEngine | None, out: dict[str, Any]) -> Check:
+    """F·∇ηL = ∇θL matrix-free: one forward-mode product and one vector-Jacobian product."""
+    import tensorflow as tf
+
+    if "F_u1" not in out:
+        args = [
+            tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
+            tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt), tf.constant(step.dL_deta1), tf.constant(step.dL_deta2),
+        ]  # fmt: skip
+        fn = engine.fisher if engine is not None else fisher_matrix_free_tensors
+        try:
+            out = {k: v.numpy() for k, v in fn(*args).items()}
+        except tf.errors.InvalidArgumentError as e:
+            return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", passed=False, detail=f"could not evaluate: {error_line(e)}")
+    want = (out["grad_theta1"], out["grad_theta2"])
+    err = max_abs_diff((out["F_u1"], out["F_u2"]), want)
+    eps = float(np.finfo(ctx.np_dtype).eps)
+    # matrix-free: no cond(F); a product F·u loses about cond(S)·ε, bounded by the size of F·u's terms
+    bound = scale(want) * (ctx.tol.fisher_rtol + 100 * eps * ctx.M) + ctx.tol.atol
+    return Check(
+        name="fisher_identity",
+        claim=(
+            "F·∇ηL = ∇θL, matrix-free: the Fisher matrix F = ∂η/∂θ applied in closed form (dS = 2·S U₂ S, ...) to "
+            "GPflow's ∂L/∂η equals the vector-Jacobian product of natural_to_meanvarsqrt with ∂L/∂(m, L_S)"
+        ),
+        passed=bool(err <= bound),
+        max_abs_error=err,
+        tolerance=bound,
+        detail="equivalent to F⁻¹·∇θL = ∇ηL without forming F (fast mode)",
+    )

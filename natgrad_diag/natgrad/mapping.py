@@ -1,0 +1,139 @@
+"""The ``gradient_mapping`` oracle: GPflow's map of unconstrained to constrained gradients against the chain rule.
+
+GPflow's natural gradient maps ∂L/∂u (u the unconstrained variable) to the constrained parameter c = T.forward(u)
+with ``_to_constrained(grad, T) = T.forward(grad)``. The chain rule says ∂L/∂c = (∂u/∂c)ᵀ·∂L/∂u, the VJP of
+T.inverse at c; the two agree only for linear isometric transforms (identity, FillTriangular).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.natgrad.arrays import maxabs, scale
+from natgrad_diag.natgrad.context import Context
+from natgrad_diag.natgrad.report import Outcome
+from natgrad_diag.natgrad.step import Step
+from natgrad_diag.report.records import Check, format_number
+
+__all__ = ["check_gradient_mapping", "is_isometric"]
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first caller outside natgrad_diag."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("natgrad_diag"):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def is_isometric(transform: Any) -> bool:
+    """Whether GPflow's gradient mapping is exact for ``transform``: None, Identity or FillTriangular.
+
+    Examples:
+        >>> is_isometric(None)
+        True
+    """
+    if transform is None:
+        return True
+    import tensorflow_probability as tfp
+
+    return type(transform) in (tfp.bijectors.Identity, tfp.bijectors.FillTriangular)
+
+
+@dataclass(frozen=True)
+class _Mapped:
+    """One parameter's comparison: error, bound, the report's texts, and the warning when it fails."""
+
+    err: float
+    bound: float
+    part: str
+    detail: str
+    warning: str = ""
+
+
+def _correct_gradient(param: Any, g: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(∂L/∂c by the chain rule, the mask of entries of c that move with u, the VJP of forward mapping it back)."""
+    import tensorflow as tf
+
+    T = param.transform
+    # fresh tensors: tfp bijectors cache forward/inverse pairs by tensor, which would hide the ops from the tape
+    c = tf.identity(tf.convert_to_tensor(param))
+    u = tf.identity(tf.convert_to_tensor(param.unconstrained_variable))
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(c)
+        u_of_c = T.inverse(c)
+    correct = tape.gradient(u_of_c, c, output_gradients=tf.constant(g), unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # only the entries of c that move with u carry gradient (FillTriangular's upper triangle is fixed at 0)
+    tangent = tf.constant(np.random.default_rng(0).uniform(0.5, 1.5, size=u.shape).astype(dtype))
+    with tf.autodiff.ForwardAccumulator(primals=u, tangents=tangent) as acc:
+        moving = acc.jvp(T.forward(u), unconnected_gradients=tf.UnconnectedGradients.ZERO).numpy() != 0
+    correct = tf.where(moving, correct, tf.zeros_like(correct))
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(u)
+        c_of_u = T.forward(u)
+    back = tape.gradient(c_of_u, u, output_gradients=correct).numpy()
+    return correct.numpy(), moving, back
+
+
+def _map_one(ctx: Context, name: str, param: Any, g: np.ndarray, gp: np.ndarray) -> _Mapped:
+    T = param.transform
+    tname = type(T).__name__
+    correct, moving, back = _correct_gradient(param, g, ctx.np_dtype)
+    err = maxabs(np.where(moving, gp - correct, 0.0))
+    bound = ctx.tol.atol + ctx.tol.rtol * scale([correct])
+    part = f"{name}: {tname} ({'linear isometric' if is_isometric(T) else 'not linear isometric'}), error {format_number(err)}"
+    detail = f"{name}: VJP of forward maps the correct ∂L/∂{name} back to ∂L/∂u to {format_number(maxabs(back - g))}"
+    warning = ""
+    if not err <= bound:
+        warning = (
+            f"{name} has the transform {tname}: GPflow's natural gradient maps its gradient with "
+            f"_to_constrained(grad, transform) = transform.forward(grad), which is the chain rule only for linear "
+            f"isometric transforms (identity, FillTriangular); here it is off by up to {format_number(err)}, so "
+            f"the step is not a natural-gradient step. Use gpflow.utilities.triangular() for q_sqrt and no transform for q_mu."
+        )
+    return _Mapped(err, bound, part, detail, warning)
+
+
+def check_gradient_mapping(ctx: Context, step: Step) -> Outcome:
+    """GPflow's ``_to_constrained(grad, T) = T.forward(grad)`` against the chain rule, for q_mu and q_sqrt.
+
+    With c = T.forward(u), the correct ∂L/∂c = (∂u/∂c)ᵀ·∂L/∂u: the VJP of T.inverse at c. It is what the VJP of
+    T.forward at u maps back to ∂L/∂u, which is checked too (the consistency number). A failure is also sent
+    through ``warnings.warn`` (attributed to the caller) and returned in the outcome's warnings.
+    """
+    parts, details, mapped = [], [], []
+    for name, param, g, gp in (("q_mu", ctx.model.q_mu, step.g_mu, step.dL_dmean), ("q_sqrt", ctx.model.q_sqrt, step.g_sq, step.dL_dvarsqrt)):
+        T = param.transform
+        if T is None:
+            parts.append(f"{name}: identity (exact)")
+        elif ctx.mode == "fast" and is_isometric(T):  # exact by construction; full mode computes it
+            parts.append(f"{name}: {type(T).__name__} (linear isometric: exact, not recomputed in fast mode)")
+        else:
+            m = _map_one(ctx, name, param, g, gp)
+            mapped.append(m)
+            parts.append(m.part)
+            details.append(m.detail)
+            if m.warning:
+                warnings.warn(m.warning, UserWarning, stacklevel=_user_stacklevel())
+    worst = max(mapped, key=lambda m: m.err - m.bound, default=None)  # the last of equal margins, as before
+    for m in mapped:
+        if worst is not None and m.err - m.bound >= worst.err - worst.bound:
+            worst = m
+    check = Check(
+        name="gradient_mapping",
+        claim=(
+            "GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
+            "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt"
+        ),
+        passed=all(m.err <= m.bound for m in mapped),
+        max_abs_error=worst.err if worst is not None else 0.0,
+        tolerance=worst.bound if worst is not None and worst.bound else None,
+        detail="; ".join(parts + details),
+    )
+    return Outcome(checks=(check,), warnings=tuple(m.warning for m in mapped if m.warning))

@@ -1,0 +1,183 @@
+"""The report of the natural-gradient checks: NatGradReport, the γ trials, and what each stage adds to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
+
+__all__ = ["GammaTrial", "NatGradReport", "Outcome"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one stage of the checks adds to the report: its checks, the checks it skipped, numbers, warnings.
+
+    Stages return an ``Outcome`` instead of appending to shared lists; ``+`` joins them in order.
+
+    Examples:
+        >>> a = Outcome(skipped=(("fisher_identity", "too large"),))
+        >>> b = Outcome(numbers=(("cond(F)", 3.0),))
+        >>> (a + b).numbers
+        (('cond(F)', 3.0),)
+    """
+
+    checks: tuple[Check, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()
+    numbers: tuple[tuple[str, float], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def __add__(self, other: Outcome) -> Outcome:
+        return Outcome(
+            checks=self.checks + other.checks,
+            skipped=self.skipped + other.skipped,
+            numbers=self.numbers + other.numbers,
+            warnings=self.warnings + other.warnings,
+        )
+
+
+@dataclass(frozen=True)
+class GammaTrial:
+    """One step length tried for the suggestion: was the step healthy, and the loss after it."""
+
+    gamma: float
+    healthy: bool
+    loss: float | None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NatGradReport(Report):
+    """The natural-gradient checks on one model, one step length and one ξ transform.
+
+    Attributes:
+        model_name: the model's class name ("SVGP", "VGP", ...).
+        likelihood: the likelihood's class name.
+        num_inducing: M (N for a VGP).
+        num_latent: L.
+        num_data: N of the data used (None if unknown).
+        dtype: "float64" or "float32".
+        whiten: SVGP's whitening (True for a VGP, whose q(u) is always whitened).
+        xi_transform: the ξ transform's class name.
+        gamma: the step length checked.
+        mode: "full" (explicit Jacobians, grid search) or "fast" (matrix-free, compiled).
+        loss_before: the training loss at the current parameters.
+        loss_after: the training loss after the step (None if the step failed).
+        suggested_gamma: the largest γ of the grid tried that keeps the step healthy and lowers the loss
+            (None if none did or none was searched).
+        step_error: why the step failed ("" when it did not).
+        gamma_trials: the step lengths tried for the suggestion.
+        skipped: (check name, reason) for checks that do not apply or were skipped in fast mode.
+        warnings: texts of the warnings issued (also sent through ``warnings.warn``).
+        numbers: (name, value) pairs of further numbers (jitter share, cond(F), ...).
+        checks: the named checks.
+        new_q_mu, new_q_sqrt: [M, L] and [L, M, M], the step natgrad-diag computed (None if it failed); not in
+            ``to_dict()``.
+        dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
+    """
+
+    model_name: str
+    likelihood: str
+    num_inducing: int
+    num_latent: int
+    num_data: int | None
+    dtype: str
+    whiten: bool
+    xi_transform: str
+    gamma: float
+    mode: str
+    loss_before: float | None
+    loss_after: float | None
+    suggested_gamma: float | None
+    step_error: str
+    gamma_trials: tuple[GammaTrial, ...]
+    skipped: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+    numbers: tuple[tuple[str, float], ...]
+    checks: tuple[Check, ...]
+    new_q_mu: np.ndarray | None = field(default=None, repr=False, compare=False)
+    new_q_sqrt: np.ndarray | None = field(default=None, repr=False, compare=False)
+    dL_deta1: np.ndarray | None = field(default=None, repr=False, compare=False)
+    dL_deta2: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return (
+            f"Natural-gradient checks: {self.model_name} ({self.likelihood}), M = {self.num_inducing}, "
+            f"L = {self.num_latent}, {self.dtype}, {self.xi_transform}, gamma = {self.gamma:g}, {self.mode} mode"
+        )
+
+    def check(self, name: str) -> Check:
+        """The check called ``name``; raises KeyError listing the names if there is none."""
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check named {name!r}; checks: {', '.join(c.name for c in self.checks)}")
+
+    def number(self, name: str) -> float:
+        """One of ``numbers`` by name."""
+        return dict(self.numbers)[name]
+
+    def sections(self) -> tuple[Section, ...]:
+        info = Table(
+            columns=("", "value"),
+            rows=(
+                ("model", f"{self.model_name}, {self.likelihood} likelihood, whiten={self.whiten}"),
+                ("M, L, N", f"{self.num_inducing}, {self.num_latent}, {self.num_data if self.num_data is not None else '-'}"),
+                ("dtype", self.dtype),
+                ("xi_transform, gamma", f"{self.xi_transform}, {self.gamma:g}"),
+                ("mode", self.mode),
+                ("loss before step", format_number(self.loss_before, 10)),
+                ("loss after step", format_number(self.loss_after, 10) if self.step_error == "" else "step failed"),
+                ("suggested gamma", "-" if self.suggested_gamma is None else f"{self.suggested_gamma:g}"),
+            ),
+        )  # fmt: skip
+        out = [Section("Model and step", "", (info,))]
+        if self.step_error:
+            out.append(Section("The step failed", self.step_error))
+        if self.gamma_trials:
+            trials = Table(
+                columns=("gamma", "healthy", "loss after", "note"),
+                rows=tuple(
+                    (f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason)
+                    for t in self.gamma_trials
+                ),
+                title="Step lengths tried (largest first)",
+            )
+            out.append(Section("Suggested step length", "", (trials,)))
+        if self.numbers:
+            nums = Table(columns=("number", "value"), rows=tuple((k, format_number(v, 6)) for k, v in self.numbers))
+            out.append(Section("Further numbers", "", (nums,)))
+        if self.skipped:
+            out.append(Section("Not checked", "\n".join(f"- {name}: {why}" for name, why in self.skipped)))
+        if self.warnings:
+            out.append(Section("Warnings", "\n".join(f"- {w}" for w in self.warnings)))
+        return tuple(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(
+            model=self.model_name,
+            likelihood=self.likelihood,
+            M=self.num_inducing,
+            L=self.num_latent,
+            N=self.num_data,
+            dtype=self.dtype,
+            whiten=self.whiten,
+            xi_transform=self.xi_transform,
+            gamma=self.gamma,
+            mode=self.mode,
+            loss_before=self.loss_before,
+            loss_after=self.loss_after,
+            suggested_gamma=self.suggested_gamma,
+            step_error=self.step_error,
+            gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
+            skipped=[dict(check=n, reason=r) for n, r in self.skipped],
+            warnings=list(self.warnings),
+            numbers=dict(self.numbers),
+        )
+        return to_jsonable(d)

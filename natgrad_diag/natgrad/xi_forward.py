@@ -1,0 +1,60 @@
+"""The ``xi_forward_mode`` oracle (ξ ≠ θ): GPflow's double-backward product (∂ξ/∂θ)·∇ηL against a direct JVP."""
+
+from __future__ import annotations
+
+from natgrad_diag.exceptions import error_line
+from natgrad_diag.natgrad.arrays import scale
+from natgrad_diag.natgrad.context import Context
+from natgrad_diag.natgrad.step import Step
+from natgrad_diag.natgrad.tensors import xi_jvp_tensors
+from natgrad_diag.report.records import Check, format_number, max_abs_diff
+
+__all__ = ["check_xi_forward"]
+
+
+def check_xi_forward(ctx: Context, step: Step) -> Check:
+    """GPflow's (∂ξ/∂θ)·∇ηL (differentiating twice) against tf.autodiff.ForwardAccumulator, and in full mode
+    against the explicit Jacobian ∂ξ/∂θ contracted with ∇ηL (in float64)."""
+    import tensorflow as tf
+
+    try:
+        j1, j2 = xi_jvp_tensors(
+            tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
+            tf.constant(step.dL_deta1), tf.constant(step.dL_deta2), ctx.xi,
+        )  # fmt: skip
+    except tf.errors.InvalidArgumentError as e:
+        return Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", passed=False, detail=f"could not evaluate: {error_line(e)}")
+    want = (j1.numpy(), j2.numpy())
+    err = max_abs_diff((step.nat_dL_xi1, step.nat_dL_xi2), want)
+    bound = ctx.tol.atol + ctx.tol.fisher_rtol * scale(want)
+    detail = f"vs ForwardAccumulator: {format_number(err)}"
+    if ctx.mode == "full":
+        from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+        from natgrad_diag.autodiff.dense import jacobian
+        from natgrad_diag.exceptions import MemoryLimitError
+
+        nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
+        nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
+
+        try:
+            J = jacobian(ctx.xi.naturals_to_xi, [nat1, nat2], input_names=("nat1", "nat2"), output_names=("xi1", "xi2"), symmetric=(False, True))
+        except MemoryLimitError as e:
+            detail += f"; explicit Jacobian skipped ({e.detail})"
+        else:
+            want_j = J.jvp([step.dL_deta1, step.dL_deta2])
+            err_j = max_abs_diff((step.nat_dL_xi1, step.nat_dL_xi2), want_j)
+            detail += f"; vs the explicit Jacobian ∂ξ/∂θ contracted with ∇ηL: {format_number(err_j)}"
+            err = max(err, err_j)
+            bound = max(bound, ctx.tol.atol + ctx.tol.fisher_rtol * scale(want_j))
+    return Check(
+        name="xi_forward_mode",
+        claim=(
+            f"GPflow's forward-mode product (differentiating twice, for {type(ctx.xi).__name__}) equals a direct "
+            "JVP (∂ξ/∂θ)·∇ηL from tf.autodiff.ForwardAccumulator"
+        ),
+        passed=bool(err <= bound),
+        max_abs_error=err,
+        tolerance=bound,
+        detail=detail,
+    )

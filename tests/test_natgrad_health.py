@@ -1,0 +1,54 @@
+"""natgrad_diag.natgrad.health.health: the verdict on a new q(u), on matrices whose answer is known by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from natgrad_diag.natgrad.health import GAMMA_GRID, health
+
+
+def _q(M: int = 3, L: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    q_sqrt = np.tril(rng.normal(size=(L, M, M)), -1) + np.eye(M) * rng.uniform(0.5, 2.0, size=(L, 1, M))
+    return rng.normal(size=(M, L)), q_sqrt
+
+
+def test_health__a_lower_triangular_factor_with_a_positive_diagonal_is_healthy():
+    q_mu, q_sqrt = _q()
+    ok, why, nums = health(q_mu, q_sqrt, np.float64)
+    assert ok and why == ""
+    diag = np.diagonal(q_sqrt, axis1=-2, axis2=-1)
+    assert nums["min diagonal of new q_sqrt"] == diag.min()
+    assert nums["cond(S) lower bound (max/min diag of q_sqrt)²"] == pytest.approx(((diag.max(-1) / diag.min(-1)).max()) ** 2, rel=1e-15)
+    assert nums["max |upper triangle of new q_sqrt|"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        pytest.param(lambda s: s.__setitem__((1, 0, 2), 0.5), "not lower-triangular", id="upper-entry"),
+        pytest.param(lambda s: s.__setitem__((1, 2, 2), -0.1), "non-positive diagonal entry q_sqrt[1, 2, 2] = -0.1", id="negative-diagonal"),
+        pytest.param(lambda s: s.__setitem__((0, 1, 1), np.nan), "1 NaN/Inf value(s)", id="nan"),
+    ],
+)
+def test_health__names_what_is_wrong(edit, reason):
+    q_mu, q_sqrt = _q()
+    edit(q_sqrt)
+    ok, why, _ = health(q_mu, q_sqrt, np.float64)
+    assert not ok and reason in why
+
+
+def test_health__a_step_that_failed_has_no_parameters():
+    assert health(None, None, np.float64)[:2] == (False, "no new parameters (the step failed)")
+
+
+def test_health__an_upper_entry_at_rounding_level_is_tolerated():
+    """100·ε·max|q_sqrt| is the bound: a Cholesky-based step leaves at most rounding in the upper triangle."""
+    q_mu, q_sqrt = _q()
+    q_sqrt[0, 0, 1] = 10 * np.finfo(np.float64).eps
+    assert health(q_mu, q_sqrt, np.float64)[0]
+
+
+def test_gamma_grid__is_decreasing_and_starts_at_one():
+    assert GAMMA_GRID[0] == 1.0 and all(a > b for a, b in zip(GAMMA_GRID, GAMMA_GRID[1:]))
