@@ -208,9 +208,9 @@ def cholesky_vjp(chol: Any, grad: Any) -> Any:
     import tensorflow as tf
 
     p = _phi(tf.linalg.matmul(chol, grad, transpose_a=True))
-    x = tf.linalg.triangular_solve(chol, p + tf.linalg.matrix_transpose(p), lower=True, adjoint=True)  # C⁻ᵀ(P+Pᵀ)
-    x = tf.linalg.triangular_solve(chol, tf.linalg.matrix_transpose(x), lower=True, adjoint=True)  # (·C⁻¹)ᵀ
-    return 0.5 * tf.linalg.matrix_transpose(x)
+    x = tf.linalg.triangular_solve(chol, p, lower=True, adjoint=True)  # C⁻ᵀ P
+    x = tf.linalg.triangular_solve(chol, tf.linalg.matrix_transpose(x), lower=True, adjoint=True)  # (C⁻ᵀ P C⁻¹)ᵀ
+    return _sym(x)  # exactly symmetric, as TensorFlow's (X + Xᵀ)/2
 
 
 def cholesky_jvp(chol: Any, tangent: Any) -> Any:
