@@ -36,6 +36,7 @@ __all__ = [
     "NatGradMonitor",
     "NatGradReport",
     "NatGradTrace",
+    "NaturalGradient",
     "OuterExample",
     "OutputGradientsError",
     "SeedScenario",
@@ -66,6 +67,7 @@ _LAZY = {
     "NatGradMonitor": "natgrad.monitor",
     "NatGradReport": "natgrad.check",
     "NatGradTrace": "natgrad.trace",
+    "NaturalGradient": "natgrad.optimizer",
     "OuterExample": "lessons.outer",
     "SeedScenario": "lessons.scenario",
     "assert_gradients": "gradcheck.checker",
@@ -115,6 +117,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.gradcheck.checker import GradientCheckReport, assert_gradients, check_gradients
     from natgrad_diag.autodiff.dense import BlockJacobian, jacobian
     from natgrad_diag.natgrad.monitor import NatGradMonitor
+    from natgrad_diag.natgrad.optimizer import NaturalGradient
     from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
     from natgrad_diag.lessons.outer import OuterExample, outer_example
     from natgrad_diag.report.files import write_report
