@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["natgrad_apply_gradients", "to_constrained"]
+__all__ = ["natgrad_apply_gradients", "override_natgrad_apply_gradients", "to_constrained"]
 
 
 def to_constrained(grad: Any, transform: Any) -> Any:
@@ -41,4 +41,17 @@ def natgrad_apply_gradients(optimizer: Any, q_mu_grad: Any, q_sqrt_grad: Any, q_
         q_mu, q_sqrt: the ``gpflow.Parameter`` s to update.
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance.
     """
-    optimizer._natgrad_apply_gradients(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
+    from gpflow.optimizers import NaturalGradient
+
+    # GPflow's own method, even when ``optimizer`` is a subclass that overrides it (natgrad_diag.NaturalGradient):
+    # this is the oracle the checks and the benchmark compare against.
+    NaturalGradient._natgrad_apply_gradients(optimizer, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
+
+
+def override_natgrad_apply_gradients(cls: type, method: Any) -> None:
+    """Make ``method`` the update of the ``NaturalGradient`` subclass ``cls``.
+
+    GPflow's ``minimize`` calls ``_natgrad_steps``, which calls ``_natgrad_apply_gradients`` for each
+    (q_mu, q_sqrt) pair: the one hook through which a subclass changes the update.
+    """
+    cls._natgrad_apply_gradients = method

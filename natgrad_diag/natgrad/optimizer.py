@@ -8,6 +8,7 @@ import gpflow
 import tensorflow as tf
 from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
+from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients
 from natgrad_diag.natgrad.closed_form import natgrad_step_closed_form
 
 __all__ = ["NaturalGradient", "closed_form_xi"]
@@ -93,7 +94,7 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):
         xi_transform = self.xi_transform if xi_transform is None else xi_transform
         xi = closed_form_xi(xi_transform, q_sqrt)
         if xi is None:
-            _gpflow_natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
+            natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
             return
         with tf.name_scope(f"{self.natgrad_name}/closed_form_step"):
             new_q_mu, new_q_sqrt = natgrad_step_closed_form(
@@ -108,23 +109,5 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):
         q_sqrt.assign(new_q_sqrt)
 
 
-# ================================================================================================
-# GPflow private names: the ONLY spot in this module that names one. When natgrad_diag/_gpflow.py
-# has them, move these two definitions there (e.g. ``NATGRAD_APPLY_GRADIENTS`` and
-# ``gpflow_natgrad_apply_gradients``) and import them here; nothing else changes.
-# ================================================================================================
-
-#: GPflow 2.11's per-pair update, called by ``NaturalGradient._natgrad_steps`` and so by ``minimize``.
-_NATGRAD_APPLY_GRADIENTS = "_natgrad_apply_gradients"
-
-
-def _gpflow_natgrad_apply_gradients(
-    optimizer: Any, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi_transform: Any
-) -> None:
-    """GPflow's own update on ``optimizer``, bypassing any override: the fallback for other ξ."""
-    gpflow_apply = getattr(gpflow.optimizers.NaturalGradient, _NATGRAD_APPLY_GRADIENTS)
-    gpflow_apply(optimizer, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
-
-
-# minimize -> _natgrad_steps -> _natgrad_apply_gradients: GPflow's hook now runs apply_natgrad.
-setattr(NaturalGradient, _NATGRAD_APPLY_GRADIENTS, NaturalGradient.apply_natgrad)
+# minimize -> _natgrad_steps -> GPflow's per-pair update hook: it now runs apply_natgrad (see natgrad_diag._gpflow).
+override_natgrad_apply_gradients(NaturalGradient, NaturalGradient.apply_natgrad)
