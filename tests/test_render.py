@@ -609,3 +609,33 @@ def test_cli__piped_output_fits_80_columns(capsys, monkeypatch):
     cli.main(["check", "--plain"])
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80 and "[0,2,2]/[0,1,0]+[0,0,1]" in out
+
+
+def test_write_report__markdown_failing_after_its_pictures_changes_nothing(tmp_path, monkeypatch):
+    """The .md text fails to write after its pictures were staged: no new picture is left beside the old report."""
+    pytest.importorskip("matplotlib")
+    path = _old(tmp_path, "r.md")
+    real_mkstemp = files_mod.tempfile.mkstemp
+
+    def mkstemp(dir=None, prefix="", suffix=""):
+        if prefix == ".r.md.":
+            raise OSError(28, "No space left on device")
+        return real_mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+
+    monkeypatch.setattr(files_mod.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(ReportWriteError, match="No space left on device"):
+        files_mod.write_report(Demo(), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.md"]
+    assert path.read_text(encoding="utf-8") == "OLD REPORT"
+
+
+@pytest.mark.parametrize("bad", [3, None, b"r.html", ["r.html"]])
+def test_write_report__a_path_that_is_not_a_path_is_bad_input(bad):
+    with pytest.raises(InputError) as info:
+        files_mod.write_report(Demo(), bad)
+    assert "Argument: path" in str(info.value) and type(bad).__name__ in str(info.value)
+
+
+def test_write_report__something_that_is_not_a_report_is_bad_input(tmp_path):
+    with pytest.raises(InputError, match="only a natgrad-diag report can be written"):
+        files_mod.write_report({"title": "x"}, tmp_path / "r.html")

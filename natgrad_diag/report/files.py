@@ -23,8 +23,10 @@ def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> st
     """``"html"`` or ``"markdown"`` from the extension of ``path``.
 
     Raises:
-        InputError: the extension is not ``.html``, ``.htm`` or ``.md`` (the message names ``argument``).
+        InputError: ``path`` is not a path, or its extension is not ``.html``, ``.htm`` or ``.md`` (the
+            message names ``argument``).
     """
+    _check_path(path, argument)
     suffix = Path(os.fspath(path)).suffix.lower()
     if suffix not in REPORT_FORMATS:
         raise InputError(
@@ -62,8 +64,8 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then move it over ``path`` (os.replace)."""
+def _stage(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a new temporary file beside ``path`` (with the mode ``path`` will have); return it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -71,13 +73,48 @@ def _atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)
     except BaseException:
+        _discard([Path(tmp)])
+        raise
+    return Path(tmp)
+
+
+def _discard(paths: list[Path]) -> None:
+    for tmp in paths:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+
+
+def _write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Write every file or none: all are staged to temporary files first, then moved into place in order.
+
+    A failure while staging (disk full, directory not writable) removes the staged files and changes
+    nothing. Moving into place is ``os.replace`` (atomic per file) with the report itself last.
+    """
+    staged: list[Path] = []
+    try:
+        for path, data in files:
+            staged.append(_stage(path, data))
+    except BaseException:
+        _discard(staged)
         raise
+    for k, ((path, _), tmp) in enumerate(zip(files, staged)):
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            _discard(staged[k:])
+            raise
+
+
+def _check_path(path: Any, argument: str) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(
+            "the report path must be a file path.",
+            context=[("Argument", argument), ("Expected", "a str or os.PathLike ending in .html, .htm or .md"), ("Got", type(path).__name__)],
+            remedy="pass a path such as 'report.html' or pathlib.Path('out/report.md').",
+        )
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
@@ -101,8 +138,16 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
         InputError: the extension is not .html, .htm or .md.
         ReportWriteError: the file could not be written (directory missing, not writable, ...).
     """
+    _check_path(path, argument)
     fmt = report_format(path, argument=argument)
     target = Path(os.fspath(path))
+    if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
+        raise InputError(
+            "only a natgrad-diag report can be written.",
+            context=[("Argument", "report"), ("Expected", "a report (check_natgrad(...), explain_output_gradients(), ...)"),
+                     ("Got", type(report).__name__)],
+            remedy="pass the report a natgrad-diag function returned.",
+        )  # fmt: skip
     pics, note = report_pictures_or_note(report)
     images: list[tuple[Path, bytes]] = []
     if fmt == "html":
@@ -112,9 +157,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
         images = [(target.with_name(n), p.png) for n, p in zip(names, pics)]
         text = to_markdown(report, image_names=names, pictures=pics, note=note)
     try:
-        for image_path, data in images:
-            _atomic_write(image_path, data)
-        _atomic_write(target, text.encode("utf-8"))
+        _write_all([*images, (target, text.encode("utf-8"))])
     except OSError as exc:
         raise ReportWriteError(
             f"{exc.strerror or exc}.",
