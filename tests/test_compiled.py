@@ -166,7 +166,7 @@ def test_default_seed_gradient__closed_form_equals_tape_gradient_with_a_seed_of_
     """The compiled path's Jᵀ·1 against TensorFlow's own backward pass with output_gradients=None."""
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
-    from natgrad_diag.natgrad.trace import default_seed_gradient
+    from natgrad_diag.natgrad.closed_form import default_seed_gradient
 
     q_mu, q_sqrt = random_q(M, L, seed=seed)
     eta1 = tf.constant(q_mu)

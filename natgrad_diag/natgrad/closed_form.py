@@ -70,10 +70,13 @@ __all__ = [
     "XI_NAMES",
     "cholesky_jvp",
     "cholesky_vjp",
+    "closed_form_name",
+    "default_seed_gradient",
     "expectation_gradients",
     "natgrad_step_closed_form",
     "natural_gradient_xi",
     "natural_to_meanvarsqrt_closed_form",
+    "natgrad_tensors_closed_form",
     "natural_to_meanvarsqrt_jvp",
 ]
 
@@ -387,3 +390,73 @@ def natgrad_step_closed_form(
     new_sqrt = tf.linalg.band_part(tf.linalg.matrix_transpose(new_sqrt_t), -1, 0)
     new_mu = _columns(q_mu) - gamma * _cov_times(new_sqrt, _columns(dL_dmean))
     return _rows(new_mu), new_sqrt
+
+
+def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
+    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form: TensorFlow's gradient for a seed of ones.
+
+    With Σ = η₂ − η₁η₁ᵀ = L_S L_Sᵀ (per latent GP), TensorFlow's Cholesky gradient for a seed Ḡ is
+    ``Σ̄ = sym(L⁻ᵀ Φ(L_Sᵀ Ḡ) L⁻¹)`` (Φ: lower triangle, halved diagonal; sym(A) = ½(A + Aᵀ); Murray 2016,
+    "Differentiation of the Cholesky decomposition", and TF's ``_CholeskyGrad``). For Ḡ = ones,
+    L_Sᵀ Ḡ = s 1ᵀ with s the column sums of L_S, so Φ(s 1ᵀ) L⁻¹ = diag(s) (cumsum₋(L⁻¹) + ½L⁻¹)
+    (an exclusive cumulative sum over rows): one matrix product instead of three. Then
+    ∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2 Σ̄ η₁ (the mean path seeded with ones plus the path through Σ).
+
+    Args:
+        eta1: [M, L]; varsqrt: [L, M, M], the Cholesky factor of η₂ − η₁η₁ᵀ.
+
+    Returns:
+        ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])``, equal to ``tape.gradient(meanvarsqrt,
+        [eta1, eta2])`` to rounding (tested against it).
+    """
+    import tensorflow as tf
+
+    M = tf.shape(varsqrt)[-1]
+    l_inv = tf.linalg.triangular_solve(varsqrt, tf.eye(M, batch_shape=tf.shape(varsqrt)[:-2], dtype=varsqrt.dtype))
+    s = tf.reduce_sum(varsqrt, axis=-2)  # [L, M], column sums
+    C = tf.cumsum(l_inv, axis=-2, exclusive=True) + 0.5 * l_inv
+    A = tf.linalg.matmul(l_inv, s[..., :, None] * C, transpose_a=True)
+    sigma_bar = 0.5 * (A + tf.linalg.adjoint(A))  # [L, M, M]
+    m = tf.linalg.adjoint(eta1)[:, :, None]  # [L, M, 1]
+    d1 = tf.ones_like(eta1) - 2.0 * tf.linalg.adjoint(tf.linalg.matmul(sigma_bar, m)[:, :, 0])
+    return d1, sigma_bar
+
+
+def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
+    """``natgrad_tensors`` (natgrad_diag.natgrad.trace) by the closed forms above (XiNat, XiSqrtMeanVar).
+
+    The same record, without differentiating through ``expectation_to_meanvarsqrt``: ∂L/∂η by the
+    Cholesky VJP (Murray 2016), the step by one Cholesky of a well-scaled matrix (XiNat) or none
+    (XiSqrtMeanVar), Jᵀ·1 by :func:`default_seed_gradient`. ``q_sqrt`` must be lower triangular (the
+    compiled path uses this only behind GPflow's ``triangular()`` transform). Equal to the autodiff
+    record to rounding, ε·κ(S) (tested against GPflow's step and the autodiff path).
+    """
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_expectation
+
+    eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
+    dL_deta1, dL_deta2 = expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
+    diag = tf.linalg.diag_part(q_sqrt)
+    chol = q_sqrt * tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))[..., None, :]  # chol(S) = q_sqrt·D
+    dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, chol)
+    nat_dL_xi1, nat_dL_xi2 = natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, xi)
+    xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
+    new_q_mu, new_q_sqrt = natgrad_step_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
+    return dict(
+        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2,
+        dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
+        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2,
+        new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
+    )  # fmt: skip
+
+
+def closed_form_name(xi_transform: Any, q_sqrt_transform: Any) -> str | None:
+    """``"nat"``/``"sqrtmeanvar"`` when the closed form applies (GPflow's exact ξ class, a lower-triangular
+    q_sqrt transform), else ``None`` (the autodiff path)."""
+    import tensorflow_probability as tfp
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    lower = isinstance(q_sqrt_transform, tfp.bijectors.FillTriangular) and not q_sqrt_transform.parameters.get("upper", False)
+    if not lower:
+        return None
+    return {XiNat: "nat", XiSqrtMeanVar: "sqrtmeanvar"}.get(type(xi_transform))

@@ -22,8 +22,9 @@ import numpy as np
 
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, StepFailedError, error_line
+from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient, natgrad_tensors_closed_form
 
-__all__ = ["NatGradTrace", "default_seed_gradient", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
+__all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
 
 @dataclass(frozen=True)
@@ -130,36 +131,6 @@ def _validate_gamma(gamma: Any) -> float:
             remedy="pass a step length in (0, 1]; 1 is the exact step for a Gaussian likelihood.",
         )
     return g
-
-
-def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
-    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form: TensorFlow's gradient for a seed of ones.
-
-    With Σ = η₂ − η₁η₁ᵀ = L_S L_Sᵀ (per latent GP), TensorFlow's Cholesky gradient for a seed Ḡ is
-    ``Σ̄ = sym(L⁻ᵀ Φ(L_Sᵀ Ḡ) L⁻¹)`` (Φ: lower triangle, halved diagonal; sym(A) = ½(A + Aᵀ); Murray 2016,
-    "Differentiation of the Cholesky decomposition", and TF's ``_CholeskyGrad``). For Ḡ = ones,
-    L_Sᵀ Ḡ = s 1ᵀ with s the column sums of L_S, so Φ(s 1ᵀ) L⁻¹ = diag(s) (cumsum₋(L⁻¹) + ½L⁻¹)
-    (an exclusive cumulative sum over rows): one matrix product instead of three. Then
-    ∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2 Σ̄ η₁ (the mean path seeded with ones plus the path through Σ).
-
-    Args:
-        eta1: [M, L]; varsqrt: [L, M, M], the Cholesky factor of η₂ − η₁η₁ᵀ.
-
-    Returns:
-        ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])``, equal to ``tape.gradient(meanvarsqrt,
-        [eta1, eta2])`` to rounding (tested against it).
-    """
-    import tensorflow as tf
-
-    M = tf.shape(varsqrt)[-1]
-    l_inv = tf.linalg.triangular_solve(varsqrt, tf.eye(M, batch_shape=tf.shape(varsqrt)[:-2], dtype=varsqrt.dtype))
-    s = tf.reduce_sum(varsqrt, axis=-2)  # [L, M], column sums
-    C = tf.cumsum(l_inv, axis=-2, exclusive=True) + 0.5 * l_inv
-    A = tf.linalg.matmul(l_inv, s[..., :, None] * C, transpose_a=True)
-    sigma_bar = 0.5 * (A + tf.linalg.adjoint(A))  # [L, M, M]
-    m = tf.linalg.adjoint(eta1)[:, :, None]  # [L, M, 1]
-    d1 = tf.ones_like(eta1) - 2.0 * tf.linalg.adjoint(tf.linalg.matmul(sigma_bar, m)[:, :, 0])
-    return d1, sigma_bar
 
 
 def natgrad_tensors(
@@ -300,6 +271,8 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
                 _SEEN.popitem(last=False)
             return None
 
+        closed = closed_form_name(xi, t_sq)
+
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             _TRACE_COUNTS["natgrad_tensors"] += 1
             # the same operations as param_parts / to_constrained on the eager path
@@ -307,7 +280,10 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
             q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
             dL_dmean = g_mu if t_mu is None else t_mu.forward(g_mu)
             dL_dvarsqrt = g_sq if t_sq is None else t_sq.forward(g_sq)
-            out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
+            if closed is not None:
+                out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, closed)
+            else:
+                out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
             out.update(
