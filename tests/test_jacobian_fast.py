@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
-from natgrad_diag.autodiff.dense import jacobian_nbytes, natgrad_map_jacobian, trace_count, vech_layout
+from natgrad_diag.autodiff.blocks import vech_layout
+from natgrad_diag.autodiff.dense import trace_count
+from natgrad_diag.autodiff.memory import jacobian_nbytes
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 
@@ -234,7 +237,7 @@ _PEAK = r"""
 import json, sys
 import numpy as np
 from natgrad_diag.bench.runner import _natgrad_map_fixture
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -298,7 +301,7 @@ _FLOAT32 = r"""
 import numpy as np
 import tensorflow as tf
 from natgrad_diag.bench.runner import _natgrad_map_fixture
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 e1, e2 = _natgrad_map_fixture(9)
 for sym in (True, False):
     J32 = natgrad_map_jacobian(tf.cast(e1, tf.float32), tf.cast(e2, tf.float32), symmetric=sym, chunk_size=16)

@@ -332,7 +332,7 @@ def _tape_jacobian(e1: Any, e2: Any) -> Any:
 def _bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     import tensorflow as tf
 
-    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
     e1, e2 = _natgrad_map_fixture(M)
     compiled_tape = tf.function(_tape_jacobian)
@@ -358,7 +358,7 @@ def _bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]
 
 
 def _bench_vech(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
-    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
     e1, e2 = _natgrad_map_fixture(M)
     # the natgrad map's default method: closed-form JVP columns, so the cost follows the column count
@@ -385,7 +385,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from natgrad_diag.bench.runner import _natgrad_map_fixture, _tape_jacobian
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
 def status(key):
     with open("/proc/self/status") as f:
