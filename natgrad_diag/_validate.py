@@ -70,6 +70,11 @@ def param_parts(x: Any, name: str) -> ParamParts:
     return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
 
 
+def input_error(detail: str, argument: str, expected: str, got: object, remedy: str) -> InputError:
+    """An :class:`InputError` with the usual context: the argument, what was expected and what was got."""
+    return InputError(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
+
+
 def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
     """``value`` as an ``int`` (a Python or numpy integer, not a bool), at least ``minimum`` when given.
 

@@ -30,15 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.gradcheck.checker import assert_gradients
-from natgrad_diag.autodiff.dense import DEFAULT_MAX_BYTES
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag.gradcheck.api import assert_gradients
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
-
-
-def _vjp_tolerances(dtype: np.dtype) -> tuple[float, float]:
-    # two exact routes to the same numbers: only rounding separates them
-    return (1e-10, 1e-12) if dtype == np.float64 else (1e-4, 1e-5)
 
 
 def assert_vjp_matches_jacobian(
@@ -54,7 +49,7 @@ def assert_vjp_matches_jacobian(
 ) -> tuple[np.ndarray, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 
-    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.autodiff.dense.jacobian`, one-hot seeds) and v_i the
+    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.gradcheck.full.reverse_jacobian`, one-hot seeds) and v_i the
     cotangent of output i, the expected result for input j is the explicit contraction
 
         (Jᵀ·v)_j[b] = Σ_i Σ_a v_i[a] · J_ij[a, b]          (numpy ``tensordot``)
@@ -68,7 +63,8 @@ def assert_vjp_matches_jacobian(
         fn: a function of the inputs returning a tensor or a nest of tensors.
         inputs: the point: a sequence of float tensors/arrays (or a dict: its keys name the inputs).
         cotangents: one seed per flattened output (exact shape and dtype; ``None`` means ones).
-        rtol, atol: tolerances; default (1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32. An entry
+        rtol, atol: tolerances; default :func:`natgrad_diag.tolerance.default_tolerance`'s "exact" kind
+            ((1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32). An entry
             passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|.
         input_names, output_names: names for the message (default ``x0, ...`` / ``y0, ...`` or dict keys).
         max_bytes: refuse, before allocating, a dense Jacobian larger than this (default 2 GiB).
@@ -86,8 +82,10 @@ def assert_vjp_matches_jacobian(
 
     from natgrad_diag._validate import require_finite, require_float, validate_seeds
     from natgrad_diag.exceptions import JacobianMismatchError
-    from natgrad_diag.gradcheck.checker import _reverse_jacobian
-    from natgrad_diag.autodiff.dense import check_memory, element_labels, jacobian_nbytes
+    from natgrad_diag.autodiff.blocks import element_labels
+    from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
+    from natgrad_diag.gradcheck.full import reverse_jacobian
+    from natgrad_diag.tolerance import default_tolerance
 
     if isinstance(inputs, Mapping):
         names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
@@ -115,14 +113,15 @@ def assert_vjp_matches_jacobian(
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     got = tuple(g.numpy() for g in got)
     # the explicit Jacobian from reverse mode (one-hot seeds), contracted with v by numpy
-    J = _reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
+    J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
     want = tuple(
         sum(np.tensordot(v, J.block(i, j), axes=v.ndim) for i, v in enumerate(vs)) for j in range(len(xs))
     )
 
-    d_rtol, d_atol = _vjp_tolerances(np.dtype(vs[0].dtype))
-    rtol_ = d_rtol if rtol is None else float(rtol)
-    atol_ = d_atol if atol is None else float(atol)
+    # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
+    default = default_tolerance(vs[0].dtype, "exact")
+    rtol_ = default.rtol if rtol is None else float(rtol)
+    atol_ = default.atol if atol is None else float(atol)
     for j, (g, w) in enumerate(zip(got, want)):
         err = np.abs(g - w)
         tol = atol_ + rtol_ * np.abs(w)

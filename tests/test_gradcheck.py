@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.gradcheck.checker: every expected value from closed forms, numpy or a hand-made finite difference."""
+"""Tests of natgrad_diag.gradcheck (api, full, fast, structures, report) and natgrad_diag.cli.gradcheck: every expected value from closed forms, numpy or a hand-made finite difference."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import natgrad_diag as nd
-from natgrad_diag.gradcheck import checker as gradcheck
+from natgrad_diag.cli import gradcheck as gradcheck_cli_module
+from natgrad_diag.gradcheck import fast as gradcheck_fast
+from natgrad_diag.gradcheck import full as gradcheck_full
 from natgrad_diag.exceptions import (
     InputError,
     JacobianMismatchError,
@@ -156,7 +158,7 @@ def test_check_gradients__fast_mode_failure_reruns_full_mode_on_the_block() -> N
 
 
 def test_check_gradients__fast_mode_reports_forward_mode_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gradcheck, "_RERUN_MAX_COORDS", 0)  # keep the fast-mode numbers of the failing direction
+    monkeypatch.setattr(gradcheck_fast, "_RERUN_MAX_COORDS", 0)  # keep the fast-mode numbers of the failing direction
     row = nd.check_gradients(two_outputs, [X0, Y0], mode="fast", seed=3).row(0, 0)
     assert not row.passed
     assert row.worst_entry.startswith("⟨v, ∂y0/∂x0·u⟩, direction")
@@ -298,7 +300,7 @@ def test_check_gradients__fast_mode_at_m500_builds_no_dense_jacobian(monkeypatch
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("fast mode called jacobian()")
 
-    monkeypatch.setattr(gradcheck, "jacobian", refuse)
+    monkeypatch.setattr(gradcheck_full, "jacobian", refuse)
     tracemalloc.start()
     try:
         report = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", num_directions=2, max_bytes=1024**2)
@@ -315,7 +317,7 @@ def test_check_gradients__memory_guard_refuses_before_allocating(monkeypatch: py
     M, L = 6, 2
     eta1, eta2 = gpflow_points(M, L, seed=0)["expectation"]
     calls = []
-    monkeypatch.setattr(gradcheck, "jacobian", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(gradcheck_full, "jacobian", lambda *a, **k: calls.append(1))
     # analytical + numerical dense Jacobians: 2 · (M L + L M²)² · 8 bytes, by hand
     need = 2 * (M * L + L * M * M) ** 2 * 8
     with pytest.raises(MemoryLimitError) as info:
@@ -453,8 +455,8 @@ def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_gpflow_map_point__agrees_with_gpflow_conversions(name: str) -> None:
     M, L = 4, 2
-    mv = gradcheck.gpflow_map_point("meanvarsqrt_to_expectation", M, L, seed=5)
-    point = gradcheck.gpflow_map_point(name, M, L, seed=5)
+    mv = gradcheck_cli_module.gpflow_map_point("meanvarsqrt_to_expectation", M, L, seed=5)
+    point = gradcheck_cli_module.gpflow_map_point(name, M, L, seed=5)
     # GPflow's own conversions from (m, L_S) are the oracle for the numpy construction
     m, A = (tf.constant(a) for a in mv)
     want = {
@@ -468,18 +470,18 @@ def test_gpflow_map_point__agrees_with_gpflow_conversions(name: str) -> None:
 
 
 def test_gradcheck_cli__passes_inferred_and_fails_general_on_eta2() -> None:
-    ok = gradcheck.gradcheck_cli(map="expectation_to_natural", num_inducing=3, num_latent=2, mode="fast", seed=1)
+    ok = gradcheck_cli_module.gradcheck_cli(map="expectation_to_natural", num_inducing=3, num_latent=2, mode="fast", seed=1)
     assert ok.passed and ok.structures == ("general", "symmetric") and ok.seed == 1
-    bad = gradcheck.gradcheck_cli(map="expectation_to_meanvarsqrt", num_inducing=3, num_latent=1, structure="general")
+    bad = gradcheck_cli_module.gradcheck_cli(map="expectation_to_meanvarsqrt", num_inducing=3, num_latent=1, structure="general")
     assert not bad.passed and "looks symmetric" in bad.row("varsqrt", "eta2").hint
-    f32 = gradcheck.gradcheck_cli(map="meanvarsqrt_to_expectation", num_inducing=3, num_latent=1, dtype="float32")
+    f32 = gradcheck_cli_module.gradcheck_cli(map="meanvarsqrt_to_expectation", num_inducing=3, num_latent=1, dtype="float32")
     assert f32.passed and f32.dtype == "float32" and f32.eps == 1e-3
-    forced = gradcheck.gradcheck_cli(map="natural_to_expectation", num_inducing=3, num_latent=1, structure="symmetric", mode="fast")
+    forced = gradcheck_cli_module.gradcheck_cli(map="natural_to_expectation", num_inducing=3, num_latent=1, structure="symmetric", mode="fast")
     assert forced.passed and forced.structures == ("general", "symmetric")
     with pytest.raises(InputError, match="unknown GPflow map 'cholesky'"):
-        gradcheck.gradcheck_cli(map="cholesky")
+        gradcheck_cli_module.gradcheck_cli(map="cholesky")
     with pytest.raises(InputError, match="num_inducing"):
-        gradcheck.gradcheck_cli(num_inducing=0)
+        gradcheck_cli_module.gradcheck_cli(num_inducing=0)
 
 
 def test_gradient_check_report__cotangents_noted_in_settings() -> None:
@@ -506,7 +508,7 @@ def test_check_gradients__fast_failure_cleared_by_full_rerun() -> None:
 
 def test_check_gradients__fast_mode_symmetric_tangents_at_m50() -> None:
     # the issue's measurement: at M = 50 a non-symmetric tangent disagrees with reverse mode, a symmetric one agrees
-    eta1, eta2 = gradcheck.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
+    eta1, eta2 = gradcheck_cli_module.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
     small = 10 * 1024**2  # too small for the full re-run of a 2500-coordinate block: fast numbers only
     general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast", max_bytes=small)
     symmetric = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", max_bytes=small)
