@@ -49,50 +49,26 @@ def jacobian(
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
-    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns). It is computed in
-    chunks of columns, J·[e_c, …] (forward mode, ``ForwardAccumulator``), or of rows, [e_r, …]ᵀ·J
-    (reverse mode, ``tape.gradient`` with one-hot ``output_gradients``), each chunk batched with
-    ``tf.vectorized_map`` inside a ``tf.function`` that is traced once per (fn, input shapes and
-    dtypes, options) and cached, and written into one preallocated array. The result equals
-    ``tape.jacobian`` block by block.
-
-    A ``symmetric`` input X [..., M, M] is differentiated along the symmetric tangents E_ab + E_ba
-    (a > b) and E_aa only: M(M+1)/2 columns instead of M². Its general blocks are the symmetrised
-    general Jacobian ½(∂y/∂X_ab + ∂y/∂X_ba); for a function that reads X only through its symmetric
-    part (such as a Cholesky factorisation, whose TensorFlow gradient is symmetrised) that is
-    exactly ``tape.jacobian``'s block.
-
-    The four paths, in order of preference:
-
-    1. compiled chunks (reverse mode by default, forward when vech columns make it the one with fewer
-       passes); the peak memory is the Jacobian plus one chunk's intermediates (about 1.1-1.3× in all,
-       measured at M = 80), not the 3-4× of ``tape.jacobian``'s all-at-once pfor;
-    2. eager rows, one ``tape.gradient`` per row: a first call with at most 64 rows (tracing would
-       cost more than it saves), an untraceable ``fn`` with at most 256 rows, or any dtype but
-       float64 (TensorFlow 2.21's pfor segfaults on a float32 Cholesky gradient);
-    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``;
-    4. the same, folded into vech columns when an input is ``symmetric``.
+    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), computed in chunks of
+    rows, [e_r, …]ᵀ·J (reverse mode, ``tape.gradient`` with one-hot seeds), or of columns, J·[e_c, …]
+    (forward mode), batched inside a ``tf.function`` traced once per (fn, input shapes and dtypes,
+    options) and cached; it equals ``tape.jacobian`` block by block (the paths: :func:`_build`).
+    A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only,
+    M(M+1)/2 columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly
+    ``tape.jacobian``'s for a function that reads X through a Cholesky factorisation.
 
     Args:
-        fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-            It must be traceable by ``tf.function`` for the compiled path (otherwise the eager
-            ``tape.jacobian`` path is used). The compiled function is cached by ``fn``'s identity:
-            pass the same function object to reuse it.
+        fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict);
+            cached by identity: pass the same function object to reuse its compiled chunks.
         inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs).
-        input_names, output_names: names for the labels (default ``x0, x1, ...`` and ``y0, y1, ...``,
-            or the keys of dicts).
+        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...`` or dict keys).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
-        chunk_size: columns (or rows) per chunk; default: about 1/32 of the Jacobian per chunk,
-            between 4 MiB and 16 MiB, and at least 128 columns (rows).
-        mode: ``"forward"`` (column chunks, ``ForwardAccumulator``), ``"reverse"`` (row chunks,
-            ``tape.gradient``) or ``"auto"``: reverse, unless a ``symmetric`` input leaves fewer
-            stored columns than rows. Forward mode differentiates the forward computation of a
-            ``tf.custom_gradient`` instead of using its gradient: use ``"reverse"`` for such functions.
-        compiled: ``True``: the cached compiled chunks; ``False``: eagerly, no tracing (one
-            ``tape.gradient`` per row for up to 256 rows, else ``tape.jacobian``); ``None``
-            (default): eager for a first call with at most 64 rows (tracing would cost more than
-            it saves), compiled otherwise and from the second call with the same ``fn`` and shapes.
+        chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
+        mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer
+            columns than rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
+        compiled: ``True``: compiled chunks; ``False``: eagerly, no tracing; ``None`` (default): eager
+            for a first call with at most 64 rows, compiled otherwise and from the second call.
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
@@ -102,14 +78,12 @@ def jacobian(
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
         InputError, ShapeMismatchError: bad ``symmetric``, ``mode`` or ``chunk_size``, or names.
 
-    Example:
+    Examples:
         >>> import tensorflow as tf
         >>> J = jacobian(lambda x: x[:, None] * x[None, :], [tf.constant([1., 2., 3., 4.], tf.float64)])
         >>> J.block(0, 0).shape
         (4, 4, 4)
     """
-    import tensorflow as tf
-
     _check_options(mode, chunk_size)
     xs, in_names = _as_tensors(inputs, input_names)
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
@@ -119,29 +93,52 @@ def jacobian(
     if probe.dict_keys is not None and output_names is None:
         output_names = probe.dict_keys
     out_names = _names(output_names, len(probe.out_shapes), "y", "output_names")
-    out_shapes = probe.out_shapes
+    size = _size(probe, xs, in_shapes, sym, max_bytes)
+    compact, blocks = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
+    if blocks is not None:
+        return BlockJacobian(blocks, out_names, in_names, probe.out_shapes, in_shapes)
+    return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
+
+
+def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], max_bytes: int) -> _Size:
+    """The stored matrix's size; refuses, before anything is allocated, one over ``max_bytes``."""
     itemsize = probe.out_dtypes[0].size if probe.out_dtypes else xs[0].dtype.size
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
-    nbytes = jacobian_nbytes(out_shapes, stored_shapes, itemsize)
-    check_memory(nbytes, max_bytes, f"{len(out_shapes)} output(s) and {len(xs)} input(s)")
-
-    size = _Size(
-        rows=sum(int(np.prod(s)) for s in out_shapes), cols=sum(int(np.prod(s)) for s in stored_shapes),
+    nbytes = jacobian_nbytes(probe.out_shapes, stored_shapes, itemsize)
+    check_memory(nbytes, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
+    return _Size(
+        rows=sum(int(np.prod(s)) for s in probe.out_shapes), cols=sum(int(np.prod(s)) for s in stored_shapes),
         itemsize=itemsize, nbytes=nbytes,
     )  # fmt: skip
+
+
+def _build(
+    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
+    *, chunk_size: int | None, mode: str, compiled: bool | None,
+) -> tuple[np.ndarray | None, Any]:  # fmt: skip
+    """The dispatcher: (stored matrix, None), or (None, general blocks), by the first path that applies.
+
+    1. compiled chunks (:func:`_compiled_path`); the peak memory is the Jacobian plus one chunk's
+       intermediates (about 1.1-1.3× in all, measured at M = 80), not the 3-4× of ``tape.jacobian``'s
+       all-at-once pfor;
+    2. eager rows, one ``tape.gradient`` per row: a first call with at most 64 rows (tracing would
+       cost more than it saves), an untraceable ``fn`` with at most 256 rows, or any dtype but
+       float64 (TensorFlow 2.21's pfor segfaults on a float32 Cholesky gradient);
+    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``;
+    4. the same, folded into vech columns when an input is ``symmetric``.
+    """
+    import tensorflow as tf
+
     dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)
     traceable = len(dtypes) == 1 and next(iter(dtypes)).is_floating and size.rows > 0 and size.cols > 0
-    compact = None
     if traceable and compiled is not False:
         try:
             compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
         except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
             compact = None  # not traceable: the eager tape below
-    if compact is None:
-        compact, blocks = _eager_path(fn, xs, probe, sym, size)
-        if blocks is not None:
-            return BlockJacobian(blocks, out_names, in_names, out_shapes, in_shapes)
-    return BlockJacobian.from_compact(compact, out_names, in_names, out_shapes, in_shapes, sym)
+        if compact is not None:
+            return compact, None
+    return _eager_path(fn, xs, probe, sym, size)
 
 
 @dataclass

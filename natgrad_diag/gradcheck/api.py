@@ -67,74 +67,45 @@ def check_gradients(
 ) -> GradientCheckReport:
     """Check TensorFlow's gradients of ``fn`` against central differences, block by block; never raises on a mismatch.
 
-    For each output y_i and input x_j, with perturbations d that respect x_j's structure:
-
-        numerical  = (y_i(x + ε d) − y_i(x − ε d)) / 2ε
-        analytical = J_ij · d                       (full: every coordinate, from ``tape.jacobian``)
-        ⟨v, numerical⟩ vs ⟨J_ijᵀ·v, d⟩              (fast: k random unit (d, v), from ``tape.gradient``)
-
-    and an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise).
-
-    Central differences are the only oracle independent of TensorFlow's registered gradients: forward
-    mode (``tf.autodiff.ForwardAccumulator``) is built by transposing a registered op gradient, so
-    ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong. Full mode (torch's slow gradcheck)
-    compares every coordinate with the explicit Jacobian; fast mode (torch's ``fast_mode=True``)
-    compares ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random unit pairs (u, v), never forming J, and after a
-    failure on a small block re-runs full mode on that block to name the worst entry.
+    For each output y_i and input x_j, with perturbations d that respect x_j's structure, numerical
+    (y_i(x + ε d) − y_i(x − ε d)) / 2ε against analytical J_ij·d (full mode: every coordinate) or
+    ⟨v, numerical⟩ against ⟨J_ijᵀ·v, d⟩ (fast mode: k random unit pairs (d, v)); an entry passes when
+    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise). See :func:`_rows` for the modes.
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-        inputs: the point, a sequence of float tensors/arrays (or a dict: its keys name the inputs).
-            Nothing is modified: ``fn`` is evaluated on copies.
-        structure: per input ``"general"``, ``"symmetric"`` (perturb E_ab + E_ba, compare g_ab + g_ba)
-            or ``"lower_triangular"`` (perturb E_ab, a ≥ b; above the diagonal the gradient must equal the
-            finite difference, zero when fn reads only the lower triangle). One string for all inputs, a
-            sequence, or a dict by input name. ``None`` infers it: for GPflow's natgrad maps η₂ and θ₂
-            (eta2, nat2 [L, M, M]) are symmetric and varsqrt (L_S [L, M, M]) is lower-triangular; else general.
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies.
+        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
+            (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
+            input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
+            lower-triangular varsqrt; anything else is general.
         mode: ``"full"`` (every coordinate against the explicit Jacobian) or ``"fast"`` (matrix-free).
         cotangents: fast mode: fixed cotangents v, one per flattened output (exact shape and dtype; ``None``
-            for ones), used instead of random ones (e.g. the ``output_gradients`` you pass to TensorFlow).
-            Validated in full mode too, where they are not needed: every entry of J is compared.
-        eps: the finite-difference step ε; default from the dtype (float64 1e-6, float32 1e-3).
-        rtol, atol: tolerances; default from the dtype (float64 1e-5, 1e-7; float32 2e-2, 2e-3).
-        seed: the seed of fast mode's random directions.
-        num_directions: fast mode: random direction pairs per block (k).
-        input_names, output_names: names for the report (default the dict keys, GPflow's names for its
-            maps, or ``x0, x1, ...`` / ``y0, y1, ...``).
-        max_bytes: full mode refuses, before allocating, when the analytical plus numerical dense
-            Jacobians would need more (default 2 GiB).
+            for ones) instead of random ones; validated but not needed in full mode.
+        eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
+        seed, num_directions: fast mode's random seed and direction pairs per block (k).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
+        max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
     Returns:
         A frozen :class:`GradientCheckReport` with one :class:`GradientCheckRow` per (output, input) block.
 
     Raises:
-        InputError (and its subclasses): bad arguments, or fn fails or returns NaN/Inf at the point or at a
-            finite-difference point (the message names the argument and says what to do).
+        InputError (and subclasses): bad arguments, or fn fails or returns NaN/Inf at a point it is evaluated at.
         MemoryLimitError: full mode would exceed ``max_bytes`` (use ``mode="fast"``).
-
-    References:
-        torch.autograd.gradcheck (slow and fast mode); Salimbeni et al., "Natural Gradients in
-        Practice", AISTATS 2018 (the maps of ``gpflow.optimizers.natgrad``).
 
     Examples:
         >>> import numpy as np
         >>> import tensorflow as tf
         >>> report = check_gradients(tf.sin, [np.array([0.1, 0.2, 0.3])])
-        >>> report.passed
-        True
-        >>> report.row(0, 0).method
-        'central differences, 3 coordinate(s)'
-
-        GPflow's natgrad maps get their input structures inferred (η₂ symmetric):
-
+        >>> report.passed, report.row(0, 0).method
+        (True, 'central differences, 3 coordinate(s)')
         >>> from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
         >>> eta1 = np.array([[0.5], [-1.0]])
-        >>> eta2 = (np.eye(2) + eta1 @ eta1.T)[None]
-        >>> check_gradients(expectation_to_meanvarsqrt, [eta1, eta2]).structures
+        >>> check_gradients(expectation_to_meanvarsqrt, [eta1, (np.eye(2) + eta1 @ eta1.T)[None]]).structures
         ('general', 'symmetric')
     """
     _check_options(fn, mode, seed)
-    seed = int(seed)
     num_directions = require_positive_int(num_directions, "num_directions")
     max_bytes = require_positive_int(max_bytes, "max_bytes")
     input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
@@ -143,22 +114,41 @@ def check_gradients(
     settings = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, output_names)
     cots = _cotangents(cotangents, prob)
-    if mode == "full":
-        rows = full_rows(prob, names, structures, settings.eps, settings.rtol, settings.atol, max_bytes)
-    else:
-        rows = fast_rows(
-            prob, names, structures, settings.eps, settings.rtol, settings.atol, num_directions, seed, cots, max_bytes
-        )
-    rows = sorted(rows, key=lambda r: (r.output_index, r.input_index))
+    rows = _rows(mode, prob, names, structures, settings, num_directions, int(seed), cots, max_bytes)
     return GradientCheckReport(
         function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
         eps=settings.eps, rtol=settings.rtol, atol=settings.atol, settings_source=settings.source,
         structures=structures, input_names=names, output_names=prob.output_names,
         input_shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
         output_shapes=tuple(tuple(int(d) for d in y.shape) for y in prob.y),
-        num_directions=num_directions, seed=seed, rows=tuple(rows), checks=tuple(_check(r) for r in rows),
+        num_directions=num_directions, seed=int(seed), rows=rows, checks=tuple(_check(r) for r in rows),
         cotangents_given=cots is not None,
     )  # fmt: skip
+
+
+def _rows(
+    mode: str, prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], settings: _Settings,
+    num_directions: int, seed: int, cots: list[np.ndarray] | None, max_bytes: int,
+) -> tuple[GradientCheckRow, ...]:  # fmt: skip
+    """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
+
+    Central differences are the only oracle independent of TensorFlow's registered gradients: forward
+    mode (``tf.autodiff.ForwardAccumulator``) is built by transposing a registered op gradient, so
+    ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong. Full mode compares every coordinate
+    with the explicit reverse-mode Jacobian; fast mode compares ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random
+    unit pairs (u, v), never forming J, and after a failure on a small block re-runs full mode on that
+    block to name the worst entry.
+
+    References:
+        torch.autograd.gradcheck (slow and fast mode); Salimbeni et al., "Natural Gradients in
+        Practice", AISTATS 2018 (the maps of ``gpflow.optimizers.natgrad``).
+    """
+    eps, rtol, atol = settings.eps, settings.rtol, settings.atol
+    if mode == "full":
+        rows = full_rows(prob, names, structures, eps, rtol, atol, max_bytes)
+    else:
+        rows = fast_rows(prob, names, structures, eps, rtol, atol, num_directions, seed, cots, max_bytes)
+    return tuple(sorted(rows, key=lambda r: (r.output_index, r.input_index)))
 
 
 def _check_options(fn: Any, mode: str, seed: Any) -> None:
