@@ -1,8 +1,7 @@
-"""Input checks shared by the public functions: shapes, dtypes, finiteness, structure of q(u).
+"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u)."""
 
-Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
-what was expected, what was got and what to do. TensorFlow is imported inside the functions.
-"""
+# Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
+# what was expected, what was got and what to do. TensorFlow is imported inside the functions.
 
 from __future__ import annotations
 
