@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag import _compile
+from natgrad_diag._compile import compiled, note_trace
 from natgrad_diag.autodiff.blocks import vech_layout
 
 __all__ = ["TRACE_KIND", "run_chunks"]
@@ -66,7 +66,7 @@ def run_chunks(
     import tensorflow as tf
 
     key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
-    chunk_fn = _compile.compiled(key, lambda: _build_chunk_fn(fn, xs, out_shapes, sym, forward, chunk), keep=(fn,))
+    chunk_fn = compiled(key, lambda: _build_chunk_fn(fn, xs, out_shapes, sym, forward, chunk), keep=(fn,))
     out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
     n_chunked = n_cols if forward else n_rows
     for start in range(0, n_chunked, chunk):
@@ -145,7 +145,7 @@ def _forward_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
     n_stored, n_out = int(sum(lay.stored_sizes)), int(sum(lay.out_sizes))
 
     def forward_chunk(*args: Any) -> Any:
-        _compile.note_trace(TRACE_KIND)
+        note_trace(TRACE_KIND)
         inputs, start = list(args[:-1]), args[-1]
         E = tf.one_hot(start + tf.range(lay.chunk), depth=n_stored, dtype=lay.dtype)  # [chunk, n_stored]
         tangents = []
@@ -172,7 +172,7 @@ def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
     n_out, n_in = int(sum(lay.out_sizes)), int(sum(lay.in_sizes))
 
     def reverse_chunk(*args: Any) -> Any:
-        _compile.note_trace(TRACE_KIND)
+        note_trace(TRACE_KIND)
         inputs, start = list(args[:-1]), args[-1]
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)

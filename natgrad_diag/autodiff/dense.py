@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag import _compile
+from natgrad_diag._compile import recall, remember
+from natgrad_diag._compile import trace_count as _trace_count
 from natgrad_diag._validate import require_positive_int, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
@@ -32,7 +33,7 @@ def trace_count() -> int:
     For tests: repeated calls with the same function, shapes and options must not add to it.
     It reads :func:`natgrad_diag._compile.trace_count` for this path.
     """
-    return _compile.trace_count(TRACE_KIND)
+    return _trace_count(TRACE_KIND)
 
 
 def jacobian(
@@ -200,7 +201,7 @@ def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, 
 def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool | None) -> _Probe:
     """The outputs' shapes, dict keys and dtypes: from an earlier call with ``key``, else one forward pass
     on a tape (kept for the small-Jacobian path's VJPs)."""
-    meta = _compile.recall(key) if compiled is not False else None
+    meta = recall(key) if compiled is not False else None
     if meta is not None and meta[0] is fn:
         _, out_shapes, dict_keys, out_dtypes = meta
         return _Probe(out_shapes, dict_keys, out_dtypes, seen=True)
@@ -220,7 +221,7 @@ def _compiled_path(
     the eager forward pass.
     """
     if not probe.seen:
-        _compile.remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
+        remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
     if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):
         return None
     # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms many JVPs

@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import dtype_name, shape_str, validate_seeds
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
+from natgrad_diag.exceptions import (
+    DTypeMismatchError,
+    InputError,
+    NatGradDiagError,
+    OutputGradientsError,
+    UnconnectedGradientError,
+)
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 

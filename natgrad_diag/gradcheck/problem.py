@@ -17,7 +17,7 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.n
     import tensorflow as tf
 
     if isinstance(inputs, Mapping):
-        names = tuple(str(k) for k in inputs.keys()) if input_names is None else tuple(input_names)
+        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
         values = list(inputs.values())
     elif isinstance(inputs, (list, tuple)):
         values = list(inputs)
@@ -71,7 +71,7 @@ class Problem:
                 "(e.g. positive definite).",
             ) from e
         if isinstance(outputs, Mapping) and output_names is None:
-            output_names = tuple(sorted(str(k) for k in outputs.keys()))
+            output_names = tuple(sorted(str(k) for k in outputs))
         ys = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(outputs)]
         if output_names is None:
             output_names = tuple(f"y{k}" for k in range(len(ys)))
