@@ -60,19 +60,19 @@ __all__ = [
 # name -> module that defines it (imported on first access)
 _LAZY = {
     "jacobian": "autodiff.dense",
-    "BlockJacobian": "autodiff.dense",
+    "BlockJacobian": "autodiff.blocks",
     "Check": "report.records",
     "Explanation": "lessons.explain",
-    "GradientCheckReport": "gradcheck.checker",
+    "GradientCheckReport": "gradcheck.api",
     "NatGradMonitor": "natgrad.monitor",
     "NatGradReport": "natgrad.check",
     "NatGradTrace": "natgrad.trace",
     "NaturalGradient": "natgrad.optimizer",
     "OuterExample": "lessons.outer",
     "SeedScenario": "lessons.scenario",
-    "assert_gradients": "gradcheck.checker",
+    "assert_gradients": "gradcheck.api",
     "assert_natgrad": "natgrad.check",
-    "check_gradients": "gradcheck.checker",
+    "check_gradients": "gradcheck.api",
     "check_natgrad": "natgrad.check",
     "checked_gradient": "autodiff.seeded",
     "explain_output_gradients": "lessons.explain",
@@ -114,8 +114,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.autodiff.seeded import checked_gradient, vjp
     from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
-    from natgrad_diag.gradcheck.checker import GradientCheckReport, assert_gradients, check_gradients
-    from natgrad_diag.autodiff.dense import BlockJacobian, jacobian
+    from natgrad_diag.gradcheck.api import GradientCheckReport, assert_gradients, check_gradients
+    from natgrad_diag.autodiff.blocks import BlockJacobian
+    from natgrad_diag.autodiff.dense import jacobian
     from natgrad_diag.natgrad.monitor import NatGradMonitor
     from natgrad_diag.natgrad.optimizer import NaturalGradient
     from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad

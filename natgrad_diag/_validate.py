@@ -1,8 +1,7 @@
-"""Input checks shared by the public functions: shapes, dtypes, finiteness, structure of q(u).
+"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u)."""
 
-Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
-what was expected, what was got and what to do. TensorFlow is imported inside the functions.
-"""
+# Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
+# what was expected, what was got and what to do. TensorFlow is imported inside the functions.
 
 from __future__ import annotations
 
@@ -68,6 +67,82 @@ def param_parts(x: Any, name: str) -> ParamParts:
             remedy=f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.",
         ) from e
     return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
+
+
+def input_error(detail: str, argument: str, expected: str, got: object, remedy: str) -> InputError:
+    """An :class:`InputError` with the usual context: the argument, what was expected and what was got."""
+    return InputError(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
+
+
+def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
+    """``value`` as an ``int`` (a Python or numpy integer, not a bool), at least ``minimum`` when given.
+
+    Raises:
+        InputError: naming the argument, e.g. "num_directions must be a positive integer."
+
+    Examples:
+        >>> require_int(3, "seed")
+        3
+        >>> require_int(0, "num_directions", minimum=1)
+        Traceback (most recent call last):
+        ...
+        natgrad_diag.exceptions.InputError: Invalid input. num_directions must be a positive integer.
+          Argument: num_directions
+            Expected: an int ≥ 1
+            Got:      0
+          To fix: pass e.g. num_directions=4.
+    """
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if is_int and (minimum is None or value >= minimum):
+        return int(value)
+    if minimum is None:
+        detail, default_expected, example = f"{name} must be an integer.", "an int", 0
+    elif minimum == 1:
+        detail, default_expected, example = f"{name} must be a positive integer.", "an int ≥ 1", 4
+    else:
+        detail, default_expected, example = f"{name} must be an integer ≥ {minimum}.", f"an int ≥ {minimum}", max(minimum, 4)
+    raise InputError(
+        detail,
+        context=[("Argument", name), ("Expected", expected or default_expected), ("Got", repr(value))],
+        remedy=remedy or f"pass e.g. {name}={example}.",
+    )
+
+
+def require_positive_int(value: Any, name: str, *, expected: str = "", remedy: str = "") -> int:
+    """``value`` as an ``int`` ≥ 1 (not a bool); else an :class:`InputError` naming ``name``.
+
+    Examples:
+        >>> require_positive_int(4, "num_directions")
+        4
+    """
+    return require_int(value, name, minimum=1, expected=expected, remedy=remedy)
+
+
+def require_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    """``float(value)``, finite and > 0 (≥ 0 with ``allow_zero``); else an :class:`InputError` naming ``name``.
+
+    Examples:
+        >>> require_positive_float(1e-6, "eps")
+        1e-06
+        >>> require_positive_float(0, "rtol", allow_zero=True)
+        0.0
+    """
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"{name} must be a number.",
+            context=[("Argument", name), ("Expected", "a finite float"), ("Got", repr(value))],
+            remedy=f"pass {name} as a float.",
+        ) from None
+    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = "≥ 0" if allow_zero else "> 0"
+        raise InputError(
+            f"{name} must be finite and {bound}.",
+            context=[("Argument", name), ("Expected", f"a finite float {bound}"), ("Got", v)],
+            remedy=f"pass a finite {name} {bound}.",
+        )
+    return v
 
 
 def require_float(x: Any, name: str) -> None:

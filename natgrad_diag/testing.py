@@ -1,27 +1,25 @@
-"""Assertions for your own pytest suite: gradients, vector-Jacobian products, natural-gradient steps.
+"""Assertions for your own pytest suite: gradients, vector-Jacobian products, natural-gradient steps."""
 
-Each helper raises an ``AssertionError`` subclass with a message that names the block or input, the
-worst entry, expected against actual, the tolerances and what to do, so a failing test reads::
-
-    natgrad_diag.exceptions.JacobianMismatchError: Jacobian mismatch. Output 0 (square) with respect to
-    input 0 (x): finite differences and the analytical derivative disagree.
-      Output:      0 (square)
-      Input:       0 (x, structure 'general')
-      Worst entry: ∂square[2]/∂x[2]
-        Expected:    numerical  4.000000000115023  (central differences, eps=1e-06)
-        Actual:      analytical 6.0  (reverse mode)
-      ...
-
-Only numpy is imported here; TensorFlow, GPflow and the natural-gradient checks load on first use.
-
-Example (a test file)::
-
-    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
-    from natgrad_diag.testing import assert_gradients, assert_vjp_matches_jacobian
-
-    def test_my_map_gradients():
-        assert_gradients(expectation_to_meanvarsqrt, [eta1, eta2])   # eta2 is checked as symmetric
-"""
+# Each helper raises an ``AssertionError`` subclass with a message that names the block or input, the
+# worst entry, expected against actual, the tolerances and what to do, so a failing test reads:
+#
+#     natgrad_diag.exceptions.JacobianMismatchError: Jacobian mismatch. Output 0 (square) with respect to
+#     input 0 (x): finite differences and the analytical derivative disagree.
+#       Output:      0 (square)
+#       Input:       0 (x, structure 'general')
+#       Worst entry: ∂square[2]/∂x[2]
+#         Expected:    numerical  4.000000000115023  (central differences, eps=1e-06)
+#         Actual:      analytical 6.0  (reverse mode)
+#       ...
+#
+# Only numpy is imported here; TensorFlow, GPflow and the natural-gradient checks load on first use.
+# In a test file:
+#
+#     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+#     from natgrad_diag.testing import assert_gradients
+#
+#     def test_my_map_gradients():
+#         assert_gradients(expectation_to_meanvarsqrt, [eta1, eta2])   # eta2 is checked as symmetric
 
 from __future__ import annotations
 
@@ -30,15 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.gradcheck.checker import assert_gradients
-from natgrad_diag.autodiff.dense import DEFAULT_MAX_BYTES
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag.gradcheck.api import assert_gradients
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
-
-
-def _vjp_tolerances(dtype: np.dtype) -> tuple[float, float]:
-    # two exact routes to the same numbers: only rounding separates them
-    return (1e-10, 1e-12) if dtype == np.float64 else (1e-4, 1e-5)
 
 
 def assert_vjp_matches_jacobian(
@@ -54,7 +47,7 @@ def assert_vjp_matches_jacobian(
 ) -> tuple[np.ndarray, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 
-    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.autodiff.dense.jacobian`, one-hot seeds) and v_i the
+    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.gradcheck.full.reverse_jacobian`, one-hot seeds) and v_i the
     cotangent of output i, the expected result for input j is the explicit contraction
 
         (Jᵀ·v)_j[b] = Σ_i Σ_a v_i[a] · J_ij[a, b]          (numpy ``tensordot``)
@@ -68,7 +61,8 @@ def assert_vjp_matches_jacobian(
         fn: a function of the inputs returning a tensor or a nest of tensors.
         inputs: the point: a sequence of float tensors/arrays (or a dict: its keys name the inputs).
         cotangents: one seed per flattened output (exact shape and dtype; ``None`` means ones).
-        rtol, atol: tolerances; default (1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32. An entry
+        rtol, atol: tolerances; default :func:`natgrad_diag.tolerance.default_tolerance`'s "exact" kind
+            ((1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32). An entry
             passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|.
         input_names, output_names: names for the message (default ``x0, ...`` / ``y0, ...`` or dict keys).
         max_bytes: refuse, before allocating, a dense Jacobian larger than this (default 2 GiB).
@@ -82,12 +76,24 @@ def assert_vjp_matches_jacobian(
         MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
     """
     __tracebackhide__ = True
+    from natgrad_diag.tolerance import default_tolerance
+
+    xs, names = _point(inputs, input_names)
+    got, want, dtype = _vjp_and_contraction(fn, xs, names, cotangents, output_names=output_names, max_bytes=max_bytes)
+    # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
+    default = default_tolerance(dtype, "exact")
+    rtol_ = default.rtol if rtol is None else float(rtol)
+    atol_ = default.atol if atol is None else float(atol)
+    for j, (g, w) in enumerate(zip(got, want)):
+        _raise_on_mismatch(j, names[j], g, w, rtol=rtol_, atol=atol_)
+    return got
+
+
+def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
+    """Constant copies of the inputs (float, finite) and their names."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import require_finite, require_float, validate_seeds
-    from natgrad_diag.exceptions import JacobianMismatchError
-    from natgrad_diag.gradcheck.checker import _reverse_jacobian
-    from natgrad_diag.autodiff.dense import check_memory, element_labels, jacobian_nbytes
+    from natgrad_diag._validate import require_finite, require_float
 
     if isinstance(inputs, Mapping):
         names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
@@ -99,6 +105,20 @@ def assert_vjp_matches_jacobian(
     for n, x in zip(names, xs):
         require_float(x, n)
         require_finite(x.numpy(), n)
+    return xs, names
+
+
+def _vjp_and_contraction(
+    fn: Callable[..., Any], xs: list[Any], names: tuple[str, ...], cotangents: Any, *,
+    output_names: Sequence[str] | None, max_bytes: int,
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.dtype]:  # fmt: skip
+    """(tape.gradient with the cotangents, Jᵀ·v from the explicit reverse-mode Jacobian contracted by numpy,
+    the first output's dtype)."""
+    import tensorflow as tf
+
+    from natgrad_diag._validate import validate_seeds
+    from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
+    from natgrad_diag.gradcheck.full import reverse_jacobian
 
     seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -113,37 +133,37 @@ def assert_vjp_matches_jacobian(
         for s, y in zip(seeds, ys)
     ]
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    got = tuple(g.numpy() for g in got)
-    # the explicit Jacobian from reverse mode (one-hot seeds), contracted with v by numpy
-    J = _reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
+    J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
     want = tuple(
         sum(np.tensordot(v, J.block(i, j), axes=v.ndim) for i, v in enumerate(vs)) for j in range(len(xs))
     )
+    return tuple(g.numpy() for g in got), want, np.dtype(vs[0].dtype)
 
-    d_rtol, d_atol = _vjp_tolerances(np.dtype(vs[0].dtype))
-    rtol_ = d_rtol if rtol is None else float(rtol)
-    atol_ = d_atol if atol is None else float(atol)
-    for j, (g, w) in enumerate(zip(got, want)):
-        err = np.abs(g - w)
-        tol = atol_ + rtol_ * np.abs(w)
-        if np.all(err <= tol):
-            continue
-        k = int(np.argmax(err - tol))
-        label = element_labels(names[j], in_shapes[j])[k]
-        raise JacobianMismatchError(
-            f"tape.gradient with output_gradients is not Jᵀ·v for input {j} ({names[j]}).",
-            context=[
-                ("Input", f"{j} ({names[j]}, shape {list(in_shapes[j])})"),
-                ("Worst entry", label),
-                ("Expected", f"{float(w.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
-                ("Actual", f"{float(g.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
-                ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} "
-                          f"(rtol={rtol_:g}, atol={atol_:g})"),
-            ],
-            remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "
-            "by dy), or the cotangents are not in tf.nest.flatten order of the outputs.",
-        )
-    return got
+
+def _raise_on_mismatch(j: int, name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float) -> None:
+    """Raise JacobianMismatchError naming the worst entry when some |got − want| > atol + rtol·|want|."""
+    from natgrad_diag.autodiff.blocks import element_labels
+    from natgrad_diag.exceptions import JacobianMismatchError
+
+    err = np.abs(got - want)
+    tol = atol + rtol * np.abs(want)
+    if np.all(err <= tol):
+        return
+    k = int(np.argmax(err - tol))
+    shape = tuple(got.shape)
+    raise JacobianMismatchError(
+        f"tape.gradient with output_gradients is not Jᵀ·v for input {j} ({name}).",
+        context=[
+            ("Input", f"{j} ({name}, shape {list(shape)})"),
+            ("Worst entry", element_labels(name, shape)[k]),
+            ("Expected", f"{float(want.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
+            ("Actual", f"{float(got.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
+            ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} "
+                      f"(rtol={rtol:g}, atol={atol:g})"),
+        ],
+        remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "
+        "by dy), or the cotangents are not in tf.nest.flatten order of the outputs.",
+    )
 
 
 def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
@@ -162,6 +182,7 @@ def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
     __tracebackhide__ = True
     import importlib
 
-    natgrad_check = importlib.import_module("natgrad_diag.natgrad.check")  # sys.modules first, not the package attribute
-
+    # sys.modules' entry, not the package attribute (``from natgrad_diag.natgrad import check``), so that the
+    # module that is registered is the one called, whatever was imported before
+    natgrad_check = importlib.import_module("natgrad_diag.natgrad.check")
     return natgrad_check.assert_natgrad_step_matches_gpflow(*args, **kwargs)

@@ -1,9 +1,8 @@
-"""checked_gradient and vjp against tape.gradient, closed-form Jacobians, hand contractions and torch's rule.
+"""checked_gradient and vjp against tape.gradient, closed-form Jacobians, hand contractions and torch's rule."""
 
-Oracles: tape.gradient itself when the seed is right (checked_gradient must be a drop-in), closed-form
-Jacobians (outer product, sin(x)·Σx), the explicit Jacobian from ``natgrad_diag.jacobian`` contracted by
-hand with ``np.tensordot``, and central finite differences.
-"""
+# Oracles: tape.gradient itself when the seed is right (checked_gradient must be a drop-in), closed-form
+# Jacobians (outer product, sin(x)·Σx), the explicit Jacobian from ``natgrad_diag.jacobian`` contracted by
+# hand with ``np.tensordot``, and central finite differences.
 
 from __future__ import annotations
 

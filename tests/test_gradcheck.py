@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.gradcheck.checker: every expected value from closed forms, numpy or a hand-made finite difference."""
+"""Tests of natgrad_diag.gradcheck: every expected value from closed forms, numpy or a hand-made finite difference."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import natgrad_diag as nd
-from natgrad_diag.gradcheck import checker as gradcheck
+from natgrad_diag.cli import gradcheck as gradcheck_cli_module
 from natgrad_diag.exceptions import (
     InputError,
     JacobianMismatchError,
@@ -23,23 +23,12 @@ from natgrad_diag.exceptions import (
     OutputGradientsError,
     ShapeMismatchError,
 )
-from tests.conftest import random_q
+from natgrad_diag.gradcheck import fast as gradcheck_fast
+from natgrad_diag.gradcheck import full as gradcheck_full
+from tests.gradcheck_points import gpflow_points
 
 # ------------------------------------------------------------------------------------------------
-# Points for GPflow's maps, built with numpy (not with the maps under test)
-
-
-def gpflow_points(M: int, L: int, seed: int) -> dict[str, list[np.ndarray]]:
-    """q_mu [M, L], q_sqrt [L, M, M]; eta = (m, S + m mᵀ); theta = (S⁻¹m, −½S⁻¹), all in numpy."""
-    m, A = random_q(M, L, seed, scale=0.4)
-    S = A @ np.swapaxes(A, -1, -2)
-    eta2 = S + np.einsum("ml,nl->lmn", m, m)
-    S_inv = np.linalg.inv(S)
-    nat1 = np.einsum("lmn,nl->ml", S_inv, m)
-    nat2 = -0.5 * S_inv
-    nat2 = 0.5 * (nat2 + np.swapaxes(nat2, -1, -2))  # exactly symmetric
-    eta2 = 0.5 * (eta2 + np.swapaxes(eta2, -1, -2))
-    return {"meanvarsqrt": [m, A], "expectation": [m, eta2], "natural": [nat1, nat2]}
+# GPflow's maps (their points: tests/gradcheck_points.py, built with numpy, not with the maps under test)
 
 
 # (map, which point it takes, expected inferred structures, expected names)
@@ -156,7 +145,7 @@ def test_check_gradients__fast_mode_failure_reruns_full_mode_on_the_block() -> N
 
 
 def test_check_gradients__fast_mode_reports_forward_mode_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gradcheck, "_RERUN_MAX_COORDS", 0)  # keep the fast-mode numbers of the failing direction
+    monkeypatch.setattr(gradcheck_fast, "_RERUN_MAX_COORDS", 0)  # keep the fast-mode numbers of the failing direction
     row = nd.check_gradients(two_outputs, [X0, Y0], mode="fast", seed=3).row(0, 0)
     assert not row.passed
     assert row.worst_entry.startswith("⟨v, ∂y0/∂x0·u⟩, direction")
@@ -166,90 +155,6 @@ def test_check_gradients__fast_mode_reports_forward_mode_apart(monkeypatch: pyte
     # ForwardAccumulator differentiates a custom_gradient function's forward computation: it gets 2x
     assert row.forward is not None
     np.testing.assert_allclose(row.forward, row.numerical, rtol=1e-8)
-
-
-# ------------------------------------------------------------------------------------------------
-# Structure: symmetric and lower-triangular
-
-
-def test_check_gradients__eta2_general_fails_with_hint_symmetric_passes() -> None:
-    eta1, eta2 = gpflow_points(4, 2, seed=7)["expectation"]
-    general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general")
-    symmetric = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure={"eta2": "symmetric"})
-    assert symmetric.passed and symmetric.structures == ("general", "symmetric")
-    assert [r.passed for r in general.rows] == [True, True, True, False]
-    bad = general.row("varsqrt", "eta2")
-    # TensorFlow's Cholesky gradient is symmetrised: below the diagonal a one-entry difference is 2·g_ab
-    assert bad.worst_entry.startswith("∂varsqrt[")
-    a, b = (int(k) for k in bad.worst_entry.split("/∂eta2[")[1].rstrip("]").split(",")[1:])
-    assert a > b
-    np.testing.assert_allclose(bad.numerical, 2 * bad.analytical, rtol=1e-6)
-    assert "looks symmetric" in bad.hint and "structure='symmetric'" in bad.hint
-    with pytest.raises(JacobianMismatchError, match="structure='symmetric'") as info:
-        nd.assert_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast")
-    assert "input 1 (eta2" in str(info.value)
-
-
-@tf.custom_gradient
-def _lower_entry_symmetrised(S: tf.Tensor):  # noqa: ANN202
-    """y = S[1, 0] (reads one entry below the diagonal), with a symmetrised gradient like Cholesky's."""
-
-    def grad(dy: tf.Tensor) -> tf.Tensor:
-        E = tf.constant([[0.0, 0.5], [0.5, 0.0]], S.dtype)
-        return dy * E
-
-    return S[1, 0], grad
-
-
-def test_check_gradients__symmetrised_gradient_closed_form() -> None:
-    S = np.array([[2.0, 0.3], [0.3, 1.0]])
-    general = nd.check_gradients(_lower_entry_symmetrised, [S], structure="general")
-    # closed form: ∂y/∂S[1,0] = 1 and ∂y/∂S[0,1] = 0 (numerical) against g = 0.5 on both (analytical);
-    # both entries are off by 0.5
-    expected = {"∂y0/∂x0[1,0]": (1.0, 0.5), "∂y0/∂x0[0,1]": (0.0, 0.5)}
-    row = general.rows[0]
-    assert not row.passed and row.worst_entry in expected
-    np.testing.assert_allclose([row.numerical, row.analytical], expected[row.worst_entry], rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(row.max_abs_error, 0.5, rtol=1e-9)
-    symmetric = nd.check_gradients(_lower_entry_symmetrised, [S], structure="symmetric")
-    assert symmetric.passed and symmetric.rows[0].compared == 3  # (0,0), (1,0)+(0,1), (1,1)
-
-
-@tf.custom_gradient
-def _tril_double_wrong(A: tf.Tensor):  # noqa: ANN202
-    """2·tril(A) (ignores the upper triangle), with a gradient that leaks above the diagonal."""
-
-    def grad(dy: tf.Tensor) -> tf.Tensor:
-        return 2.0 * dy  # should be 2·tril(dy)
-
-    return 2.0 * tf.linalg.band_part(A, -1, 0), grad
-
-
-@pytest.mark.parametrize("mode", ["full", "fast"])
-def test_check_gradients__lower_triangular_needs_zero_gradient_above_diagonal(mode: str) -> None:
-    A = np.tril(np.arange(1.0, 10.0).reshape(3, 3))
-    report = nd.check_gradients(_tril_double_wrong, [A], structure="lower_triangular", mode=mode)
-    row = report.rows[0]
-    assert not row.passed
-    assert row.worst_entry.endswith("(above diagonal)")
-    # closed form: 2·tril ignores A[a, b], a < b: numerical 0; the leaked gradient is 2
-    np.testing.assert_allclose([row.numerical, row.analytical], [0.0, 2.0], atol=1e-9)
-    if mode == "fast":
-        assert "strictly upper" in row.method
-
-
-def test_check_gradients__lower_triangular_passes_where_gradient_is_masked() -> None:
-    # GPflow's meanvarsqrt_to_natural reads q_sqrt through triangular_solve (lower triangle only)
-    m, A = gpflow_points(3, 2, seed=1)["meanvarsqrt"]
-    report = nd.check_gradients(ng.meanvarsqrt_to_natural, [m, A])
-    assert report.structures == ("general", "lower_triangular") and report.passed
-    grads = tf.GradientTape  # the analytical gradient above the diagonal is exactly zero (TensorFlow masks it)
-    x = [tf.constant(m), tf.constant(A)]
-    with grads() as tape:
-        tape.watch(x)
-        out = ng.meanvarsqrt_to_natural(*x)
-    g = tape.gradient(out, x[1]).numpy()
-    assert np.all(np.triu(g, 1) == 0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -298,7 +203,7 @@ def test_check_gradients__fast_mode_at_m500_builds_no_dense_jacobian(monkeypatch
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("fast mode called jacobian()")
 
-    monkeypatch.setattr(gradcheck, "jacobian", refuse)
+    monkeypatch.setattr(gradcheck_full, "jacobian", refuse)
     tracemalloc.start()
     try:
         report = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", num_directions=2, max_bytes=1024**2)
@@ -315,7 +220,7 @@ def test_check_gradients__memory_guard_refuses_before_allocating(monkeypatch: py
     M, L = 6, 2
     eta1, eta2 = gpflow_points(M, L, seed=0)["expectation"]
     calls = []
-    monkeypatch.setattr(gradcheck, "jacobian", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(gradcheck_full, "jacobian", lambda *a, **k: calls.append(1))
     # analytical + numerical dense Jacobians: 2 · (M L + L M²)² · 8 bytes, by hand
     need = 2 * (M * L + L * M * M) ** 2 * 8
     with pytest.raises(MemoryLimitError) as info:
@@ -446,42 +351,6 @@ def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
         nd.check_gradients(tf.math.log, [np.array([1e-7])])
 
 
-# ------------------------------------------------------------------------------------------------
-# The command-line entry (for `natgrad-diag gradcheck`)
-
-
-@pytest.mark.parametrize("name", sorted(MAPS))
-def test_gpflow_map_point__agrees_with_gpflow_conversions(name: str) -> None:
-    M, L = 4, 2
-    mv = gradcheck.gpflow_map_point("meanvarsqrt_to_expectation", M, L, seed=5)
-    point = gradcheck.gpflow_map_point(name, M, L, seed=5)
-    # GPflow's own conversions from (m, L_S) are the oracle for the numpy construction
-    m, A = (tf.constant(a) for a in mv)
-    want = {
-        "meanvarsqrt": mv,
-        "expectation": [t.numpy() for t in ng.meanvarsqrt_to_expectation(m, A)],
-        "natural": [t.numpy() for t in ng.meanvarsqrt_to_natural(m, A)],
-    }[MAPS[name][0]]
-    for got, ref in zip(point, want):
-        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
-    assert np.all(np.triu(mv[1], 1) == 0) and np.all(np.diagonal(mv[1], axis1=-2, axis2=-1) == 1.0)
-
-
-def test_gradcheck_cli__passes_inferred_and_fails_general_on_eta2() -> None:
-    ok = gradcheck.gradcheck_cli(map="expectation_to_natural", num_inducing=3, num_latent=2, mode="fast", seed=1)
-    assert ok.passed and ok.structures == ("general", "symmetric") and ok.seed == 1
-    bad = gradcheck.gradcheck_cli(map="expectation_to_meanvarsqrt", num_inducing=3, num_latent=1, structure="general")
-    assert not bad.passed and "looks symmetric" in bad.row("varsqrt", "eta2").hint
-    f32 = gradcheck.gradcheck_cli(map="meanvarsqrt_to_expectation", num_inducing=3, num_latent=1, dtype="float32")
-    assert f32.passed and f32.dtype == "float32" and f32.eps == 1e-3
-    forced = gradcheck.gradcheck_cli(map="natural_to_expectation", num_inducing=3, num_latent=1, structure="symmetric", mode="fast")
-    assert forced.passed and forced.structures == ("general", "symmetric")
-    with pytest.raises(InputError, match="unknown GPflow map 'cholesky'"):
-        gradcheck.gradcheck_cli(map="cholesky")
-    with pytest.raises(InputError, match="num_inducing"):
-        gradcheck.gradcheck_cli(num_inducing=0)
-
-
 def test_gradient_check_report__cotangents_noted_in_settings() -> None:
     x = np.array([0.3, 0.7])
     full = nd.check_gradients(tf.sin, [x], cotangents=[np.ones(2)])
@@ -506,7 +375,7 @@ def test_check_gradients__fast_failure_cleared_by_full_rerun() -> None:
 
 def test_check_gradients__fast_mode_symmetric_tangents_at_m50() -> None:
     # the issue's measurement: at M = 50 a non-symmetric tangent disagrees with reverse mode, a symmetric one agrees
-    eta1, eta2 = gradcheck.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
+    eta1, eta2 = gradcheck_cli_module.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
     small = 10 * 1024**2  # too small for the full re-run of a 2500-coordinate block: fast numbers only
     general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast", max_bytes=small)
     symmetric = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], mode="fast", max_bytes=small)

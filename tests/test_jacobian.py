@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import MemoryLimitError, ShapeMismatchError
-from natgrad_diag.autodiff.dense import jacobian_nbytes, natgrad_map_jacobian
+from natgrad_diag.autodiff.memory import jacobian_nbytes
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 

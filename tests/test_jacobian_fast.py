@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
-from natgrad_diag.autodiff.dense import jacobian_nbytes, natgrad_map_jacobian, trace_count, vech_layout
+from natgrad_diag.autodiff.blocks import vech_layout
+from natgrad_diag.autodiff.dense import trace_count
+from natgrad_diag.autodiff.memory import jacobian_nbytes
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 
@@ -230,20 +233,36 @@ def test_jacobian__memory_guard_counts_the_stored_vech_size():
         natgrad_map_jacobian(eta1, eta2, max_bytes=limit, symmetric=False)
 
 
-_PEAK = r"""
+_POINT = r"""
+import numpy as np
+import tensorflow as tf
+
+
+def natgrad_map_point(M):
+    # eta1 [M, 1], eta2 [1, M, M] from a random q(u) with S = A Aᵀ + I (the benchmark's fixture, here in numpy)
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_expectation
+
+    rng = np.random.default_rng(M)
+    A = rng.normal(size=(1, M, M)) / np.sqrt(M)
+    S = A @ np.swapaxes(A, -1, -2) + np.eye(M)
+    mu, sq = rng.normal(size=(M, 1)), np.linalg.cholesky(S)
+    return meanvarsqrt_to_expectation(tf.constant(mu), tf.constant(sq))
+"""
+
+
+_PEAK = _POINT + r"""
 import json, sys
 import numpy as np
-from natgrad_diag.bench.runner import _natgrad_map_fixture
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
 M = int(sys.argv[1])
-natgrad_map_jacobian(*_natgrad_map_fixture(6), symmetric=False, method="autodiff")
+natgrad_map_jacobian(*natgrad_map_point(6), symmetric=False, method="autodiff")
 open("/proc/self/clear_refs", "w").write("5")
 base = status("VmRSS")
-J = natgrad_map_jacobian(*_natgrad_map_fixture(M), symmetric=False, method="autodiff")
+J = natgrad_map_jacobian(*natgrad_map_point(M), symmetric=False, method="autodiff")
 print(json.dumps({"above": status("VmHWM") - base, "nbytes": J.compact.nbytes}))
 """
 
@@ -294,12 +313,11 @@ def test_jacobian__bad_mode_or_chunk_size_is_refused(kwargs, fragment):
         nd.jacobian(tf.sin, [np.ones(3)], **kwargs)
 
 
-_FLOAT32 = r"""
+_FLOAT32 = _POINT + r"""
 import numpy as np
 import tensorflow as tf
-from natgrad_diag.bench.runner import _natgrad_map_fixture
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
-e1, e2 = _natgrad_map_fixture(9)
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+e1, e2 = natgrad_map_point(9)
 for sym in (True, False):
     J32 = natgrad_map_jacobian(tf.cast(e1, tf.float32), tf.cast(e2, tf.float32), symmetric=sym, chunk_size=16)
     J64 = natgrad_map_jacobian(e1, e2, symmetric=sym, chunk_size=16)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from natgrad_diag.report import pictures as plots
 from natgrad_diag.exceptions import InputError, MissingExtraError
-from natgrad_diag.autodiff.dense import BlockJacobian
+from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section
 from tests.conftest import np_meanvarsqrt, random_q

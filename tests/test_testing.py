@@ -16,7 +16,7 @@ from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
 import natgrad_diag
 from natgrad_diag import testing
-from natgrad_diag.gradcheck import checker as gradcheck
+from natgrad_diag.gradcheck import api as gradcheck
 from natgrad_diag.exceptions import JacobianMismatchError, OutputGradientsError
 
 ROOT = Path(__file__).resolve().parents[1]

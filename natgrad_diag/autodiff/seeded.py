@@ -1,20 +1,19 @@
-"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``.
+"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``."""
 
-``tape.gradient(target, sources, output_gradients=v)`` computes the vector-Jacobian product
-
-    (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j          (one result per source)
-
-where the seed v_i = ∂L/∂target_i is a cotangent of target i and must have exactly target i's
-shape. TensorFlow 2.21 does not check that: for ``y = x[:, None] * x[None, :]`` a seed of shape [4]
-fails deep inside with ``Input to reshape is a tensor with 1 values, but the requested shape has 4``,
-and for ``y = tf.sin(x)`` (x of shape [4]) a seed of shape [4, 1] is silently broadcast and the
-"gradient" comes back with shape [4, 4]. PyTorch checks it (``Mismatch in shape: grad_output[0] has a
-shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])``); so do the functions here.
-
-References:
-    TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
-    PyTorch, ``torch.autograd.grad`` and its ``grad_outputs`` check (torch/autograd/__init__.py).
-"""
+# ``tape.gradient(target, sources, output_gradients=v)`` computes the vector-Jacobian product
+#
+#     (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j          (one result per source)
+#
+# where the seed v_i = ∂L/∂target_i is a cotangent of target i and must have exactly target i's
+# shape. TensorFlow 2.21 does not check that: for ``y = x[:, None] * x[None, :]`` a seed of shape [4]
+# fails deep inside with ``Input to reshape is a tensor with 1 values, but the requested shape has 4``,
+# and for ``y = tf.sin(x)`` (x of shape [4]) a seed of shape [4, 1] is silently broadcast and the
+# "gradient" comes back with shape [4, 4]. PyTorch checks it (``Mismatch in shape: grad_output[0] has a
+# shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])``); so do the functions here.
+#
+# References:
+#     TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
+#     PyTorch, ``torch.autograd.grad`` and its ``grad_outputs`` check (torch/autograd/__init__.py).
 
 from __future__ import annotations
 
@@ -24,7 +23,13 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import dtype_name, shape_str, validate_seeds
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
+from natgrad_diag.exceptions import (
+    DTypeMismatchError,
+    InputError,
+    NatGradDiagError,
+    OutputGradientsError,
+    UnconnectedGradientError,
+)
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 

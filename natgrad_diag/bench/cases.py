@@ -92,7 +92,7 @@ def tape_jacobian(e1: Any, e2: Any) -> Any:
 def bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     import tensorflow as tf
 
-    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
     e1, e2 = natgrad_map_fixture(M)
     compiled_tape = tf.function(tape_jacobian)
@@ -118,7 +118,7 @@ def bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
 
 
 def bench_vech(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
-    from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
     e1, e2 = natgrad_map_fixture(M)
     # the natgrad map's default method: closed-form JVP columns, so the cost follows the column count
@@ -145,7 +145,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from natgrad_diag.bench.cases import natgrad_map_fixture, tape_jacobian
-from natgrad_diag.autodiff.dense import natgrad_map_jacobian
+from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 
 def status(key):
     with open("/proc/self/status") as f:

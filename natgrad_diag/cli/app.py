@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace) -> Any:
             seed=args.seed,
         )
     if command == "gradcheck":
-        from natgrad_diag.gradcheck.checker import gradcheck_cli
+        from natgrad_diag.cli.gradcheck import gradcheck_cli
 
         return gradcheck_cli(
             map=args.map, num_inducing=args.num_inducing, num_latent=args.num_latent, mode=args.mode,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import shape_str
-from natgrad_diag.autodiff.dense import BlockJacobian
+from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, to_jsonable
@@ -50,7 +50,7 @@ class OuterExample(Report):
         default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
         closed_form: [n], 2·sum(x).
         jacobian: the explicit Jacobian from :func:`~natgrad_diag.jacobian` (a
-            :class:`~natgrad_diag.autodiff.dense.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
+            :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
         jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
         contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
         dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).

@@ -2,7 +2,7 @@
 
 Three pictures, chosen by what a report has, never by its class:
 
-* ``jacobian`` (a :class:`~natgrad_diag.autodiff.dense.BlockJacobian`): a heatmap of the explicit Jacobian
+* ``jacobian`` (a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`): a heatmap of the explicit Jacobian
   J = ∂(mean, varsqrt)/∂(eta1, eta2), rows = output elements, columns = input elements, with the
   block boundaries drawn and each block labelled by its name and shape. For GPflow's map
   (mean, varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the mean–eta2 block is zero and the varsqrt–eta1 block
@@ -149,7 +149,7 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
     """The matrix, labels and block boundaries that :func:`plot_jacobian_heatmap` draws.
 
     Args:
-        jacobian: a :class:`~natgrad_diag.autodiff.dense.BlockJacobian` (e.g. ``Explanation.jacobian``).
+        jacobian: a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian` (e.g. ``Explanation.jacobian``).
 
     Returns:
         A :class:`HeatmapData`; ``block("mean", "eta2")`` and friends slice it by name.
@@ -157,7 +157,7 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
     Raises:
         InputError: ``jacobian`` is not a BlockJacobian.
     """
-    from natgrad_diag.autodiff.dense import BlockJacobian
+    from natgrad_diag.autodiff.blocks import BlockJacobian
 
     if not isinstance(jacobian, BlockJacobian):
         raise InputError(
@@ -181,7 +181,7 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     shows as a white rectangle and is also marked "all 0".
 
     Args:
-        jacobian: a :class:`~natgrad_diag.autodiff.dense.BlockJacobian`.
+        jacobian: a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`.
 
     Returns:
         A ``matplotlib.figure.Figure`` (on an Agg canvas; save it with ``fig.savefig``).
@@ -425,7 +425,7 @@ class Picture:
 
 def picture_kinds(report: Any) -> tuple[str, ...]:
     """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
-    from natgrad_diag.autodiff.dense import BlockJacobian
+    from natgrad_diag.autodiff.blocks import BlockJacobian
 
     kinds = []
     if isinstance(getattr(report, "jacobian", None), BlockJacobian):

@@ -1,0 +1,377 @@
+"""The BlockJacobian record: a dense Jacobian in (output, input) blocks, its labels and vech layout."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import shape_str
+from natgrad_diag.exceptions import InputError, ShapeMismatchError
+
+__all__ = ["BlockJacobian", "element_labels", "vech_layout"]
+
+
+def element_labels(name: str, shape: Sequence[int]) -> list[str]:
+    """``["x[0,0]", "x[0,1]", ...]`` in row-major order; ``["x"]`` for a scalar.
+
+    Examples:
+        >>> element_labels("x", (2, 2))
+        ['x[0,0]', 'x[0,1]', 'x[1,0]', 'x[1,1]']
+        >>> element_labels("loss", ())
+        ['loss']
+    """
+    if len(shape) == 0:
+        return [name]
+    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+
+
+@functools.lru_cache(maxsize=64)
+def vech_layout(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
+
+    A symmetric input X is parameterised by its lower triangle: stored column (a, b), a ≥ b, is the
+    derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal), M(M+1)/2 columns
+    instead of M². The general-shaped blocks are the symmetrised general Jacobian,
+    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, which is
+    exactly what TensorFlow's (symmetrised) Cholesky gradient gives (η₂ = S + m mᵀ of Salimbeni et
+    al., AISTATS 2018, is symmetric).
+
+    Returns:
+        ``(index, scale, size)``: ``index`` [prod(shape)] gives, for each general element
+        (..., a, b) in row-major order, its vech column k(max(a, b), min(a, b)) (lower triangle in
+        ``np.tril_indices`` order, batch-major); ``scale`` [prod(shape)] is 1 on the diagonal and ½
+        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Then the general-shaped Jacobian column of
+        element e is ``scale[e] · compact[:, index[e]]`` and a symmetric tangent for vech column k
+        is ``onehot(k)[index]`` (E_ab + E_ba).
+    """
+    M = shape[-1]
+    batch = int(np.prod(shape[:-2], dtype=np.int64))
+    K = M * (M + 1) // 2
+    a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
+    hi, lo = np.maximum(a, b), np.minimum(a, b)
+    k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
+    index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
+    scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
+    for arr in (index, scale):
+        arr.setflags(write=False)
+    return index, scale, batch * K
+
+
+def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
+    M = shape[-1]
+    rows, cols = np.tril_indices(M)
+    out = []
+    for bidx in np.ndindex(*shape[:-2]):
+        pre = ",".join(map(str, bidx + ()))
+        for a, b in zip(rows, cols):
+            idx = f"{pre},{a},{b}" if pre else f"{a},{b}"
+            out.append(f"{name}[{idx}]" if a == b else f"{name}[{idx}]+[{(pre + ',') if pre else ''}{b},{a}]")
+    return out
+
+
+class _BlockGrid(Sequence):
+    """``blocks[i][j]`` drawn from a dense store: views for general inputs, expanded (and cached) for
+    vech inputs. Behaves like a tuple of tuples of arrays."""
+
+    def __init__(self, jac: BlockJacobian) -> None:
+        self._jac = jac
+        self._rows = tuple(_BlockRow(jac, i) for i in range(len(jac.output_shapes)))
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._rows[i]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"<blocks {len(self._jac.output_shapes)} × {len(self._jac.input_shapes)}>"
+
+
+class _BlockRow(Sequence):
+    def __init__(self, jac: BlockJacobian, i: int) -> None:
+        self._jac, self._i = jac, i
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return tuple(self[k] for k in range(len(self))[j])
+        n = len(self)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(j)
+        if j not in self._cache:
+            self._cache[j] = self._jac._dense_block(self._i, j)
+        return self._cache[j]
+
+    def __len__(self) -> int:
+        return len(self._jac.input_shapes)
+
+
+@dataclass(frozen=True)
+class BlockJacobian:
+    """The Jacobian of ``outputs`` with respect to ``inputs``, as a grid of blocks.
+
+    For outputs y_i (flattened as ``tf.nest.flatten`` does) and inputs x_j, block (i, j) is
+    ∂y_i/∂x_j with shape ``y_i.shape + x_j.shape``. The dense matrix stacks the flattened blocks:
+    rows are output elements, columns are input elements. Then
+
+        vjp(v)  = Jᵀ·v,   (Jᵀ·v)_j = Σ_i Σ_a v_i[a] ∂y_i[a]/∂x_j          (what output_gradients computes)
+        jvp(u)  = J·u,    (J·u)_i  = Σ_j Σ_b ∂y_i/∂x_j[b] u_j[b]
+        summed_gradient() = Jᵀ·1                                          (what a seed of ones computes)
+
+    Attributes:
+        blocks: ``blocks[i][j]`` = ∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``.
+        output_names, input_names: names used in the labels, e.g. ``("mean", "varsqrt")``.
+        output_shapes, input_shapes: the shapes of the outputs and inputs.
+        compact: the stored dense matrix [Σ output sizes, Σ stored input columns] when built by
+            :func:`jacobian` (read-only; ``blocks`` are views of it), else ``None``.
+        symmetric: one flag per input; ``True`` means that input [..., M, M] is stored by its vech
+            columns (symmetric tangents E_ab + E_ba), and its general-shaped blocks are the
+            symmetrised general Jacobian.
+
+    Examples:
+        >>> import numpy as np
+        >>> J = BlockJacobian.from_compact(np.array([[2.0, 0.0], [1.0, 3.0]]), ["y"], ["x"], [(2,)], [(2,)])
+        >>> J.vjp([np.array([1.0, 1.0])])  # Jᵀ·1 = column sums
+        (array([3., 3.]),)
+        >>> J.row_labels, J.col_labels
+        (('y[0]', 'y[1]'), ('x[0]', 'x[1]'))
+    """
+
+    blocks: Sequence[Sequence[np.ndarray]]
+    output_names: tuple[str, ...]
+    input_names: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    compact: np.ndarray | None = field(default=None, repr=False, compare=False)
+    symmetric: tuple[bool, ...] | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_compact(
+        cls,
+        compact: np.ndarray,
+        output_names: Sequence[str],
+        input_names: Sequence[str],
+        output_shapes: Sequence[Sequence[int]],
+        input_shapes: Sequence[Sequence[int]],
+        symmetric: Sequence[bool] | None = None,
+    ) -> BlockJacobian:
+        """A BlockJacobian over one dense matrix [Σ output sizes, Σ stored input columns]."""
+        in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
+        sym = tuple(bool(s) for s in symmetric) if symmetric is not None else (False,) * len(in_shapes)
+        compact.setflags(write=False)
+        jac = cls(
+            blocks=(),
+            output_names=tuple(output_names),
+            input_names=tuple(input_names),
+            output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes),
+            input_shapes=in_shapes,
+            compact=compact,
+            symmetric=sym,
+        )
+        object.__setattr__(jac, "blocks", _BlockGrid(jac))
+        return jac
+
+    # ---- layout of the stored matrix -------------------------------------------------------------
+
+    def _is_sym(self, j: int) -> bool:
+        return bool(self.symmetric and self.symmetric[j])
+
+    @functools.cached_property
+    def _row_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.output_shapes])]).astype(np.int64)
+
+    @functools.cached_property
+    def _col_offsets(self) -> np.ndarray:
+        """Offsets of the inputs in the general column layout (Σ input sizes)."""
+        return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.input_shapes])]).astype(np.int64)
+
+    @functools.cached_property
+    def _stored_offsets(self) -> np.ndarray:
+        """Offsets of the inputs in the stored (compact) column layout."""
+        sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def _expand_columns(self, part: np.ndarray, j: int) -> np.ndarray:
+        """Stored columns of input j (any rows) → general columns (a copy for a vech input)."""
+        if not self._is_sym(j):
+            return part
+        index, scale, _ = vech_layout(self.input_shapes[j])
+        return part[:, index] * scale
+
+    def _dense_block(self, i: int, j: int) -> np.ndarray:
+        r0, r1 = self._row_offsets[i], self._row_offsets[i + 1]
+        c0, c1 = self._stored_offsets[j], self._stored_offsets[j + 1]
+        part = self._expand_columns(self.compact[r0:r1, c0:c1], j)
+        if self._is_sym(j):
+            part.setflags(write=False)
+        return part.reshape(self.output_shapes[i] + self.input_shapes[j])
+
+    # ---- public API ------------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.compact is not None:
+            return self.compact.dtype
+        return self.blocks[0][0].dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(Σ output sizes, Σ input sizes): the shape of :attr:`matrix` (computed without building it)."""
+        return int(self._row_offsets[-1]), int(self._col_offsets[-1])
+
+    def block(self, i: int, j: int) -> np.ndarray:
+        """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``."""
+        return self.blocks[i][j]
+
+    @functools.cached_property
+    def matrix(self) -> np.ndarray:
+        """[Σ output sizes, Σ input sizes], rows = flattened outputs, columns = flattened inputs.
+
+        For a Jacobian stored with vech columns this expands them (a copy of the general size);
+        :attr:`compact` is the stored matrix.
+        """
+        if self.compact is not None:
+            if not any(self.symmetric or ()):
+                return self.compact
+            parts = [
+                self._expand_columns(self.compact[:, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)
+                for j in range(len(self.input_shapes))
+            ]
+            out = np.concatenate(parts, axis=1)
+            out.setflags(write=False)
+            return out
+        rows = []
+        for i, oshape in enumerate(self.output_shapes):
+            n_out = int(np.prod(oshape))
+            rows.append(np.concatenate([self.blocks[i][j].reshape(n_out, -1) for j in range(len(self.input_shapes))], axis=1))
+        return np.concatenate(rows, axis=0)
+
+    @functools.cached_property
+    def row_labels(self) -> tuple[str, ...]:
+        """``("mean[0,0]", ..., "varsqrt[0,4,4]")``."""
+        return tuple(lab for n, s in zip(self.output_names, self.output_shapes) for lab in element_labels(n, s))
+
+    @functools.cached_property
+    def col_labels(self) -> tuple[str, ...]:
+        """``("eta1[0,0]", ..., "eta2[0,4,4]")``: the general columns of :attr:`matrix`."""
+        return tuple(lab for n, s in zip(self.input_names, self.input_shapes) for lab in element_labels(n, s))
+
+    @functools.cached_property
+    def compact_col_labels(self) -> tuple[str, ...]:
+        """Labels of the stored columns: ``"eta2[0,3,1]+[0,1,3]"`` is the tangent E₃₁ + E₁₃ of a vech input."""
+        out: list[str] = []
+        for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes)):
+            out.extend(_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s))
+        return tuple(out)
+
+    def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[np.ndarray]:
+        if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
+            vectors = [vectors]
+        if len(vectors) != len(shapes):
+            raise ShapeMismatchError(
+                f"{argument} needs one array per {side}.",
+                context=[("Argument", argument), ("Expected", f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes))), ("Actual", f"{len(vectors)} array(s)")],
+                remedy=f"pass a list with one array per {side}, in order.",
+            )
+        out = []
+        for k, (v, s) in enumerate(zip(vectors, shapes)):
+            a = np.asarray(v, dtype=self.dtype)
+            if a.shape != tuple(s):
+                raise ShapeMismatchError(
+                    f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of {shape_str(s)}.",
+                    context=[("Argument", f"{argument}[{k}]"), ("Expected", shape_str(s)), ("Actual", shape_str(a.shape))],
+                    remedy=f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
+                )
+            out.append(a)
+        return out
+
+    def vjp(self, cotangents: Any) -> tuple[np.ndarray, ...]:
+        """Jᵀ·v by explicit contraction; one cotangent per output, one result per input."""
+        vs = self._check(cotangents, self.output_shapes, "cotangents", "output")
+        if self.compact is not None:
+            v = np.concatenate([a.ravel() for a in vs])
+            stored = v @ self.compact
+            result = []
+            for j, ishape in enumerate(self.input_shapes):
+                part = stored[self._stored_offsets[j] : self._stored_offsets[j + 1]]
+                result.append(self._expand_columns(part[None, :], j)[0].reshape(ishape))
+            return tuple(result)
+        result = []
+        for j, ishape in enumerate(self.input_shapes):
+            acc = np.zeros(ishape, dtype=self.dtype)
+            for i, v in enumerate(vs):
+                acc = acc + np.tensordot(v, self.blocks[i][j], axes=v.ndim)
+            result.append(acc)
+        return tuple(result)
+
+    def jvp(self, tangents: Any) -> tuple[np.ndarray, ...]:
+        """J·u by explicit contraction; one tangent per input, one result per output."""
+        us = self._check(tangents, self.input_shapes, "tangents", "input")
+        if self.compact is not None:
+            parts = []
+            for j, u in enumerate(us):
+                if self._is_sym(j):
+                    # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
+                    # scaled sum of the general entries that share a column.
+                    index, scale, size = vech_layout(self.input_shapes[j])
+                    parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
+                else:
+                    parts.append(u.ravel())
+            flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
+            return tuple(
+                flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes)
+            )
+        result = []
+        for i, oshape in enumerate(self.output_shapes):
+            acc = np.zeros(oshape, dtype=self.dtype)
+            for j, u in enumerate(us):
+                b = self.blocks[i][j]
+                acc = acc + np.tensordot(b, u, axes=(list(range(len(oshape), b.ndim)), list(range(u.ndim))))
+            result.append(acc)
+        return tuple(result)
+
+    def summed_gradient(self) -> tuple[np.ndarray, ...]:
+        """Jᵀ·1: the gradient of the sum of every output element (TensorFlow's default seed)."""
+        return self.vjp([np.ones(s, dtype=self.dtype) for s in self.output_shapes])
+
+    def is_diagonal(self, *, atol: float = 0.0) -> bool:
+        """True when J is square and every off-diagonal entry is within ``atol`` of zero."""
+        if self.shape[0] != self.shape[1]:
+            return False
+        m = self.matrix
+        off = m - np.diag(np.diag(m))
+        return bool(np.max(np.abs(off), initial=0.0) <= atol)
+
+    def row(self, label: str) -> np.ndarray:
+        """One row of the dense matrix, by its label (``"varsqrt[0,4,0]"``)."""
+        try:
+            r = self.row_labels.index(label)
+        except ValueError:
+            raise InputError(
+                f"no output element is labelled {label!r}.",
+                context=[("Argument", "label"), ("Expected", f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}"), ("Got", label)],
+                remedy="use a label from .row_labels.",
+            ) from None
+        if self.compact is not None:
+            return np.concatenate([
+                self._expand_columns(self.compact[r : r + 1, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)[0]
+                for j in range(len(self.input_shapes))
+            ])  # fmt: skip
+        return self.matrix[r]
+
+    def __str__(self) -> str:
+        rows, cols = self.shape
+        lines = [f"BlockJacobian {rows} × {cols} ({self.dtype})"]
+        if self.compact is not None and any(self.symmetric or ()):
+            lines[0] += f", stored as {self.compact.shape[0]} × {self.compact.shape[1]} (vech columns for symmetric inputs)"
+        for i, (on, os_) in enumerate(zip(self.output_names, self.output_shapes)):
+            for j, (inn, is_) in enumerate(zip(self.input_names, self.input_shapes)):
+                b = self.blocks[i][j]
+                lines.append(f"  ∂{on}{shape_str(os_)}/∂{inn}{shape_str(is_)}: max |entry| {np.max(np.abs(b), initial=0.0):.4g}")
+        return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""Compiled chunks of a dense Jacobian: one-hot rows (reverse) or basis columns (forward), batched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._compile import compiled, note_trace
+from natgrad_diag.autodiff.blocks import vech_layout
+
+__all__ = ["TRACE_KIND", "run_chunks"]
+
+#: The compiled path's name in :mod:`natgrad_diag._compile` (its cache keys and trace counter).
+TRACE_KIND = "jacobian_chunk"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Sizes of one chunk function: the inputs' general and stored columns, the outputs' rows."""
+
+    dtype: Any  # tf.DType
+    chunk: int
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    in_sizes: tuple[int, ...]
+    stored_sizes: tuple[int, ...]
+    out_sizes: tuple[int, ...]
+    layouts: tuple[Any, ...]  # vech_layout(shape) for a symmetric input, else None
+
+    @classmethod
+    def of(cls, xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], chunk: int) -> _Layout:
+        in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
+        in_sizes = tuple(int(np.prod(s)) for s in in_shapes)
+        return cls(
+            dtype=xs[0].dtype,
+            chunk=chunk,
+            in_shapes=in_shapes,
+            out_shapes=out_shapes,
+            in_sizes=in_sizes,
+            stored_sizes=tuple(vech_layout(s)[2] if f else n for s, f, n in zip(in_shapes, sym, in_sizes)),
+            out_sizes=tuple(int(np.prod(s)) for s in out_shapes),
+            layouts=tuple(vech_layout(s) if f else None for s, f in zip(in_shapes, sym)),
+        )
+
+
+def run_chunks(
+    fn: Callable[..., Any],
+    xs: Sequence[Any],
+    out_shapes: tuple[tuple[int, ...], ...],
+    sym: tuple[bool, ...],
+    forward: bool,
+    chunk: int,
+    n_rows: int,
+    n_cols: int,
+) -> np.ndarray:
+    """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk.
+
+    The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``,
+    ``chunk``) in :mod:`natgrad_diag._compile`'s cache (the entry keeps ``fn`` alive, so its id is not
+    reused). Column chunks go into a column-major array, row chunks into a row-major one: each chunk
+    is then one contiguous write (blocks stay views either way).
+    """
+    import tensorflow as tf
+
+    key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
+    chunk_fn = compiled(key, lambda: _build_chunk_fn(fn, xs, out_shapes, sym, forward, chunk), keep=(fn,))
+    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
+    n_chunked = n_cols if forward else n_rows
+    for start in range(0, n_chunked, chunk):
+        stop = min(start + chunk, n_chunked)
+        res = chunk_fn(*xs, tf.constant(start, tf.int32))  # [chunk, other]
+        view = np.asarray(res)  # no copy: read once, straight into ``out``
+        if forward:
+            out[:, start:stop] = view[: stop - start].T
+        else:
+            out[start:stop, :] = view[: stop - start]
+        del view, res
+    return out
+
+
+def _build_chunk_fn(
+    fn: Callable[..., Any],
+    xs: Sequence[Any],
+    out_shapes: tuple[tuple[int, ...], ...],
+    sym: tuple[bool, ...],
+    forward: bool,
+    chunk: int,
+) -> Any:
+    """The traced function (*inputs, start) → ``chunk`` columns (forward) or rows (reverse) of the stored matrix.
+
+    Forward: for stored columns k = start … start+chunk-1 the tangents are basis vectors (for a vech
+    input the symmetric E_ab + E_ba), pushed through ``ForwardAccumulator`` and batched with
+    ``tf.vectorized_map``; returns [chunk, Σ output sizes] (row c is column start+c of J).
+    Reverse: the cotangents are one-hot rows, pulled back with ``tape.gradient`` and batched the
+    same way; vech inputs are folded (g_ab + g_ba); returns [chunk, Σ stored input columns].
+    Indices past the end give zero tangents (zero rows), so every call has the same shape.
+    Traced here, under the compile cache's lock, once per key.
+    """
+    import tensorflow as tf
+
+    lay = _Layout.of(xs, out_shapes, sym, chunk)
+    body = _forward_body(fn, lay) if forward else _reverse_body(fn, lay)
+    signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
+    return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
+
+
+def _batched(one: Callable[[Any], Any], elems: Any, width: int, dtype: Any) -> Any:
+    """``one`` over the leading axis of ``elems``: pfor (vectorized_map) in float64, else a tf.map_fn loop.
+
+    TensorFlow 2.21's pfor crashes the process (SIGSEGV) on a float32 Cholesky gradient.
+    """
+    import tensorflow as tf
+
+    if dtype == tf.float64:
+        return tf.vectorized_map(one, elems)
+    return tf.map_fn(one, elems, fn_output_signature=tf.TensorSpec([width], dtype))
+
+
+def _flat_outputs(ys: Any) -> list[Any]:
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
+
+
+def _split(t: Any, sizes: Sequence[int]) -> list[Any]:
+    import tensorflow as tf
+
+    return tf.split(t, list(sizes), axis=1) if len(sizes) > 1 else [t]
+
+
+def _concat(parts: Sequence[Any]) -> Any:
+    import tensorflow as tf
+
+    return tf.concat(list(parts), axis=-1) if len(parts) > 1 else parts[0]
+
+
+def _forward_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
+    """J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by ForwardAccumulator."""
+    import tensorflow as tf
+
+    zero = tf.UnconnectedGradients.ZERO
+    n_stored, n_out = int(sum(lay.stored_sizes)), int(sum(lay.out_sizes))
+
+    def forward_chunk(*args: Any) -> Any:
+        note_trace(TRACE_KIND)
+        inputs, start = list(args[:-1]), args[-1]
+        E = tf.one_hot(start + tf.range(lay.chunk), depth=n_stored, dtype=lay.dtype)  # [chunk, n_stored]
+        tangents = []
+        for p, s, vech in zip(_split(E, lay.stored_sizes), lay.in_shapes, lay.layouts):
+            if vech is not None:
+                p = tf.gather(p, vech[0], axis=1)  # E_ab + E_ba
+            tangents.append(tf.reshape(p, (lay.chunk,) + s))
+
+        def one(ts: Any) -> Any:
+            with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
+                ys = _flat_outputs(fn(*inputs))
+            return _concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys])
+
+        return _batched(one, tuple(tangents), n_out, lay.dtype)
+
+    return forward_chunk
+
+
+def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
+    """Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient; vech columns folded (g_ab + g_ba)."""
+    import tensorflow as tf
+
+    zero = tf.UnconnectedGradients.ZERO
+    n_out, n_in = int(sum(lay.out_sizes)), int(sum(lay.in_sizes))
+
+    def reverse_chunk(*args: Any) -> Any:
+        note_trace(TRACE_KIND)
+        inputs, start = list(args[:-1]), args[-1]
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch(inputs)
+            ys = _flat_outputs(fn(*inputs))
+        V = tf.one_hot(start + tf.range(lay.chunk), depth=n_out, dtype=lay.dtype)  # [chunk, n_out]
+        cots = tuple(tf.reshape(p, (lay.chunk,) + s) for p, s in zip(_split(V, lay.out_sizes), lay.out_shapes))
+
+        def one(vs: Any) -> Any:
+            gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
+            return _concat([tf.reshape(g, [-1]) for g in gs])
+
+        rows = _batched(one, cots, n_in, lay.dtype)  # [chunk, Σ input sizes]
+        if all(v is None for v in lay.layouts):
+            return rows
+        folded = []
+        for p, vech in zip(_split(rows, lay.in_sizes), lay.layouts):
+            if vech is not None:  # stored column k = Σ of the general entries (a, b), (b, a) mapping to k
+                p = tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), vech[0], vech[2]))
+            folded.append(p)
+        return _concat(folded)
+
+    return reverse_chunk

@@ -1,0 +1,86 @@
+"""Memory of a dense Jacobian: its size, the guard that refuses one too large, the chunk budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from natgrad_diag.exceptions import MemoryLimitError
+
+__all__ = ["DEFAULT_MAX_BYTES", "auto_chunk", "check_memory", "jacobian_nbytes"]
+
+#: Default limit for a dense Jacobian: 2 GiB.
+DEFAULT_MAX_BYTES = 2 * 1024**3
+
+#: Memory for one chunk's result when ``chunk_size`` is not given: 1/32 of the Jacobian, within these
+#: bounds. While a chunk is computed, pfor holds several intermediates of about the chunk's size (up to
+#: ~8 in forward mode through a Cholesky), so the peak stays near the Jacobian plus a quarter of it.
+_CHUNK_FRACTION = 32
+_CHUNK_BYTES_MIN = 4 * 1024**2
+_CHUNK_BYTES_MAX = 16 * 1024**2
+#: ... but at least this many columns (rows) per chunk: fewer make the per-call overhead dominate.
+_CHUNK_MIN = 128
+
+
+def jacobian_nbytes(output_shapes: Sequence[Sequence[int]], input_shapes: Sequence[Sequence[int]], itemsize: int) -> int:
+    """Bytes of the dense Jacobian: (Σ output sizes) · (Σ input sizes) · itemsize.
+
+    Examples:
+        >>> jacobian_nbytes([(3, 2)], [(3, 2), (2, 3, 3)], 8)  # 6 rows, 6 + 18 columns, float64
+        1152
+    """
+    rows = sum(int(np.prod(s)) for s in output_shapes)
+    cols = sum(int(np.prod(s)) for s in input_shapes)
+    return rows * cols * itemsize
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.3g} GiB" if n >= 1024**3 else f"{n / 1024**2:.3g} MiB"
+
+
+def check_memory(nbytes: int, max_bytes: int, what: str) -> None:
+    """Refuse, before allocating, a dense Jacobian larger than ``max_bytes``.
+
+    Args:
+        nbytes: the estimated size (e.g. from :func:`jacobian_nbytes`).
+        max_bytes: the limit.
+        what: what would be allocated, for the message (``"2 output(s) and 2 input(s)"``).
+
+    Raises:
+        MemoryLimitError: ``nbytes > max_bytes``; the message says to use ``mode='fast'`` or raise the limit.
+
+    Examples:
+        >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens
+    """
+    if nbytes > max_bytes:
+        raise MemoryLimitError(
+            f"the dense Jacobian for {what} would need {_gib(nbytes)}, over the limit of {_gib(max_bytes)}.",
+            context=[("Estimated size", f"{nbytes} bytes ({_gib(nbytes)})"), ("Limit (max_bytes)", f"{max_bytes} bytes")],
+            remedy="use mode='fast' (matrix-free, no dense Jacobian), or raise max_bytes if you have the memory.",
+        )
+
+
+def auto_chunk(n_chunked: int, n_other: int, itemsize: int, total_bytes: int) -> int:
+    """Rows (or columns) per chunk of a Jacobian of ``total_bytes``: about 1/32 of it, 4-16 MiB, ≥ 128.
+
+    Args:
+        n_chunked: rows (reverse mode) or columns (forward mode) to split into chunks.
+        n_other: the length of one chunked row (column).
+        itemsize: bytes per entry.
+        total_bytes: the size of the whole stored Jacobian.
+
+    Returns:
+        A chunk length; the chunks are made equal, so that the last one wastes as little as possible.
+
+    Examples:
+        >>> auto_chunk(1000, 10, 8, 80_000)  # a small Jacobian: one chunk
+        1000
+        >>> auto_chunk(10_000, 10_000, 8, 800_000_000)  # 16 MiB per chunk: 210 rows, made equal
+        209
+    """
+    budget = min(max(total_bytes // _CHUNK_FRACTION, _CHUNK_BYTES_MIN), _CHUNK_BYTES_MAX)
+    chunk = max(1, min(n_chunked, max(_CHUNK_MIN, budget // max(1, n_other * itemsize))))
+    n_chunks = -(-n_chunked // chunk)
+    return -(-n_chunked // n_chunks)  # equal chunks: the last one wastes as little as possible
+

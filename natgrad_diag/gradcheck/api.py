@@ -1,0 +1,279 @@
+"""check_gradients and assert_gradients: one dispatcher over full and fast mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import (
+    input_error,
+    require_finite,
+    require_int,
+    require_positive_float,
+    require_positive_int,
+    validate_seeds,
+)
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag.gradcheck.fast import fast_rows
+from natgrad_diag.gradcheck.full import full_rows
+from natgrad_diag.gradcheck.problem import Problem, to_arrays
+from natgrad_diag.gradcheck.report import GradientCheckReport, GradientCheckRow
+from natgrad_diag.gradcheck.structures import (
+    GPFLOW_MAPS,
+    STRUCTURES,
+    gpflow_map_name,
+    infer_structure,
+    resolve_structures,
+)
+from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.tolerance import default_tolerance
+
+__all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
+
+#: The modes of :func:`check_gradients`: every coordinate, or random directions (torch's slow and fast gradcheck).
+MODES = ("full", "fast")
+
+
+def default_settings(dtype: Any) -> tuple[float, float, float]:
+    """(eps, rtol, atol) for central differences in ``dtype``: :func:`natgrad_diag.tolerance.default_tolerance`'s
+    ``"finite_difference"`` kind (ε ≈ ∛(machine ε) balances truncation and rounding).
+
+    Examples:
+        >>> default_settings("float64")
+        (1e-06, 1e-05, 1e-07)
+    """
+    tol = default_tolerance(dtype, "finite_difference")
+    return float(tol.eps), tol.rtol, tol.atol
+
+
+def check_gradients(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any] | Mapping[str, Any] | Any,
+    *,
+    structure: str | Sequence[str] | Mapping[str, str] | None = None,
+    mode: str = "full",
+    cotangents: Sequence[Any] | None = None,
+    eps: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+    num_directions: int = 4,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> GradientCheckReport:
+    """Check TensorFlow's gradients of ``fn`` against central differences, block by block; never raises on a mismatch.
+
+    For each output y_i and input x_j, with perturbations d that respect x_j's structure, numerical
+    (y_i(x + ε d) − y_i(x − ε d)) / 2ε against analytical J_ij·d (full mode: every coordinate) or
+    ⟨v, numerical⟩ against ⟨J_ijᵀ·v, d⟩ (fast mode: k random unit pairs (d, v)); an entry passes when
+    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise). See :func:`_rows` for the modes.
+
+    Args:
+        fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies.
+        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
+            (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
+            input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
+            lower-triangular varsqrt; anything else is general.
+        mode: ``"full"`` (every coordinate against the explicit Jacobian) or ``"fast"`` (matrix-free).
+        cotangents: fast mode: fixed cotangents v, one per flattened output (exact shape and dtype; ``None``
+            for ones) instead of random ones; validated but not needed in full mode.
+        eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
+        seed, num_directions: fast mode's random seed and direction pairs per block (k).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
+        max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
+
+    Returns:
+        A frozen :class:`GradientCheckReport` with one :class:`GradientCheckRow` per (output, input) block.
+
+    Raises:
+        InputError (and subclasses): bad arguments, or fn fails or returns NaN/Inf at a point it is evaluated at.
+        MemoryLimitError: full mode would exceed ``max_bytes`` (use ``mode="fast"``).
+
+    Examples:
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> report = check_gradients(tf.sin, [np.array([0.1, 0.2, 0.3])])
+        >>> report.passed, report.row(0, 0).method
+        (True, 'central differences, 3 coordinate(s)')
+        >>> from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+        >>> eta1 = np.array([[0.5], [-1.0]])
+        >>> check_gradients(expectation_to_meanvarsqrt, [eta1, (np.eye(2) + eta1 @ eta1.T)[None]]).structures
+        ('general', 'symmetric')
+    """
+    _check_options(fn, mode, seed)
+    num_directions = require_positive_int(num_directions, "num_directions")
+    max_bytes = require_positive_int(max_bytes, "max_bytes")
+    input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
+    arrays, names = to_arrays(inputs, input_names)
+    structures = resolve_structures(structure, fn, names, arrays)
+    settings = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
+    prob = Problem(fn, arrays, output_names)
+    cots = _cotangents(cotangents, prob)
+    rows = _rows(mode, prob, names, structures, settings, num_directions, int(seed), cots, max_bytes)
+    return GradientCheckReport(
+        function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
+        eps=settings.eps, rtol=settings.rtol, atol=settings.atol, settings_source=settings.source,
+        structures=structures, input_names=names, output_names=prob.output_names,
+        input_shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
+        output_shapes=tuple(tuple(int(d) for d in y.shape) for y in prob.y),
+        num_directions=num_directions, seed=int(seed), rows=rows, checks=tuple(_check(r) for r in rows),
+        cotangents_given=cots is not None,
+    )  # fmt: skip
+
+
+def _rows(
+    mode: str, prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], settings: _Settings,
+    num_directions: int, seed: int, cots: list[np.ndarray] | None, max_bytes: int,
+) -> tuple[GradientCheckRow, ...]:  # fmt: skip
+    """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
+
+    Central differences are the only oracle independent of TensorFlow's registered gradients: forward
+    mode (``tf.autodiff.ForwardAccumulator``) is built by transposing a registered op gradient, so
+    ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong. Full mode compares every coordinate
+    with the explicit reverse-mode Jacobian; fast mode compares ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random
+    unit pairs (u, v), never forming J, and after a failure on a small block re-runs full mode on that
+    block to name the worst entry.
+
+    References:
+        torch.autograd.gradcheck (slow and fast mode); Salimbeni et al., "Natural Gradients in
+        Practice", AISTATS 2018 (the maps of ``gpflow.optimizers.natgrad``).
+    """
+    eps, rtol, atol = settings.eps, settings.rtol, settings.atol
+    if mode == "full":
+        rows = full_rows(prob, names, structures, eps, rtol, atol, max_bytes)
+    else:
+        rows = fast_rows(prob, names, structures, eps, rtol, atol, num_directions, seed, cots, max_bytes)
+    return tuple(sorted(rows, key=lambda r: (r.output_index, r.input_index)))
+
+
+def _check_options(fn: Any, mode: str, seed: Any) -> None:
+    if not callable(fn):
+        raise input_error(
+            "fn must be callable.", "fn", "a function of the inputs", type(fn).__name__,
+            "pass the function to check, e.g. expectation_to_meanvarsqrt.",
+        )  # fmt: skip
+    if mode not in MODES:
+        raise input_error(
+            f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
+            "use mode='full' for small problems, mode='fast' for large ones.",
+        )  # fmt: skip
+    require_int(seed, "seed")
+
+
+def _gpflow_names(fn: Any, inputs: Any, input_names: Any, output_names: Any) -> tuple[Any, Any]:
+    """GPflow's names for the inputs and outputs of its natgrad maps, unless names are given."""
+    gp_map = gpflow_map_name(fn)
+    if gp_map is None:
+        return input_names, output_names
+    n_given = len(inputs) if isinstance(inputs, (Mapping, list, tuple)) else 1
+    if input_names is None and not isinstance(inputs, Mapping) and n_given == 2:
+        input_names = GPFLOW_MAPS[gp_map][0]
+    if output_names is None:
+        output_names = GPFLOW_MAPS[gp_map][1]
+    return input_names, output_names
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The step and tolerances used, and which of them came from the dtype's defaults."""
+
+    eps: float
+    rtol: float
+    atol: float
+    source: str
+
+
+def _settings(dtype: np.dtype, *, eps: Any, rtol: Any, atol: Any) -> _Settings:
+    d_eps, d_rtol, d_atol = default_settings(dtype)
+    given = [k for k, v in (("eps", eps), ("rtol", rtol), ("atol", atol)) if v is not None]
+    if not given:
+        source = f"defaults for {dtype.name}"
+    elif len(given) == 3:
+        source = "all given"
+    else:
+        source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
+    return _Settings(
+        eps=d_eps if eps is None else require_positive_float(eps, "eps"),
+        rtol=d_rtol if rtol is None else require_positive_float(rtol, "rtol", allow_zero=True),
+        atol=d_atol if atol is None else require_positive_float(atol, "atol", allow_zero=True),
+        source=source,
+    )
+
+
+def _cotangents(cotangents: Any, prob: Problem) -> list[np.ndarray] | None:
+    """The given cotangents as arrays of the outputs' shapes and dtypes (``None`` entries are ones)."""
+    if cotangents is None:
+        return None
+    if isinstance(cotangents, np.ndarray) or not isinstance(cotangents, (list, tuple)):
+        cotangents = [cotangents]
+    seeds = list(cotangents)
+    validate_seeds(seeds, prob.y, argument="cotangents", target_name="output")
+    cots = []
+    for k, (s, y) in enumerate(zip(seeds, prob.y)):
+        a = np.ones_like(y) if s is None else np.asarray(s, dtype=y.dtype)
+        require_finite(a, f"cotangents[{k}]")
+        cots.append(a)
+    return cots
+
+
+def _check(r: GradientCheckRow) -> Check:
+    """The report's :class:`~natgrad_diag.report.records.Check` for one row."""
+    return Check(
+        name=f"d{r.output}/d{r.input}",
+        claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",
+        passed=r.passed,
+        max_abs_error=r.worst_abs_error,
+        tolerance=r.worst_tolerance,
+        detail=(
+            f"worst at {r.worst_entry}: numerical {format_number(r.numerical, 8)}, "
+            f"analytical {format_number(r.analytical, 8)}." + (f" {r.hint}" if r.hint else "")
+        ),
+    )
+
+
+def assert_gradients(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any] | Mapping[str, Any] | Any,
+    *,
+    structure: str | Sequence[str] | Mapping[str, str] | None = None,
+    mode: str = "full",
+    cotangents: Sequence[Any] | None = None,
+    eps: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+    num_directions: int = 4,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> GradientCheckReport:
+    """Like :func:`check_gradients`, but raise :class:`~natgrad_diag.JacobianMismatchError` on a mismatch.
+
+    The message names the output and the input, the worst entry, the numerical value against the
+    analytical one, the tolerances, and one line of remedy (e.g. to use ``structure="symmetric"``).
+
+    Args:
+        fn, inputs, structure, mode, cotangents, eps, rtol, atol, seed, num_directions, input_names,
+            output_names, max_bytes: as for :func:`check_gradients`.
+
+    Returns:
+        The :class:`GradientCheckReport`, when every block passes.
+
+    Raises:
+        JacobianMismatchError: a block fails (also an ``AssertionError``, so pytest shows it as a failure).
+        InputError, MemoryLimitError: as for :func:`check_gradients`.
+    """
+    report = check_gradients(
+        fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol, atol=atol,
+        seed=seed, num_directions=num_directions, input_names=input_names, output_names=output_names,
+        max_bytes=max_bytes,
+    )  # fmt: skip
+    error = report.mismatch_message()
+    if error is not None:
+        raise error
+    return report

@@ -1,0 +1,169 @@
+"""The function at the checked point: inputs as arrays, evaluations, central differences, the comparison rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import input_error, require_finite, require_float, require_same_dtype, shape_str
+from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
+
+__all__ = ["Comparison", "Problem", "compare", "to_arrays"]
+
+def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.ndarray], tuple[str, ...]]:
+    import tensorflow as tf
+
+    if isinstance(inputs, Mapping):
+        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
+        values = list(inputs.values())
+    elif isinstance(inputs, (list, tuple)):
+        values = list(inputs)
+        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
+    else:
+        values = [inputs]
+        names = tuple(input_names) if input_names is not None else ("x0",)
+    if not values:
+        raise input_error(
+            "inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point to check at, e.g. [eta1, eta2]."
+        )
+    if len(names) != len(values):
+        raise input_error(
+            f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
+            f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
+        )  # fmt: skip
+    arrays = []
+    for name, v in zip(names, values):
+        try:
+            t = tf.convert_to_tensor(v)
+        except (TypeError, ValueError) as e:
+            raise input_error(
+                f"input {name} could not be converted to a tensor.", name, "a float tensor, tf.Variable or array",
+                type(v).__name__, f"pass {name} as a float64 array or tensor.",
+            ) from e  # fmt: skip
+        require_float(t, name)
+        a = np.array(t.numpy(), copy=True)
+        require_finite(a, name)
+        arrays.append(a)
+    for name, a in zip(names[1:], arrays[1:]):
+        require_same_dtype(a, arrays[0], name, names[0])
+    return arrays, names
+
+
+class Problem:
+    """fn at a point, flattened outputs as numpy arrays; evaluations never modify the inputs."""
+
+    def __init__(self, fn: Callable[..., Any], arrays: list[np.ndarray], output_names: Sequence[str] | None) -> None:
+        import tensorflow as tf
+
+        self.fn = fn
+        self.x = arrays
+        self.dtype = arrays[0].dtype
+        try:
+            outputs = fn(*[tf.constant(a) for a in arrays])
+        except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
+            raise InputError(
+                "fn(*inputs) raised an error at the given point.",
+                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", error_line(e, with_type=True))],
+                remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
+                "(e.g. positive definite).",
+            ) from e
+        if isinstance(outputs, Mapping) and output_names is None:
+            output_names = tuple(sorted(str(k) for k in outputs))
+        ys = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(outputs)]
+        if output_names is None:
+            output_names = tuple(f"y{k}" for k in range(len(ys)))
+        output_names = tuple(output_names)
+        if len(output_names) != len(ys):
+            raise input_error(
+                f"output_names must name each of the {len(ys)} outputs.", "output_names", f"{len(ys)} names",
+                f"{len(output_names)}: {output_names}", f"pass {len(ys)} names, or leave output_names=None.",
+            )  # fmt: skip
+        for name, y in zip(output_names, ys):
+            if y.dtype.kind != "f":
+                raise input_error(
+                    f"output {name} is not floating point.", "fn", "float outputs", f"{name}: {y.dtype}",
+                    "return only differentiable float tensors from fn.",
+                )  # fmt: skip
+            if not np.all(np.isfinite(y)):
+                raise NonFiniteError(
+                    f"fn(*inputs) returned NaN or Inf in output {name}.",
+                    context=[("Argument", "inputs"), ("Output", f"{name} {shape_str(y.shape)}")],
+                    remedy="check the point: GPflow's maps need a positive-definite η₂ − η₁η₁ᵀ (or −θ₂).",
+                )
+        self.y = ys
+        self.output_names = output_names
+
+    def eval(self, j: int, direction: np.ndarray, scale: float, what: str) -> list[np.ndarray]:
+        """fn at x with x_j + scale·direction; errors and non-finite outputs become InputError."""
+        import tensorflow as tf
+
+        xs = [tf.constant(a) for a in self.x]
+        xs[j] = tf.constant(self.x[j] + np.asarray(scale, self.dtype) * direction)
+        try:
+            out = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(self.fn(*xs))]
+        except Exception as e:  # noqa: BLE001
+            raise InputError(
+                f"fn failed at a finite-difference point ({what}).",
+                context=[("Argument", "eps"), ("Step", scale), ("Error", error_line(e, with_type=True))],
+                remedy="pass a smaller eps, or a point further from the edge of fn's domain (e.g. better conditioned).",
+            ) from e
+        for name, y in zip(self.output_names, out):
+            if not np.all(np.isfinite(y)):
+                raise NonFiniteError(
+                    f"fn returned NaN or Inf in output {name} at a finite-difference point ({what}).",
+                    context=[("Argument", "eps"), ("Step", scale)],
+                    remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
+                )
+        return out
+
+    def central(self, j: int, direction: np.ndarray, eps: float, what: str) -> list[np.ndarray]:
+        plus = self.eval(j, direction, eps, what)
+        minus = self.eval(j, direction, -eps, what)
+        return [(p - m) / (2 * eps) for p, m in zip(plus, minus)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana|.
+
+    This rule is elementwise (rtol scales each entry's own |analytical|), stricter than
+    :mod:`natgrad_diag.tolerance`'s block rule (atol + rtol·max|want|); the gradient check keeps it, so that
+    its verdicts and reported tolerances are unchanged.
+
+    Attributes:
+        worst: the flat index of the largest error relative to its tolerance.
+        worst_abs_error, worst_tolerance: the error and its bound at ``worst``.
+        max_abs_error: max |num − ana|.
+        max_rel_error: max |num − ana| / |ana| over entries with |ana| > atol.
+        passed: every entry within its bound.
+    """
+
+    worst: int
+    worst_abs_error: float
+    worst_tolerance: float
+    max_abs_error: float
+    max_rel_error: float
+    passed: bool
+
+
+def compare(num: np.ndarray, ana: np.ndarray, *, rtol: float, atol: float) -> Comparison:
+    """The elementwise :class:`Comparison` of ``num`` with ``ana`` (same shape).
+
+    Examples:
+        >>> c = compare(np.array([1.0, 2.5]), np.array([1.0, 2.0]), rtol=0.1, atol=0.0)
+        >>> c.worst, c.worst_abs_error, c.worst_tolerance, c.passed
+        (1, 0.5, 0.2, False)
+    """
+    err = np.abs(num - ana)
+    tol = atol + rtol * np.abs(ana)
+    if err.size == 0:
+        return Comparison(0, 0.0, atol, 0.0, 0.0, True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(tol > 0, err / np.where(tol > 0, tol, 1.0), np.where(err > 0, np.inf, 0.0))
+    k = int(np.argmax(ratio))
+    big = np.abs(ana) > atol
+    max_rel = float(np.max(err[big] / np.abs(ana[big]), initial=0.0)) if big.any() else 0.0
+    return Comparison(k, float(err.flat[k]), float(tol.flat[k]), float(np.max(err)), max_rel, bool(np.all(err <= tol)))

@@ -1,0 +1,244 @@
+"""The gradient check's records: one row per block, the report, and the mismatch message."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from natgrad_diag._validate import shape_str
+from natgrad_diag.exceptions import InputError, JacobianMismatchError
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
+
+__all__ = ["GradientCheckReport", "GradientCheckRow"]
+
+_TABLE_TITLE = "one row per ∂output/∂input; errors are the block's maxima"
+
+_FORWARD_NOTE = (
+    "The forward column (ForwardAccumulator, ⟨v, J·u⟩) is information only: for ops TensorFlow builds it by "
+    "transposing the registered gradient, so it agrees with reverse mode even when that gradient is wrong; for a "
+    "tf.custom_gradient function it differentiates the forward computation instead, so there it can disagree."
+)
+
+
+@dataclass(frozen=True)
+class GradientCheckRow:
+    """The verdict for one block ∂output/∂input.
+
+    Attributes:
+        output, input: names of the output and the input; ``output_index``, ``input_index`` their positions.
+        structure: the input's structure (``"general"``, ``"symmetric"``, ``"lower_triangular"``).
+        method: how the block was compared, e.g. ``"central differences, 36 coordinates"``.
+        compared: how many numbers were compared (coordinates × output elements, or directions).
+        worst_entry: the entry (full mode, or fast mode after a full re-run) or direction with the largest
+            error relative to its tolerance, e.g. ``"∂varsqrt[0,2,1]/∂eta2[0,2,1]+eta2[0,1,2]"``.
+        numerical, analytical: the two values at ``worst_entry``.
+        forward: fast mode: ⟨v, J·u⟩ from forward mode at the worst direction (information only).
+        max_abs_error: max |numerical − analytical| over the block.
+        max_rel_error: max |numerical − analytical| / |analytical| over entries with |analytical| > atol.
+        worst_abs_error, worst_tolerance: error and bound atol + rtol·|analytical| at ``worst_entry``.
+        passed: every compared value within atol + rtol·|analytical|.
+        hint: why it may have failed and what to do (empty when passed).
+        note: further information (e.g. the full re-run after a fast-mode failure).
+    """
+
+    output: str
+    input: str
+    output_index: int
+    input_index: int
+    structure: str
+    method: str
+    compared: int
+    worst_entry: str
+    numerical: float
+    analytical: float
+    forward: float | None
+    max_abs_error: float
+    max_rel_error: float
+    worst_abs_error: float
+    worst_tolerance: float
+    passed: bool
+    hint: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(dict(self.__dict__))
+
+
+@dataclass(frozen=True)
+class GradientCheckReport(Report):
+    """Finite differences against reverse mode, one row per (output, input) block.
+
+    Attributes:
+        function: the checked function's name.
+        mode: ``"full"`` or ``"fast"``.
+        dtype: the inputs' dtype.
+        eps, rtol, atol: the step and tolerances used; ``settings_source`` says which came from the dtype.
+        structures: one structure per input.
+        input_names, output_names, input_shapes, output_shapes: the blocks' names and shapes.
+        num_directions: fast mode: random (u, v) pairs per block.
+        seed: the random seed of fast mode.
+        rows: one :class:`GradientCheckRow` per block, outputs outer, inputs inner.
+        checks: one :class:`~natgrad_diag.report.records.Check` per row.
+        cotangents_given: whether fixed cotangents v were passed (used by fast mode; full mode compares every
+            entry of J, which covers every v).
+    """
+
+    function: str
+    mode: str
+    dtype: str
+    eps: float
+    rtol: float
+    atol: float
+    settings_source: str
+    structures: tuple[str, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    num_directions: int
+    seed: int
+    rows: tuple[GradientCheckRow, ...]
+    checks: tuple[Check, ...]
+    cotangents_given: bool = False
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return f"Gradient check of {self.function} ({self.mode} mode, {self.dtype})"
+
+    @property
+    def failed_rows(self) -> tuple[GradientCheckRow, ...]:
+        """The rows that failed, worst (largest error/tolerance) first."""
+        bad = [r for r in self.rows if not r.passed]
+        return tuple(sorted(bad, key=lambda r: -_ratio(r.worst_abs_error, r.worst_tolerance)))
+
+    def row(self, output: str | int, input: str | int) -> GradientCheckRow:  # noqa: A002
+        """The row of block ∂output/∂input, by names or indices."""
+        for r in self.rows:
+            if output in (r.output, r.output_index) and input in (r.input, r.input_index):
+                return r
+        raise InputError(
+            f"no block ∂{output}/∂{input} in this report.",
+            context=[
+                ("Argument", "output, input"),
+                ("Expected", f"outputs {self.output_names}, inputs {self.input_names}"),
+                ("Got", f"{output!r}, {input!r}"),
+            ],
+            remedy="use names from report.output_names and report.input_names (or their indices).",
+        )
+
+    def sections(self) -> tuple[Section, ...]:
+        how = (
+            "central differences for every input coordinate (within its structure) against the explicit Jacobian"
+            if self.mode == "full"
+            else f"{self.num_directions} random unit direction pair(s) (u, v) per block: ⟨v, (f(x+εu) − f(x−εu))/2ε⟩ "
+            "against ⟨Jᵀ·v, u⟩ from reverse mode; no dense Jacobian"
+        )
+        settings = (
+            f"Mode {self.mode}: {how}.\n"
+            f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
+            f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical|.\n"
+            "Inputs: "
+            + ", ".join(f"{n} {shape_str(s)} {st}" for n, s, st in zip(self.input_names, self.input_shapes, self.structures))
+            + ".\n"
+            "Outputs: " + ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes)) + "."
+        )
+        if self.mode == "fast":
+            settings += f"\nSeed {self.seed}" + ("; v = the given cotangents. " if self.cotangents_given else ". ") + _FORWARD_NOTE
+        elif self.cotangents_given:
+            settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
+        columns = ["", "block", "worst entry", "numerical", "analytical"]
+        if self.mode == "fast":
+            columns.append("forward")
+        columns += ["abs err", "rel err"]
+        rows = []
+        for r in self.rows:
+            cells = [
+                "PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r),
+                format_number(r.numerical), format_number(r.analytical),
+            ]  # fmt: skip
+            if self.mode == "fast":
+                cells.append(format_number(r.forward))
+            cells += [format_number(r.max_abs_error), format_number(r.max_rel_error)]
+            rows.append(tuple(cells))
+        sections = [
+            Section("Settings", settings),
+            Section("Blocks", "", (Table(columns=tuple(columns), rows=tuple(rows), title=_TABLE_TITLE),)),
+        ]
+        notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
+        notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
+        if notes:
+            sections.append(Section("What to do", "\n".join(notes)))
+        return tuple(sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(
+            function=self.function,
+            mode=self.mode,
+            dtype=self.dtype,
+            eps=self.eps,
+            rtol=self.rtol,
+            atol=self.atol,
+            settings_source=self.settings_source,
+            structures=list(self.structures),
+            input_names=list(self.input_names),
+            output_names=list(self.output_names),
+            input_shapes=[list(s) for s in self.input_shapes],
+            output_shapes=[list(s) for s in self.output_shapes],
+            num_directions=self.num_directions,
+            seed=self.seed,
+            cotangents_given=self.cotangents_given,
+            rows=[r.to_dict() for r in self.rows],
+        )
+        return to_jsonable(d)
+
+    def mismatch_message(self) -> JacobianMismatchError | None:
+        """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
+        bad = self.failed_rows
+        if not bad:
+            return None
+        r = bad[0]
+        others = [f"∂{b.output}/∂{b.input}" for b in bad[1:]]
+        context: list[tuple[str, object]] = [
+            ("Output", f"{r.output_index} ({r.output})"),
+            ("Input", f"{r.input_index} ({r.input}, structure {r.structure!r})"),
+            ("Worst entry", r.worst_entry),
+            ("Expected", f"numerical  {r.numerical!r}  (central differences, eps={self.eps:g})"),
+            ("Actual", f"analytical {r.analytical!r}  (reverse mode)"),
+            ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} "
+                      f"(rtol={self.rtol:g}, atol={self.atol:g})"),
+            ("Block", f"max abs error {r.max_abs_error:.6g}, max rel error {r.max_rel_error:.6g}; {r.method}"),
+        ]
+        if r.note:
+            context.append(("Note", r.note))
+        if others:
+            context.append(("Also failed", ", ".join(others)))
+        remedy = r.hint or (
+            f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
+            "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
+            "strongly, larger against rounding) or in float64."
+        )
+        return JacobianMismatchError(
+            f"Output {r.output_index} ({r.output}) with respect to input {r.input_index} ({r.input}): "
+            "finite differences and the analytical derivative disagree.",
+            context=context,
+            remedy=remedy,
+        )
+
+
+def _short_entry(r: GradientCheckRow) -> str:
+    """The worst entry without the names (the block column has them): ``[1,4,3]/[1,4,3]``, ``direction 2``."""
+    text = r.worst_entry
+    if text.startswith("⟨v,"):
+        return text.split("⟩, ", 1)[-1].replace("direction ", "u #")
+    for name in (r.output, r.input):
+        text = text.replace(f"∂{name}[", "[").replace(f"+{name}[", "+[").replace(f"∂{name}", "·")
+    return text.replace(" (above diagonal)", " (upper)")
+
+
+def _ratio(err: float, tol: float) -> float:
+    if tol > 0:
+        return err / tol
+    return math.inf if err > 0 else 0.0

@@ -1,0 +1,155 @@
+"""Input structures of a gradient check: inference for GPflow's maps, coordinates, directions, hints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import ShapeMismatchError
+
+__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "infer_structure", "label", "random_direction", "resolve_structures"]
+
+#: The input structures :func:`check_gradients` understands.
+STRUCTURES = ("general", "symmetric", "lower_triangular")
+
+
+# GPflow's conversion maps: (input names, output names, input structures).
+GPFLOW_MAPS = {
+    "expectation_to_meanvarsqrt": (("eta1", "eta2"), ("mean", "varsqrt"), ("general", "symmetric")),
+    "meanvarsqrt_to_expectation": (("mean", "varsqrt"), ("eta1", "eta2"), ("general", "lower_triangular")),
+    "natural_to_meanvarsqrt": (("nat1", "nat2"), ("mean", "varsqrt"), ("general", "symmetric")),
+    "meanvarsqrt_to_natural": (("mean", "varsqrt"), ("nat1", "nat2"), ("general", "lower_triangular")),
+    "natural_to_expectation": (("nat1", "nat2"), ("eta1", "eta2"), ("general", "symmetric")),
+    "expectation_to_natural": (("eta1", "eta2"), ("nat1", "nat2"), ("general", "symmetric")),
+}
+
+
+def gpflow_map_name(fn: Any) -> str | None:
+    name = getattr(fn, "__name__", None)
+    if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad":
+        return name
+    return None
+
+
+def infer_structure(fn: Callable[..., Any], num_inputs: int) -> tuple[str, ...]:
+    """The input structures of ``fn``: known for GPflow's natgrad conversion maps, else all ``"general"``.
+
+    For ``gpflow.optimizers.natgrad``'s maps the second input is symmetric when it is η₂ or θ₂ (read
+    through a Cholesky factorisation) and lower-triangular when it is a square root L_S (varsqrt).
+    """
+    name = gpflow_map_name(fn)
+    if name is not None and num_inputs == 2:
+        return GPFLOW_MAPS[name][2]
+    return ("general",) * num_inputs
+
+
+def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[np.ndarray]) -> tuple[str, ...]:
+    n = len(arrays)
+    if structure is None:
+        result = infer_structure(fn, n)
+    elif isinstance(structure, str):
+        result = (structure,) * n
+    elif isinstance(structure, Mapping):
+        unknown = [k for k in structure if k not in names]
+        if unknown:
+            raise input_error(
+                f"structure names unknown input(s) {unknown}.", "structure", f"keys among the input names {names}",
+                list(structure), "key the dict by input name, e.g. structure={'eta2': 'symmetric'}.",
+            )  # fmt: skip
+        base = infer_structure(fn, n)
+        result = tuple(structure.get(name, base[k]) for k, name in enumerate(names))
+    elif isinstance(structure, (list, tuple)):
+        if len(structure) != n:
+            raise input_error(
+                f"structure has {len(structure)} entries for {n} input(s).", "structure", f"{n} structures, one per input",
+                list(structure), "pass one structure per input, a single string for all, or a dict by input name.",
+            )  # fmt: skip
+        result = tuple(structure)
+    else:
+        raise input_error(
+            "structure must be a string, a sequence or a dict.", "structure", f"one of {STRUCTURES}, a list or a dict",
+            type(structure).__name__, "pass e.g. structure='symmetric' or structure={'eta2': 'symmetric'}.",
+        )  # fmt: skip
+    for name, a, st in zip(names, arrays, result):
+        if st not in STRUCTURES:
+            raise input_error(
+                f"unknown structure {st!r} for input {name}.", "structure", " or ".join(repr(s) for s in STRUCTURES),
+                repr(st), "use 'symmetric' for η₂ or θ₂, 'lower_triangular' for a q_sqrt, else 'general'.",
+            )  # fmt: skip
+        if st != "general" and (a.ndim < 2 or a.shape[-1] != a.shape[-2]):
+            raise ShapeMismatchError(
+                f"structure {st!r} needs square matrices in the last two axes of {name}.",
+                context=[("Argument", f"structure for {name}"), ("Expected", "[..., M, M]"), ("Actual", shape_str(a.shape))],
+                remedy=f"use structure 'general' for {name}, or pass the matrix input it was meant for.",
+            )
+    return result
+
+
+def coordinates(shape: tuple[int, ...], structure: str, name: str) -> list[tuple[tuple[int, ...], ...]]:
+    """The perturbations of one input: tuples of multi-indices set to 1 (E_ab, or E_ab + E_ba).
+
+    ``"general"``: d = E_ab, one entry at a time; compared with g_ab.
+    ``"symmetric"``: d = E_ab + E_ba (a > b) or E_aa, compared with g_ab + g_ba (or g_aa). A function
+    that reads one triangle of a symmetric matrix (``tf.linalg.cholesky``) has a symmetrised gradient
+    from TensorFlow; a one-entry difference then gives 2·g_ab below the diagonal and 0 above it, a
+    false mismatch.
+    ``"lower_triangular"``: d = E_ab for every (a, b), as for ``"general"``; above the diagonal the
+    analytical gradient must equal the finite difference, which is zero when ``fn`` reads only the
+    lower triangle (``tf.linalg.triangular_solve``, ``tf.linalg.cholesky``). Labels mark those entries.
+
+    Examples:
+        >>> coordinates((2, 2), "symmetric", "S")
+        [((0, 0),), ((1, 0), (0, 1)), ((1, 1),)]
+        >>> len(coordinates((2, 2), "general", "X"))
+        4
+    """
+    if structure == "symmetric":
+        coords = []
+        for idx in np.ndindex(*shape):
+            a, b = idx[-2], idx[-1]
+            if a > b:
+                coords.append((idx, idx[:-2] + (b, a)))
+            elif a == b:
+                coords.append((idx,))
+        return coords
+    return [(idx,) for idx in np.ndindex(*shape)]
+
+
+def label(name: str, idx: tuple[int, ...]) -> str:
+    return f"{name}[{','.join(map(str, idx))}]" if idx else name
+
+
+def coord_label(name: str, coord: tuple[tuple[int, ...], ...], structure: str) -> str:
+    text = "+".join(label(name, idx) for idx in coord)
+    if structure == "lower_triangular" and coord[0][-1] > coord[0][-2]:
+        text += " (above diagonal)"
+    return text
+
+
+def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure: str, dtype: Any, part: str = "lower") -> np.ndarray:
+    d = rng.standard_normal(shape)
+    if structure == "symmetric":
+        d = 0.5 * (d + np.swapaxes(d, -1, -2))
+    elif structure == "lower_triangular":
+        d = np.tril(d) if part == "lower" else np.triu(d, 1)
+    norm = np.linalg.norm(d)
+    if norm == 0:  # an empty or 1x1 strictly-upper part
+        return d.astype(dtype)
+    return (d / norm).astype(dtype)
+
+
+def hint(structure: str, name: str, value: np.ndarray) -> str:
+    """Why a general check may fail on a structured value, and which structure to use."""
+    if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
+        return ""
+    scale = float(np.max(np.abs(value), initial=0.0))
+    if np.allclose(value, np.swapaxes(value, -1, -2), rtol=0.0, atol=1e-12 * max(scale, 1.0)):
+        return (
+            f"input {name} looks symmetric ({name} = {name}ᵀ). If fn reads one triangle of it (tf.linalg.cholesky "
+            f"does), TensorFlow's gradient is symmetrised and one-entry differences cannot match it: check with "
+            f"structure='symmetric' (or structure={{'{name}': 'symmetric'}})."
+        )
+    return ""

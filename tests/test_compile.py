@@ -1,0 +1,152 @@
+"""Tests of natgrad_diag._compile: one keyed cache, one lock, one trace counter for every compiled path."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from natgrad_diag import _compile
+
+
+def _kind() -> str:
+    """A trace kind no other test uses, so that counts are exact even in a shared process."""
+    return f"test-{uuid.uuid4().hex}"
+
+
+def _square_builder(kind: str, builds: list[int]):
+    """A build function: a tf.function x ↦ x² that notes each trace of ``kind``, traced at once."""
+
+    def build():
+        builds.append(1)
+
+        def body(x):
+            _compile.note_trace(kind)
+            return x * x
+
+        return tf.function(body, input_signature=[tf.TensorSpec([3], tf.float64)], autograph=False).get_concrete_function()
+
+    return build
+
+
+def test_compiled__same_key_second_call_does_not_retrace():
+    kind, builds = _kind(), []
+    key = (kind, (3,), "float64")
+    first = _compile.compiled(key, _square_builder(kind, builds))
+    assert _compile.trace_count(kind) == 1
+    np.testing.assert_array_equal(first(tf.constant([1.0, 2.0, 3.0], tf.float64)).numpy(), [1.0, 4.0, 9.0])
+    second = _compile.compiled(key, _square_builder(kind, builds))
+    assert second is first
+    second(tf.constant([4.0, 5.0, 6.0], tf.float64))
+    assert _compile.trace_count(kind) == 1 and builds == [1]
+
+
+def test_compiled__different_key_builds_and_traces_again():
+    kind, builds = _kind(), []
+    a = _compile.compiled((kind, "a"), _square_builder(kind, builds))
+    b = _compile.compiled((kind, "b"), _square_builder(kind, builds))
+    assert a is not b
+    assert _compile.trace_count(kind) == 2 and len(builds) == 2
+
+
+def test_compiled__a_failing_build_stores_nothing():
+    kind = _kind()
+
+    def broken():
+        raise ValueError("not traceable")
+
+    with pytest.raises(ValueError, match="not traceable"):
+        _compile.compiled((kind,), broken)
+    assert _compile.compiled((kind,), lambda: "built") == "built"
+
+
+def test_compiled__threads_asking_for_one_key_build_and_trace_it_once():
+    kind, builds = _kind(), []
+    key = (kind, "threads")
+    start = threading.Barrier(6)
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            start.wait()
+            fn = _compile.compiled(key, _square_builder(kind, builds))
+            results.append(fn)
+            np.testing.assert_array_equal(fn(tf.constant([1.0, 2.0, 3.0], tf.float64)).numpy(), [1.0, 4.0, 9.0])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert len(results) == 6 and all(r is results[0] for r in results)
+    assert builds == [1] and _compile.trace_count(kind) == 1
+
+
+def test_compiled__the_entry_keeps_its_keep_objects_alive():
+    import gc
+    import weakref
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    ref = weakref.ref(owner)
+    _compile.compiled((_kind(), id(owner)), lambda: "fn", keep=(owner,))
+    del owner
+    gc.collect()
+    assert ref() is not None  # its id stays unique while the entry lives
+
+
+def test_remember_and_recall__first_call_records_are_returned_and_unknown_keys_give_none():
+    key = (_kind(), (2, 3))
+    assert _compile.recall(key) is None
+    _compile.remember(key, {"out_shapes": ((2, 3),)})
+    assert _compile.recall(key) == {"out_shapes": ((2, 3),)}
+
+
+def test_cache__least_recently_used_entry_goes_first_beyond_max_entries(monkeypatch: pytest.MonkeyPatch):
+    kind = _kind()
+    monkeypatch.setattr(_compile, "MAX_ENTRIES", 2)
+    builds: list[str] = []
+    for name in ("a", "b"):
+        _compile.compiled((kind, name), lambda name=name: builds.append(name) or name)
+    _compile.compiled((kind, "a"), lambda: builds.append("a again"))  # a is now the most recent
+    _compile.compiled((kind, "c"), lambda: builds.append("c") or "c")  # evicts b
+    _compile.compiled((kind, "a"), lambda: builds.append("a again"))
+    _compile.compiled((kind, "b"), lambda: builds.append("b again") or "b")
+    assert builds == ["a", "b", "c", "b again"]
+
+
+def test_trace_count__none_counts_every_path():
+    k1, k2 = _kind(), _kind()
+    before = _compile.trace_count()
+    _compile.note_trace(k1)
+    _compile.note_trace(k2)
+    _compile.note_trace(k2)
+    assert (_compile.trace_count(k1), _compile.trace_count(k2)) == (1, 2)
+    assert _compile.trace_count() - before == 3
+
+
+def test_jacobian_trace_count__delegates_to_the_one_counter():
+    from natgrad_diag.autodiff.chunks import TRACE_KIND
+    from natgrad_diag.autodiff.dense import jacobian, trace_count
+
+    assert trace_count() == _compile.trace_count(TRACE_KIND)
+
+    def cube(x):  # a function object of its own: its own cache entry
+        return x**3
+
+    x = tf.constant(np.linspace(0.5, 1.5, 70), tf.float64)  # > 64 rows: compiled on the first call
+    before = trace_count()
+    J = jacobian(cube, [x])
+    np.testing.assert_allclose(np.diag(J.block(0, 0)), 3 * x.numpy() ** 2, rtol=1e-14)
+    assert trace_count() == before + 1
+    jacobian(cube, [x + 1.0])
+    assert trace_count() == before + 1
