@@ -42,7 +42,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_FILES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-QUICK_START = ('pip install . && natgrad-diag', 'pip install ".[test]" && pytest')
+QUICK_START = ("pip install . && natgrad-diag", 'pip install ".[test]" && pytest')
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<body>.*?)-->\s*$")
@@ -127,7 +127,7 @@ _RUNS: dict[Path, _FileRun] = {}
 
 
 @contextlib.contextmanager
-def _inside(directory: Path):  # noqa: ANN202
+def _inside(directory: Path):
     old = Path.cwd()
     os.chdir(directory)
     try:
@@ -212,8 +212,10 @@ def parse_transcript(block: Block) -> list[Command]:
                 commands.append(Command(current[0], current[1], "\n".join(out)))
             words = shlex.split(text[2:], comments=True)
             if not words or words[0] != "natgrad-diag":
-                pytest.fail(f"{block.id}: line {block.line + offset} runs {text[2:]!r}; a console block may only "
-                            "run natgrad-diag (put other commands in a bash block)")
+                pytest.fail(
+                    f"{block.id}: line {block.line + offset} runs {text[2:]!r}; a console block may only "
+                    "run natgrad-diag (put other commands in a bash block)"
+                )
             current, out = (block.line + offset, words[1:]), []
         elif current is None:
             pytest.fail(f"{block.id}: a console block starts with a '$ natgrad-diag ...' line, got {text!r}")
@@ -274,7 +276,10 @@ def test_console_transcript__matches_the_real_output(
 
 
 def test_matches__ellipsis_and_trailing_whitespace_only() -> None:
-    assert matches("error 2.88e-11   ≤ ...\nVerdict: all checks hold.", "error 2.88e-11   ≤ 1.01e-05  \nVerdict: all checks hold.\n\n")
+    assert matches(
+        "error 2.88e-11   ≤ ...\nVerdict: all checks hold.",
+        "error 2.88e-11   ≤ 1.01e-05  \nVerdict: all checks hold.\n\n",
+    )
     assert matches("first\n...\nlast", "first\nsecond\nthird\nlast")
     assert not matches("error 2.88e-11", "error 2.89e-11")
     assert not matches("  indented", "indented")  # leading whitespace counts
