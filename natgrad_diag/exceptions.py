@@ -50,6 +50,11 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     TensorFlow wraps a failure inside a graph in ``{{function_node ...}}`` prefixes, "Graph execution
     error" and "Detected at node" lines and an ``[Op:...]`` suffix; those are dropped, and a line
     naming the numerical failure (Cholesky, NaN, ...) is preferred. ``with_type`` prefixes the class name.
+
+    Example:
+        >>> error_line(ValueError("Graph execution error:\\n\\nDetected at node chol\\nCholesky decomposition "
+        ...                       "was not successful. [Op:Cholesky]"), with_type=True)
+        'ValueError: Cholesky decomposition was not successful.'
     """
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(getattr(e, "message", None) or e))
     text = re.sub(r"\s*\[Op:[\w.]+\].*$", "", text, flags=re.S)
@@ -66,7 +71,26 @@ def _fmt(value: object) -> str:
 
 
 class NatGradDiagError(Exception):
-    """Base class of every error natgrad-diag raises."""
+    """Base class of every error natgrad-diag raises.
+
+    The message is the class's ``error_message`` and ``detail``, then the ``context`` as aligned
+    ``label: value`` lines, then ``To fix:`` and the ``remedy``.
+
+    Example:
+        >>> error = ShapeMismatchError(
+        ...     "q_mu_grad does not match q_mu.",
+        ...     context=[("Argument", "q_mu_grad"), ("Expected", "[5, 1]"), ("Actual", "[5]")],
+        ...     remedy="pass the gradient with respect to q_mu.unconstrained_variable.",
+        ... )
+        >>> print(error)
+        Shape mismatch. q_mu_grad does not match q_mu.
+          Argument: q_mu_grad
+            Expected: [5, 1]
+            Actual:   [5]
+          To fix: pass the gradient with respect to q_mu.unconstrained_variable.
+        >>> isinstance(error, ValueError)  # bad input is a ValueError too
+        True
+    """
 
     error_message = "An error in natgrad-diag."
 

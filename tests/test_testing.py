@@ -20,7 +20,7 @@ from natgrad_diag.gradcheck import api as gradcheck
 from natgrad_diag.exceptions import JacobianMismatchError, OutputGradientsError
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "README.md"
+DOC = ROOT / "docs" / "gradient-checks.md"
 
 
 def test_testing__imports_without_tensorflow() -> None:

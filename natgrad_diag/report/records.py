@@ -17,7 +17,12 @@ __all__ = ["TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_num
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
-    """A float as a short string: ``4`` significant digits, scientific for tiny and huge values."""
+    """A float as a short string: ``4`` significant digits, scientific for tiny and huge values.
+
+    Example:
+        >>> format_number(3.14159), format_number(1.2345e-5), format_number(0.0), format_number(None)
+        ('3.142', '1.23e-05', '0', '-')
+    """
     if value is None:
         return "-"
     value = float(value)
@@ -133,6 +138,13 @@ def close_check(name: str, claim: str, got: Any, want: Any, *, rtol: float, atol
     ``got`` and ``want`` are arrays, or sequences of arrays compared pair by pair (one bound for all,
     scaled by the largest |want|). Pairs of different shapes fail the check, with both shapes in
     ``detail``: no broadcasting.
+
+    Example:
+        >>> check = close_check("same", "two arrays agree", [1.0, 2.0], [1.0, 2.0 + 1e-13], rtol=1e-12, atol=0.0)
+        >>> check.passed, check.tolerance  # 1e-13 ≤ atol + rtol·max|want| = 2e-12
+        (True, 2.0000000000000997e-12)
+        >>> close_check("shapes", "no broadcast", [[1.0, 2.0]], [1.0, 2.0], rtol=1e-12, atol=0.0).detail
+        '1 array(s) against 2'
     """
     if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)) and len(got) != len(want):
         return Check(name=name, claim=claim, passed=False, detail=f"{len(got)} array(s) against {len(want)}")

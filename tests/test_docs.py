@@ -1,0 +1,330 @@
+"""The examples in README.md, CONTRIBUTING.md and docs/*.md run, and their transcripts match the real output.
+
+Rules (a small runner, no plugin):
+
+- Every ```python block runs, and every ```pycon block runs as a doctest session (``>>>`` lines, their
+  output compared as doctest does, with ELLIPSIS on, so an error message shown there is checked whole).
+  The python and pycon blocks of one file share one namespace and run in order, in a temporary
+  directory of their own (so a block may write files). One test per block; a block's test first runs the
+  blocks above it if they have not run in this process (so ``-k`` and ``pytest-xdist`` work).
+- A block opts out only with a marker comment on the line right above its fence, which this runner reads:
+    ``<!-- docs-test: skip: <why> -->``                always skipped, with that reason;
+    ``<!-- docs-test: requires <module>: <why> -->``  skipped with that reason when ``<module>`` is missing.
+  A marker without a reason, or an unknown ``docs-test`` marker, fails the test. Skips are pytest skips,
+  shown by ``-ra``, never silent.
+- Every ```console block is a transcript: each ``$ natgrad-diag ...`` line is run in-process with
+  ``natgrad_diag.cli.app.main(argv)`` (stdout and stderr captured together, as a terminal shows them, at
+  ``COLUMNS=80``, in the file's temporary directory), and the lines below it, up to the next ``$`` line, are
+  compared with what it printed. The only normalisation: trailing whitespace on each line and trailing blank
+  lines are ignored, and ``...`` matches any text, across lines too (doctest's ELLIPSIS), for numbers that
+  differ between machines and for lines left out. A ``# comment`` after the command is not part of it.
+  A ``$`` line that is not ``natgrad-diag`` fails the test (put other commands in a ```bash block).
+- ```bash, ```text and unlabelled blocks are not run; the README's two quick-start lines are checked to be
+  exactly ``pip install . && natgrad-diag`` and ``pip install ".[test]" && pytest``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import doctest
+import importlib.util
+import io
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOC_FILES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+QUICK_START = ("pip install . && natgrad-diag", 'pip install ".[test]" && pytest')
+
+_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<body>.*?)-->\s*$")
+_SKIP = re.compile(r"^\s*skip:\s*(?P<why>\S.*?)\s*$")
+_REQUIRES = re.compile(r"^\s*requires\s+(?P<module>[\w.]+):\s*(?P<why>\S.*?)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One fenced code block: its file, the line of its opening fence (1-based), language, text and marker."""
+
+    path: Path
+    line: int
+    lang: str
+    text: str
+    marker: str | None  # the body of a ``<!-- docs-test: ... -->`` comment right above the fence
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def parse_blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown file, in order (indented fences are dedented)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, start = len(m["indent"]), i
+        i += 1
+        body = []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
+            i += 1
+        above = lines[start - 1] if start > 0 else ""
+        marker = _MARKER.match(above)
+        blocks.append(Block(path, start + 1, m["lang"], "\n".join(body) + "\n", marker["body"] if marker else None))
+        i += 1
+    return blocks
+
+
+def _skip_reason(block: Block) -> str | None:
+    """The reason to skip ``block`` (None to run it); a malformed marker fails the test."""
+    if block.marker is None:
+        return None
+    if m := _SKIP.match(block.marker):
+        return f"{block.id}: {m['why']}"
+    if m := _REQUIRES.match(block.marker):
+        if importlib.util.find_spec(m["module"]) is None:
+            return f"{block.id}: needs {m['module']} ({m['why']})"
+        return None
+    pytest.fail(
+        f"{block.id}: unknown or incomplete marker <!-- docs-test:{block.marker}-->; expected "
+        "'docs-test: skip: <why>' or 'docs-test: requires <module>: <why>'"
+    )
+
+
+def _all_blocks() -> list[Block]:
+    return [b for path in DOC_FILES if path.exists() for b in parse_blocks(path)]
+
+
+PYTHON_BLOCKS = [b for b in _all_blocks() if b.lang in ("python", "pycon")]
+CONSOLE_BLOCKS = [b for b in _all_blocks() if b.lang == "console"]
+
+
+# ------------------------------------------------------------------------------------------------
+# python blocks: one namespace per file, run in order
+
+
+@dataclasses.dataclass
+class _FileRun:
+    namespace: dict[str, Any]
+    directory: Path
+    done: int = 0  # how many of the file's python blocks have run
+    failed: str | None = None
+
+
+_RUNS: dict[Path, _FileRun] = {}
+
+
+@contextlib.contextmanager
+def _inside(directory: Path):
+    old = Path.cwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _exec(block: Block, run: _FileRun) -> None:
+    name = str(block.path.relative_to(ROOT))
+    if block.lang == "pycon":
+        _run_session(block, run)
+        return
+    # padded with newlines so that a traceback's line numbers are the Markdown file's
+    code = compile("\n" * block.line + block.text, name, "exec")
+    with _inside(run.directory):
+        exec(code, run.namespace)  # noqa: S102
+
+
+def _run_session(block: Block, run: _FileRun) -> None:
+    """A ```pycon block as a doctest in the file's namespace; a mismatch fails with doctest's report."""
+    test = doctest.DocTestParser().get_doctest(
+        block.text, run.namespace, block.id, str(block.path), block.line
+    )  # fmt: skip
+    out = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    with _inside(run.directory):
+        result = runner.run(test, out=out.write, clear_globs=False)
+    run.namespace.update(test.globs)  # DocTest works on a copy of the namespace
+    if result.failed:
+        raise AssertionError(f"{block.id}: the session's output differs\n{out.getvalue()}")
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.id for b in PYTHON_BLOCKS])
+def test_python_block__runs(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
+    same_file = [b for b in PYTHON_BLOCKS if b.path == block.path]
+    index = same_file.index(block)
+    run = _RUNS.get(block.path)
+    if run is None or run.done > index:  # first visit, or run again from the top (e.g. pytest --lf)
+        name = re.sub(r"\W", "_", block.path.stem)
+        run = _RUNS[block.path] = _FileRun({"__name__": f"docs_{name}"}, tmp_path_factory.mktemp(name))
+    while run.done < index:  # the blocks above this one, if a filter or xdist left them out
+        earlier = same_file[run.done]
+        run.done += 1
+        if run.failed is None and _skip_reason(earlier) is None:
+            try:
+                _exec(earlier, run)
+            except BaseException as exc:  # noqa: BLE001
+                run.failed = f"{earlier.id} ({type(exc).__name__}: {exc})"
+    if (reason := _skip_reason(block)) is not None:
+        run.done = index + 1
+        pytest.skip(reason)
+    if run.failed is not None:
+        pytest.fail(f"not run: an earlier block of {block.path.name} failed: {run.failed}")
+    run.done = index + 1
+    try:
+        _exec(block, run)
+    except BaseException as exc:
+        run.failed = f"{block.id} ({type(exc).__name__}: {exc})"
+        raise
+
+
+# ------------------------------------------------------------------------------------------------
+# console transcripts
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    line: int
+    argv: list[str]
+    want: str
+
+
+def parse_transcript(block: Block) -> list[Command]:
+    """The ``$ natgrad-diag ...`` commands of a console block, each with the output shown below it."""
+    commands: list[Command] = []
+    current: tuple[int, list[str]] | None = None
+    out: list[str] = []
+    for offset, text in enumerate(block.text.splitlines(), start=1):
+        if text.startswith("$ "):
+            if current is not None:
+                commands.append(Command(current[0], current[1], "\n".join(out)))
+            words = shlex.split(text[2:], comments=True)
+            if not words or words[0] != "natgrad-diag":
+                pytest.fail(
+                    f"{block.id}: line {block.line + offset} runs {text[2:]!r}; a console block may only "
+                    "run natgrad-diag (put other commands in a bash block)"
+                )
+            current, out = (block.line + offset, words[1:]), []
+        elif current is None:
+            pytest.fail(f"{block.id}: a console block starts with a '$ natgrad-diag ...' line, got {text!r}")
+        else:
+            out.append(text)
+    if current is not None:
+        commands.append(Command(current[0], current[1], "\n".join(out)))
+    return commands
+
+
+def _normalise(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip() + "\n"
+
+
+def run_command(argv: list[str]) -> tuple[int, str]:
+    """``natgrad-diag argv`` in-process: the exit code and what it printed on stdout and stderr."""
+    from natgrad_diag.cli.app import main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, buffer.getvalue()
+
+
+def matches(want: str, got: str) -> bool:
+    """Whether ``got`` is the output shown as ``want``, under the runner's rules (see the module docstring)."""
+    return doctest.OutputChecker().check_output(_normalise(want), _normalise(got), doctest.ELLIPSIS)
+
+
+@pytest.mark.parametrize("block", CONSOLE_BLOCKS, ids=[b.id for b in CONSOLE_BLOCKS])
+def test_console_transcript__matches_the_real_output(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if (reason := _skip_reason(block)) is not None:
+        pytest.skip(reason)
+    commands = parse_transcript(block)
+    assert commands, f"{block.id}: a console block without a '$ natgrad-diag' line"
+    import natgrad_diag.progress
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(natgrad_diag.progress, "_ENABLED", natgrad_diag.progress._ENABLED)  # --json turns it off
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        _, got = run_command(command.argv)
+        if not matches(command.want, got):
+            diff = "\n".join(difflib.unified_diff(
+                _normalise(command.want).splitlines(), _normalise(got).splitlines(),
+                "shown in the docs", "printed now", lineterm="",
+            ))  # fmt: skip
+            pytest.fail(f"{block.path.name}:{command.line}: natgrad-diag {shlex.join(command.argv)}\n{diff}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the runner's own rules, on small inputs
+
+
+def test_matches__ellipsis_and_trailing_whitespace_only() -> None:
+    assert matches(
+        "error 2.88e-11   ≤ ...\nVerdict: all checks hold.",
+        "error 2.88e-11   ≤ 1.01e-05  \nVerdict: all checks hold.\n\n",
+    )
+    assert matches("first\n...\nlast", "first\nsecond\nthird\nlast")
+    assert not matches("error 2.88e-11", "error 2.89e-11")
+    assert not matches("  indented", "indented")  # leading whitespace counts
+    assert not matches("a\nb", "a\n\nb")  # so do blank lines inside the output
+
+
+def test_parse__markers_and_transcripts(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "<!-- docs-test: requires no_such_module_here: needs it -->\n```python\nx = 1\n```\n\n"
+        "```console\n$ natgrad-diag outer --x 1,2  # a comment\nline one\n$ natgrad-diag --help\n```\n"
+    )  # fmt: skip
+    python, console = parse_blocks(doc)
+    assert (python.lang, python.line, python.text) == ("python", 2, "x = 1\n")
+    block = dataclasses.replace(python, path=ROOT / "docs" / "page.md")
+    assert _skip_reason(block) == "docs/page.md:2: needs no_such_module_here (needs it)"
+    console = dataclasses.replace(console, path=ROOT / "docs" / "page.md")
+    assert parse_transcript(console) == [Command(7, ["outer", "--x", "1,2"], "line one"), Command(9, ["--help"], "")]
+    with pytest.raises(pytest.fail.Exception, match="unknown or incomplete marker"):
+        _skip_reason(dataclasses.replace(block, marker=" skip "))  # a skip needs its reason
+
+
+# ------------------------------------------------------------------------------------------------
+# the README itself
+
+
+def test_readme__quick_start_lines_are_exact() -> None:
+    bash = [b.text for b in parse_blocks(README) if b.lang == "bash"]
+    for line in QUICK_START:
+        assert line + "\n" in bash, f"README.md has no ```bash block that is exactly {line!r}"
+    assert 'pip install ".[test]" && pytest\n' in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_readme__is_short_and_maps_every_docs_page() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 250
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+    assert "](CONTRIBUTING.md)" in text
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
+def test_docs__relative_links_resolve(path: Path) -> None:
+    assert path.exists(), f"{path.relative_to(ROOT)} is missing"
+    text = path.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" not in target and not target.startswith("mailto:"):
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links {target}, which does not exist"
