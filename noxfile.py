@@ -11,11 +11,13 @@ pyenv's shims (which refuse versions that are not selected) do not shadow them a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -159,17 +161,26 @@ def build(session: nox.Session) -> None:
     session.run("python", "-m", "venv", str(venv))
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     session.run(str(bindir / "python"), "-m", "pip", "install", "--quiet", wheel, external=True)
-    outside = tmp / "outside"
-    outside.mkdir(exist_ok=True)
+    outside = Path(tempfile.mkdtemp(prefix="natgrad-diag-wheel-"))  # not under the checkout
     session.chdir(outside)
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ""}
-    out = session.run(str(bindir / "natgrad-diag"), "--json", external=True, silent=True, env=env) or ""
-    import json
-
-    result = json.loads(out)
-    session.log(f"natgrad-diag --json from the wheel in {outside}: {len(out)} characters of JSON, "
-                f"keys {sorted(result)[:6] if isinstance(result, dict) else type(result).__name__}")
-    origin = session.run(str(bindir / "python"), "-c", "import natgrad_diag; print(natgrad_diag.__file__)",
-                         external=True, silent=True, env=env) or ""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("PYTHONPATH", None)
+    cmd = [str(bindir / "natgrad-diag"), "--json"]
+    session.log(f"cd {outside} && {' '.join(cmd)}")
+    # stdout alone: TensorFlow may log to stderr, which is not part of the JSON
+    run = subprocess.run(cmd, cwd=outside, env=env, capture_output=True, text=True, timeout=1200)
+    if run.returncode != 0:
+        session.error(f"natgrad-diag --json from the wheel exited {run.returncode}:\n{run.stderr[-3000:]}")
+    try:
+        result = json.loads(run.stdout)
+    except json.JSONDecodeError as e:
+        session.error(f"natgrad-diag --json printed no valid JSON ({e}):\n{run.stdout[:2000]}")
+    keys = sorted(result)[:8] if isinstance(result, dict) else type(result).__name__
+    session.log(f"natgrad-diag --json from the wheel: {len(run.stdout)} characters of JSON, keys {keys}")
+    origin = subprocess.run([str(bindir / "python"), "-c", "import natgrad_diag; print(natgrad_diag.__file__)"],
+                            cwd=outside, env=env, capture_output=True, text=True, check=True).stdout
     if str(HERE) in origin:
         session.error(f"the wheel test imported the checkout, not the wheel: {origin}")
+    session.log(f"imported from {origin.strip()}")
+    session.chdir(HERE)
+    shutil.rmtree(outside, ignore_errors=True)
