@@ -179,8 +179,8 @@ def build(session: nox.Session) -> None:
     session.log(f"natgrad-diag --json from the wheel: {len(run.stdout)} characters of JSON, keys {keys}")
     origin = subprocess.run([str(bindir / "python"), "-c", "import natgrad_diag; print(natgrad_diag.__file__)"],
                             cwd=outside, env=env, capture_output=True, text=True, check=True).stdout
-    if str(HERE) in origin:
-        session.error(f"the wheel test imported the checkout, not the wheel: {origin}")
+    if not Path(origin.strip()).resolve().is_relative_to(venv.resolve()):
+        session.error(f"the wheel test did not import the installed wheel: {origin}")
     session.log(f"imported from {origin.strip()}")
     session.chdir(HERE)
     shutil.rmtree(outside, ignore_errors=True)
