@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "KINDS",
@@ -60,7 +61,7 @@ class Tolerance:
     atol: float
     eps: float | None = None
 
-    def bound(self, want: Any) -> float:
+    def bound(self, want: npt.ArrayLike) -> float:
         """The bound this tolerance allows against the reference ``want`` (an array or arrays)."""
         return tolerance_bound(want, rtol=self.rtol, atol=self.atol)
 
@@ -131,7 +132,7 @@ def eps(dtype: Any) -> float:
     return float(np.finfo(np.dtype(_dtype_name(dtype))).eps)
 
 
-def tolerance_bound(want: Any, *, rtol: float, atol: float) -> float:
+def tolerance_bound(want: npt.ArrayLike, *, rtol: float, atol: float) -> float:
     """``atol + rtol · max|want|`` over every element of ``want`` (an array or a sequence of arrays).
 
     Examples:
@@ -155,7 +156,7 @@ def rounding_bound(dtype: Any, *, condition: float, scale: float, factor: float 
     return factor * eps(dtype) * float(condition) * float(scale)
 
 
-def resolve(dtype: Any, kind: str = "exact", *, rtol: Any = None, atol: Any = None) -> Tolerance:
+def resolve(dtype: Any, kind: str = "exact", *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """The default tolerance for ``dtype`` and ``kind``, with the user's ``rtol``/``atol`` where given.
 
     Raises:
