@@ -106,7 +106,7 @@ def test_train_script__runs_a_few_steps_on_diabetes_with_the_monitor():
     script = Path(__file__).resolve().parents[1] / "scripts" / "train_svgp_natgrad.py"
     env = {**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, str(script), "--steps", "6", "--every", "3", "--num-inducing", "8"],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "N = 353 train, 89 test, D = 10, M = 8" in done.stdout
     assert "monitor: 2 checks, 0 failed" in done.stdout
