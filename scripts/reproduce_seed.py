@@ -8,9 +8,9 @@ from natgrad_diag._tf import import_tensorflow_quietly
 
 import_tensorflow_quietly()  # TensorFlow's C++ start-up lines are not part of the lesson
 
-import gpflow
-import tensorflow as tf
-from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
+import gpflow  # noqa: E402 (after the quiet TensorFlow import, on purpose)
+import tensorflow as tf  # noqa: E402
+from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation  # noqa: E402
 
 # ---- the user's code, as written (float64, M = 5, L = 1) ----
 q_mu = gpflow.Parameter([[0.93350756], [0.15833747], [0.23830378], [0.28742445], [0.14999759]])  # [M, L]
