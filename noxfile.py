@@ -140,7 +140,7 @@ def typecheck(session: nox.Session) -> None:
     TensorFlow, GPflow and the other heavy dependencies are not installed: their imports are typed as
     ``Any`` (ignore_missing_imports), so the check is fast and does not depend on their stubs.
     """
-    session.install(MYPY, "numpy>=1.26,<2", "rich>=13.7")
+    session.install(MYPY, "numpy>=1.26,<2", "rich>=13.7", "pytest>=8")
     session.run("mypy", *(session.posargs or []))
 
 

@@ -54,4 +54,4 @@ def override_natgrad_apply_gradients(cls: type, method: Any) -> None:
     GPflow's ``minimize`` calls ``_natgrad_steps``, which calls ``_natgrad_apply_gradients`` for each
     (q_mu, q_sqrt) pair: the one hook through which a subclass changes the update.
     """
-    cls._natgrad_apply_gradients = method
+    setattr(cls, "_natgrad_apply_gradients", method)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from natgrad_diag.cli.strict import add_strict_parser, run_strict
 
@@ -134,16 +134,20 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting, so ``--json`` can report it as JSON."""
+    """argparse that raises :class:`UsageError` instead of exiting (so ``--json`` can report it as JSON) and
+    shows every option's default; sub-command parsers are of this class too."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.prog, self.format_usage())
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="natgrad-diag",
-        formatter_class=_HelpFormatter,
         description=(
             "What output_gradients computes in GPflow's natural-gradient step, and checks for it. "
             "With no command, runs 'explain' on the seed scenario."
@@ -153,12 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub_parser = sub.add_parser
-
-    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return sub_parser(name, formatter_class=_HelpFormatter, **kwargs)
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     p = sub.add_parser("explain", help="why dL/deta1 != dtheta_deta1 * q_mu_grad, with numbers (default)")
     p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform: nat (XiNat) or meanvar (XiSqrtMeanVar)")

@@ -11,6 +11,7 @@ from natgrad_diag._validate import shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.exceptions import MissingExtraError, OutputGradientsError, error_line
 from natgrad_diag.report.records import Check, close_check, format_number
+from natgrad_diag.typing import FloatArray
 
 __all__ = ["ByHand", "TensorFlowRun", "by_hand", "first_line", "outer_checks", "tensorflow_run", "torch_checks", "torch_run"]
 
@@ -24,19 +25,19 @@ def first_line(message: str) -> str:
 class TensorFlowRun:
     """What TensorFlow computes for y = x xᵀ, z = y², s = sin(x): gradients and the wrong seeds' fates."""
 
-    y: np.ndarray
-    g_ones: np.ndarray
-    g_default: np.ndarray
-    dL_dy: np.ndarray
-    two: np.ndarray
-    one: np.ndarray
+    y: FloatArray
+    g_ones: FloatArray
+    g_default: FloatArray
+    dL_dy: FloatArray
+    two: FloatArray
+    one: FloatArray
     wrong_seed_error: str
     tf_wrong: str
     broadcast_error: str
     b_shape: tuple[int, ...] | None
 
 
-def tensorflow_run(xn: np.ndarray) -> TensorFlowRun:
+def tensorflow_run(xn: FloatArray) -> TensorFlowRun:
     import tensorflow as tf
 
     from natgrad_diag.autodiff.seeded import checked_gradient
@@ -83,14 +84,14 @@ class ByHand:
     """The oracles: the explicit Jacobian (from :func:`jacobian` and by hand) and the closed forms."""
 
     J_block: BlockJacobian
-    J: np.ndarray
-    J_hand: np.ndarray
-    contraction: np.ndarray
-    closed: np.ndarray
-    chain_closed: np.ndarray
+    J: FloatArray
+    J_hand: FloatArray
+    contraction: FloatArray
+    closed: FloatArray
+    chain_closed: FloatArray
 
 
-def by_hand(xn: np.ndarray) -> ByHand:
+def by_hand(xn: FloatArray) -> ByHand:
     import tensorflow as tf
 
     from natgrad_diag.autodiff.dense import jacobian
@@ -106,7 +107,7 @@ def by_hand(xn: np.ndarray) -> ByHand:
     )  # fmt: skip
 
 
-def outer_checks(xn: np.ndarray, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
+def outer_checks(xn: FloatArray, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
     n = xn.shape[0]
     shapes_named = f"[{n}] and [{n}, {n}]"
     return [
@@ -139,7 +140,7 @@ def outer_checks(xn: np.ndarray, r: TensorFlowRun, h: ByHand, *, rtol: float, at
     ]  # fmt: skip
 
 
-def torch_run(xn: np.ndarray, use_torch: bool | None) -> tuple[Any, str]:
+def torch_run(xn: FloatArray, use_torch: bool | None) -> tuple[Any, str]:
     """(the PyTorch run or None, its status line)."""
     if use_torch is False:
         return None, "skipped (use_torch=False)"

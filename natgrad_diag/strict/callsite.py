@@ -124,7 +124,7 @@ def _call_text(frame: FrameType) -> str:
     """
     code = frame.f_code
     try:
-        start, end, col, end_col = list(code.co_positions())[frame.f_lasti // 2]
+        start, end, col, end_col = list(code.co_positions())[frame.f_lasti // 2]  # type: ignore[attr-defined]  # 3.11+
     except (AttributeError, IndexError):
         start, end, col, end_col = frame.f_lineno, frame.f_lineno, None, None
     if start is None:
