@@ -13,13 +13,12 @@ parameters, m = q_mu [M, L] and L_S = q_sqrt [L, M, M] (S = L_S L_Sᵀ).
 
 from __future__ import annotations
 
-import collections
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from natgrad_diag import _compile
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, StepFailedError, error_line
 from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient, natgrad_tensors_closed_form
@@ -197,11 +196,6 @@ def natgrad_tensors(
 # class, parameter transforms) and cached. The eager path below stays the reference (and the source
 # of every error message): whenever the compiled path sees anything unusual it defers to it.
 
-_TRACE_COUNTS: collections.Counter[str] = collections.Counter()
-_COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-_SEEN: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-_CACHE_SIZE = 32
-_LOCK = threading.Lock()
 _OUT_KEYS = (
     "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
     "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
@@ -210,7 +204,7 @@ _OUT_KEYS = (
 
 def trace_count() -> int:
     """How many times the compiled natural-gradient step has been traced in this process (for tests)."""
-    return _TRACE_COUNTS["natgrad_tensors"]
+    return _compile.trace_count("natgrad_tensors")
 
 
 def _transform_key(transform: Any) -> Any:
@@ -257,24 +251,22 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
 
 
 def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
-    """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false."""
+    """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false.
+
+    The first call with a key only records it (:func:`natgrad_diag._compile.remember`) and runs eagerly;
+    the second compiles (one trace per key, in the package's one compile cache).
+    """
     import tensorflow as tf
 
-    with _LOCK:
-        fn = _COMPILED.get(key)
-        if fn is not None:
-            _COMPILED.move_to_end(key)
-            return fn
-        if not build:
-            _SEEN[key] = (xi, t_mu, t_sq)  # the next call with this key compiles
-            while len(_SEEN) > _CACHE_SIZE:
-                _SEEN.popitem(last=False)
-            return None
+    ckey = ("natgrad_tensors", key)
+    if not build and _compile.recall(ckey) is None:
+        _compile.remember(ckey, True, keep=(xi, t_mu, t_sq))  # the next call with this key compiles
+        return None
+    closed = closed_form_name(xi, t_sq)
 
-        closed = closed_form_name(xi, t_sq)
-
+    def make() -> Any:
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
-            _TRACE_COUNTS["natgrad_tensors"] += 1
+            _compile.note_trace("natgrad_tensors")
             # the same operations as param_parts / to_constrained on the eager path
             q_mu = mu_in if t_mu is None else t_mu.forward(mu_in)
             q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
@@ -295,12 +287,10 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
         # traced here, once for this key; calling the concrete function skips tf.function's dispatch
         shapes, dtype = key[0], tf.as_dtype(key[1])
         signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
-        fn = tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
-        fn._natgrad_diag_keep = (xi, t_mu, t_sq)  # keep the keyed objects alive with the function
-        _COMPILED[key] = fn
-        while len(_COMPILED) > _CACHE_SIZE:
-            _COMPILED.popitem(last=False)
-        return fn
+        return tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
+
+    _compile.remember(ckey, True, keep=(xi, t_mu, t_sq))  # so that a later build=False call finds it
+    return _compile.compiled(ckey, make, keep=(xi, t_mu, t_sq))
 
 
 def _natgrad_trace_compiled(
@@ -329,7 +319,7 @@ def _natgrad_trace_compiled(
         return None
     key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
     try:
-        fn = _compiled_step(key, xi, t_mu, t_sq, build=build or key in _SEEN)
+        fn = _compiled_step(key, xi, t_mu, t_sq, build=build)
         if fn is None:
             return None
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
