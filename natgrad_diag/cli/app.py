@@ -51,44 +51,25 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**32 - 1, got {text!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**32 - 1, got {value}")
-    return value
+def _number(cast: Any, accept: Any, expected: str) -> Any:
+    """An argparse type: ``cast(text)``, refused with "expected <expected>" unless ``accept(value)``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
-    return value
+_seed = _number(int, lambda v: 0 <= v < 2**32, "an integer seed from 0 to 2**32 - 1")
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_nonnegative_float = _number(float, lambda v: 0 <= v < float("inf"), "a finite number ≥ 0")
+_positive_float = _number(float, lambda v: 0 < v < float("inf"), "a finite positive number")
 
 
 def _report_path(text: str) -> str:
