@@ -10,11 +10,12 @@ from natgrad_diag._validate import input_error, require_positive_int
 from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
+from natgrad_diag.typing import Array
 
 __all__ = ["gpflow_map_point", "gradcheck_cli"]
 
 
-def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int = 0, dtype: str = "float64") -> list[np.ndarray]:
+def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int = 0, dtype: str = "float64") -> list[Array]:
     """A well-conditioned random point for one of GPflow's natgrad maps, built with numpy.
 
     q_mu = m [M, L] ~ N(0, 1); q_sqrt = L_S [L, M, M] lower-triangular with 0.3/√M·N(0, 1) below a unit

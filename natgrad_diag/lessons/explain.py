@@ -24,6 +24,7 @@ from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 from natgrad_diag.tolerance import default_tolerance, resolve
+from natgrad_diag.typing import Array
 
 __all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
 
@@ -47,10 +48,10 @@ def default_tolerances(dtype: Any) -> tuple[float, float]:
 class CounterExample:
     """y = sin(x), one target, elementwise: J = diag(cos x), so (Jᵀ·1) ⊙ v = Jᵀ·v."""
 
-    x: np.ndarray
-    v: np.ndarray
-    naive: np.ndarray
-    vjp: np.ndarray
+    x: Array
+    v: Array
+    naive: Array
+    vjp: Array
     jacobian_is_diagonal: bool
 
 
@@ -72,12 +73,12 @@ class Explanation(Report):
 
     trace: NatGradTrace
     jacobian: BlockJacobian
-    naive_product: np.ndarray
-    mean_path: np.ndarray
-    varsqrt_path: np.ndarray
+    naive_product: Array
+    mean_path: Array
+    varsqrt_path: Array
     counter_example: CounterExample
     row_label: str
-    onehot_row: np.ndarray
+    onehot_row: Array
     checks: tuple[Check, ...]
     rtol: float = field(default=1e-10)
     atol: float = field(default=1e-12)
@@ -162,7 +163,7 @@ class Explanation(Report):
             Section("What would have caught it", _CATCH_IT),
         ]
         if M <= 6:
-            def mat(a: np.ndarray, name: str) -> Table:
+            def mat(a: Array, name: str) -> Table:
                 return Table(
                     columns=(name,) + tuple(f"[{k}]" for k in range(M)),
                     rows=tuple((f"[{r}]",) + tuple(format_number(a[0, r, k]) for k in range(M)) for r in range(M)),
@@ -192,7 +193,8 @@ class Explanation(Report):
             jacobian_shape=list(self.jacobian.matrix.shape),
             onehot_row_label=self.row_label,
         )
-        return to_jsonable(d)
+        out: dict[str, Any] = to_jsonable(d)
+        return out
 
 
 def _within(difference: float | None) -> str:
@@ -202,7 +204,7 @@ def _within(difference: float | None) -> str:
     return "exactly" if difference == 0 else f"to within {format_number(difference)}"
 
 
-def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> tuple[CounterExample, Check]:
+def _counter_example(x: Array, v: Array, rtol: float, atol: float) -> tuple[CounterExample, Check]:
     import tensorflow as tf
 
     from natgrad_diag.autodiff.dense import jacobian
@@ -228,7 +230,7 @@ def _counter_example(x: np.ndarray, v: np.ndarray, rtol: float, atol: float) -> 
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
 
 
-def _onehot_row(t: NatGradTrace, label: str) -> np.ndarray:
+def _onehot_row(t: NatGradTrace, label: str) -> Array:
     """One row of J via output_gradients = one-hot, on a fresh tape (an independent route)."""
     import tensorflow as tf
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
@@ -304,7 +306,7 @@ def explain_output_gradients(
 
 
 def _claims_a_to_c(
-    trace: NatGradTrace, J: BlockJacobian, mean_path: np.ndarray, varsqrt_path: np.ndarray, *, rtol: float, atol: float
+    trace: NatGradTrace, J: BlockJacobian, mean_path: Array, varsqrt_path: Array, *, rtol: float, atol: float
 ) -> list[Check]:
     """Claims (a)-(c): Jᵀ·v, Jᵀ·1 and its split, the two paths, and the naive product against Jᵀ·v."""
     contraction = J.vjp([trace.dL_dmean, trace.dL_dvarsqrt])

@@ -33,6 +33,7 @@ from natgrad_diag.exceptions import (
 from natgrad_diag.lessons.outer_runs import by_hand, first_line, outer_checks, tensorflow_run, torch_checks, torch_run
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
+from natgrad_diag.typing import Array
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 
@@ -73,18 +74,18 @@ class OuterExample(Report):
         rtol, atol: the tolerances of every "equal".
     """
 
-    x: np.ndarray
-    y: np.ndarray
-    gradient_ones_seed: np.ndarray
-    default_seed_gradient: np.ndarray
-    closed_form: np.ndarray
+    x: Array
+    y: Array
+    gradient_ones_seed: Array
+    default_seed_gradient: Array
+    closed_form: Array
     jacobian: BlockJacobian
-    jacobian_closed_form: np.ndarray
-    contraction: np.ndarray
-    dL_dy: np.ndarray
-    chain_two_step: np.ndarray
-    chain_one_step: np.ndarray
-    chain_closed_form: np.ndarray
+    jacobian_closed_form: Array
+    contraction: Array
+    dL_dy: Array
+    chain_two_step: Array
+    chain_one_step: Array
+    chain_closed_form: Array
     wrong_seed_error: str
     tensorflow_wrong_seed: str
     broadcast_seed_error: str
@@ -100,7 +101,7 @@ class OuterExample(Report):
         return f"grad_outputs / output_gradients for y = outer(x, x), x = {_vec(self.x)} (float64)"
 
     @property
-    def jacobian_array(self) -> np.ndarray:
+    def jacobian_array(self) -> Array:
         """[n, n, n], ``tape.jacobian(y, x)``: J[j, k, i] = ∂y_jk/∂x_i."""
         return self.jacobian.block(0, 0)
 
@@ -250,14 +251,15 @@ class OuterExample(Report):
             rtol=self.rtol,
             atol=self.atol,
         )
-        return to_jsonable(d)
+        out: dict[str, Any] = to_jsonable(d)
+        return out
 
 
-def _vec(a: np.ndarray) -> str:
+def _vec(a: Array) -> str:
     return "[" + ", ".join(format_number(v) for v in np.ravel(a)) + "]"
 
 
-def _validate_x(x: Any) -> np.ndarray:
+def _validate_x(x: Any) -> Array:
     if x is None:
         return np.array(DEFAULT_X, dtype=np.float64)
     try:
@@ -296,7 +298,7 @@ def _validate_x(x: Any) -> np.ndarray:
 
 
 def outer_example(
-    x: Sequence[float] | np.ndarray | None = None,
+    x: Sequence[float] | Array | None = None,
     *,
     rtol: float = 1e-12,
     atol: float = 1e-12,

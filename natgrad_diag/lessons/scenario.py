@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ class SeedScenario:
     q_mu_grad: Any
     q_sqrt_grad: Any
 
-    def __iter__(self):  # so that ``natgrad_trace(*seed_scenario())`` works
+    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
         return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
+from natgrad_diag.typing import Array
 
 __all__ = ["TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
 
@@ -69,17 +70,17 @@ class TorchOuter:
         torch_version: ``torch.__version__``.
     """
 
-    x: np.ndarray
-    gradient_ones_seed: np.ndarray
-    jacobian: np.ndarray
-    dL_dy: np.ndarray
-    chain_two_step: np.ndarray
-    chain_one_step: np.ndarray
+    x: Array
+    gradient_ones_seed: Array
+    jacobian: Array
+    dL_dy: Array
+    chain_two_step: Array
+    chain_one_step: Array
     wrong_seed_error: str
     torch_version: str
 
 
-def torch_outer(x: Sequence[float] | np.ndarray) -> TorchOuter:
+def torch_outer(x: Sequence[float] | Array) -> TorchOuter:
     """Run the ``torch.outer`` example of the ``grad_outputs`` docs in PyTorch, float64, on CPU.
 
     Args:
@@ -121,7 +122,7 @@ def torch_outer(x: Sequence[float] | np.ndarray) -> TorchOuter:
 
 def torch_vjp(
     fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any]
-) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
     """The outputs of ``fn(*primals)`` and Jᵀ·v by ``torch.autograd.grad``, in float64.
 
     Args:

@@ -30,6 +30,7 @@ import numpy as np
 
 from natgrad_diag.exceptions import InputError, MissingExtraError
 from natgrad_diag.report.records import format_number
+from natgrad_diag.typing import Array
 
 __all__ = [
     "BlockSpan",
@@ -115,13 +116,13 @@ class HeatmapData:
         row_blocks, col_blocks: the block boundaries, one :class:`BlockSpan` per output / input.
     """
 
-    matrix: np.ndarray
+    matrix: Array
     row_labels: tuple[str, ...]
     col_labels: tuple[str, ...]
     row_blocks: tuple[BlockSpan, ...]
     col_blocks: tuple[BlockSpan, ...]
 
-    def block(self, output: str, input: str) -> np.ndarray:  # noqa: A002 - the Jacobian's own words
+    def block(self, output: str, input: str) -> Array:  # noqa: A002 - the Jacobian's own words
         """The 2-D sub-matrix ∂output/∂input, e.g. ``block("varsqrt", "eta1")`` is [L·M·M, M·L]."""
         rows = {b.name: b for b in self.row_blocks}
         cols = {b.name: b for b in self.col_blocks}
@@ -241,10 +242,10 @@ class Eta1Comparison:
     """
 
     labels: tuple[str, ...]
-    vjp: np.ndarray
-    naive: np.ndarray
-    mean_path: np.ndarray
-    varsqrt_path: np.ndarray
+    vjp: Array
+    naive: Array
+    mean_path: Array
+    varsqrt_path: Array
 
     #: (attribute, legend) in the order drawn.
     SERIES = (
