@@ -1,4 +1,9 @@
-"""The monitor's TensorBoard scalars, written with tf.summary as gpflow.monitor's TensorBoard tasks write theirs."""
+"""The monitor's TensorBoard scalars, written with tf.summary as gpflow.monitor's TensorBoard tasks write theirs.
+
+``tf.summary.scalar`` needs the tensorboard package; :func:`tf.summary.write` with the scalar plugin's metadata
+(plugin name "scalars", what ``tf.summary.scalar`` attaches) writes the same event without it, so the monitor logs
+whether or not tensorboard is installed, and TensorBoard shows the values as scalars.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +31,16 @@ class ScalarLog:
     def _write(self, step: int, values: dict[str, float | None]) -> None:
         import tensorflow as tf
 
+        from tensorflow.core.framework.summary_pb2 import SummaryMetadata
+
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
+        metadata = SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
         with self._writer.as_default():
             for tag, value in values.items():
-                if value is not None:
-                    tf.summary.scalar(tag, float(value), step=int(step))
+                if value is not None:  # float32, as tf.summary.scalar writes (TensorBoard's scalar plugin reads it)
+                    tf.summary.write(tag, tf.constant(float(value), tf.float32), step=int(step), metadata=metadata)
         self._writer.flush()
 
     def record(self, step: int, record: NatGradRecord) -> None:
