@@ -20,7 +20,9 @@ def heteroskedastic_svgp(num_data: int = 60, num_inducing: int = 8, seed: int = 
     likelihood = gpflow.likelihoods.HeteroskedasticTFPConditional(
         distribution_class=tfp.distributions.Normal, scale_transform=tfp.bijectors.Exp()
     )
-    kernel = gpflow.kernels.SeparateIndependent([gpflow.kernels.SquaredExponential(), gpflow.kernels.SquaredExponential()])
+    kernel = gpflow.kernels.SeparateIndependent(
+        [gpflow.kernels.SquaredExponential(), gpflow.kernels.SquaredExponential()]
+    )
     Z = np.linspace(X.min(), X.max(), num_inducing)[:, None]
     inducing = gpflow.inducing_variables.SeparateIndependentInducingVariables(
         [gpflow.inducing_variables.InducingPoints(Z), gpflow.inducing_variables.InducingPoints(Z.copy())]
@@ -44,7 +46,9 @@ def gpflow_loss_after(model, data, gamma: float) -> float | None:
     """The loss after GPflow's own NaturalGradient(gamma) step on a deep copy (None when the step raises or is not finite)."""
     copy_ = gpflow.utilities.deepcopy(model)
     try:
-        gpflow.optimizers.NaturalGradient(gamma).minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+        gpflow.optimizers.NaturalGradient(gamma).minimize(
+            lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)]
+        )
     except tf.errors.InvalidArgumentError:
         return None
     loss = float(copy_.training_loss(data).numpy())

@@ -59,9 +59,8 @@ def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_
     model, data = multiclass_svgp()
     monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="raise")
     natgrad = NaturalGradient(0.1)
-    with pytest.raises(NatGradCheckError) as info:
-        with monitor.guard(7, natgrad):
-            _natgrad_step(natgrad, model, data)
+    with pytest.raises(NatGradCheckError) as info, monitor.guard(7, natgrad):
+        _natgrad_step(natgrad, model, data)
     text = str(info.value)
     assert "training step 7 (gamma = 0.1) failed: the step raised InvalidArgumentError" in text
     assert "To fix: use gamma = 0.05" in text
@@ -72,9 +71,12 @@ def test_guard__warn_warns_and_lets_the_error_through():
     model, data = multiclass_svgp()
     monitor = NatGradMonitor(model, data, gamma=0.1)  # on_failure="warn" by default
     natgrad = NaturalGradient(0.1)
-    with pytest.warns(UserWarning, match="training step 0 failed"), pytest.raises(tf.errors.InvalidArgumentError):
-        with monitor.guard(0, natgrad):
-            _natgrad_step(natgrad, model, data)
+    with (
+        pytest.warns(UserWarning, match="training step 0 failed"),
+        pytest.raises(tf.errors.InvalidArgumentError),
+        monitor.guard(0, natgrad),
+    ):
+        _natgrad_step(natgrad, model, data)
     assert monitor.guard_records[0].status == "failed" and natgrad.gamma == 0.1
 
 
@@ -82,9 +84,8 @@ def test_guard__python_float_gamma_is_set_with_a_retrace_warning():
     model, data = multiclass_svgp()
     monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
     natgrad = NaturalGradient(0.1)
-    with pytest.warns(UserWarning, match="must be retraced|traced again"):
-        with monitor.guard(0, natgrad):
-            _natgrad_step(natgrad, model, data)
+    with pytest.warns(UserWarning, match="must be retraced|traced again"), monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
     assert natgrad.gamma == 0.05
 
 
@@ -96,9 +97,8 @@ def test_guard__heteroskedastic_blow_up_is_flagged_and_rolled_back():
     natgrad = NaturalGradient(1.0)
     with flagged.guard(0, natgrad):
         _natgrad_step(natgrad, flagged.model, data)
-    with pytest.warns(UserWarning, match="the loss rose from"):
-        with flagged.guard(1, natgrad):
-            _natgrad_step(natgrad, flagged.model, data)
+    with pytest.warns(UserWarning, match="the loss rose from"), flagged.guard(1, natgrad):
+        _natgrad_step(natgrad, flagged.model, data)
     bad = flagged.guard_records[1]
     assert bad.status == "failed" and bad.loss_after > 20 * bad.loss_before  # GPflow's own numbers: 115 → 5746
     monitor = NatGradMonitor(model, data, gamma=1.0, on_failure="rollback")
@@ -129,7 +129,14 @@ def test_lower_gamma__walks_down_the_grid():
     assert [lower_gamma(g) for g in (1.0, 0.5, 0.1, 0.07, 0.001)] == [0.5, 0.2, 0.05, 0.05, 0.0005]
 
 
-@pytest.mark.parametrize(("kw", "arg"), [({"on_failure": "ignore"}, "on_failure"), ({"loss_increase": -1.0}, "loss_increase"), ({"loss_increase": float("nan")}, "loss_increase")])
+@pytest.mark.parametrize(
+    ("kw", "arg"),
+    [
+        ({"on_failure": "ignore"}, "on_failure"),
+        ({"loss_increase": -1.0}, "loss_increase"),
+        ({"loss_increase": float("nan")}, "loss_increase"),
+    ],
+)
 def test_monitor__bad_guard_options_are_input_errors(kw, arg):
     model, data = multiclass_svgp(num_data=10, num_inducing=3)
     with pytest.raises(InputError, match=arg):
@@ -165,7 +172,11 @@ def test_guard__adam_over_all_variables_moving_q_is_reported_once_with_the_fix()
     assert len(moved) == 1  # warned once
     assert "model.q_mu, model.q_sqrt" in moved[0]
     assert "gpflow.set_trainable(model.q_mu, False); gpflow.set_trainable(model.q_sqrt, False)" in moved[0]
-    assert [r.moved_by_other for r in monitor.guard_records] == [(), ("model.q_mu", "model.q_sqrt"), ("model.q_mu", "model.q_sqrt")]
+    assert [r.moved_by_other for r in monitor.guard_records] == [
+        (),
+        ("model.q_mu", "model.q_sqrt"),
+        ("model.q_mu", "model.q_sqrt"),
+    ]
 
 
 def test_guard__adam_over_hyperparameters_only_is_not_reported():

@@ -37,13 +37,15 @@ def test_monitor__writes_guard_and_check_scalars_for_tensorboard(tmp_path):
     assert set(scalars) <= set(SCALARS)
     records, check = monitor.guard_records, monitor.records[0]
     assert scalars["natgrad/gamma"] == [(r.step, pytest.approx(r.gamma_after, rel=1e-7)) for r in records]
-    assert scalars["natgrad/rollbacks"] == [(r.step, float(sum(q.rolled_back for q in records[: i + 1]))) for i, r in enumerate(records)]
+    assert scalars["natgrad/rollbacks"] == [
+        (r.step, float(sum(q.rolled_back for q in records[: i + 1]))) for i, r in enumerate(records)
+    ]
     assert scalars["natgrad/step_failed"] == [(r.step, float(not r.passed)) for r in records]
     assert monitor.rollbacks >= 1 and records[0].rolled_back
     # tf.summary.scalar stores float32: compare to float32 rounding
     before = [v for s, v in scalars["natgrad/loss_before"] if s < 3]
     assert np.allclose(before, [r.loss_before for r in records], rtol=1e-6, atol=0)
-    (rep_step, rep_err), = scalars["natgrad/reproduction_error"]
+    ((rep_step, rep_err),) = scalars["natgrad/reproduction_error"]
     assert rep_step == 3 and rep_err == pytest.approx(check.reproduction_error, rel=1e-6, abs=1e-30)
     assert scalars["natgrad/suggested_gamma"] == [(3, pytest.approx(check.suggested_gamma, rel=1e-7))]
     assert (3, pytest.approx(check.loss, rel=1e-6)) in scalars["natgrad/loss_before"]

@@ -20,6 +20,7 @@ step's error; ``"raise"`` raises :class:`~natgrad_diag.exceptions.NatGradCheckEr
 from __future__ import annotations
 
 import warnings
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -100,7 +101,11 @@ def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
 
 def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
     """(name, unconstrained tf.Variable) of every parameter of the pairs, q_mu then q_sqrt."""
-    return [(n, p.unconstrained_variable) for mu_name, q_mu, sq_name, q_sqrt in pairs for n, p in ((mu_name, q_mu), (sq_name, q_sqrt))]
+    return [
+        (n, p.unconstrained_variable)
+        for mu_name, q_mu, sq_name, q_sqrt in pairs
+        for n, p in ((mu_name, q_mu), (sq_name, q_sqrt))
+    ]
 
 
 def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[np.ndarray]:
@@ -116,12 +121,16 @@ class StepGuard:
 
             raise InputError(
                 "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.",
-                context=[("Argument", "optimizer"), ("Expected", "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient"), ("Got", type(optimizer).__name__)],
+                context=[
+                    ("Argument", "optimizer"),
+                    ("Expected", "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient"),
+                    ("Got", type(optimizer).__name__),
+                ],
                 remedy="pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
             )
         self.monitor, self.step, self.optimizer = monitor, int(step), optimizer
 
-    def __enter__(self) -> StepGuard:
+    def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor
         self.pairs = m.variational_pairs()
         self.moved = self._moved_since_last_exit()
@@ -165,7 +174,9 @@ class StepGuard:
                 ), loss_after
         return "", loss_after
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         import tensorflow as tf
 
         if exc is not None and not isinstance(exc, tf.errors.InvalidArgumentError):
@@ -194,6 +205,10 @@ class StepGuard:
                 remedy=f"use gamma = {lower_gamma(self.gamma_before):g}, or on_failure='rollback' to restore q(u) and lower γ automatically.",
             ) from exc
         if m.on_failure == "warn":
-            warnings.warn(f"natural-gradient step at training step {self.step} failed: {cause}; {record}", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"natural-gradient step at training step {self.step} failed: {cause}; {record}",
+                UserWarning,
+                stacklevel=2,
+            )
             return False
         return True  # rolled back: the step's error, if any, is swallowed

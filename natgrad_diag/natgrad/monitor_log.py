@@ -30,7 +30,6 @@ class ScalarLog:
 
     def _write(self, step: int, values: dict[str, float | None]) -> None:
         import tensorflow as tf
-
         from tensorflow.core.framework.summary_pb2 import SummaryMetadata
 
         if self._writer is None:

@@ -30,10 +30,18 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
     if var_list is not None:
         pairs = []
         for i, item in enumerate(var_list):
-            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3) or not all(_is_parameter(p) for p in item[:2]):
+            if (
+                not isinstance(item, (tuple, list))
+                or len(item) not in (2, 3)
+                or not all(_is_parameter(p) for p in item[:2])
+            ):
                 raise UnsupportedModelError(
                     "var_list must hold (q_mu, q_sqrt) pairs of gpflow.Parameter, as NaturalGradient.minimize takes them.",
-                    context=[("Argument", f"var_list[{i}]"), ("Expected", "(q_mu [M, L], q_sqrt [L, M, M]) or (q_mu, q_sqrt, xi_transform)"), ("Got", type(item).__name__)],
+                    context=[
+                        ("Argument", f"var_list[{i}]"),
+                        ("Expected", "(q_mu [M, L], q_sqrt [L, M, M]) or (q_mu, q_sqrt, xi_transform)"),
+                        ("Got", type(item).__name__),
+                    ],
                     remedy="pass var_list=[(layer.q_mu, layer.q_sqrt), ...].",
                 )
             pairs.append((f"var_list[{i}][0]", item[0], f"var_list[{i}][1]", item[1]))
@@ -49,7 +57,11 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
     if not pairs:
         raise UnsupportedModelError(
             "found no variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ) to take natural-gradient steps on.",
-            context=[("Argument", "model"), ("Expected", "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers"), ("Got", type(model).__name__)],
+            context=[
+                ("Argument", "model"),
+                ("Expected", "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers"),
+                ("Got", type(model).__name__),
+            ],
             remedy="pass var_list=[(q_mu, q_sqrt), ...] with the pairs your NaturalGradient.minimize call takes.",
         )
     return pairs
