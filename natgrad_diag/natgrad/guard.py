@@ -116,19 +116,23 @@ class StepGuard:
     """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (see the module docstring)."""
 
     def __init__(self, monitor: Any, step: int, optimizer: Any) -> None:
-        if not hasattr(optimizer, "gamma"):
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
             from natgrad_diag.exceptions import InputError
 
             raise InputError(
                 "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.",
                 context=[
                     ("Argument", "optimizer"),
-                    ("Expected", "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient"),
+                    (
+                        "Expected",
+                        "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
+                    ),
                     ("Got", type(optimizer).__name__),
                 ],
                 remedy="pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
             )
-        self.monitor, self.step, self.optimizer = monitor, int(step), optimizer
+        self.monitor, self.step, self.optimizer, self.optimizers = monitor, int(step), optimizers[0], optimizers
 
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor
@@ -187,8 +191,10 @@ class StepGuard:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):
                 var.assign(value)
             gamma_after, rolled_back = lower_gamma(self.gamma_before), True
-            if set_gamma(self.optimizer, gamma_after):
-                warnings.warn(_RETRACE.format(new=gamma_after, old=self.gamma_before), UserWarning, stacklevel=2)
+            for opt in self.optimizers:  # each optimizer's γ one grid value lower (GPflux: one per GPLayer)
+                old = read_gamma(opt)
+                if set_gamma(opt, lower_gamma(old)):
+                    warnings.warn(_RETRACE.format(new=lower_gamma(old), old=old), UserWarning, stacklevel=2)
         record = GuardRecord(
             step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,
             gamma_after=gamma_after, cause=cause, loss_before=self.loss_before,

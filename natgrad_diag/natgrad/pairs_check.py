@@ -12,7 +12,8 @@ same, pair by pair, each pair's step with the others held fixed:
 
 The loss closes over the user's parameters, so there is no copy to step on: GPflow's update and the losses after a
 step are computed on the parameters themselves, which are restored bit for bit (their unconstrained variables) before
-the function returns, also when it raises. The Fisher-identity, ξ forward-mode and conjugate checks need a model
+the function returns, also when it raises. What the loss itself changes when called (the running means of
+Keras metrics that GPflux's layers update at every call) is the loss's own side effect and is not undone. The Fisher-identity, ξ forward-mode and conjugate checks need a model
 (:func:`natgrad_diag.check_natgrad` with an SVGP or VGP) and are listed as skipped.
 """
 
