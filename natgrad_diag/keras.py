@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NatGradCallback"]
+__all__ = ["NatGradCallback"]  # noqa: F822 (built by __getattr__ on first access)
 
 _CLASS: dict[str, type] = {}
 

@@ -11,13 +11,13 @@ import pytest
 
 gpflux = pytest.importorskip("gpflux")
 
-import gpflow  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from _user_models import same_bits  # noqa: E402
-from gpflow.keras import tf_keras  # noqa: E402
-from gpflow.optimizers import NaturalGradient  # noqa: E402
+import gpflow
+import tensorflow as tf
+from _user_models import same_bits
+from gpflow.keras import tf_keras
+from gpflow.optimizers import NaturalGradient
 
-from natgrad_diag import NatGradMonitor, check_natgrad  # noqa: E402
+from natgrad_diag import NatGradMonitor, check_natgrad
 
 
 def _deep_gp(layers: int, num_data: int = 20, num_inducing: int = 4):
