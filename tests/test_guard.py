@@ -182,3 +182,27 @@ def test_guard__adam_over_all_variables_moving_q_is_reported_once_with_the_fix()
 def test_guard__adam_over_hyperparameters_only_is_not_reported():
     monitor = _train_with_adam(all_variables=False)  # filterwarnings=error: any natgrad_diag warning fails here
     assert all(r.moved_by_other == () for r in monitor.guard_records) and len(monitor.guard_records) == 3
+
+
+def test_guard__natgrad_diags_own_optimizer_is_rolled_back_the_same_way():
+    import natgrad_diag
+
+    model, data = multiclass_svgp()
+    natgrad = natgrad_diag.NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    q0 = _q_values(model)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    (r,) = monitor.guard_records
+    assert r.rolled_back and r.gamma_after == 0.05 and float(natgrad.gamma.numpy()) == 0.05
+    assert same_bits(q0, _q_values(model))
+
+
+def test_guard__docstring_examples_run():
+    import doctest
+
+    from natgrad_diag.natgrad import guard, health
+
+    for module in (guard, health):
+        result = doctest.testmod(module)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__
