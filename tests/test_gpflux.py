@@ -109,3 +109,20 @@ def test_keras_module__import_is_light():
     code = "import sys, natgrad_diag.keras; print('tensorflow' in sys.modules, 'gpflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_gpflux__monitor_checks_a_two_layer_deep_gp_every_step():
+    model, data = _deep_gp(2)
+    loss = _seeded_loss(model, data)
+    loss()
+    monitor = NatGradMonitor(model, data, gamma=0.5, loss_fn=loss)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    monitor(0)
+    assert same_bits(before, [v.numpy() for v in model.trainable_variables])
+    (r,) = monitor.records
+    assert r.passed and r.step_healthy and r.reproduction_passed and r.reproduction_error <= 1e-10
+    assert r.loss == float(loss().numpy()) and r.loss_after is None  # two pairs: no single loss after
+    # the first layer's q(u) barely moves the seeded loss (its step neither lowers nor raises it beyond rounding), so
+    # no γ of the grid lowers the loss for every pair: the record suggests none rather than a γ that does nothing
+    assert r.suggested_gamma in (None, 0.5)

@@ -111,16 +111,19 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
         """The current data: ``data()`` when data is a callable, else ``data``."""
         return self.data() if callable(self.data) else self.data
 
+    def loss_tensor(self, data: Any) -> Any:
+        """The training loss on ``data`` now: ``loss_fn()``, the model's training loss, or −ELBO for a GPflux DeepGP."""
+        if self.loss_fn is not None:
+            return self.loss_fn()
+        if hasattr(self.model, "training_loss"):
+            return self.model.training_loss() if data is None else self.model.training_loss(data)
+        return -self.model.elbo(data)  # a GPflux DeepGP: −ELBO, as GPflow's training_loss
+
     def loss_value(self, data: Any) -> float | None:
-        """The training loss on ``data`` now (None when it is not finite)."""
+        """The training loss on ``data`` now as a float (None when it is not finite)."""
         import math
 
-        if self.loss_fn is not None:
-            value = self.loss_fn()
-        elif hasattr(self.model, "training_loss"):
-            value = self.model.training_loss() if data is None else self.model.training_loss(data)
-        else:  # a GPflux DeepGP: −ELBO, as GPflow's training_loss
-            value = -self.model.elbo(data)
+        value = self.loss_tensor(data)
         value = float(value.numpy()) if hasattr(value, "numpy") else float(value)
         return value if math.isfinite(value) else None
 
@@ -153,25 +156,34 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
             )
 
     def check(self, step: int) -> NatGradRecord:
-        """Run the cheap checks now and return the record (not appended)."""
+        """Run the cheap checks now and return the record (not appended).
+
+        An SVGP or VGP gets :func:`~natgrad_diag.check_natgrad`'s fast checks; a GPflux DeepGP or a ``var_list``
+        gets the pair-by-pair checks (:mod:`natgrad_diag.natgrad.pairs_check`), folded into one record: the largest
+        reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when there is one
+        pair.
+        """
         from natgrad_diag.natgrad.check import check_natgrad
 
-        data = self.data() if callable(self.data) else self.data
-        report = check_natgrad(
-            self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False,
-        )  # fmt: skip
-        names = {c.name: c for c in report.checks}
-        rep = names.get("reproduction")
-        health = names.get("step_health")
+        data = self.batch()
+        if self.var_list is None and hasattr(self.model, "q_mu"):
+            report = check_natgrad(self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False)
+            reports = [report]
+        else:
+            pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.variational_pairs()]
+            report = check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast")
+            reports = list(report.pairs)
+        reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
+        suggested = [r.suggested_gamma for r in reports]
         failed = [c for c in report.checks if not c.passed]
         return NatGradRecord(
             step=step,
-            loss=report.loss_before,
-            loss_after=report.loss_after,
-            reproduction_error=None if rep is None else rep.max_abs_error,
-            reproduction_passed=bool(rep is not None and rep.passed),
-            step_healthy=bool(health is not None and health.passed),
-            suggested_gamma=report.suggested_gamma,
+            loss=reports[0].loss_before,
+            loss_after=reports[0].loss_after if len(reports) == 1 else None,
+            reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
+            reproduction_passed=bool(reps) and all(c.passed for c in reps),
+            step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
+            suggested_gamma=None if None in suggested else min(suggested),  # type: ignore[type-var]
             passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in failed),
         )
