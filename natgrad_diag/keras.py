@@ -39,7 +39,8 @@ def _build() -> type:
         def __init__(self, monitor: Any, optimizers: Any = None) -> None:
             super().__init__()
             self.monitor, self.optimizers = monitor, optimizers
-            self.step, self._guard = 0, None
+            self.step: int = 0
+            self._guard: Any = None
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             optimizers = self.optimizers if self.optimizers is not None else self.model.natgrad_optimizers

@@ -166,6 +166,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
         from natgrad_diag.natgrad.check import check_natgrad
 
         data = self.batch()
+        report: Any
         if self.var_list is None and hasattr(self.model, "q_mu"):
             report = check_natgrad(self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False)
             reports = [report]
