@@ -14,12 +14,14 @@ from natgrad_diag import NatGradMonitor
 from natgrad_diag.natgrad.monitor_log import SCALARS
 
 
-def _read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+def _read_scalars(log_dir: Path, plugins: set[str] | None = None) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 out.setdefault(value.tag, []).append((int(event.step), float(tf.make_ndarray(value.tensor))))
+                if plugins is not None and value.metadata.plugin_data.plugin_name:
+                    plugins.add(value.metadata.plugin_data.plugin_name)
     return out
 
 
@@ -33,8 +35,10 @@ def test_monitor__writes_guard_and_check_scalars_for_tensorboard(tmp_path):
     monitor.gamma = float(natgrad.gamma.numpy())
     monitor(3)  # the periodic check at the γ now in use
     monitor.log.close()
-    scalars = _read_scalars(tmp_path)
+    plugins: set[str] = set()
+    scalars = _read_scalars(tmp_path, plugins)
     assert set(scalars) <= set(SCALARS)
+    assert plugins == {"scalars"}  # TensorBoard's scalar dashboard shows them
     records, check = monitor.guard_records, monitor.records[0]
     assert scalars["natgrad/gamma"] == [(r.step, pytest.approx(r.gamma_after, rel=1e-7)) for r in records]
     assert scalars["natgrad/rollbacks"] == [
