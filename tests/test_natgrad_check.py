@@ -270,13 +270,13 @@ def test_step_health__bernoulli_too_large_gamma_is_reported_not_crashed(mode):
     assert stepped.training_loss((X, Y)).numpy() < model.training_loss((X, Y)).numpy()
 
 
-def test_step_health__full_mode_suggests_the_largest_healthy_grid_gamma():
+def test_step_health__full_mode_suggests_the_grid_gamma_with_the_lowest_loss():
     model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
     report = nc.check_natgrad(model, data, gamma=5.0, mode="full")
     g = report.suggested_gamma
-    larger = [t for t in report.gamma_trials if t.gamma > g]
-    assert all(not t.healthy or t.loss >= report.loss_before for t in larger)
-    assert report.gamma_trials[-1].gamma == g and report.gamma_trials[-1].healthy
+    assert [t.gamma for t in report.gamma_trials] == list(nc.GAMMA_GRID)  # every γ of the grid is measured
+    lowering = [t for t in report.gamma_trials if t.healthy and t.loss < report.loss_before]
+    assert g == min(lowering, key=lambda t: (t.loss, t.gamma)).gamma
 
 
 def test_step_health__meanvar_negative_diagonal_is_unhealthy():

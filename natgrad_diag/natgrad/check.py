@@ -97,6 +97,7 @@ def check_natgrad(
     conjugate_rtol: float | None = None,
     fisher: bool | None = None,
     progress: bool = True,
+    var_list: Any = None,
 ) -> NatGradReport:
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
@@ -121,6 +122,7 @@ def check_natgrad(
         fisher: run the Fisher-identity check in fast mode (it costs about one more natural-gradient step);
             None: when M ≤ :data:`FAST_FISHER_MAX_M`. Full mode always runs it.
         progress: show a progress bar (on a terminal) in full mode.
+        var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss (pairs_check).
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
@@ -144,6 +146,10 @@ def check_natgrad(
     from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
     from natgrad_diag.progress import progress_bar
 
+    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.natgrad.pairs_check
+        from natgrad_diag.natgrad.pairs_check import check_pairs
+
+        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol)  # type: ignore[return-value]
     validate_model(model)
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)

@@ -1,4 +1,4 @@
-"""Step health: is the new q(u) usable, the loss after the step, and the largest γ of the grid worth suggesting."""
+"""Step health: is the new q(u) usable, the loss after the step, and the γ of the grid with the lowest measured loss."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from natgrad_diag.natgrad.step import Step
 from natgrad_diag.natgrad.tensors import loss_and_grads, step_tensors
 from natgrad_diag.report.records import Check, format_number
 
-__all__ = ["GAMMA_GRID", "HealthResult", "check_step_health", "health", "loss_at", "suggest"]
+__all__ = ["GAMMA_GRID", "HealthResult", "best_gamma", "check_step_health", "health", "loss_at", "suggest"]
 
 #: Step lengths tried, largest first, for the suggested gamma.
 GAMMA_GRID = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
@@ -90,34 +90,68 @@ def _trial(ctx: Context, scratch: Any, gamma: float, loss_before: float, g: tupl
     return GammaTrial(gamma, True, loss, "lowers the loss" if loss < loss_before else "raises the loss")
 
 
-def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any]) -> tuple[float | None, tuple[GammaTrial, ...]]:
-    """The largest γ of :data:`GAMMA_GRID` whose step is healthy and lowers the loss.
+def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: float, dtype: Any) -> float | None:
+    """The γ whose healthy step has the lowest loss after it, among those that lower the loss; ties to the smaller γ.
 
-    Full mode tries the grid from the top; fast mode only searches below γ when the step at γ is unhealthy
-    or does not lower the loss (otherwise γ itself is the suggestion, and nothing else is computed).
+    Two losses tie when they differ by at most the rounding of one loss evaluation,
+    ``rounding_bound(dtype, condition=1, scale=max|loss|)`` = 100·ε·max|loss| (the loss is a sum of N terms each
+    computed to a few ε; 100 absorbs N up to the size where its rounding matters).
+
+    Examples:
+        >>> t = [GammaTrial(1.0, True, 5.0), GammaTrial(0.1, True, 2.0), GammaTrial(0.01, True, 2.0), GammaTrial(0.5, False, None)]
+        >>> best_gamma(t, 10.0, np.float64)
+        0.01
+        >>> best_gamma([GammaTrial(1.0, True, 11.0)], 10.0, np.float64) is None
+        True
     """
+    from natgrad_diag.tolerance import rounding_bound
+
+    usable = sorted((t for t in trials if t.healthy and t.loss is not None and t.loss < loss_before), key=lambda t: t.gamma)
+    if not usable:
+        return None
+    tie = rounding_bound(dtype, condition=1.0, scale=max(abs(t.loss) for t in usable))  # type: ignore[arg-type]
+    best = usable[0]
+    for t in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
+        if t.loss < best.loss - tie:  # type: ignore[operator]
+            best = t
+    return best.gamma
+
+
+def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None) -> GammaTrial:
+    """The step at γ itself as a trial (already taken: nothing is computed)."""
+    if healthy and loss_after is not None:
+        return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
+    return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
+
+
+def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any]) -> tuple[float | None, tuple[GammaTrial, ...]]:
+    """The γ of :data:`GAMMA_GRID` whose step is healthy and has the lowest loss after it (see :func:`best_gamma`).
+
+    Full mode measures the loss after one step for every γ of the grid (the step at γ itself is reused when γ is on
+    the grid). Fast mode, where the monitor runs it every few training steps, keeps γ when its step is healthy and
+    lowers the loss (one trial, nothing else computed) and otherwise measures every γ of the grid below γ (the trials
+    then start with γ's own).
+    """
+    own = _own_trial(ctx, step, healthy, loss_after)
     if ctx.mode == "fast":
-        if healthy and loss_after is not None and loss_after < step.loss:
-            return ctx.gamma, ()
+        if own.healthy and own.loss is not None and own.loss < step.loss:
+            return ctx.gamma, (own,)
         grid = [g for g in GAMMA_GRID if g < ctx.gamma]
+        trials = [own]
     else:
         grid = list(GAMMA_GRID)
-    trials = []
+        trials = []
     grads: list[Any] = []
     for g in grid:
-        if ctx.mode == "full" and g == ctx.gamma and loss_after is not None:
-            t = GammaTrial(g, healthy, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
-        elif ctx.mode == "full" and g == ctx.gamma and not healthy:
-            t = GammaTrial(g, False, None, step.error or "unhealthy step")
+        if ctx.mode == "full" and g == ctx.gamma:
+            t = own
         else:
             if not grads:
                 grads.append(loss_and_grads(ctx.model, ctx.data))
             t = _trial(ctx, scratch, g, step.loss, grads[0])
         trials.append(t)
         advance()
-        if t.healthy and t.loss is not None and t.loss < step.loss:
-            return g, tuple(trials)
-    return None, tuple(trials)
+    return best_gamma(trials, step.loss, ctx.np_dtype), tuple(trials)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""NatGradRecord: what the monitor records at one training step (imports neither GPflow nor TensorFlow)."""
+"""NatGradRecord and GuardRecord: what the monitor records at one training step (imports neither GPflow nor TensorFlow)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NatGradRecord"]
+__all__ = ["GuardRecord", "NatGradRecord"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,49 @@ class NatGradRecord:
             f"step {self.step}: {mark}; loss {self.loss!r} → {self.loss_after!r}; healthy={self.step_healthy}; "
             f"reproduction error {err}" + (f"; {self.detail}" if self.detail else "")
         )
+
+
+@dataclass(frozen=True)
+class GuardRecord:
+    """What ``NatGradMonitor.guard`` found at one guarded natural-gradient step.
+
+    Attributes:
+        step: the training step the guard was called with.
+        status: "ok" or "failed".
+        rolled_back: q(u) was restored to its value before the step (``on_failure="rollback"``).
+        gamma_before: the optimizer's γ when the step was taken.
+        gamma_after: its γ after the guard (lower than ``gamma_before`` after a rollback).
+        cause: why the step failed ("" when it did not).
+        loss_before: the loss before the step (None if not finite).
+        loss_after: the loss after the step, or after the rollback (None if not finite or not computed).
+        moved_by_other: the parameters that something other than the guarded step changed since the guard's
+            previous exit (() when none).
+    """
+
+    step: int
+    status: str
+    rolled_back: bool
+    gamma_before: float
+    gamma_after: float
+    cause: str = ""
+    loss_before: float | None = None
+    loss_after: float | None = None
+    moved_by_other: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        """The step was healthy."""
+        return self.status == "ok"
+
+    def __str__(self) -> str:
+        text = f"step {self.step}: {self.status}; gamma {self.gamma_before:g}"
+        if self.gamma_after != self.gamma_before:
+            text += f" → {self.gamma_after:g}"
+        text += f"; loss {self.loss_before!r} → {self.loss_after!r}"
+        if self.rolled_back:
+            text += "; rolled back"
+        if self.cause:
+            text += f"; {self.cause}"
+        if self.moved_by_other:
+            text += f"; moved by another optimizer: {', '.join(self.moved_by_other)}"
+        return text

@@ -7,7 +7,10 @@ from typing import Any
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.natgrad.monitor_record import NatGradRecord
+from natgrad_diag.natgrad.guard import ON_FAILURE, StepGuard
+from natgrad_diag.natgrad.monitor_log import ScalarLog
+from natgrad_diag.natgrad.monitor_record import GuardRecord, NatGradRecord
+from natgrad_diag.natgrad.pairs import variational_pairs
 
 __all__ = ["NatGradMonitor"]
 
@@ -15,16 +18,40 @@ __all__ = ["NatGradMonitor"]
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
     """A ``gpflow.monitor.MonitorTask`` that records natural-gradient step health and reproduction every k steps.
 
+    ``monitor(step)`` runs the periodic checks; ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards
+    the user's own step (see :mod:`natgrad_diag.natgrad.guard`)::
+
+        monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+        for step in range(1000):
+            with monitor.guard(step, natgrad):
+                natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
+            adam.minimize(loss, hyperparameters)
+
     Args:
-        model: the SVGP or VGP being trained (read only).
+        model: the SVGP, VGP or GPflux DeepGP being trained (read only, except for a guard's rollback).
         data: (X, Y) for SVGP, or a zero-argument callable returning the current batch; None for VGP.
         gamma: the natural-gradient step length used in training.
         xi_transform: the ξ transform used in training (None: ``XiNat()``).
         every: run the checks when ``step % every == 0``.
-        raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
+        raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record
+            (as ``on_failure="raise"`` does for the periodic checks).
+        on_failure: what a guard does with a failed step: "warn" (a warning; q(u) stays as the step left it),
+            "raise" (NatGradCheckError with the cause and a γ to use) or "rollback" (restore q(u) bit for bit,
+            lower the optimizer's γ, swallow the step's error and go on). "raise" also raises on a failed
+            periodic check.
+        loss_increase: a guarded step fails when the loss rises by more than
+            ``loss_increase · max(|loss before|, 1)``; the default 0.5 lets a step raise the loss by half its size
+            (minibatch noise, a first step from a poor q(u)) and catches blow-ups (50× and more on GPflow's
+            heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and non-finite values.
+        log_dir: write the scalars of :data:`~natgrad_diag.natgrad.monitor_log.SCALARS` for TensorBoard there.
+        loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
+            −ELBO for a GPflux DeepGP); needed with ``var_list``.
+        var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
+            :func:`natgrad_diag.natgrad.pairs.variational_pairs`).
 
     Attributes:
         records: list of :class:`NatGradRecord`, oldest first.
+        guard_records: list of :class:`GuardRecord`, one per guarded step, oldest first.
     """
 
     def __init__(
@@ -36,8 +63,14 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
         xi_transform: Any = None,
         every: int = 1,
         raise_on_failure: bool = False,
+        on_failure: str = "warn",
+        loss_increase: float = 0.5,
+        log_dir: Any = None,
+        loss_fn: Any = None,
+        var_list: Any = None,
     ) -> None:
         super().__init__()
+        _validate_options(on_failure, loss_increase)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InputError(
                 "every must be a positive integer.",
@@ -49,8 +82,56 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
         self.gamma = gamma
         self.xi_transform = xi_transform
         self.every = every
-        self.raise_on_failure = raise_on_failure
+        self.raise_on_failure = raise_on_failure or on_failure == "raise"
+        self.on_failure = on_failure
+        self.loss_increase = float(loss_increase)
+        self.loss_fn = loss_fn
+        self.var_list = var_list
         self.records: list[NatGradRecord] = []
+        self.guard_records: list[GuardRecord] = []
+        self.log = None if log_dir is None else ScalarLog(log_dir)
+        self._left_by_guard: list[Any] | None = None
+        self._moved_warned = False
+        variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+
+    def guard(self, step: int, optimizer: Any) -> StepGuard:
+        """A context manager around the user's natural-gradient step with ``optimizer`` (see :mod:`~natgrad_diag.natgrad.guard`)."""
+        return StepGuard(self, step, optimizer)
+
+    @property
+    def rollbacks(self) -> int:
+        """How many guarded steps were rolled back."""
+        return sum(r.rolled_back for r in self.guard_records)
+
+    def variational_pairs(self) -> list[Any]:
+        """(name, q_mu, name, q_sqrt) of every pair the guarded step moves."""
+        return variational_pairs(self.model, self.var_list)
+
+    def batch(self) -> Any:
+        """The current data: ``data()`` when data is a callable, else ``data``."""
+        return self.data() if callable(self.data) else self.data
+
+    def loss_tensor(self, data: Any) -> Any:
+        """The training loss on ``data`` now: ``loss_fn()``, the model's training loss, or −ELBO for a GPflux DeepGP."""
+        if self.loss_fn is not None:
+            return self.loss_fn()
+        if hasattr(self.model, "training_loss"):
+            return self.model.training_loss() if data is None else self.model.training_loss(data)
+        return -self.model.elbo(data)  # a GPflux DeepGP: −ELBO, as GPflow's training_loss
+
+    def loss_value(self, data: Any) -> float | None:
+        """The training loss on ``data`` now as a float (None when it is not finite)."""
+        import math
+
+        value = self.loss_tensor(data)
+        value = float(value.numpy()) if hasattr(value, "numpy") else float(value)
+        return value if math.isfinite(value) else None
+
+    def record_guard(self, record: GuardRecord) -> None:
+        """Append a guard's record (and write its scalars with ``log_dir``)."""
+        self.guard_records.append(record)
+        if self.log is not None:
+            self.log.guard(record)
 
     @property
     def failures(self) -> list[NatGradRecord]:
@@ -63,6 +144,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
             return
         self.records.append(self.check(step))
         last = self.records[-1]
+        if self.log is not None:
+            self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
             from natgrad_diag.exceptions import NatGradCheckError
 
@@ -73,27 +156,54 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
             )
 
     def check(self, step: int) -> NatGradRecord:
-        """Run the cheap checks now and return the record (not appended)."""
+        """Run the cheap checks now and return the record (not appended).
+
+        An SVGP or VGP gets :func:`~natgrad_diag.check_natgrad`'s fast checks; a GPflux DeepGP or a ``var_list``
+        gets the pair-by-pair checks (:mod:`natgrad_diag.natgrad.pairs_check`), folded into one record: the largest
+        reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when there is one
+        pair.
+        """
         from natgrad_diag.natgrad.check import check_natgrad
 
-        data = self.data() if callable(self.data) else self.data
-        report = check_natgrad(
-            self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False,
-        )  # fmt: skip
-        names = {c.name: c for c in report.checks}
-        rep = names.get("reproduction")
-        health = names.get("step_health")
+        data = self.batch()
+        report: Any
+        if self.var_list is None and hasattr(self.model, "q_mu"):
+            report = check_natgrad(self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False)
+            reports = [report]
+        else:
+            pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.variational_pairs()]
+            report = check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast")
+            reports = list(report.pairs)
+        reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
+        suggested = [r.suggested_gamma for r in reports]
         failed = [c for c in report.checks if not c.passed]
         return NatGradRecord(
             step=step,
-            loss=report.loss_before,
-            loss_after=report.loss_after,
-            reproduction_error=None if rep is None else rep.max_abs_error,
-            reproduction_passed=bool(rep is not None and rep.passed),
-            step_healthy=bool(health is not None and health.passed),
-            suggested_gamma=report.suggested_gamma,
+            loss=reports[0].loss_before,
+            loss_after=reports[0].loss_after if len(reports) == 1 else None,
+            reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
+            reproduction_passed=bool(reps) and all(c.passed for c in reps),
+            step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
+            suggested_gamma=None if None in suggested else min(suggested),  # type: ignore[type-var]
             passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in failed),
+        )
+
+
+def _validate_options(on_failure: Any, loss_increase: Any) -> None:
+    import math
+
+    if on_failure not in ON_FAILURE:
+        raise InputError(
+            "on_failure must be 'warn', 'raise' or 'rollback'.",
+            context=[("Argument", "on_failure"), ("Expected", "'warn' | 'raise' | 'rollback'"), ("Got", repr(on_failure))],
+            remedy="pass on_failure='rollback' to restore q(u) and lower γ after a failed step.",
+        )
+    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0 or math.isnan(loss_increase):
+        raise InputError(
+            "loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).",
+            context=[("Argument", "loss_increase"), ("Expected", "a float ≥ 0"), ("Got", repr(loss_increase))],
+            remedy="pass loss_increase=0.5 (a step may raise the loss by half its size).",
         )
 
 

@@ -67,8 +67,8 @@ class NatGradReport(Report):
         mode: "full" (explicit Jacobians, grid search) or "fast" (matrix-free, compiled).
         loss_before: the training loss at the current parameters.
         loss_after: the training loss after the step (None if the step failed).
-        suggested_gamma: the largest γ of the grid tried that keeps the step healthy and lowers the loss
-            (None if none did or none was searched).
+        suggested_gamma: the γ of the grid tried whose healthy step has the lowest loss after it, among those that
+            lower the loss; ties to the smaller γ (None if none did or none was searched).
         step_error: why the step failed ("" when it did not).
         gamma_trials: the step lengths tried for the suggestion.
         skipped: (check name, reason) for checks that do not apply or were skipped in fast mode.
@@ -111,6 +111,11 @@ class NatGradReport(Report):
             f"L = {self.num_latent}, {self.dtype}, {self.xi_transform}, gamma = {self.gamma:g}, {self.mode} mode"
         )
 
+    @property
+    def gamma_losses(self) -> dict[float, float | None]:
+        """γ → the loss after one step with it, for every γ tried (None where the step failed or was unhealthy)."""
+        return {t.gamma: (t.loss if t.healthy else None) for t in self.gamma_trials}
+
     def check(self, name: str) -> Check:
         """The check called ``name``; raises KeyError listing the names if there is none."""
         for c in self.checks:
@@ -146,7 +151,7 @@ class NatGradReport(Report):
                     (f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason)
                     for t in self.gamma_trials
                 ),
-                title="Step lengths tried (largest first)",
+                title="Step lengths tried (largest first); the suggestion has the lowest loss after",
             )
             out.append(Section("Suggested step length", "", (trials,)))
         if self.numbers:
@@ -174,6 +179,7 @@ class NatGradReport(Report):
             loss_before=self.loss_before,
             loss_after=self.loss_after,
             suggested_gamma=self.suggested_gamma,
+            gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
             step_error=self.step_error,
             gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
             skipped=[dict(check=n, reason=r) for n, r in self.skipped],

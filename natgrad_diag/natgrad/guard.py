@@ -1,0 +1,220 @@
+"""The guard around a user's natural-gradient step: snapshot q(u), judge the step, warn, raise or roll back.
+
+``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it notes whether something other
+than the guarded steps moved q(u) since the guard's last exit, snapshots every (q_mu, q_sqrt) pair (their
+unconstrained variables, bit for bit), reads γ from the optimizer and evaluates the loss. On exit it judges the step:
+
+1. the step raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient raises it when the new q(u) has NaN:
+   its Cholesky or ``check_numerics`` fails);
+2. a new q_mu or q_sqrt is not finite, or a q_sqrt left the positive-definite cone (a diagonal entry ≤ 0);
+3. the loss after the step is not finite;
+4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
+
+On a failure, ``on_failure="rollback"`` restores the snapshot bit for bit, lowers γ on the optimizer to the next
+value of :data:`~natgrad_diag.natgrad.health.GAMMA_GRID` below it (half of γ below the grid) and swallows the
+step's error; ``"raise"`` raises :class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ;
+``"warn"`` warns and leaves everything as the step left it. Each exit appends a
+:class:`~natgrad_diag.natgrad.monitor_record.GuardRecord` to ``monitor.guard_records``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.exceptions import NatGradCheckError, error_line
+from natgrad_diag.natgrad.health import GAMMA_GRID
+from natgrad_diag.natgrad.monitor_record import GuardRecord
+from natgrad_diag.report.records import format_number
+
+__all__ = ["ON_FAILURE", "StepGuard", "lower_gamma", "qu_problem", "read_gamma", "set_gamma"]
+
+#: What the guard does with a failed step.
+ON_FAILURE = ("warn", "raise", "rollback")
+
+_RETRACE = (
+    "natgrad-diag set optimizer.gamma = {new:g} (it was the Python number {old:g}). A tf.function that calls "
+    "optimizer.minimize captured the old value as a constant and keeps using it until it is traced again: "
+    "build the optimizer with gamma=tf.Variable({old:g}, dtype=tf.float64) so that the new γ reaches compiled code."
+)
+
+_MOVED = (
+    "something other than the guarded natural-gradient step changed {names} since the last guarded step (an "
+    "optimizer such as Adam over model.trainable_variables also moves q(u), which undoes the natural-gradient "
+    "step). Exclude them from that optimizer: {fix}."
+)
+
+
+def read_gamma(optimizer: Any) -> float:
+    """The optimizer's current γ as a float (a Python number, a tensor or a tf.Variable; a Python float is not
+    passed through TensorFlow, which would round it to float32)."""
+    gamma = optimizer.gamma
+    return float(gamma.numpy()) if hasattr(gamma, "numpy") else float(gamma)
+
+
+def lower_gamma(gamma: float) -> float:
+    """The next γ of :data:`GAMMA_GRID` below ``gamma``; half of ``gamma`` below the grid.
+
+    Examples:
+        >>> lower_gamma(0.1), lower_gamma(0.3), lower_gamma(1e-3)
+        (0.05, 0.2, 0.0005)
+    """
+    below = [g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)]
+    return below[0] if below else gamma / 2
+
+
+def set_gamma(optimizer: Any, gamma: float) -> bool:
+    """Set the optimizer's γ: assign a tf.Variable, set the attribute otherwise; True when a retrace is needed."""
+    import tensorflow as tf
+
+    current = optimizer.gamma
+    if isinstance(current, tf.Variable):
+        current.assign(np.asarray(gamma, dtype=current.dtype.as_numpy_dtype))  # not tf.cast: it goes through float32
+        return False
+    optimizer.gamma = gamma
+    return True
+
+
+def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
+    """Why the current q(u) is not usable ("" when every q_mu is finite and every q_sqrt has a positive finite diagonal).
+
+    ``pairs`` holds (name of q_mu, q_mu, name of q_sqrt, q_sqrt), q_mu [M, L] and q_sqrt [L, M, M].
+    """
+    for mu_name, q_mu, sq_name, q_sqrt in pairs:
+        mu, sq = np.asarray(q_mu.numpy()), np.asarray(q_sqrt.numpy())
+        if not np.all(np.isfinite(mu)):
+            return f"{mu_name} has {int(np.sum(~np.isfinite(mu)))} NaN/Inf value(s) after the step"
+        if not np.all(np.isfinite(sq)):
+            return f"{sq_name} has {int(np.sum(~np.isfinite(sq)))} NaN/Inf value(s) after the step"
+        diag = np.diagonal(sq, axis1=-2, axis2=-1)
+        if not np.all(diag > 0):
+            l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
+            return (
+                f"{sq_name} left the positive-definite cone: {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
+                f"{format_number(float(diag[l_idx, m_idx]))} ≤ 0"
+            )
+    return ""
+
+
+def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
+    """(name, unconstrained tf.Variable) of every parameter of the pairs, q_mu then q_sqrt."""
+    return [
+        (n, p.unconstrained_variable)
+        for mu_name, q_mu, sq_name, q_sqrt in pairs
+        for n, p in ((mu_name, q_mu), (sq_name, q_sqrt))
+    ]
+
+
+def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[np.ndarray]:
+    return [np.array(v.numpy(), copy=True) for _, v in _variables(pairs)]
+
+
+class StepGuard:
+    """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (see the module docstring)."""
+
+    def __init__(self, monitor: Any, step: int, optimizer: Any) -> None:
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
+            from natgrad_diag.exceptions import InputError
+
+            raise InputError(
+                "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.",
+                context=[
+                    ("Argument", "optimizer"),
+                    (
+                        "Expected",
+                        "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
+                    ),
+                    ("Got", type(optimizer).__name__),
+                ],
+                remedy="pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
+            )
+        self.monitor, self.step, self.optimizer, self.optimizers = monitor, int(step), optimizers[0], optimizers
+
+    def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
+        m = self.monitor
+        self.pairs = m.variational_pairs()
+        self.moved = self._moved_since_last_exit()
+        self.snapshot = _values(self.pairs)
+        self.data = m.batch()
+        self.loss_before = m.loss_value(self.data)
+        self.gamma_before = read_gamma(self.optimizer)
+        return self
+
+    def _moved_since_last_exit(self) -> tuple[str, ...]:
+        """The parameters whose values differ (bitwise) from what the guard left at its last exit; warns once."""
+        left = self.monitor._left_by_guard
+        now = _values(self.pairs)
+        if left is None or [a.shape for a in left] != [a.shape for a in now]:
+            return ()
+        moved = tuple(name for (name, _), a, b in zip(_variables(self.pairs), now, left) if a.tobytes() != b.tobytes())
+        if moved and not self.monitor._moved_warned:
+            self.monitor._moved_warned = True
+            fix = "; ".join(f"gpflow.set_trainable({n}, False)" for n in moved)
+            warnings.warn(_MOVED.format(names=", ".join(moved), fix=fix), UserWarning, stacklevel=3)
+        return moved
+
+    def _cause(self, exc: BaseException | None) -> tuple[str, float | None]:
+        """Why the step failed ("" when it did not) and the loss after it (None when not finite or not computed)."""
+        if exc is not None:
+            return f"the step raised {type(exc).__name__}: {error_line(exc)}", None
+        bad = qu_problem(self.pairs)
+        if bad:
+            return bad, None
+        loss_after = self.monitor.loss_value(self.data)
+        if loss_after is None:
+            return "the loss after the step is not finite", None
+        before = self.loss_before
+        if before is not None:
+            allowed = self.monitor.loss_increase * max(abs(before), 1.0)
+            if loss_after - before > allowed:
+                ratio = f" (×{format_number(loss_after / before)})" if before > 0 else ""
+                return (
+                    f"the loss rose from {format_number(before)} to {format_number(loss_after)}{ratio}, more than "
+                    f"loss_increase · max(|loss|, 1) = {format_number(allowed)}"
+                ), loss_after
+        return "", loss_after
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        import tensorflow as tf
+
+        if exc is not None and not isinstance(exc, tf.errors.InvalidArgumentError):
+            return False  # not a numerical failure of the step: let it through untouched
+        cause, loss_after = self._cause(exc)
+        m, gamma_after, rolled_back = self.monitor, self.gamma_before, False
+        if cause and m.on_failure == "rollback":
+            for (_, var), value in zip(_variables(self.pairs), self.snapshot):
+                var.assign(value)
+            gamma_after, rolled_back = lower_gamma(self.gamma_before), True
+            for opt in self.optimizers:  # each optimizer's γ one grid value lower (GPflux: one per GPLayer)
+                old = read_gamma(opt)
+                if set_gamma(opt, lower_gamma(old)):
+                    warnings.warn(_RETRACE.format(new=lower_gamma(old), old=old), UserWarning, stacklevel=2)
+        record = GuardRecord(
+            step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,
+            gamma_after=gamma_after, cause=cause, loss_before=self.loss_before,
+            loss_after=self.loss_before if rolled_back else loss_after, moved_by_other=self.moved,
+        )  # fmt: skip
+        m._left_by_guard = _values(self.pairs)
+        m.record_guard(record)
+        if not cause:
+            return False
+        if m.on_failure == "raise":
+            raise NatGradCheckError(
+                f"the natural-gradient step at training step {self.step} (gamma = {self.gamma_before:g}) failed: {cause}.",
+                context=[("Record", str(record))],
+                remedy=f"use gamma = {lower_gamma(self.gamma_before):g}, or on_failure='rollback' to restore q(u) and lower γ automatically.",
+            ) from exc
+        if m.on_failure == "warn":
+            warnings.warn(
+                f"natural-gradient step at training step {self.step} failed: {cause}; {record}",
+                UserWarning,
+                stacklevel=2,
+            )
+            return False
+        return True  # rolled back: the step's error, if any, is swallowed

@@ -1,0 +1,63 @@
+"""The monitor's TensorBoard scalars, written with tf.summary as gpflow.monitor's TensorBoard tasks write theirs.
+
+``tf.summary.scalar`` needs the tensorboard package; :func:`tf.summary.write` with the scalar plugin's metadata
+(plugin name "scalars", what ``tf.summary.scalar`` attaches) writes the same event without it, so the monitor logs
+whether or not tensorboard is installed, and TensorBoard shows the values as scalars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from natgrad_diag.natgrad.monitor_record import GuardRecord, NatGradRecord
+
+__all__ = ["SCALARS", "ScalarLog"]
+
+#: Every scalar the monitor writes, under these tags.
+SCALARS = (
+    "natgrad/loss_before", "natgrad/loss_after", "natgrad/reproduction_error", "natgrad/suggested_gamma",
+    "natgrad/gamma", "natgrad/rollbacks", "natgrad/step_failed",
+)  # fmt: skip
+
+
+class ScalarLog:
+    """A ``tf.summary`` file writer in ``log_dir`` (created on first use) and the rollbacks counted so far."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = str(log_dir)
+        self._writer: Any = None
+        self.rollbacks = 0
+
+    def _write(self, step: int, values: dict[str, float | None]) -> None:
+        import tensorflow as tf
+        from tensorflow.core.framework.summary_pb2 import SummaryMetadata
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        metadata = SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        with self._writer.as_default():
+            for tag, value in values.items():
+                if value is not None:  # float32, as tf.summary.scalar writes (TensorBoard's scalar plugin reads it)
+                    tf.summary.write(tag, tf.constant(float(value), tf.float32), step=int(step), metadata=metadata)
+        self._writer.flush()
+
+    def record(self, step: int, record: NatGradRecord) -> None:
+        """The periodic check's numbers: loss before and after the checked step, reproduction error, suggested γ."""
+        self._write(step, {
+            "natgrad/loss_before": record.loss, "natgrad/loss_after": record.loss_after,
+            "natgrad/reproduction_error": record.reproduction_error, "natgrad/suggested_gamma": record.suggested_gamma,
+        })  # fmt: skip
+
+    def guard(self, record: GuardRecord) -> None:
+        """A guarded step: the losses, γ in use after it, the rollbacks so far and whether it failed."""
+        self.rollbacks += int(record.rolled_back)
+        self._write(record.step, {
+            "natgrad/loss_before": record.loss_before, "natgrad/loss_after": record.loss_after,
+            "natgrad/gamma": record.gamma_after, "natgrad/rollbacks": self.rollbacks,
+            "natgrad/step_failed": float(not record.passed),
+        })  # fmt: skip
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

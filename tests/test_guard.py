@@ -1,0 +1,208 @@
+"""NatGradMonitor.guard around a user's own NaturalGradient step: GPflow #820, the heteroskedastic blow-up, Adam moving q(u)."""
+
+from __future__ import annotations
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+from _user_models import heteroskedastic_svgp, multiclass_svgp, same_bits, variables_of
+from gpflow.keras import tf_keras
+from gpflow.optimizers import NaturalGradient
+
+from natgrad_diag import NatGradMonitor
+from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.natgrad.guard import lower_gamma
+from natgrad_diag.natgrad.monitor_record import GuardRecord
+
+
+def _q_values(model) -> list[np.ndarray]:
+    return [model.q_mu.unconstrained_variable.numpy().copy(), model.q_sqrt.unconstrained_variable.numpy().copy()]
+
+
+def _natgrad_step(natgrad, model, data):
+    natgrad.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+
+
+def test_guard__gpflow_820_multiclass_trains_with_rollback_to_a_lower_finite_loss():
+    model, data = multiclass_svgp()
+    copy_ = gpflow.utilities.deepcopy(model)
+    with pytest.raises(tf.errors.InvalidArgumentError):  # the oracle: GPflow's own first step at γ = 0.1 raises
+        _natgrad_step(NaturalGradient(0.1), copy_, data)
+    start = float(model.training_loss(data).numpy())
+    natgrad = NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    q0, others0 = _q_values(model), [v.numpy().copy() for v in model.kernel.variables]
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)  # raises inside: swallowed under rollback
+    first = monitor.guard_records[0]
+    assert isinstance(first, GuardRecord)
+    assert (first.status, first.rolled_back, first.gamma_before, first.gamma_after) == ("failed", True, 0.1, 0.05)
+    assert first.cause.startswith("the step raised InvalidArgumentError")
+    assert same_bits(q0, _q_values(model)) and same_bits(others0, [v.numpy() for v in model.kernel.variables])
+    assert float(natgrad.gamma.numpy()) == 0.05
+    for step in range(1, 4):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    end = float(model.training_loss(data).numpy())
+    assert np.isfinite(end) and end < start
+    assert [r.status for r in monitor.guard_records[1:]] == ["ok"] * 3 and monitor.rollbacks == 1
+    # the guarded run is GPflow's own run at the lowered γ, bit for bit: the guard changed nothing else
+    oracle, _ = multiclass_svgp()
+    plain = NaturalGradient(0.05)
+    for _ in range(3):
+        _natgrad_step(plain, oracle, data)
+    assert same_bits(_q_values(oracle), _q_values(model))
+
+
+def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_it():
+    model, data = multiclass_svgp()
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="raise")
+    natgrad = NaturalGradient(0.1)
+    with pytest.raises(NatGradCheckError) as info, monitor.guard(7, natgrad):
+        _natgrad_step(natgrad, model, data)
+    text = str(info.value)
+    assert "training step 7 (gamma = 0.1) failed: the step raised InvalidArgumentError" in text
+    assert "To fix: use gamma = 0.05" in text
+    assert natgrad.gamma == 0.1 and not monitor.guard_records[0].rolled_back
+
+
+def test_guard__warn_warns_and_lets_the_error_through():
+    model, data = multiclass_svgp()
+    monitor = NatGradMonitor(model, data, gamma=0.1)  # on_failure="warn" by default
+    natgrad = NaturalGradient(0.1)
+    with (
+        pytest.warns(UserWarning, match="training step 0 failed"),
+        pytest.raises(tf.errors.InvalidArgumentError),
+        monitor.guard(0, natgrad),
+    ):
+        _natgrad_step(natgrad, model, data)
+    assert monitor.guard_records[0].status == "failed" and natgrad.gamma == 0.1
+
+
+def test_guard__python_float_gamma_is_set_with_a_retrace_warning():
+    model, data = multiclass_svgp()
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    natgrad = NaturalGradient(0.1)
+    with pytest.warns(UserWarning, match="must be retraced|traced again"), monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    assert natgrad.gamma == 0.05
+
+
+@pytest.mark.slow
+def test_guard__heteroskedastic_blow_up_is_flagged_and_rolled_back():
+    model, data = heteroskedastic_svgp()
+    start = float(model.training_loss(data).numpy())
+    flagged = NatGradMonitor(gpflow.utilities.deepcopy(model), data, gamma=1.0)
+    natgrad = NaturalGradient(1.0)
+    with flagged.guard(0, natgrad):
+        _natgrad_step(natgrad, flagged.model, data)
+    with pytest.warns(UserWarning, match="the loss rose from"), flagged.guard(1, natgrad):
+        _natgrad_step(natgrad, flagged.model, data)
+    bad = flagged.guard_records[1]
+    assert bad.status == "failed" and bad.loss_after > 20 * bad.loss_before  # GPflow's own numbers: 115 → 5746
+    monitor = NatGradMonitor(model, data, gamma=1.0, on_failure="rollback")
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    for step in range(4):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    end = float(model.training_loss(data).numpy())
+    assert monitor.rollbacks >= 1 and monitor.guard_records[1].rolled_back
+    assert np.isfinite(end) and end < start and all(r.loss_after <= r.loss_before * 1.5 for r in monitor.guard_records)
+
+
+def test_guard__a_healthy_step_is_untouched_and_recorded_ok():
+    model, data = heteroskedastic_svgp()
+    oracle = gpflow.utilities.deepcopy(model)
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    natgrad = NaturalGradient(0.1)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    _natgrad_step(NaturalGradient(0.1), oracle, data)
+    assert same_bits(variables_of(oracle), variables_of(model))
+    (r,) = monitor.guard_records
+    assert (r.status, r.rolled_back, r.gamma_after, r.cause, r.moved_by_other) == ("ok", False, 0.1, "", ())
+    assert r.loss_after == float(model.training_loss(data).numpy())
+
+
+def test_lower_gamma__walks_down_the_grid():
+    assert [lower_gamma(g) for g in (1.0, 0.5, 0.1, 0.07, 0.001)] == [0.5, 0.2, 0.05, 0.05, 0.0005]
+
+
+@pytest.mark.parametrize(
+    ("kw", "arg"),
+    [
+        ({"on_failure": "ignore"}, "on_failure"),
+        ({"loss_increase": -1.0}, "loss_increase"),
+        ({"loss_increase": float("nan")}, "loss_increase"),
+    ],
+)
+def test_monitor__bad_guard_options_are_input_errors(kw, arg):
+    model, data = multiclass_svgp(num_data=10, num_inducing=3)
+    with pytest.raises(InputError, match=arg):
+        NatGradMonitor(model, data, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# another optimizer moving q(u) (issue 13, item 3)
+# --------------------------------------------------------------------------------------------------
+
+
+def _train_with_adam(all_variables: bool) -> NatGradMonitor:
+    from natgrad_diag.demo import make_model
+
+    model, (X, Y) = make_model("svgp", "bernoulli", num_inducing=5, num_data=20)
+    data = (tf.constant(X), tf.constant(Y))
+    if not all_variables:
+        gpflow.set_trainable(model.q_mu, False)
+        gpflow.set_trainable(model.q_sqrt, False)
+    monitor = NatGradMonitor(model, data, gamma=0.1, loss_increase=float("inf"))
+    natgrad, adam = NaturalGradient(0.1), tf_keras.optimizers.Adam(0.01)
+    for step in range(3):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+        adam.minimize(lambda: model.training_loss(data), model.trainable_variables)
+    return monitor
+
+
+def test_guard__adam_over_all_variables_moving_q_is_reported_once_with_the_fix():
+    with pytest.warns(UserWarning) as caught:
+        monitor = _train_with_adam(all_variables=True)
+    moved = [str(w.message) for w in caught if "something other than" in str(w.message)]
+    assert len(moved) == 1  # warned once
+    assert "model.q_mu, model.q_sqrt" in moved[0]
+    assert "gpflow.set_trainable(model.q_mu, False); gpflow.set_trainable(model.q_sqrt, False)" in moved[0]
+    assert [r.moved_by_other for r in monitor.guard_records] == [
+        (),
+        ("model.q_mu", "model.q_sqrt"),
+        ("model.q_mu", "model.q_sqrt"),
+    ]
+
+
+def test_guard__adam_over_hyperparameters_only_is_not_reported():
+    monitor = _train_with_adam(all_variables=False)  # filterwarnings=error: any natgrad_diag warning fails here
+    assert all(r.moved_by_other == () for r in monitor.guard_records) and len(monitor.guard_records) == 3
+
+
+def test_guard__natgrad_diags_own_optimizer_is_rolled_back_the_same_way():
+    import natgrad_diag
+
+    model, data = multiclass_svgp()
+    natgrad = natgrad_diag.NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    q0 = _q_values(model)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    (r,) = monitor.guard_records
+    assert r.rolled_back and r.gamma_after == 0.05 and float(natgrad.gamma.numpy()) == 0.05
+    assert same_bits(q0, _q_values(model))
+
+
+def test_guard__docstring_examples_run():
+    import doctest
+
+    from natgrad_diag.natgrad import guard, health
+
+    for module in (guard, health):
+        result = doctest.testmod(module)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__
