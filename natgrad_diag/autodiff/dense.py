@@ -10,7 +10,17 @@ import numpy as np
 
 from natgrad_diag._compile import recall, remember
 from natgrad_diag._compile import trace_count as _trace_count
-from natgrad_diag._validate import require_positive_int, shape_str
+from natgrad_diag._validate import (
+    as_float_tensor,
+    flat_outputs,
+    input_error,
+    output_labels,
+    require_callable,
+    require_max_bytes,
+    require_output_dtypes,
+    require_positive_int,
+    shape_str,
+)
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
@@ -85,7 +95,9 @@ def jacobian(
         >>> J.block(0, 0).shape
         (4, 4, 4)
     """
+    require_callable(fn)
     _check_options(mode, chunk_size)
+    max_bytes = require_max_bytes(max_bytes)
     xs, in_names = _as_tensors(inputs, input_names)
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
     sym = _validate_symmetric(symmetric, in_shapes, in_names)
@@ -179,13 +191,23 @@ def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[An
     """The inputs as tensors (a dict's keys name them), and their names."""
     import tensorflow as tf
 
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
     if isinstance(inputs, Mapping):
-        input_names = tuple(inputs.keys()) if input_names is None else input_names
+        input_names = tuple(str(k) for k in inputs.keys()) if input_names is None else input_names
         inputs = list(inputs.values())
     elif not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
-    xs = [tf.convert_to_tensor(x) for x in inputs]
-    return xs, _names(input_names, len(xs), "x", "input_names")
+        inputs = [inputs]  # one input: a tensor, an array or a number
+    names = _names(input_names, len(inputs), "x", "input_names")
+    if not inputs:
+        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point, e.g. [x].")
+    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(inputs, names))]
+    for k, x in enumerate(xs[1:], 1):
+        if x.dtype != xs[0].dtype:
+            from natgrad_diag._validate import require_same_dtype
+
+            require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
+    return xs, names
 
 
 def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
@@ -195,7 +217,9 @@ def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, 
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
         tape.watch(xs)
         outputs = fn(*xs)
-    return tape, outputs, [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
+    ys = flat_outputs(outputs)
+    require_output_dtypes(ys, xs[0].dtype)
+    return tape, outputs, ys
 
 
 def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool | None) -> _Probe:
@@ -206,7 +230,7 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
         _, out_shapes, dict_keys, out_dtypes = meta
         return _Probe(out_shapes, dict_keys, out_dtypes, seen=True)
     tape, outputs, ys = _forward_pass(fn, xs)
-    dict_keys = tuple(sorted(outputs.keys())) if isinstance(outputs, Mapping) else None
+    dict_keys = output_labels(outputs)  # tf.nest's order: the rows' order
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
     return _Probe(out_shapes, dict_keys, tuple(y.dtype for y in ys), seen=False, tape=tape, ys=ys)
 
