@@ -65,11 +65,20 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
             remedy=f"pass the {target_name}(s) computed inside the tape's context.",
         )
     for i, t in enumerate(flat):
-        if not (isinstance(t, (tf.Tensor, tf.Variable)) or hasattr(t, "shape") and hasattr(t, "dtype")):
+        if not isinstance(t, (tf.Tensor, tf.Variable)):
+            got = "None" if t is None else f"{type(t).__name__} {t!r}"[:60]
             raise InputError(
-                f"{target_name}[{i}] is not a tensor.",
-                context=[("Argument", f"{argument} (flattened entry {i})"), ("Expected", "a tf.Tensor or tf.Variable"), ("Got", type(t).__name__)],
-                remedy=f"pass the {target_name} tensors themselves; only tensors computed on the tape can be differentiated.",
+                f"{argument} (flattened entry {i}) is not a tensor, so it was not recorded on a tape.",
+                context=[("Argument", argument if len(flat) == 1 else f"{argument} (flattened entry {i})"),
+                         ("Expected", "a tf.Tensor or tf.Variable computed inside the tape's context"), ("Got", got)],
+                remedy=f"pass the {target_name} tensor(s) computed from the sources inside `with tf.GradientTape() as tape:`; "
+                "a number, a numpy array or None has no gradient.",
+            )
+        if not t.dtype.is_floating and not t.dtype.is_complex:
+            raise DTypeMismatchError(
+                f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
+                context=[("Argument", argument), ("Expected", "floating-point targets"), ("Got", f"{target_name}[{i}]: {t.dtype.name}")],
+                remedy=f"differentiate only float {target_name}s (drop or tf.cast integer results).",
             )
     return flat
 
@@ -257,6 +266,11 @@ def _checked_gradient(tape: Any, target: Any, sources: Any, output_gradients: An
 def _to_primal(x: Any, k: int) -> Any:
     import tensorflow as tf
 
+    if x is None:
+        raise InputError(
+            f"primals[{k}] is None.", context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", "None")],
+            remedy="pass the point to differentiate at.",
+        )
     try:
         t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e:
@@ -317,6 +331,11 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
 def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
+    if not callable(fn):
+        raise InputError(
+            "fn must be callable.", context=[("Argument", "fn"), ("Expected", "a function of the primals"), ("Got", type(fn).__name__)],
+            remedy="pass the function itself, e.g. vjp(tf.sin, x, v).",
+        )
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)
@@ -338,6 +357,7 @@ def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any
             xs, list(grads), targets, source_name="primals", target_name="output",
             remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.',
         )
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]  # tf.gather: dense
     return outputs, (grads[0] if single else tuple(grads))
 
 
