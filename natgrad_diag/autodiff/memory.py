@@ -48,11 +48,15 @@ def check_memory(nbytes: int, max_bytes: int, what: str) -> None:
         what: what would be allocated, for the message (``"2 output(s) and 2 input(s)"``).
 
     Raises:
+        InputError: ``max_bytes`` is not an int ≥ 1.
         MemoryLimitError: ``nbytes > max_bytes``; the message says to use ``mode='fast'`` or raise the limit.
 
     Examples:
         >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens
     """
+    from natgrad_diag._validate import require_max_bytes
+
+    max_bytes = require_max_bytes(max_bytes)  # a negative limit would print "a limit of −9.54e-07 MiB"
     if nbytes > max_bytes:
         raise MemoryLimitError(
             f"the dense Jacobian for {what} would need {_gib(nbytes)}, over the limit of {_gib(max_bytes)}.",
