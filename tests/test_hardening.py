@@ -214,3 +214,162 @@ def test_check_memory__negative_limit():
 
 def test_errors__are_natgrad_diag_errors():
     assert issubclass(InputError, NatGradDiagError)
+
+
+# ---- 4. natgrad_trace ------------------------------------------------------------------------------------
+
+
+def _q(M=3, L=1, dtype=np.float64):
+    rng = np.random.default_rng(0)
+    q_sqrt = np.tril(0.1 * rng.standard_normal((L, M, M)), -1) + np.eye(M)
+    return (np.zeros((M, L), dtype), q_sqrt.astype(dtype), np.ones((M, L), dtype), np.tril(np.full((L, M, M), 0.1)).astype(dtype))
+
+
+def test_natgrad_trace__float16_is_refused():
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    with pytest.raises(DTypeMismatchError) as info:
+        natgrad_trace(*_q(dtype=np.float16))
+    assert _argument(info.value) == "q_mu"
+    assert "float16" in str(info.value)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_natgrad_trace__q_sqrt_above_diagonal(compiled):
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q_mu, q_sqrt, g_mu, g_sq = _q()
+    q_sqrt[0, 0, 2] = 0.5
+    with pytest.raises(InputError) as info:
+        natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, compiled=compiled)
+    assert _argument(info.value) == "q_sqrt"
+    assert "q_sqrt[0, 0, 2] = 0.5" in str(info.value)
+
+
+def test_natgrad_trace__q_sqrt_with_triangular_transform_is_accepted():
+    import gpflow
+
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q_mu, q_sqrt, _, _ = _q()
+    sq = gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
+    mu = gpflow.Parameter(q_mu)
+    g_sq = np.full(sq.unconstrained_variable.shape, 0.1)
+    trace = natgrad_trace(mu, sq, np.ones_like(q_mu), g_sq)
+    assert np.all(np.isfinite(trace.new_q_sqrt))
+
+
+def test_natgrad_trace__inside_tf_function():
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q = [tf.constant(a) for a in _q()]
+
+    @tf.function
+    def step(a, b, c, d):
+        return natgrad_trace(a, b, c, d).new_q_mu
+
+    with pytest.raises(InputError) as info:
+        step(*q)
+    assert "eagerly" in str(info.value)
+    _argument(info.value)
+
+
+@pytest.mark.parametrize("M, L", [(0, 1), (3, 0)], ids=["M=0", "L=0"])
+def test_natgrad_trace__empty_q(M, L):
+    from natgrad_diag.exceptions import ShapeMismatchError
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    with pytest.raises(ShapeMismatchError) as info:
+        natgrad_trace(np.zeros((M, L)), np.zeros((L, M, M)), np.zeros((M, L)), np.zeros((L, M, M)))
+    assert _argument(info.value) == "q_mu"
+
+
+# ---- 5. demo models, sizes, data -------------------------------------------------------------------------
+
+
+def test_make_model__negative_seed():
+    from natgrad_diag.demo import make_model
+
+    with pytest.raises(InputError) as info:
+        make_model(seed=-1)
+    assert _argument(info.value) == "seed"
+
+
+def test_make_model__too_large_is_refused_before_allocation():
+    from natgrad_diag.autodiff.memory import memory_limit
+    from natgrad_diag.demo import make_model, model_nbytes
+    from natgrad_diag.exceptions import MemoryLimitError
+
+    with pytest.raises(MemoryLimitError) as info:
+        make_model(num_inducing=100_000)  # M² float64 = 80 GB per matrix: never allocated
+    need = model_nbytes("svgp", M=100_000, N=50, L=1, itemsize=8)
+    assert need > memory_limit()
+    assert f"Estimated size: {need} bytes" in str(info.value)
+
+
+def test_check_cli__num_inducing_100000_exits_2_with_estimate():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "check", "--num-inducing", "100000"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2
+    assert "Estimated size:" in r.stderr and "GiB" in r.stderr
+
+
+def test_bench_cli__sizes_100000_refused_before_allocation():
+    # through the CLI: tests other than the benchmark's own do not import natgrad_diag.bench (test_layout)
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "bench", "--sizes", "100000"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2
+    need = 16 * 100_000**2 * 8  # 16 M×M float64 matrices (bench/runner.py's estimate)
+    assert f"Estimated size: {need} bytes" in r.stderr
+
+
+def _svgp(D=1, L=1):
+    import gpflow
+
+    Z = np.linspace(0, 1, 4)[:, None] * np.ones((1, D))
+    return gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(),
+                              gpflow.inducing_variables.InducingPoints(Z), num_latent_gps=L)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "data, argument",
+    [
+        ((np.zeros((5, 2)), np.zeros((5, 1))), "data[0] (X)"),
+        ((np.zeros((5, 1)), np.zeros((5, 3))), "data[1] (Y)"),
+        ((np.zeros((5, 1)), np.zeros((4, 1))), "data"),
+        ((np.zeros(5), np.zeros((5, 1))), "data[0] (X)"),
+        ((np.zeros((5, 1)), np.zeros((5, 1), np.float32)), "data[1] (Y)"),
+        ((np.zeros((5, 1)),), "data"),
+    ],
+    ids=["X_wrong_D", "Y_wrong_L", "N_differs", "X_not_matrix", "Y_float32", "not_a_pair"],
+)
+def test_validate_data__data_does_not_fit_model(data, argument):
+    from natgrad_diag._validate_data import validate_data
+
+    with pytest.raises(InputError) as info:
+        validate_data(_svgp(), data)
+    assert _argument(info.value) == argument
+
+
+def test_validate_data__fitting_data_is_returned():
+    from natgrad_diag._validate_data import validate_data
+
+    X, Y = validate_data(_svgp(D=2, L=2), (np.zeros((5, 2)), np.ones((5, 2))))
+    assert X.shape == (5, 2) and Y.shape == (5, 2)
+
+
+# ---- 7. explain_output_gradients --------------------------------------------------------------------------
+
+
+def test_explain_output_gradients__source_is_a_number():
+    from natgrad_diag.lessons.explain import explain_output_gradients
+
+    with pytest.raises(InputError) as info:
+        explain_output_gradients(5)
+    assert _argument(info.value) == "source"
