@@ -476,12 +476,24 @@ def require_output_dtypes(ys: Sequence[Any], dtype: Any, name: str = "fn") -> No
 
 def require_max_bytes(value: Any, name: str = "max_bytes") -> int:
     """A memory limit: an int ≥ 1 (bytes)."""
-    return require_int(value, name, minimum=1, expected="a number of bytes ≥ 1, e.g. 2 * 1024**3",
-                       remedy=f"pass {name} as a positive number of bytes, or leave the default (2 GiB).")
+    return require_int(value, name, minimum=1, expected="bytes ≥ 1, e.g. 2 * 1024**3", remedy=f"pass {name} ≥ 1, or leave the default.")
 
 
 def tolerances(dtype: Any, kind: str, *, rtol: Any, atol: Any) -> Any:
     """:func:`natgrad_diag.tolerance.resolve` for ``dtype``: the user's rtol/atol validated, the rest defaults."""
     from natgrad_diag.tolerance import resolve
-
     return resolve(dtype, kind, rtol=rtol, atol=atol)
+
+
+
+def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
+    """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
+    from natgrad_diag.exceptions import NatGradDiagError, error_line
+    try:
+        return fn(*xs)
+    except NatGradDiagError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
+        inputs = ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs)
+        raise InputError(f"{name}(*inputs) raised an error.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
+                         remedy=f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e

@@ -84,6 +84,7 @@ def _check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> 
         model_nbytes(name, M=M, N=N, L=L, itemsize=itemsize), memory_limit(), f"the demo {name.upper()}",
         title=f"The demo {name.upper()} with {size}",
         remedy="use a smaller num_inducing (--num-inducing) or num_data (--num-data); the limit is half of this machine's memory.",
+        argument="num_inducing" if name == "svgp" and M * M >= N * N else "num_data",
     )  # fmt: skip
 
 

@@ -12,10 +12,12 @@ from natgrad_diag._compile import recall, remember
 from natgrad_diag._compile import trace_count as _trace_count
 from natgrad_diag._validate import (
     as_float_tensor,
+    call_fn,
     flat_outputs,
     input_error,
     output_labels,
     require_callable,
+    require_finite,
     require_max_bytes,
     require_output_dtypes,
     require_positive_int,
@@ -189,7 +191,6 @@ def _check_options(mode: str, chunk_size: Any) -> None:
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
     """The inputs as tensors (a dict's keys name them), and their names."""
-    import tensorflow as tf
 
     if inputs is None:
         raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
@@ -202,6 +203,8 @@ def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[An
     if not inputs:
         raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point, e.g. [x].")
     xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(inputs, names))]
+    for k, (x, n) in enumerate(zip(xs, names)):
+        require_finite(x.numpy(), f"inputs[{k}] ({n})")  # a NaN point gives a NaN Jacobian
     for k, x in enumerate(xs[1:], 1):
         if x.dtype != xs[0].dtype:
             from natgrad_diag._validate import require_same_dtype
@@ -216,7 +219,7 @@ def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, 
 
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
         tape.watch(xs)
-        outputs = fn(*xs)
+        outputs = call_fn(fn, xs)
     ys = flat_outputs(outputs)
     require_output_dtypes(ys, xs[0].dtype)
     return tape, outputs, ys

@@ -60,7 +60,9 @@ def memory_limit() -> int:
     return max(total // 2, 1) if total > 0 else DEFAULT_MAX_BYTES
 
 
-def check_memory(nbytes: int, max_bytes: int, what: str, *, remedy: str | None = None, title: str | None = None) -> None:
+def check_memory(
+    nbytes: int, max_bytes: int, what: str, *, remedy: str | None = None, title: str | None = None, argument: str = "max_bytes"
+) -> None:
     """Refuse, before allocating, a dense Jacobian larger than ``max_bytes``.
 
     Args:
@@ -69,6 +71,7 @@ def check_memory(nbytes: int, max_bytes: int, what: str, *, remedy: str | None =
         what: what would be allocated, for the message (``"2 output(s) and 2 input(s)"``).
         remedy, title: replace the message's remedy and its first sentence's subject (for allocations other
             than a dense Jacobian, e.g. ``title="the demo SVGP with M = 100000"``).
+        argument: the argument to change, named in the message (``"num_inducing"``, ``"sizes"``).
 
     Raises:
         InputError: ``max_bytes`` is not an int ≥ 1.
@@ -85,7 +88,7 @@ def check_memory(nbytes: int, max_bytes: int, what: str, *, remedy: str | None =
         limit_label = "Limit (max_bytes)" if title is None else "Limit"
         raise error(
             f"{title or 'the dense Jacobian for ' + what} would need {_gib(nbytes)}, over the limit of {_gib(max_bytes)}.",
-            context=[("Estimated size", f"{nbytes} bytes ({_gib(nbytes)})"), (limit_label, f"{max_bytes} bytes ({_gib(max_bytes)})")],
+            context=[("Argument", argument), ("Estimated size", f"{nbytes} bytes ({_gib(nbytes)})"), (limit_label, f"{max_bytes} bytes ({_gib(max_bytes)})")],
             remedy=remedy or "use mode='fast' (matrix-free, no dense Jacobian), or raise max_bytes if you have the memory.",
         )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import dtype_name, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, require_finite, shape_str, validate_seeds
 from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
@@ -118,7 +118,11 @@ def _prepare_seeds(
                 context=[("Argument", f"{argument}[{i}]"), ("Expected", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}"), ("Got", type(seed).__name__)],
                 remedy=f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
             ) from e
-    if not tf.executing_eagerly():
+    if tf.executing_eagerly():
+        for i, seed in enumerate(seeds):
+            if seed.dtype.is_floating:
+                require_finite(seed.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
+    else:
         seeds = [_assert_same_shape_at_run_time(seed, tgt, f"{argument}[{i}]", f"{target_name}[{i}]") for i, (seed, tgt) in enumerate(zip(seeds, targets))]
     return seeds
 
@@ -279,6 +283,8 @@ def _to_primal(x: Any, k: int) -> Any:
             context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", type(x).__name__)],
             remedy="pass float64 arrays or tensors.",
         ) from e
+    if t.dtype.is_floating and tf.executing_eagerly():
+        require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:
         raise DTypeMismatchError(
             f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.",
@@ -341,7 +347,7 @@ def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any
     mode = _unconnected_mode(unconnected)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
-        outputs = fn(*xs)
+        outputs = call_fn(fn, xs)
     targets = _flat_targets(outputs, "fn's outputs", "output")
     if cotangents is None:
         raise OutputGradientsError(

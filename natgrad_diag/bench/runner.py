@@ -90,7 +90,7 @@ def _check_sizes_fit(sizes: tuple[int, ...]) -> None:
     M = max(sizes)
     check_memory(
         trace_nbytes(M), memory_limit(), "the benchmark", title=f"The natgrad_trace benchmark at M = {M} (about {_TRACE_MATRICES} M×M float64 matrices)",
-        remedy="pass smaller --sizes (e.g. 50,200,1000); the limit is half of this machine's memory.",
+        remedy="pass smaller --sizes (e.g. 50,200,1000); the limit is half of this machine's memory.", argument="sizes",
     )  # fmt: skip
 
 

@@ -47,6 +47,11 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.n
     for k, (name, v) in enumerate(zip(names, values)):
         # numbers and lists become float64 (GPflow's default float), as in every function of the package
         a = np.array(as_float_tensor(v, f"inputs[{k}] ({name})").numpy(), copy=True)
+        if a.size == 0:
+            raise input_error(
+                f"input {name} has no entries (shape {shape_str(a.shape)}): there is no derivative to check.",
+                f"inputs[{k}] ({name})", "a tensor with at least one entry", shape_str(a.shape), "pass a non-empty point.",
+            )  # fmt: skip
         require_finite(a, name)
         arrays.append(a)
     for name, a in zip(names[1:], arrays[1:]):
