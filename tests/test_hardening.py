@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from natgrad_diag import NatGradDiagError
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.seeded import checked_gradient, vjp
 from natgrad_diag.exceptions import DTypeMismatchError, InputError
@@ -210,10 +209,6 @@ def test_check_memory__negative_limit():
     with pytest.raises(InputError) as info:
         check_memory(8, -1, "a Jacobian")
     assert _argument(info.value) == "max_bytes"
-
-
-def test_errors__are_natgrad_diag_errors():
-    assert issubclass(InputError, NatGradDiagError)
 
 
 # ---- 4. natgrad_trace ------------------------------------------------------------------------------------
