@@ -73,8 +73,10 @@ def jacobian(
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict);
             cached by identity: pass the same function object to reuse its compiled chunks.
-        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs).
-        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...`` or dict keys).
+        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs); Python
+            numbers and lists become float64 (GPflow's default float), tensors and arrays keep their dtype.
+        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs
+            the keys, or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
@@ -89,7 +91,9 @@ def jacobian(
 
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
-        InputError, ShapeMismatchError: bad ``symmetric``, ``mode`` or ``chunk_size``, or names.
+        InputError, ShapeMismatchError: ``fn`` not callable, raising or returning None; ``None``, empty or
+            non-finite inputs; bad ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names.
+        DTypeMismatchError: an integer, bool or complex input or output, or outputs in another dtype than the inputs.
 
     Examples:
         >>> import tensorflow as tf

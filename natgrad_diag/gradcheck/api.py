@@ -10,8 +10,8 @@ import numpy as np
 
 from natgrad_diag._validate import (
     input_error,
-    require_finite,
     require_callable,
+    require_finite,
     require_int,
     require_max_bytes,
     require_positive_int,
@@ -76,7 +76,8 @@ def check_gradients(
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies.
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies. Python
+            numbers and lists become float64 (GPflow's default float) and are checked with float64's tolerances.
         structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
             (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
             input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
@@ -86,7 +87,8 @@ def check_gradients(
             for ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
         seed, num_directions: fast mode's random seed and direction pairs per block (k).
-        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...;
+            nested dict outputs are named by paths such as ``"z/0"``, in ``tf.nest.flatten``'s order).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
     Returns:
