@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -336,3 +336,164 @@ def validate_seeds(
                 remedy=f"cast the seed to {dtype_name(target)}, e.g. tf.cast(seed, tf.{dtype_name(target)}); "
                 "TensorFlow would fail deep inside, and no cast is done silently.",
             )
+
+
+# ---- the one layer for functions of tensors: fn, inputs, outputs, tolerances, sizes ----------------------
+
+#: Python numbers and lists have no dtype: they become GPflow's default float, everywhere.
+DEFAULT_FLOAT = "float64"
+
+
+def require_callable(fn: Any, name: str = "fn") -> None:
+    """``fn`` must be callable; else an :class:`InputError` naming ``name``."""
+    if not callable(fn):
+        raise input_error(
+            f"{name} must be callable.", name, "a function of the inputs returning a tensor or a nest of tensors",
+            f"{type(fn).__name__} {fn!r}"[:80], f"pass the function itself, e.g. {name}=tf.sin (not its value).",
+        )  # fmt: skip
+
+
+def as_float_tensor(x: Any, name: str) -> Any:
+    """``x`` as a floating-point tensor: numbers and lists become float64, tensors and arrays keep their dtype.
+
+    Raises:
+        InputError: ``x`` is ``None`` or cannot be converted (a string, an object).
+        DTypeMismatchError: ``x`` has an integer, bool, complex or string dtype.
+
+    Examples:
+        >>> as_float_tensor(2.0, "x").dtype.name  # a Python number is float64, as GPflow's default float
+        'float64'
+        >>> as_float_tensor([1, 2], "x").dtype.name
+        'float64'
+    """
+    import tensorflow as tf
+
+    if x is None:
+        raise input_error(f"{name} is None.", name, "a float tensor, array or number", "None", f"pass a value for {name}.")
+    try:
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            t = tf.convert_to_tensor(x)
+        elif isinstance(x, (np.ndarray, np.generic)):
+            t = tf.convert_to_tensor(x) if x.dtype.kind in "fc" else tf.convert_to_tensor(np.asarray(x))
+        else:
+            a = np.asarray(x)
+            t = tf.convert_to_tensor(a.astype(DEFAULT_FLOAT) if a.dtype.kind in "iuf" else a)
+    except (TypeError, ValueError) as e:
+        raise input_error(
+            f"{name} could not be converted to a tensor.", name, "a float tensor, array or number",
+            type(x).__name__, f"pass {name} as a float64 array or tensor (nested lists must be rectangular).",
+        ) from e  # fmt: skip
+    if not t.dtype.is_floating or t.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
+        raise DTypeMismatchError(
+            f"{name} is {t.dtype.name}: derivatives need a real floating-point input.",
+            context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", t.dtype.name)],
+            remedy=f"cast it first, e.g. tf.cast({name}, tf.float64); TensorFlow would return zeros or None for it.",
+        )
+    return t
+
+
+def output_labels(outputs: Any) -> tuple[str, ...] | None:
+    """Labels of a dict's flattened leaves, in ``tf.nest.flatten``'s order; ``None`` for other structures.
+
+    A flat dict gives its keys (``{10: a, 2: b}`` → ``("2", "10")``, tf.nest's numeric order); a nested one
+    gives paths (``{"z": (a, b), "w": [c]}`` → ``("w/0", "z/0", "z/1")``).
+
+    Examples:
+        >>> output_labels({10: 1.0, 2: 2.0, 9: 3.0})
+        ('2', '9', '10')
+        >>> output_labels({"z": (1.0, 2.0), "w": [3.0]})
+        ('w/0', 'z/0', 'z/1')
+    """
+    import tensorflow as tf
+
+    if not isinstance(outputs, Mapping):
+        return None
+
+    def paths(x: Any, prefix: str) -> Any:
+        # the same nest with each leaf replaced by its path; tf.nest.flatten then orders them as it orders x
+        join = (prefix + "/") if prefix else ""
+        if isinstance(x, Mapping):
+            return {k: paths(v, f"{join}{k}") for k, v in x.items()}
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(paths(v, f"{join}{f}") for f, v in zip(x._fields, x)))
+        if isinstance(x, (list, tuple)):
+            return type(x)(paths(v, f"{join}{k}") for k, v in enumerate(x))
+        return prefix
+
+    try:
+        labels = tuple(tf.nest.flatten(paths(outputs, "")))
+    except (TypeError, ValueError):
+        return None
+    return labels if len(labels) == len(tf.nest.flatten(outputs)) else None
+
+
+def flat_outputs(outputs: Any, name: str = "fn") -> list[Any]:
+    """``fn``'s outputs flattened (``tf.nest.flatten``) into real floating tensors.
+
+    Raises:
+        InputError: ``fn`` returned ``None``, nothing, or a leaf that is not a tensor.
+        DTypeMismatchError: an output is integer, bool, complex or a string (its derivative would be zeros).
+    """
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(outputs)
+    if outputs is None or not leaves or any(y is None for y in leaves):
+        raise input_error(
+            f"{name} returned {'None' if outputs is None else 'no tensor' if not leaves else 'None inside its outputs'}.",
+            name, "a tensor or a nest (tuple, list, dict) of tensors", repr(outputs)[:80],
+            f"make {name} return its result (a missing `return` gives None).",
+        )  # fmt: skip
+    ys = []
+    for k, y in enumerate(leaves):
+        try:
+            t = tf.convert_to_tensor(y)
+        except (TypeError, ValueError) as e:
+            raise input_error(
+                f"output {k} of {name} is not a tensor.", name, "tensors as outputs", type(y).__name__,
+                f"return only tensors from {name}.",
+            ) from e  # fmt: skip
+        if not t.dtype.is_floating:
+            raise DTypeMismatchError(
+                f"output {k} of {name} is {t.dtype.name}: it has no derivative (TensorFlow would give zeros).",
+                context=[("Argument", name), ("Expected", "real floating-point outputs"), ("Got", f"output {k}: {t.dtype.name}")],
+                remedy=f"return only differentiable float tensors from {name} (drop or tf.cast integer results).",
+            )
+        ys.append(t)
+    return ys
+
+
+def require_output_dtypes(ys: Sequence[Any], dtype: Any, name: str = "fn") -> None:
+    """Every output must have the inputs' dtype: a cast inside ``fn`` changes the precision of the derivative."""
+    want = getattr(dtype, "name", str(dtype))
+    for k, y in enumerate(ys):
+        if dtype_name(y) != want:
+            raise DTypeMismatchError(
+                f"output {k} of {name} is {dtype_name(y)} but the inputs are {want}.",
+                context=[("Argument", name), ("Expected", f"{want} outputs (the inputs' dtype)"), ("Got", f"output {k}: {dtype_name(y)}")],
+                remedy=f"compute in one precision: cast the inputs (or drop the cast inside {name}) so outputs and inputs share a dtype.",
+            )
+
+
+def require_max_bytes(value: Any, name: str = "max_bytes") -> int:
+    """A memory limit: an int ≥ 1 (bytes)."""
+    return require_int(value, name, minimum=1, expected="bytes ≥ 1, e.g. 2 * 1024**3", remedy=f"pass {name} ≥ 1, or leave the default.")
+
+
+def tolerances(dtype: Any, kind: str, *, rtol: Any, atol: Any) -> Any:
+    """:func:`natgrad_diag.tolerance.resolve` for ``dtype``: the user's rtol/atol validated, the rest defaults."""
+    from natgrad_diag.tolerance import resolve
+    return resolve(dtype, kind, rtol=rtol, atol=atol)
+
+
+
+def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
+    """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
+    from natgrad_diag.exceptions import NatGradDiagError, error_line
+    try:
+        return fn(*xs)
+    except NatGradDiagError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
+        inputs = ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs)
+        raise InputError(f"{name}(*inputs) raised an error.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
+                         remedy=f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e

@@ -54,6 +54,40 @@ def _count(value: Any, name: str, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def _seed(value: Any) -> int:
+    """A numpy seed: an int ≥ 0 (numpy refuses a negative one with a bare ValueError)."""
+    from natgrad_diag._validate import require_int
+
+    return require_int(value, "seed", minimum=0, expected="an int ≥ 0", remedy="pass e.g. seed=0 (numpy seeds are non-negative).")
+
+
+def model_nbytes(name: str, *, M: int, N: int, L: int, itemsize: int) -> int:
+    """Bytes :func:`make_model` allocates at its peak, estimated before anything is built.
+
+    With m = M (SVGP) or N (VGP): the builder's temporaries A, A Aᵀ, S and its Cholesky factor (4 m²), q_sqrt
+    [L, m, m] with its stacked copy, GPflow's constrained value and its unconstrained variable (4 L m²), the
+    kernel matrices K_mm and K_mn (m² + m·N), and the data.
+
+    Examples:
+        >>> model_nbytes("svgp", M=10, N=50, L=1, itemsize=8)
+        12080
+    """
+    m = N if name == "vgp" else M
+    return itemsize * ((4 + 4 * L) * m * m + m * m + m * N + N * (1 + L) + m * L)
+
+
+def _check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> None:
+    from natgrad_diag.autodiff.memory import check_memory, memory_limit
+
+    size = f"M = {M}, N = {N}, L = {L}" if name == "svgp" else f"N = {N}, L = {L} (M = N for a VGP)"
+    check_memory(
+        model_nbytes(name, M=M, N=N, L=L, itemsize=itemsize), memory_limit(), f"the demo {name.upper()}",
+        title=f"The demo {name.upper()} with {size}",
+        remedy="use a smaller num_inducing (--num-inducing) or num_data (--num-data); the limit is half of this machine's memory.",
+        argument="num_inducing" if name == "svgp" and M * M >= N * N else "num_data",
+    )  # fmt: skip
+
+
 def make_data(
     *,
     num_data: int = 50,
@@ -78,6 +112,7 @@ def make_data(
     L = _count(num_latent, "num_latent")
     lik = _choice(likelihood, LIKELIHOODS, "likelihood")
     dt = _dtype(dtype)
+    seed = _seed(seed)
     rng = np.random.default_rng(seed)
     X = np.sort(rng.uniform(0.0, 10.0, size=(N, 1)), axis=0)
     F = np.concatenate([np.sin(X + l) + 0.3 * np.cos(2.3 * X) for l in range(L)], axis=1)
@@ -171,6 +206,8 @@ def make_model(
     L = _count(num_latent, "num_latent")
     N = _count(num_data, "num_data")
     dt = _dtype(dtype)
+    seed = _seed(seed)
+    _check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)
     X, Y = make_data(num_data=N, num_latent=L, likelihood=lik, dtype=dt, seed=seed)
     rng = np.random.default_rng(seed + 1)
     with dtype_context(dt):

@@ -76,16 +76,17 @@ def assert_vjp_matches_jacobian(
         MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
     """
     __tracebackhide__ = True
-    from natgrad_diag.tolerance import default_tolerance
+    from natgrad_diag._validate import require_callable, require_max_bytes, tolerances
 
+    require_callable(fn)
+    max_bytes = require_max_bytes(max_bytes)
     xs, names = _point(inputs, input_names)
+    tolerances(xs[0].dtype, "exact", rtol=rtol, atol=atol)  # bad rtol/atol: an InputError before any work
     got, want, dtype = _vjp_and_contraction(fn, xs, names, cotangents, output_names=output_names, max_bytes=max_bytes)
     # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
-    default = default_tolerance(dtype, "exact")
-    rtol_ = default.rtol if rtol is None else float(rtol)
-    atol_ = default.atol if atol is None else float(atol)
+    tol = tolerances(dtype, "exact", rtol=rtol, atol=atol)
     for j, (g, w) in enumerate(zip(got, want)):
-        _raise_on_mismatch(j, names[j], g, w, rtol=rtol_, atol=atol_)
+        _raise_on_mismatch(j, names[j], g, w, rtol=tol.rtol, atol=tol.atol)
     return got
 
 
@@ -93,17 +94,19 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
     """Constant copies of the inputs (float, finite) and their names."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import require_finite, require_float
+    from natgrad_diag._validate import as_float_tensor, input_error, require_finite
 
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
     if isinstance(inputs, Mapping):
         names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
         values = list(inputs.values())
     else:
         values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
-    xs = [tf.constant(np.array(tf.convert_to_tensor(v).numpy(), copy=True)) for v in values]
+    # numbers and lists become float64, as everywhere in the package
+    xs = [tf.constant(np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)) for k, (n, v) in enumerate(zip(names, values))]
     for n, x in zip(names, xs):
-        require_float(x, n)
         require_finite(x.numpy(), n)
     return xs, names
 
@@ -116,14 +119,15 @@ def _vjp_and_contraction(
     the first output's dtype)."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import validate_seeds
+    from natgrad_diag._validate import flat_outputs, require_output_dtypes, validate_seeds
     from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
     from natgrad_diag.gradcheck.full import reverse_jacobian
 
     seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
-        ys = tf.nest.flatten(fn(*xs))
+        ys = flat_outputs(fn(*xs))
+    require_output_dtypes(ys, xs[0].dtype)
     validate_seeds(seeds, ys, argument="cotangents", target_name="output")
     out_shapes = [tuple(y.shape) for y in ys]
     in_shapes = [tuple(x.shape) for x in xs]

@@ -10,7 +10,19 @@ import numpy as np
 
 from natgrad_diag._compile import recall, remember
 from natgrad_diag._compile import trace_count as _trace_count
-from natgrad_diag._validate import require_positive_int, shape_str
+from natgrad_diag._validate import (
+    as_float_tensor,
+    call_fn,
+    flat_outputs,
+    input_error,
+    output_labels,
+    require_callable,
+    require_finite,
+    require_max_bytes,
+    require_output_dtypes,
+    require_positive_int,
+    shape_str,
+)
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
@@ -61,8 +73,10 @@ def jacobian(
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict);
             cached by identity: pass the same function object to reuse its compiled chunks.
-        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs).
-        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...`` or dict keys).
+        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs); Python
+            numbers and lists become float64 (GPflow's default float), tensors and arrays keep their dtype.
+        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs
+            the keys, or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
@@ -77,7 +91,9 @@ def jacobian(
 
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
-        InputError, ShapeMismatchError: bad ``symmetric``, ``mode`` or ``chunk_size``, or names.
+        InputError, ShapeMismatchError: ``fn`` not callable, raising or returning None; ``None``, empty or
+            non-finite inputs; bad ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names.
+        DTypeMismatchError: an integer, bool or complex input or output, or outputs in another dtype than the inputs.
 
     Examples:
         >>> import tensorflow as tf
@@ -85,7 +101,9 @@ def jacobian(
         >>> J.block(0, 0).shape
         (4, 4, 4)
     """
+    require_callable(fn)
     _check_options(mode, chunk_size)
+    max_bytes = require_max_bytes(max_bytes)
     xs, in_names = _as_tensors(inputs, input_names)
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
     sym = _validate_symmetric(symmetric, in_shapes, in_names)
@@ -177,15 +195,26 @@ def _check_options(mode: str, chunk_size: Any) -> None:
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
     """The inputs as tensors (a dict's keys name them), and their names."""
-    import tensorflow as tf
 
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
     if isinstance(inputs, Mapping):
-        input_names = tuple(inputs.keys()) if input_names is None else input_names
+        input_names = tuple(str(k) for k in inputs.keys()) if input_names is None else input_names
         inputs = list(inputs.values())
     elif not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
-    xs = [tf.convert_to_tensor(x) for x in inputs]
-    return xs, _names(input_names, len(xs), "x", "input_names")
+        inputs = [inputs]  # one input: a tensor, an array or a number
+    names = _names(input_names, len(inputs), "x", "input_names")
+    if not inputs:
+        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point, e.g. [x].")
+    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(inputs, names))]
+    for k, (x, n) in enumerate(zip(xs, names)):
+        require_finite(x.numpy(), f"inputs[{k}] ({n})")  # a NaN point gives a NaN Jacobian
+    for k, x in enumerate(xs[1:], 1):
+        if x.dtype != xs[0].dtype:
+            from natgrad_diag._validate import require_same_dtype
+
+            require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
+    return xs, names
 
 
 def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
@@ -194,8 +223,10 @@ def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, 
 
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
         tape.watch(xs)
-        outputs = fn(*xs)
-    return tape, outputs, [tf.convert_to_tensor(y) for y in tf.nest.flatten(outputs)]
+        outputs = call_fn(fn, xs)
+    ys = flat_outputs(outputs)
+    require_output_dtypes(ys, xs[0].dtype)
+    return tape, outputs, ys
 
 
 def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool | None) -> _Probe:
@@ -206,7 +237,7 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
         _, out_shapes, dict_keys, out_dtypes = meta
         return _Probe(out_shapes, dict_keys, out_dtypes, seen=True)
     tape, outputs, ys = _forward_pass(fn, xs)
-    dict_keys = tuple(sorted(outputs.keys())) if isinstance(outputs, Mapping) else None
+    dict_keys = output_labels(outputs)  # tf.nest's order: the rows' order
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
     return _Probe(out_shapes, dict_keys, tuple(y.dtype for y in ys), seen=False, tape=tape, ys=ys)
 

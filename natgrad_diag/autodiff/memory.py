@@ -8,7 +8,7 @@ import numpy as np
 
 from natgrad_diag.exceptions import MemoryLimitError
 
-__all__ = ["DEFAULT_MAX_BYTES", "auto_chunk", "check_memory", "jacobian_nbytes"]
+__all__ = ["DEFAULT_MAX_BYTES", "AllocationLimitError", "auto_chunk", "check_memory", "jacobian_nbytes", "memory_limit"]
 
 #: Default limit for a dense Jacobian: 2 GiB.
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -39,25 +39,57 @@ def _gib(n: int) -> str:
     return f"{n / 1024**3:.3g} GiB" if n >= 1024**3 else f"{n / 1024**2:.3g} MiB"
 
 
-def check_memory(nbytes: int, max_bytes: int, what: str) -> None:
+class AllocationLimitError(MemoryLimitError):
+    """Arrays other than a Jacobian (a demo model, a benchmark's matrices) would exceed the memory limit."""
+
+    error_message = "Too large for this machine's memory."
+
+
+def memory_limit() -> int:
+    """Half of this machine's physical memory (``os.sysconf``), or :data:`DEFAULT_MAX_BYTES` when unknown.
+
+    The limit for what is allocated besides a Jacobian (a demo model, a benchmark's matrices): above it
+    the process would swap or be killed, so a clear error before allocating is better.
+    """
+    import os
+
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return DEFAULT_MAX_BYTES
+    return max(total // 2, 1) if total > 0 else DEFAULT_MAX_BYTES
+
+
+def check_memory(
+    nbytes: int, max_bytes: int, what: str, *, remedy: str | None = None, title: str | None = None, argument: str = "max_bytes"
+) -> None:
     """Refuse, before allocating, a dense Jacobian larger than ``max_bytes``.
 
     Args:
         nbytes: the estimated size (e.g. from :func:`jacobian_nbytes`).
         max_bytes: the limit.
         what: what would be allocated, for the message (``"2 output(s) and 2 input(s)"``).
+        remedy, title: replace the message's remedy and its first sentence's subject (for allocations other
+            than a dense Jacobian, e.g. ``title="the demo SVGP with M = 100000"``).
+        argument: the argument to change, named in the message (``"num_inducing"``, ``"sizes"``).
 
     Raises:
+        InputError: ``max_bytes`` is not an int ≥ 1.
         MemoryLimitError: ``nbytes > max_bytes``; the message says to use ``mode='fast'`` or raise the limit.
 
     Examples:
         >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens
     """
+    from natgrad_diag._validate import require_max_bytes
+
+    max_bytes = require_max_bytes(max_bytes)  # a negative limit would print "a limit of −9.54e-07 MiB"
     if nbytes > max_bytes:
-        raise MemoryLimitError(
-            f"the dense Jacobian for {what} would need {_gib(nbytes)}, over the limit of {_gib(max_bytes)}.",
-            context=[("Estimated size", f"{nbytes} bytes ({_gib(nbytes)})"), ("Limit (max_bytes)", f"{max_bytes} bytes")],
-            remedy="use mode='fast' (matrix-free, no dense Jacobian), or raise max_bytes if you have the memory.",
+        error = MemoryLimitError if title is None else AllocationLimitError
+        limit_label = "Limit (max_bytes)" if title is None else "Limit"
+        raise error(
+            f"{title or 'the dense Jacobian for ' + what} would need {_gib(nbytes)}, over the limit of {_gib(max_bytes)}.",
+            context=[("Argument", argument), ("Estimated size", f"{nbytes} bytes ({_gib(nbytes)})"), (limit_label, f"{max_bytes} bytes ({_gib(max_bytes)})")],
+            remedy=remedy or "use mode='fast' (matrix-free, no dense Jacobian), or raise max_bytes if you have the memory.",
         )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import dtype_name, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, require_finite, shape_str, validate_seeds
 from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
@@ -65,11 +65,20 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
             remedy=f"pass the {target_name}(s) computed inside the tape's context.",
         )
     for i, t in enumerate(flat):
-        if not (isinstance(t, (tf.Tensor, tf.Variable)) or hasattr(t, "shape") and hasattr(t, "dtype")):
+        if not isinstance(t, (tf.Tensor, tf.Variable)):
+            got = "None" if t is None else f"{type(t).__name__} {t!r}"[:60]
             raise InputError(
-                f"{target_name}[{i}] is not a tensor.",
-                context=[("Argument", f"{argument} (flattened entry {i})"), ("Expected", "a tf.Tensor or tf.Variable"), ("Got", type(t).__name__)],
-                remedy=f"pass the {target_name} tensors themselves; only tensors computed on the tape can be differentiated.",
+                f"{argument} (flattened entry {i}) is not a tensor, so it was not recorded on a tape.",
+                context=[("Argument", argument if len(flat) == 1 else f"{argument} (flattened entry {i})"),
+                         ("Expected", "a tf.Tensor or tf.Variable computed inside the tape's context"), ("Got", got)],
+                remedy=f"pass the {target_name} tensor(s) computed from the sources inside `with tf.GradientTape() as tape:`; "
+                "a number, a numpy array or None has no gradient.",
+            )
+        if not t.dtype.is_floating and not t.dtype.is_complex:
+            raise DTypeMismatchError(
+                f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
+                context=[("Argument", argument), ("Expected", "floating-point targets"), ("Got", f"{target_name}[{i}]: {t.dtype.name}")],
+                remedy=f"differentiate only float {target_name}s (drop or tf.cast integer results).",
             )
     return flat
 
@@ -109,7 +118,11 @@ def _prepare_seeds(
                 context=[("Argument", f"{argument}[{i}]"), ("Expected", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}"), ("Got", type(seed).__name__)],
                 remedy=f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
             ) from e
-    if not tf.executing_eagerly():
+    if tf.executing_eagerly():
+        for i, seed in enumerate(seeds):
+            if seed.dtype.is_floating:
+                require_finite(seed.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
+    else:
         seeds = [_assert_same_shape_at_run_time(seed, tgt, f"{argument}[{i}]", f"{target_name}[{i}]") for i, (seed, tgt) in enumerate(zip(seeds, targets))]
     return seeds
 
@@ -257,6 +270,11 @@ def _checked_gradient(tape: Any, target: Any, sources: Any, output_gradients: An
 def _to_primal(x: Any, k: int) -> Any:
     import tensorflow as tf
 
+    if x is None:
+        raise InputError(
+            f"primals[{k}] is None.", context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", "None")],
+            remedy="pass the point to differentiate at.",
+        )
     try:
         t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e:
@@ -265,6 +283,8 @@ def _to_primal(x: Any, k: int) -> Any:
             context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", type(x).__name__)],
             remedy="pass float64 arrays or tensors.",
         ) from e
+    if t.dtype.is_floating and tf.executing_eagerly():
+        require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:
         raise DTypeMismatchError(
             f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.",
@@ -317,12 +337,17 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
 def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
+    if not callable(fn):
+        raise InputError(
+            "fn must be callable.", context=[("Argument", "fn"), ("Expected", "a function of the primals"), ("Got", type(fn).__name__)],
+            remedy="pass the function itself, e.g. vjp(tf.sin, x, v).",
+        )
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
-        outputs = fn(*xs)
+        outputs = call_fn(fn, xs)
     targets = _flat_targets(outputs, "fn's outputs", "output")
     if cotangents is None:
         raise OutputGradientsError(
@@ -338,6 +363,7 @@ def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any
             xs, list(grads), targets, source_name="primals", target_name="output",
             remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.',
         )
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]  # tf.gather: dense
     return outputs, (grads[0] if single else tuple(grads))
 
 

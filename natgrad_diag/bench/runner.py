@@ -64,7 +64,38 @@ def _validate_sizes(sizes: Any) -> tuple[int, ...] | None:
             context=[("Argument", "sizes"), ("Expected", "e.g. [50, 200, 1000]"), ("Got", repr(sizes))],
             remedy="pass --sizes 50,200 (comma-separated), or leave it out for the defaults.",
         )
+    _check_sizes_fit(out)
     return out
+
+
+#: M×M float64 matrices alive at once in a natgrad_trace row: q_sqrt, its gradient and GPflow's copies of both,
+#: S, its Cholesky factor and inverse, the natural parameters and their gradients, and the new q_sqrt (about 16).
+_TRACE_MATRICES = 16
+
+
+def trace_nbytes(M: int) -> int:
+    """Peak bytes of one natgrad_trace row at M (float64, L = 1), estimated before anything is allocated.
+
+    Examples:
+        >>> trace_nbytes(1000)  # 16 matrices of 1000 × 1000 float64
+        128000000
+    """
+    return _TRACE_MATRICES * M * M * 8
+
+
+def _check_sizes_fit(sizes: tuple[int, ...]) -> None:
+    """Refuse, before any allocation, a size whose natgrad_trace row would not fit in memory (estimate shown)."""
+    from natgrad_diag.autodiff.memory import check_memory, memory_limit
+
+    M = max(sizes)
+    check_memory(
+        trace_nbytes(M), memory_limit(), "the benchmark", title=f"The natgrad_trace benchmark at M = {M} (about {_TRACE_MATRICES} M×M float64 matrices)",
+        remedy="pass smaller --sizes (e.g. 50,200,1000); the limit is half of this machine's memory.", argument="sizes",
+    )  # fmt: skip
+
+
+#: The name the CLI and tests use.
+validate_sizes = _validate_sizes
 
 
 def run_bench(

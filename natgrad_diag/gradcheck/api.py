@@ -10,10 +10,12 @@ import numpy as np
 
 from natgrad_diag._validate import (
     input_error,
+    require_callable,
     require_finite,
     require_int,
-    require_positive_float,
+    require_max_bytes,
     require_positive_int,
+    tolerances,
     validate_seeds,
 )
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
@@ -29,7 +31,7 @@ from natgrad_diag.gradcheck.structures import (
     resolve_structures,
 )
 from natgrad_diag.report.records import Check, format_number
-from natgrad_diag.tolerance import default_tolerance
+from natgrad_diag.tolerance import default_tolerance, validate_tolerance
 
 __all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
 
@@ -74,7 +76,8 @@ def check_gradients(
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies.
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies. Python
+            numbers and lists become float64 (GPflow's default float) and are checked with float64's tolerances.
         structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
             (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
             input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
@@ -84,7 +87,8 @@ def check_gradients(
             for ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
         seed, num_directions: fast mode's random seed and direction pairs per block (k).
-        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...;
+            nested dict outputs are named by paths such as ``"z/0"``, in ``tf.nest.flatten``'s order).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
     Returns:
@@ -107,7 +111,7 @@ def check_gradients(
     """
     _check_options(fn, mode, seed)
     num_directions = require_positive_int(num_directions, "num_directions")
-    max_bytes = require_positive_int(max_bytes, "max_bytes")
+    max_bytes = require_max_bytes(max_bytes)
     input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
     arrays, names = to_arrays(inputs, input_names)
     structures = resolve_structures(structure, fn, names, arrays)
@@ -152,11 +156,7 @@ def _rows(
 
 
 def _check_options(fn: Any, mode: str, seed: Any) -> None:
-    if not callable(fn):
-        raise input_error(
-            "fn must be callable.", "fn", "a function of the inputs", type(fn).__name__,
-            "pass the function to check, e.g. expectation_to_meanvarsqrt.",
-        )  # fmt: skip
+    require_callable(fn)
     if mode not in MODES:
         raise input_error(
             f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
@@ -197,12 +197,10 @@ def _settings(dtype: np.dtype, *, eps: Any, rtol: Any, atol: Any) -> _Settings:
         source = "all given"
     else:
         source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
-    return _Settings(
-        eps=d_eps if eps is None else require_positive_float(eps, "eps"),
-        rtol=d_rtol if rtol is None else require_positive_float(rtol, "rtol", allow_zero=True),
-        atol=d_atol if atol is None else require_positive_float(atol, "atol", allow_zero=True),
-        source=source,
-    )
+    tol = tolerances(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
+    if eps is not None and validate_tolerance("eps", eps) == 0:
+        raise input_error("eps must be > 0.", "eps", "a finite step > 0, e.g. 1e-6", repr(eps), "pass eps > 0, or leave it out.")
+    return _Settings(eps=d_eps if eps is None else float(eps), rtol=tol.rtol, atol=tol.atol, source=source)
 
 
 def _cotangents(cotangents: Any, prob: Problem) -> list[np.ndarray] | None:

@@ -8,14 +8,23 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_finite, require_float, require_same_dtype, shape_str
+from natgrad_diag._validate import (
+    as_float_tensor,
+    flat_outputs,
+    input_error,
+    output_labels,
+    require_finite,
+    require_output_dtypes,
+    require_same_dtype,
+    shape_str,
+)
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 
 __all__ = ["Comparison", "Problem", "compare", "to_arrays"]
 
 def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.ndarray], tuple[str, ...]]:
-    import tensorflow as tf
-
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
     if isinstance(inputs, Mapping):
         names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
         values = list(inputs.values())
@@ -35,16 +44,14 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.n
             f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
         )  # fmt: skip
     arrays = []
-    for name, v in zip(names, values):
-        try:
-            t = tf.convert_to_tensor(v)
-        except (TypeError, ValueError) as e:
+    for k, (name, v) in enumerate(zip(names, values)):
+        # numbers and lists become float64 (GPflow's default float), as in every function of the package
+        a = np.array(as_float_tensor(v, f"inputs[{k}] ({name})").numpy(), copy=True)
+        if a.size == 0:
             raise input_error(
-                f"input {name} could not be converted to a tensor.", name, "a float tensor, tf.Variable or array",
-                type(v).__name__, f"pass {name} as a float64 array or tensor.",
-            ) from e  # fmt: skip
-        require_float(t, name)
-        a = np.array(t.numpy(), copy=True)
+                f"input {name} has no entries (shape {shape_str(a.shape)}): there is no derivative to check.",
+                f"inputs[{k}] ({name})", "a tensor with at least one entry", shape_str(a.shape), "pass a non-empty point.",
+            )  # fmt: skip
         require_finite(a, name)
         arrays.append(a)
     for name, a in zip(names[1:], arrays[1:]):
@@ -70,9 +77,11 @@ class Problem:
                 remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
                 "(e.g. positive definite).",
             ) from e
-        if isinstance(outputs, Mapping) and output_names is None:
-            output_names = tuple(sorted(str(k) for k in outputs))
-        ys = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(outputs)]
+        flat = flat_outputs(outputs)
+        require_output_dtypes(flat, self.dtype.name)
+        if output_names is None:
+            output_names = output_labels(outputs)  # a dict's keys or paths, in tf.nest.flatten's order
+        ys = [np.asarray(y.numpy()) for y in flat]
         if output_names is None:
             output_names = tuple(f"y{k}" for k in range(len(ys)))
         output_names = tuple(output_names)

@@ -248,6 +248,25 @@ def _onehot_row(t: NatGradTrace, label: str) -> Array:
     return np.concatenate([g1.numpy().ravel(), g2.numpy().ravel()])
 
 
+def _check_source(source: Any) -> None:
+    """``source`` must be a trace or four tensors (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad); else an InputError."""
+    from natgrad_diag._validate import input_error
+
+    if isinstance(source, NatGradTrace):
+        return
+    try:
+        parts = list(source) if not isinstance(source, (str, bytes)) else None
+    except TypeError:
+        parts = None
+    if parts is None or len(parts) != 4:
+        raise input_error(
+            "source must be a NatGradTrace, a SeedScenario or (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad).",
+            "source", "a NatGradTrace, a SeedScenario, a 4-tuple of tensors, or None (the built-in scenario)",
+            f"{type(source).__name__} {source!r}"[:80] if parts is None else f"{type(source).__name__} of {len(parts)} item(s)",
+            "pass natgrad_trace(...)'s result or seed_scenario(), or call explain_output_gradients() for the built-in example.",
+        )  # fmt: skip
+
+
 def explain_output_gradients(
     source: NatGradTrace | Any = None,
     *,
@@ -272,6 +291,7 @@ def explain_output_gradients(
         from natgrad_diag.lessons.scenario import seed_scenario
 
         source = seed_scenario()
+    _check_source(source)
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
     trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform, compiled=False)
     tol = resolve(trace.eta1.dtype, "exact", rtol=rtol, atol=atol)

@@ -20,8 +20,9 @@ import numpy as np
 
 from natgrad_diag import _compile
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
-from natgrad_diag.exceptions import InputError, StepFailedError, error_line
+from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
 from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient, natgrad_tensors_closed_form
+from natgrad_diag.natgrad.trace_inputs import precheck
 
 __all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
@@ -397,6 +398,11 @@ def natgrad_trace(
         >>> trace.dL_deta1.shape
         (5, 1)
     """
+    try:
+        precheck(q_mu, q_sqrt)
+    except NatGradDiagError as e:
+        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
+        raise
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)
     if compiled is not False:
@@ -441,3 +447,8 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
         q_sqrt=sq_t.numpy(),
         **arrays,
     )
+
+
+# Inside tf.function AutoGraph must call natgrad_trace as it is, so that its "call it eagerly" error is not
+# wrapped in a StagingError (what tf.autograph.experimental.do_not_convert sets, without importing TensorFlow).
+natgrad_trace.autograph_info__ = frozenset()  # type: ignore[attr-defined]

@@ -1,0 +1,370 @@
+"""Issue 12's bad and edge inputs: each gets a correct result or a clear NatGradDiagError naming the argument.
+
+One test per case; each failed before its fix (a raw TensorFlow/numpy/Python error, a silently wrong
+result, or accepted nonsense). Numbers are checked against independent oracles (closed-form derivatives).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from natgrad_diag.autodiff.dense import jacobian
+from natgrad_diag.autodiff.seeded import checked_gradient, vjp
+from natgrad_diag.exceptions import DTypeMismatchError, InputError
+from natgrad_diag.gradcheck.api import assert_gradients, check_gradients
+from natgrad_diag.testing import assert_vjp_matches_jacobian
+
+
+def _argument(error: BaseException) -> str:
+    """The value of the message's "Argument:" line."""
+    lines = [line.split(":", 1)[1].strip() for line in str(error).splitlines() if line.strip().startswith("Argument:")]
+    assert lines, f"no Argument: line in {error}"
+    return lines[0]
+
+
+@tf.custom_gradient
+def _sin_one_percent_wrong(x):
+    """sin(x) whose gradient is 1.01·cos(x): a 1% error that float64's tolerance (rtol 1e-5) must catch."""
+
+    def grad(dy):
+        return dy * tf.cos(x) * 1.01
+
+    return tf.sin(x), grad
+
+
+# ---- 1. Python numbers and lists are float64 everywhere ------------------------------------------------
+
+
+@pytest.mark.parametrize("point", [2.0, [2.0], np.array(2.0)], ids=["number", "list", "numpy"])
+def test_check_gradients__python_number_is_float64(point):
+    report = check_gradients(_sin_one_percent_wrong, point)
+    assert report.dtype == "float64"
+    assert report.rtol == 1e-5  # float64's finite-difference tolerance (tolerance.py), not float32's 2e-2
+    assert not report.passed  # 1% > 1e-5: the wrong gradient is caught, as with np.array(2.0)
+
+
+def test_jacobian__python_number_is_float64():
+    J = jacobian(lambda a, b: a * b, [2.0, 3.0])
+    assert J.compact.dtype == np.float64
+    np.testing.assert_array_equal(J.compact, [[3.0, 2.0]])  # ∂(ab)/∂a = b, ∂(ab)/∂b = a
+
+
+# ---- 2. jacobian() and vjp ------------------------------------------------------------------------------
+
+
+def test_jacobian__integer_input_is_refused():
+    with pytest.raises(DTypeMismatchError) as info:
+        jacobian(lambda x: x * 2, [tf.constant([1, 2])])
+    assert _argument(info.value) == "inputs[0] (x0)"
+    assert "int32" in str(info.value)
+
+
+def test_jacobian__integer_output_is_refused():
+    with pytest.raises(DTypeMismatchError) as info:
+        jacobian(lambda x: tf.cast(x, tf.int32), [tf.constant([1.0, 2.0], tf.float64)])
+    assert _argument(info.value) == "fn"
+    assert "int32" in str(info.value)
+
+
+def test_jacobian__fn_not_callable():
+    with pytest.raises(InputError) as info:
+        jacobian(5, [tf.constant([1.0], tf.float64)])
+    assert _argument(info.value) == "fn"
+
+
+@pytest.mark.parametrize("inputs, argument", [(None, "inputs"), ([None], "inputs[0] (x0)")], ids=["None", "list_of_None"])
+def test_jacobian__none_inputs(inputs, argument):
+    with pytest.raises(InputError) as info:
+        jacobian(tf.sin, inputs)
+    assert _argument(info.value) == argument
+
+
+def test_jacobian__fn_returning_none():
+    with pytest.raises(InputError) as info:
+        jacobian(lambda x: None, [tf.constant([1.0], tf.float64)])
+    assert _argument(info.value) == "fn"
+    assert "returned None" in str(info.value)
+
+
+def test_jacobian__output_dtype_differs_from_input():
+    with pytest.raises(DTypeMismatchError) as info:
+        jacobian(lambda x: tf.cast(x, tf.float32), [tf.constant([1.0, 2.0], tf.float64)])
+    assert _argument(info.value) == "fn"
+    assert "float32" in str(info.value) and "float64" in str(info.value)
+
+
+def _nested(a):
+    return {"z": (tf.sin(a), 2 * a), "w": [tf.reduce_sum(a)]}
+
+
+def test_jacobian__nested_dict_outputs():
+    a = np.array([1.0, 2.0])
+    J = jacobian(_nested, [tf.constant(a)])
+    # tf.nest.flatten orders a dict by its sorted keys: w, then z's tuple
+    assert J.output_names == ("w/0", "z/0", "z/1")
+    np.testing.assert_allclose(J.block(0, 0), [1.0, 1.0], rtol=0, atol=0)  # ∂Σa/∂a
+    np.testing.assert_allclose(J.block(1, 0), np.diag(np.cos(a)), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(J.block(2, 0), 2 * np.eye(2), rtol=0, atol=0)
+
+
+def test_check_gradients__nested_dict_outputs():
+    report = check_gradients(_nested, [np.array([1.0, 2.0])])
+    assert report.output_names == ("w/0", "z/0", "z/1")
+    assert report.passed
+
+
+def _int_keys(a):
+    return {10: tf.sin(a), 9: 2 * a, 2: a**2}
+
+
+def test_jacobian__int_dict_keys_in_tf_nest_order():
+    a = np.array([1.0, 2.0])
+    J = jacobian(_int_keys, [tf.constant(a)])
+    assert J.output_names == ("2", "9", "10")  # tf.nest's numeric order, not the strings' "10" < "2" < "9"
+    np.testing.assert_allclose(J.block(0, 0), np.diag(2 * a), rtol=1e-15, atol=0)  # ∂a²/∂a, the row named "2"
+    np.testing.assert_allclose(J.block(2, 0), np.diag(np.cos(a)), rtol=1e-15, atol=0)
+
+
+def test_check_gradients__int_dict_keys_in_tf_nest_order():
+    report = check_gradients(_int_keys, [np.array([1.0, 2.0])])
+    assert report.output_names == ("2", "9", "10")
+    assert report.output_shapes == ((2,), (2,), (2,))
+
+
+def test_vjp__integer_output_is_refused():
+    x = tf.constant([1.0, 2.0], tf.float64)
+    with pytest.raises(DTypeMismatchError) as info:
+        vjp(lambda x: tf.cast(x, tf.int32), x, tf.constant([1, 1]))
+    assert "int32" in str(info.value)
+    _argument(info.value)
+
+
+def test_vjp__gather_returns_dense_tensor():
+    x = tf.constant([1.0, 2.0, 3.0], tf.float64)
+    _, g = vjp(lambda x: tf.gather(x, [0, 2, 0]), x, tf.constant([1.0, 2.0, 3.0], tf.float64))
+    assert isinstance(g, tf.Tensor)  # not tf.IndexedSlices
+    np.testing.assert_array_equal(g.numpy(), [4.0, 0.0, 2.0])  # v scattered back: x0 gets 1 + 3, x2 gets 2
+
+
+# ---- 3. checked_gradient's target -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [None, 2.0, np.array([1.0, 2.0])], ids=["None", "number", "numpy"])
+def test_checked_gradient__target_not_a_tensor(target):
+    x = tf.constant([1.0, 2.0], tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        _ = 2 * x
+    with pytest.raises(InputError) as info:
+        checked_gradient(tape, target, x)
+    assert _argument(info.value) == "target"
+    assert "not a tensor" in str(info.value)
+
+
+# ---- 6. tolerances and memory limits --------------------------------------------------------------------
+
+_BAD_OPTIONS = [
+    ({"rtol": "abc"}, "rtol"),
+    ({"rtol": -1}, "rtol"),
+    ({"atol": float("nan")}, "atol"),
+    ({"max_bytes": -1}, "max_bytes"),
+]
+
+
+@pytest.mark.parametrize("kwargs, argument", _BAD_OPTIONS, ids=[a + "=" + repr(v) for k, a in _BAD_OPTIONS for v in k.values()])
+def test_check_gradients__bad_tolerance_or_limit(kwargs, argument):
+    with pytest.raises(InputError) as info:
+        check_gradients(tf.sin, [np.array([1.0])], **kwargs)
+    assert _argument(info.value) == argument
+
+
+@pytest.mark.parametrize("kwargs, argument", _BAD_OPTIONS, ids=[a + "=" + repr(v) for k, a in _BAD_OPTIONS for v in k.values()])
+def test_assert_gradients__bad_tolerance_or_limit(kwargs, argument):
+    with pytest.raises(InputError) as info:
+        assert_gradients(tf.sin, [np.array([1.0])], **kwargs)
+    assert _argument(info.value) == argument
+
+
+@pytest.mark.parametrize("kwargs, argument", _BAD_OPTIONS, ids=[a + "=" + repr(v) for k, a in _BAD_OPTIONS for v in k.values()])
+def test_assert_vjp_matches_jacobian__bad_tolerance_or_limit(kwargs, argument):
+    # before: rtol="abc" raised a raw ValueError, rtol=-1 and atol=nan a false "Jacobian mismatch",
+    # max_bytes=-1 "a limit of −9.54e-07 MiB"
+    with pytest.raises(InputError) as info:
+        assert_vjp_matches_jacobian(tf.sin, [np.array([1.0])], [np.array([1.0])], **kwargs)
+    assert _argument(info.value) == argument
+
+
+def test_jacobian__negative_max_bytes():
+    with pytest.raises(InputError) as info:
+        jacobian(tf.sin, [np.array([1.0])], max_bytes=-1)
+    assert _argument(info.value) == "max_bytes"
+    assert "MiB" not in str(info.value)
+
+
+def test_check_memory__negative_limit():
+    from natgrad_diag.autodiff.memory import check_memory
+
+    with pytest.raises(InputError) as info:
+        check_memory(8, -1, "a Jacobian")
+    assert _argument(info.value) == "max_bytes"
+
+
+# ---- 4. natgrad_trace ------------------------------------------------------------------------------------
+
+
+def _q(M=3, L=1, dtype=np.float64):
+    rng = np.random.default_rng(0)
+    q_sqrt = np.tril(0.1 * rng.standard_normal((L, M, M)), -1) + np.eye(M)
+    return (np.zeros((M, L), dtype), q_sqrt.astype(dtype), np.ones((M, L), dtype), np.tril(np.full((L, M, M), 0.1)).astype(dtype))
+
+
+def test_natgrad_trace__float16_is_refused():
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    with pytest.raises(DTypeMismatchError) as info:
+        natgrad_trace(*_q(dtype=np.float16))
+    assert _argument(info.value) == "q_mu"
+    assert "float16" in str(info.value)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_natgrad_trace__q_sqrt_above_diagonal(compiled):
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q_mu, q_sqrt, g_mu, g_sq = _q()
+    q_sqrt[0, 0, 2] = 0.5
+    with pytest.raises(InputError) as info:
+        natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, compiled=compiled)
+    assert _argument(info.value) == "q_sqrt"
+    assert "q_sqrt[0, 0, 2] = 0.5" in str(info.value)
+
+
+def test_natgrad_trace__q_sqrt_with_triangular_transform_is_accepted():
+    import gpflow
+
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q_mu, q_sqrt, _, _ = _q()
+    sq = gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
+    mu = gpflow.Parameter(q_mu)
+    g_sq = np.full(sq.unconstrained_variable.shape, 0.1)
+    trace = natgrad_trace(mu, sq, np.ones_like(q_mu), g_sq)
+    assert np.all(np.isfinite(trace.new_q_sqrt))
+
+
+def test_natgrad_trace__inside_tf_function():
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    q = [tf.constant(a) for a in _q()]
+
+    @tf.function
+    def step(a, b, c, d):
+        return natgrad_trace(a, b, c, d).new_q_mu
+
+    with pytest.raises(InputError) as info:
+        step(*q)
+    assert "eagerly" in str(info.value)
+    _argument(info.value)
+
+
+@pytest.mark.parametrize("M, L", [(0, 1), (3, 0)], ids=["M=0", "L=0"])
+def test_natgrad_trace__empty_q(M, L):
+    from natgrad_diag.exceptions import ShapeMismatchError
+    from natgrad_diag.natgrad.trace import natgrad_trace
+
+    with pytest.raises(ShapeMismatchError) as info:
+        natgrad_trace(np.zeros((M, L)), np.zeros((L, M, M)), np.zeros((M, L)), np.zeros((L, M, M)))
+    assert _argument(info.value) == "q_mu"
+
+
+# ---- 5. demo models, sizes, data -------------------------------------------------------------------------
+
+
+def test_make_model__negative_seed():
+    from natgrad_diag.demo import make_model
+
+    with pytest.raises(InputError) as info:
+        make_model(seed=-1)
+    assert _argument(info.value) == "seed"
+
+
+def test_make_model__too_large_is_refused_before_allocation():
+    from natgrad_diag.autodiff.memory import memory_limit
+    from natgrad_diag.demo import make_model, model_nbytes
+    from natgrad_diag.exceptions import MemoryLimitError
+
+    with pytest.raises(MemoryLimitError) as info:
+        make_model(num_inducing=100_000)  # M² float64 = 80 GB per matrix: never allocated
+    need = model_nbytes("svgp", M=100_000, N=50, L=1, itemsize=8)
+    assert need > memory_limit()
+    assert f"Estimated size: {need} bytes" in str(info.value)
+
+
+def test_check_cli__num_inducing_100000_exits_2_with_estimate():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "check", "--num-inducing", "100000"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2
+    assert "Estimated size:" in r.stderr and "GiB" in r.stderr
+
+
+def test_bench_cli__sizes_100000_refused_before_allocation():
+    # through the CLI: tests other than the benchmark's own do not import natgrad_diag.bench (test_layout)
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "bench", "--sizes", "100000"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2
+    need = 16 * 100_000**2 * 8  # 16 M×M float64 matrices (bench/runner.py's estimate)
+    assert f"Estimated size: {need} bytes" in r.stderr
+
+
+def _svgp(D=1, L=1):
+    import gpflow
+
+    Z = np.linspace(0, 1, 4)[:, None] * np.ones((1, D))
+    return gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(),
+                              gpflow.inducing_variables.InducingPoints(Z), num_latent_gps=L)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "data, argument",
+    [
+        ((np.zeros((5, 2)), np.zeros((5, 1))), "data[0] (X)"),
+        ((np.zeros((5, 1)), np.zeros((5, 3))), "data[1] (Y)"),
+        ((np.zeros((5, 1)), np.zeros((4, 1))), "data"),
+        ((np.zeros(5), np.zeros((5, 1))), "data[0] (X)"),
+        ((np.zeros((5, 1)), np.zeros((5, 1), np.float32)), "data[1] (Y)"),
+        ((np.zeros((5, 1)),), "data"),
+    ],
+    ids=["X_wrong_D", "Y_wrong_L", "N_differs", "X_not_matrix", "Y_float32", "not_a_pair"],
+)
+def test_validate_data__data_does_not_fit_model(data, argument):
+    from natgrad_diag._validate_data import validate_data
+
+    with pytest.raises(InputError) as info:
+        validate_data(_svgp(), data)
+    assert _argument(info.value) == argument
+
+
+def test_validate_data__fitting_data_is_returned():
+    from natgrad_diag._validate_data import validate_data
+
+    X, Y = validate_data(_svgp(D=2, L=2), (np.zeros((5, 2)), np.ones((5, 2))))
+    assert X.shape == (5, 2) and Y.shape == (5, 2)
+
+
+# ---- 7. explain_output_gradients --------------------------------------------------------------------------
+
+
+def test_explain_output_gradients__source_is_a_number():
+    from natgrad_diag.lessons.explain import explain_output_gradients
+
+    with pytest.raises(InputError) as info:
+        explain_output_gradients(5)
+    assert _argument(info.value) == "source"
