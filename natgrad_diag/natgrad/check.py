@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.natgrad.conditioning import Conditioning, measure_conditioning
 from natgrad_diag.natgrad.conjugate import check_conjugate, conjugate_applicable
 from natgrad_diag.natgrad.context import Context, dtype_context, validate_data, validate_model
 from natgrad_diag.natgrad.engine import FastEngine, fast_engine
@@ -216,8 +217,8 @@ def _fisher_stage(ctx: Context, step: Step, taken: _Taken, advance: Callable[...
         return check_fisher_full(ctx, step, advance)
     except MemoryLimitError as e:
         c = check_fisher_fast(ctx, step, None, {})
-        note = f"the explicit F would exceed the memory limit ({e.detail}); checked matrix-free instead"
-        return Outcome(checks=(Check(c.name, c.claim, c.passed, c.max_abs_error, c.tolerance, note),))
+        note = f"the explicit F would exceed the memory limit ({e.detail}); checked matrix-free instead; {c.detail}"
+        return Outcome(checks=(dataclasses.replace(c, detail=note),))
 
 
 def _xi_stage(ctx: Context, step: Step) -> Outcome:
@@ -231,14 +232,20 @@ def _xi_stage(ctx: Context, step: Step) -> Outcome:
     return Outcome(checks=(check_xi_forward(ctx, step),))
 
 
-def _conjugate_stage(ctx: Context) -> Outcome:
+def _conjugate_stage(ctx: Context, cond: Conditioning) -> Outcome:
     """The conjugate checks (Gaussian likelihood, full mode), or why they were skipped."""
     why_not = conjugate_applicable(ctx)
     if why_not:
         return Outcome(skipped=(("conjugate_optimality", why_not),))
     if ctx.mode == "fast":
         return Outcome(skipped=(("conjugate_optimality", "skipped in fast mode (two more steps and a collapsed bound); run mode='full'"),))
-    return check_conjugate(ctx)
+    return check_conjugate(ctx, cond)
+
+
+def _conditioning(ctx: Context, step: Step, found: Outcome) -> Conditioning:
+    """κ(S), κ(S_new), κ(Kuu) and κ(F) (measured by the full Fisher check when it ran, else estimated)."""
+    kappa_F = dict(found.numbers).get("cond(F)")
+    return measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt, kappa_F)
 
 
 def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
@@ -248,12 +255,13 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     advance()
     if not step.gradients_finite:
         return _gradients_not_finite(ctx, step)
-    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp),))
+    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, _conditioning(ctx, step, Outcome())),))
     advance()
     step = fill_direction(ctx, step)
     found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)
     advance()
-    found += _conjugate_stage(ctx)
+    cond = _conditioning(ctx, step, found)
+    found += Outcome(numbers=cond.numbers()) + _conjugate_stage(ctx, cond)
     advance()
     health = check_step_health(ctx, step, taken.scratch, taken.loss_after, taken.engine, advance)
     found += health.outcome
