@@ -268,11 +268,24 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     advance()
     found += check_gradient_mapping(ctx, step)
     advance()
-    return _report(ctx, step, found, health.loss_after, health.suggested, health.trials, health.step_error)
+    return _report(ctx, step, found, health.loss_after, health.suggested, health.trials, health.step_error, cond)
 
 
-def _report(ctx: Context, step: Step, found: Outcome, loss_after: float | None, suggested: float | None, trials: tuple[GammaTrial, ...], step_error: str) -> NatGradReport:
+def _minibatch(ctx: Context) -> str:
+    """'' for full-batch data, else the sentence saying the conjugate optimum is the batch's."""
+    num_data = getattr(ctx.model, "num_data", None)
+    if ctx.data is None or num_data is None or int(num_data) == int(ctx.data[0].shape[0]):
+        return ""
+    return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
+
+
+def _report(
+    ctx: Context, step: Step, found: Outcome, loss_after: float | None, suggested: float | None, trials: tuple[GammaTrial, ...], step_error: str,
+    cond: Conditioning | None = None,
+) -> NatGradReport:  # fmt: skip
     import gpflow
+
+    from natgrad_diag.natgrad.causes import diagnose
 
     m = ctx.model
     if isinstance(m, gpflow.models.SVGP):
@@ -305,6 +318,9 @@ def _report(ctx: Context, step: Step, found: Outcome, loss_after: float | None, 
         new_q_sqrt=step.new_q_sqrt if not step.error else None,
         dL_deta1=step.dL_deta1,
         dL_deta2=step.dL_deta2,
+        causes=diagnose(
+            found.checks, cond, dtype=np.dtype(ctx.np_dtype).name, jitter=gpflow.config.default_jitter(), suggested_gamma=suggested, minibatch=_minibatch(ctx),
+        ),
     )
 
 
@@ -316,7 +332,7 @@ def assert_natgrad(model: Any, data: Any = None, **kwargs: Any) -> NatGradReport
     """
     report = check_natgrad(model, data, **kwargs)
     if not report.passed:
-        failed = [c for c in report.checks if not c.passed]
+        failed = [c for c in report.checks if c.status == "fail"]
         raise NatGradCheckError(
             f"{len(failed)} of {len(report.checks)} check(s) failed on {report.model_name} "
             f"({report.xi_transform}, gamma = {report.gamma:g}).",
@@ -335,6 +351,9 @@ def _describe(c: Check) -> str:
 
 
 def _remedy(failed: list[Check], report: NatGradReport) -> str:
+    causes = [c for c in report.causes if c.name != "minibatch"]
+    if causes:
+        return " ".join(f"{c.name}: {c.fix}" for c in causes)
     names = {c.name for c in failed}
     if "step_health" in names or "finite_gradients" in names:
         if report.suggested_gamma is not None:

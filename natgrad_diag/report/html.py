@@ -8,7 +8,14 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import check_mark, check_numbers, report_pictures_or_note, report_status, text_blocks, verdict
+from natgrad_diag.report.layout import (
+    check_mark,
+    check_numbers,
+    report_pictures_or_note,
+    report_status,
+    text_blocks,
+    verdict,
+)
 from natgrad_diag.report.records import Check, Table
 
 __all__ = ["html_document", "to_html", "to_html_fragment"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "worst_status", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "wrap"]
+__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "worst_status", "wrap"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:

@@ -1,0 +1,231 @@
+"""Verdicts you can trust (issue 11): three outcomes, bounds from condition numbers, the same verdict on every call,
+and a named cause, on GPflow's own ill-conditioned states (tests/gpflow/optimizers/test_natural_gradient.py:
+N = 4, D = 2, noise 0.1, data from RandomState(42), q_sqrt = 1e-3·I for #767), against GPflow's GPR/SGPR objectives."""
+
+from __future__ import annotations
+
+import json
+
+import gpflow
+import numpy as np
+import pytest
+
+from natgrad_diag.cli.app import main
+from natgrad_diag.natgrad.check import assert_natgrad, check_natgrad
+from natgrad_diag.natgrad.conditioning import fisher_condition_estimate, kappa
+from natgrad_diag.natgrad.report import NatGradReport
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.html import to_html
+from natgrad_diag.report.markdown import to_markdown
+from natgrad_diag.report.records import Check
+from natgrad_diag.report.text import to_terminal
+
+
+def _setup():
+    rng = np.random.RandomState(42)  # GPflow's Setup
+    return rng.randn(4, 2), rng.randn(4, 1), rng.randn(3, 2)
+
+
+def small_q_sqrt_vgp(seed: int) -> gpflow.models.VGP:
+    """GPflow's test_small_q_sqrt_handeled_correctly state (#767) with q_mu from ``seed``."""
+    X, Y, _ = _setup()
+    m = gpflow.models.VGP((X, Y), gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1))
+    m.q_mu.assign(np.random.RandomState(seed).randn(4, 1))
+    m.q_sqrt.assign(1e-3 * np.eye(4)[None])
+    return m
+
+
+def small_q_sqrt_svgp(seed: int = 0, q_scale: float = 1e-4):
+    X, Y, Z = _setup()
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1), Z, num_data=4)
+    m.q_mu.assign(np.random.RandomState(seed).randn(3, 1))
+    m.q_sqrt.assign(q_scale * np.eye(3)[None])
+    return m, (X, Y)
+
+
+@pytest.fixture(scope="module")
+def reports_767() -> list[NatGradReport]:
+    return [check_natgrad(small_q_sqrt_vgp(seed), progress=False) for seed in range(20)]
+
+
+@pytest.fixture(scope="module")
+def svgp_1e4_report() -> NatGradReport:
+    m, data = small_q_sqrt_svgp()
+    return check_natgrad(m, data, progress=False)
+
+
+# --- three outcomes ----------------------------------------------------------------------------------------
+
+
+def test_check__status_defaults_from_passed_and_passed_is_true_only_for_pass():
+    assert Check("a", "claim", True).status == "pass"
+    assert Check("a", "claim", False, 1.0, 0.5).status == "fail"
+    warn = Check("a", "claim", True, status="warn")
+    assert (warn.status, warn.passed, warn.mark) == ("warn", False, "WARN")
+    assert Check("a", "claim", False, expect_difference=True).to_dict()["status"] == "fail"
+    with pytest.raises(ValueError, match="status"):
+        Check("a", "claim", True, status="maybe")
+
+
+class _R(Report):
+    def __init__(self, *statuses):
+        self.title = "t"
+        self.checks = tuple(Check(f"c{i}", "claim", s == "pass", status=s) for i, s in enumerate(statuses))
+
+    def sections(self):
+        return ()
+
+
+@pytest.mark.parametrize(
+    ("statuses", "passed", "status", "line"),
+    [
+        (("pass", "pass"), True, "pass", "all checks hold."),
+        (("pass", "warn"), True, "warn", "1 check(s) inconclusive (WARN)."),
+        (("warn", "fail", "pass"), False, "fail", "1 of 3 check(s) FAILED. 1 check(s) inconclusive (WARN)."),
+    ],
+    ids=["pass", "warn", "fail"],
+)
+def test_report__passed_status_and_verdict_in_every_form(statuses, passed, status, line):
+    r = _R(*statuses)
+    assert (r.passed, r.status) == (passed, status)
+    text, html, md = to_terminal(r, plain=True), to_html(r, pictures=False), to_markdown(r)
+    assert f"Verdict: {line}" in text and line in html and line in md
+    if "warn" in statuses:
+        assert "WARN" in text and '<span class="warn">WARN</span>' in html and "**WARN**" in md
+    d = r.to_dict()
+    assert d["status"] == status and [c["status"] for c in d["checks"]] == list(statuses)
+    assert "\x1b[1;33m" in to_terminal(r, color=True) if "warn" in statuses else True
+
+
+# --- GPflow's #767 state: no false alarm, bounds from κ, same verdict on every call ----------------------
+
+
+def test_767_state__20_seeds_have_no_fail_and_the_conjugate_checks_hold_against_gpr(reports_767):
+    X, Y, _ = _setup()
+    jitter = gpflow.config.default_jitter()
+    lml_j = float(gpflow.models.GPR((X, Y), gpflow.kernels.SquaredExponential(), noise_variance=0.1 + jitter).log_marginal_likelihood())
+    for r in reports_767:
+        assert r.passed and r.status != "fail", str(r)
+        assert [c.status for c in r.checks if c.name.startswith("conjugate")] == ["pass", "pass"]
+        # the oracle: GPR's marginal likelihood (noise σ² + jitter), independent of the step; GPflow asserts 1e-4
+        assert r.number("GPR log marginal likelihood (noise σ² + jitter)") == pytest.approx(lml_j, rel=1e-12)
+        c = r.check("conjugate_optimality")
+        assert c.max_abs_error <= 1e-4 and c.max_abs_error <= c.tolerance
+        # the bound is meaningful: far below the 1e-2 of |ELBO| that would make it inconclusive
+        assert c.tolerance < 1e-4 * abs(lml_j)
+        assert "κ(F) + κ(Kuu)" in c.detail and "rounding" in c.detail
+        assert r.number("κ(S) (worst latent GP)") == pytest.approx(1.0)
+        assert r.number("cond(F)") > 1e6  # ill-conditioned (up to 1e9 over the seeds): the bound says so, no false alarm
+
+
+def test_767_state__kappas_are_those_of_the_matrices():
+    m = small_q_sqrt_vgp(0)
+    r = check_natgrad(m, progress=False)
+    X = m.data[0]
+    K = gpflow.kernels.SquaredExponential()(X).numpy() + gpflow.config.default_jitter() * np.eye(4)
+    ev = np.linalg.eigvalsh(K)
+    assert r.number("κ(Kuu + jitter·I)") == pytest.approx(ev[-1] / ev[0], rel=1e-8)
+    S_new = r.new_q_sqrt[0] @ r.new_q_sqrt[0].T
+    ev_new = np.linalg.eigvalsh(S_new)
+    assert r.number("κ(S) after the step") == pytest.approx(ev_new[-1] / ev_new[0], rel=1e-8)
+    assert r.number("cancellation λmin(S_new)/λmin(S)") == pytest.approx(ev_new[0] / 1e-6, rel=1e-8)
+
+
+def test_767_state__three_consecutive_calls_give_identical_statuses_and_numbers():
+    m = small_q_sqrt_vgp(0)
+    before = [v.numpy().copy() for v in m.variables]
+    runs = [check_natgrad(m, progress=False) for _ in range(3)]
+    assert len({tuple(c.status for c in r.checks) for r in runs}) == 1
+    assert len({tuple(c.max_abs_error for c in r.checks) for r in runs}) == 1
+    for a, b in zip(before, m.variables):
+        assert np.array_equal(a, b.numpy())
+
+
+def test_767_state__fast_mode_calls_give_identical_statuses():
+    m = small_q_sqrt_vgp(3)
+    runs = [check_natgrad(m, mode="fast", progress=False) for _ in range(3)]
+    assert len({tuple(c.status for c in r.checks) for r in runs}) == 1
+    assert runs[0].status != "fail"
+
+
+# --- a genuine miss from ill-conditioning: SVGP with q_sqrt = 1e-4·I ------------------------------------------
+
+
+def test_svgp_1e4__is_not_pass_and_names_ill_conditioning(svgp_1e4_report):
+    r = svgp_1e4_report
+    assert r.status != "pass"
+    X, Y, Z = _setup()
+    sgpr = float(gpflow.models.SGPR((X, Y), gpflow.kernels.SquaredExponential(), Z, noise_variance=0.1).elbo())
+    c = r.check("conjugate_optimality")
+    # the oracle: GPflow's own step lands 2% away from SGPR's optimum (GPflow's optimizer, not ours)
+    copy_ = gpflow.utilities.deepcopy(small_q_sqrt_svgp()[0])
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
+    gp_elbo = float(copy_.elbo((X, Y)))
+    assert abs(gp_elbo - sgpr) > 1e-2 * abs(sgpr)
+    assert c.max_abs_error == pytest.approx(abs(gp_elbo - sgpr), rel=1e-6)
+    names = [cause.name for cause in r.causes]
+    assert names[0] == "ill_conditioning" and "wrong_gradient" not in names
+    assert "conjugate_optimality" in r.causes[0].checks and "κ(F)" in r.causes[0].evidence
+    text = str(r)
+    assert text.index("Cause") < text.index("Model and step")
+    assert "<h2>Cause</h2>" in to_html(r, pictures=False).split("<h2>Model and step</h2>")[0]
+    assert r.to_dict()["causes"][0]["name"] == "ill_conditioning"
+
+
+def test_inconclusive__an_uninformative_bound_is_warn_not_pass_and_says_what_precision_is_needed():
+    # q_sqrt = 1e-5·I in SVGP: κ(F) ~ 1e13, so the Fisher check's rounding term exceeds 1e-2 of its scale
+    m, data = small_q_sqrt_svgp(q_scale=1e-5)
+    r = check_natgrad(m, data, progress=False)
+    c = r.check("fisher_identity")
+    assert r.number("cond(F)") * np.finfo(np.float64).eps * 100 > 1e-2
+    assert c.status == "warn" and not c.passed
+    assert "inconclusive" in c.detail and "κ(F)·ε <" in c.detail
+    assert any(cause.name == "ill_conditioning" and "fisher_identity" in cause.checks for cause in r.causes)
+
+
+def test_fisher_condition_estimate__within_a_few_orders_of_the_measured_kappa(reports_767):
+    for seed in (0, 5):
+        m = small_q_sqrt_vgp(seed)
+        est = fisher_condition_estimate(m.q_mu.numpy(), m.q_sqrt.numpy())
+        measured = reports_767[seed].number("cond(F)")
+        assert measured / 1e3 < est < measured * 1e3
+    assert kappa(np.diag([2.0, 8.0])[None])[0] == pytest.approx(4.0)
+
+
+# --- causes for step health and minibatch; CLI exit codes ------------------------------------------------------
+
+
+def test_causes__too_long_step_is_step_too_long_with_the_suggested_gamma():
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
+    r = check_natgrad(model, data, gamma=5.0, progress=False)
+    assert r.check("step_health").status == "fail"  # GPflow's optimizer fails at γ = 5 too (test_natgrad_check)
+    cause = next(c for c in r.causes if c.name == "step_too_long")
+    assert "step_health" in cause.checks and f"gamma = {r.suggested_gamma:g}" in cause.fix
+    assert all(c.name != "wrong_gradient" for c in r.causes)
+
+
+def test_causes__minibatch_says_the_optimum_is_the_batchs():
+    X, Y, Z = _setup()
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), Z, num_data=100)
+    r = check_natgrad(m, (X, Y), progress=False)
+    cause = next(c for c in r.causes if c.name == "minibatch")
+    assert "num_data = 100" in cause.evidence and "4 rows" in cause.evidence
+
+
+def test_assert_natgrad__does_not_raise_on_warn_and_raises_with_the_causes_fix_on_fail():
+    m, data = small_q_sqrt_svgp()
+    with pytest.raises(Exception, match="ill_conditioning"):
+        assert_natgrad(m, data, progress=False)
+
+
+def test_cli__exit_codes_pass_warn_fail(capsys, monkeypatch):
+    from natgrad_diag.cli import app
+
+    for statuses, code, warned in ((("pass",), 0, False), (("pass", "warn"), 0, True), (("warn", "fail"), 1, False)):
+        monkeypatch.setattr(app, "_run", lambda args, s=statuses: _R(*s))
+        assert main(["check", "--json"]) == code
+        out = capsys.readouterr()
+        assert json.loads(out.out)["status"] == _R(*statuses).status
+        assert ("inconclusive (WARN)" in out.err) == warned
