@@ -46,6 +46,7 @@ from natgrad_diag.natgrad.context import Context, dtype_context, validate_data, 
 from natgrad_diag.natgrad.engine import FastEngine, fast_engine
 from natgrad_diag.natgrad.fisher import check_fisher_fast, check_fisher_full
 from natgrad_diag.natgrad.health import GAMMA_GRID, check_step_health
+from natgrad_diag.natgrad.loss_gradient import check_loss_gradient
 from natgrad_diag.natgrad.mapping import check_gradient_mapping
 from natgrad_diag.natgrad.report import GammaTrial, NatGradReport, Outcome
 from natgrad_diag.natgrad.reproduction import check_reproduction
@@ -255,7 +256,7 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     advance()
     if not step.gradients_finite:
         return _gradients_not_finite(ctx, step)
-    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, _conditioning(ctx, step, Outcome())),))
+    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, _conditioning(ctx, step, Outcome())), check_loss_gradient(ctx, step)))
     advance()
     step = fill_direction(ctx, step)
     found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)

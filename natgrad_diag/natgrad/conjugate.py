@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.natgrad.conditioning import Conditioning
 from natgrad_diag.natgrad.context import Context
@@ -18,7 +20,34 @@ from natgrad_diag.natgrad.tensors import loss_and_grads
 from natgrad_diag.natgrad.tolerances import Bound, bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number
 
-__all__ = ["check_conjugate", "conjugate_applicable"]
+__all__ = ["check_conjugate", "conjugate_applicable", "keeps_gaussian_maths"]
+
+
+def keeps_gaussian_maths(likelihood: Any) -> bool:
+    """Whether ``likelihood`` is GPflow's ``Gaussian`` or a subclass whose variational expectations are Gaussian's.
+
+    The conjugate optimum depends on the likelihood only through ∫ log p(y | f) q(f) df (the ELBO's data term),
+    so a subclass that keeps its values (a custom gradient, logging, a different parametrisation) keeps the
+    conjugate checks: its variational expectations on seeded inputs must equal Gaussian's with the same
+    variance to 100·ε relative.
+    """
+    import gpflow
+    import tensorflow as tf
+
+    if not isinstance(likelihood, gpflow.likelihoods.Gaussian):
+        return False
+    if type(likelihood) is gpflow.likelihoods.Gaussian:
+        return True
+    rng = np.random.default_rng(0)
+    dtype = likelihood.variance.dtype
+    X = tf.zeros((5, 1), dtype)
+    Fmu, Fvar, Y = (tf.constant(a, dtype) for a in (rng.standard_normal((5, 1)), rng.uniform(0.1, 1.0, (5, 1)), rng.standard_normal((5, 1))))
+    try:
+        got = likelihood.variational_expectations(X, Fmu, Fvar, Y).numpy()
+        want = gpflow.likelihoods.Gaussian(variance=likelihood.variance.numpy()).variational_expectations(X, Fmu, Fvar, Y).numpy()
+    except Exception:  # noqa: BLE001 - a subclass with other shapes or inputs does not keep Gaussian's maths
+        return False
+    return bool(np.all(np.abs(got - want) <= 100 * np.finfo(want.dtype).eps * np.max(np.abs(want))))
 
 
 def conjugate_applicable(ctx: Context) -> str:
@@ -26,7 +55,7 @@ def conjugate_applicable(ctx: Context) -> str:
     import gpflow
 
     m = ctx.model
-    if type(m.likelihood) is not gpflow.likelihoods.Gaussian:
+    if not keeps_gaussian_maths(m.likelihood):
         return f"needs a Gaussian likelihood (this model has {type(m.likelihood).__name__})"
     if isinstance(m, gpflow.models.SVGP):
         if isinstance(m.kernel, gpflow.kernels.MultioutputKernel) or not isinstance(m.inducing_variable, gpflow.inducing_variables.InducingPoints):
