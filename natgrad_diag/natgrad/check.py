@@ -68,6 +68,9 @@ __all__ = [
 #: mode="auto" runs the full checks (explicit Jacobians) when M·L is at most this.
 AUTO_FULL_MAX_ML = 50
 
+#: mode="auto" runs the conjugate checks (two eager steps and the collapsed bound, O(M³)) in fast mode up to this M·L.
+AUTO_CONJUGATE_MAX_ML = 1000
+
 #: fast mode checks the Fisher identity (matrix-free, about one more step's cost) up to this M unless told.
 FAST_FISHER_MAX_M = 256
 
@@ -156,7 +159,7 @@ def check_natgrad(
     with dtype_context(np_dtype):
         tf_data = validate_data(model, data, np_dtype)
         run_fisher = resolved == "full" or (M <= FAST_FISHER_MAX_M if fisher is None else bool(fisher))
-        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher)
+        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher, requested_mode=mode)
         n_stages = 6 + (2 if resolved == "full" else 0) + (len(GAMMA_GRID) if resolved == "full" else 0)
         with progress_bar(n_stages if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
             return _run_checks(ctx, advance)
@@ -238,8 +241,16 @@ def _conjugate_stage(ctx: Context, cond: Conditioning) -> Outcome:
     why_not = conjugate_applicable(ctx)
     if why_not:
         return Outcome(skipped=(("conjugate_optimality", why_not),))
-    if ctx.mode == "fast":
-        return Outcome(skipped=(("conjugate_optimality", "skipped in fast mode (two more steps and a collapsed bound); run mode='full'"),))
+    affordable = ctx.requested_mode == "auto" and ctx.M * ctx.L <= AUTO_CONJUGATE_MAX_ML
+    if ctx.mode == "fast" and not affordable:
+        why = "skipped in fast mode (two more steps and a collapsed bound); run mode='full' or mode='auto'"
+        if ctx.requested_mode == "auto":
+            why = f"skipped for M·L > {AUTO_CONJUGATE_MAX_ML} in auto mode (two more eager steps and an O(M³) collapsed bound); run mode='full'"
+        return Outcome(skipped=(("conjugate_optimality", why),))
+    batch = _minibatch(ctx)
+    if batch:  # the full data's optimum is out of reach; the batch's is checked
+        why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
+        return Outcome(skipped=(("conjugate_optimality", why),)) + check_conjugate(ctx, cond)
     return check_conjugate(ctx, cond)
 
 
