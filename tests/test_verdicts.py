@@ -234,6 +234,7 @@ def test_cli__exit_codes_pass_warn_fail(capsys, monkeypatch):
 # --- coverage: conjugate checks in auto mode, minibatch against the batch-scaled objective ----------------------
 
 
+@pytest.mark.slow
 def test_auto_mode__n100_vgp_runs_the_conjugate_checks_in_seconds():
     import time
 
@@ -273,3 +274,33 @@ def test_minibatch__checked_against_the_batch_scaled_objective_with_gpflows_step
     # and the full data's SGPR bound is a different number: the batch's optimum is not the full data's
     full = float(gpflow.models.SGPR((X, Y), gpflow.kernels.SquaredExponential(), X[::8].copy(), noise_variance=0.1).elbo())
     assert abs(full - r.number("batch-scaled SGPR bound")) > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["shared", "separate"])
+def test_multioutput__conjugate_checks_pass_against_the_sum_of_per_output_sgpr_bounds(kind):
+    rng = np.random.RandomState(4)
+    X = rng.rand(30, 1)
+    Y = np.hstack([np.sin(6 * X), np.cos(4 * X)]) + 0.1 * rng.randn(30, 2)
+    Z = X[::6].copy()
+    se = gpflow.kernels.SquaredExponential
+    if kind == "shared":
+        kernel = gpflow.kernels.SharedIndependent(se(), output_dim=2)
+        iv = gpflow.inducing_variables.SharedIndependentInducingVariables(gpflow.inducing_variables.InducingPoints(Z))
+        kernels, zs = [kernel.kernel] * 2, [Z, Z]
+    else:
+        kernel = gpflow.kernels.SeparateIndependent([se(lengthscales=0.3), se(lengthscales=0.6)])
+        iv = gpflow.inducing_variables.SeparateIndependentInducingVariables(
+            [gpflow.inducing_variables.InducingPoints(Z), gpflow.inducing_variables.InducingPoints(Z + 0.05)]
+        )
+        kernels, zs = list(kernel.kernels), [Z, Z + 0.05]
+    m = gpflow.models.SVGP(kernel, gpflow.likelihoods.Gaussian(0.1), iv, num_latent_gps=2, num_data=30)
+    r = check_natgrad(m, (X, Y), mode="full", progress=False)
+    assert r.check("conjugate_optimality").status == "pass" and r.check("conjugate_fixed_point").status == "pass", str(r)
+    # the oracle: GPflow's SGPR per output, summed (built here from the kernels and Z, not from the report's code)
+    want = sum(float(gpflow.models.SGPR((X, Y[:, l : l + 1]), k, z, noise_variance=0.1).elbo()) for l, (k, z) in enumerate(zip(kernels, zs)))
+    assert r.number("sum of per-output SGPR bounds") == pytest.approx(want, rel=1e-12)
+    # and GPflow's own optimizer, γ = 1, lands there
+    copy_ = gpflow.utilities.deepcopy(m)
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
+    assert float(copy_.elbo((X, Y))) == pytest.approx(want, rel=1e-9)
