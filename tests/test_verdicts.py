@@ -9,6 +9,7 @@ import json
 import gpflow
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from natgrad_diag.cli.app import main
 from natgrad_diag.natgrad.check import assert_natgrad, check_natgrad
@@ -304,3 +305,75 @@ def test_multioutput__conjugate_checks_pass_against_the_sum_of_per_output_sgpr_b
     copy_ = gpflow.utilities.deepcopy(m)
     gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
     assert float(copy_.elbo((X, Y))) == pytest.approx(want, rel=1e-9)
+
+
+# --- the user's ξ and γ: k steps approach the conjugate optimum -------------------------------------------------
+
+
+def _gpflow_naturals(model):
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    t1, t2 = meanvarsqrt_to_natural(model.q_mu, model.q_sqrt)
+    return np.concatenate([t1.numpy().ravel(), t2.numpy().ravel()])
+
+
+def _conj_svgp():
+    rng = np.random.RandomState(5)
+    X = rng.rand(20, 1)
+    Y = np.sin(6 * X) + 0.1 * rng.randn(20, 1)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), X[::4].copy(), num_data=20)
+    m.q_mu.assign(rng.randn(5, 1))
+    return m, (X, Y)
+
+
+def test_convergence__xinat_gamma_01_contracts_by_09_per_step_like_gpflows_optimizer():
+    m, data = _conj_svgp()
+    r = check_natgrad(m, data, gamma=0.1, progress=False)
+    c = r.check("conjugate_convergence")
+    assert c.status == "pass" and c.max_abs_error < 1e-8, str(c)
+    assert r.number("observed contraction rate per step") == pytest.approx(0.9, abs=1e-8)
+    # the oracle: GPflow's NaturalGradient, γ = 0.1, three steps, distance to GPflow's γ = 1 step
+    star, walk = gpflow.utilities.deepcopy(m), gpflow.utilities.deepcopy(m)
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: star.training_loss(data), [(star.q_mu, star.q_sqrt)])
+    opt = gpflow.optimizers.NaturalGradient(0.1)
+    d = [np.linalg.norm(_gpflow_naturals(walk) - _gpflow_naturals(star))]
+    for _ in range(3):
+        opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])
+        d.append(np.linalg.norm(_gpflow_naturals(walk) - _gpflow_naturals(star)))
+    np.testing.assert_allclose(np.array(d[1:]) / np.array(d[:-1]), 0.9, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_convergence__xisqrtmeanvar_gamma_01_approaches_the_same_optimum_and_reports_its_rate():
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    X, Y, Z = _setup()  # GPflow's Setup, GPflow's default q(u) (q_mu = 0, q_sqrt = I)
+    data = (X, Y)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), Z, num_data=4)
+    r = check_natgrad(m, data, gamma=0.1, xi_transform=XiSqrtMeanVar(), progress=False)
+    c = r.check("conjugate_convergence")
+    assert c.status == "pass" and "observed rate" in c.detail, str(c)
+    rate = r.number("observed contraction rate per step")
+    assert 0.0 < rate < 1.0
+    # the oracle: GPflow's optimizer with XiSqrtMeanVar, γ = 0.1, reaches SGPR's bound (the same optimum)
+    sgpr = float(gpflow.models.SGPR(data, gpflow.kernels.SquaredExponential(), Z, noise_variance=0.1).elbo())
+    walk = gpflow.utilities.deepcopy(m)
+    opt = gpflow.optimizers.NaturalGradient(0.1, xi_transform=XiSqrtMeanVar())
+    step = tf.function(lambda: opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)]))
+    for _ in range(150):
+        step()
+    assert float(walk.elbo(data)) == pytest.approx(sgpr, rel=1e-6)
+
+
+def test_convergence__xisqrtmeanvar_gamma_01_diverging_is_a_fail_named_step_too_long():
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    m, data = _conj_svgp()  # N = 20, noise 0.1: GPflow's own XiSqrtMeanVar γ = 0.1 steps blow up here too
+    r = check_natgrad(m, data, gamma=0.1, xi_transform=XiSqrtMeanVar(), progress=False)
+    assert r.check("conjugate_convergence").status == "fail"
+    assert any(c.name == "step_too_long" and "conjugate_convergence" in c.checks for c in r.causes)
+    walk = gpflow.utilities.deepcopy(m)
+    opt = gpflow.optimizers.NaturalGradient(0.1, xi_transform=XiSqrtMeanVar())
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        for _ in range(5):
+            opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])

@@ -94,16 +94,21 @@ def _conditioning_causes(bad: list[Check], cond: Conditioning, dtype: str, jitte
     return out
 
 
+def _diverged(check: Check) -> bool:
+    """A failed convergence check whose steps failed or moved away from the optimum (not a wrong rate)."""
+    return "a step failed" in check.detail or "shrinks at every step" in check.claim
+
+
 def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None, minibatch: str = "") -> tuple[Cause, ...]:
     """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch).
 
-    Rules, in order: a step-health failure is ``step_too_long``; a warning, or a conjugate check's failure on an
+    Rules, in order: a step-health failure, or k steps that fail or move away from the optimum, is ``step_too_long``; a warning, or a conjugate check's failure on an
     ill-conditioned problem (ε·κ > :data:`ILL_CONDITIONED`), is ``ill_conditioning`` (``float32_precision`` when
     float64 would resolve it; plus ``jitter`` when the jitter sets κ(Kuu)); every other failure is ``wrong_gradient``.
     """
     out: list[Cause] = []
     bad = [c for c in checks if c.status in ("fail", "warn")]
-    health = [c for c in bad if c.name in ("step_health", "finite_gradients")]
+    health = [c for c in bad if c.name in ("step_health", "finite_gradients") or (c.name == "conjugate_convergence" and c.status == "fail" and _diverged(c))]
     if health:
         fix = f"use gamma = {suggested_gamma:g} (the largest healthy step of the grid that lowers the loss)." if suggested_gamma is not None else "use a smaller gamma."
         out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0] + ".", fix))

@@ -250,8 +250,19 @@ def _conjugate_stage(ctx: Context, cond: Conditioning) -> Outcome:
     batch = _minibatch(ctx)
     if batch:  # the full data's optimum is out of reach; the batch's is checked
         why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
-        return Outcome(skipped=(("conjugate_optimality", why),)) + check_conjugate(ctx, cond)
-    return check_conjugate(ctx, cond)
+        return Outcome(skipped=(("conjugate_optimality", why),)) + check_conjugate(ctx, cond) + _convergence(ctx, cond)
+    return check_conjugate(ctx, cond) + _convergence(ctx, cond)
+
+
+def _convergence(ctx: Context, cond: Conditioning) -> Outcome:
+    """The user's γ and ξ over k steps (γ < 1 or ξ ≠ XiNat only: one XiNat γ = 1 step is the conjugate check)."""
+    from gpflow.optimizers import XiNat
+
+    from natgrad_diag.natgrad.convergence import check_convergence
+
+    if isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0:
+        return Outcome()
+    return check_convergence(ctx, cond)
 
 
 def _conditioning(ctx: Context, step: Step, found: Outcome) -> Conditioning:
