@@ -53,7 +53,7 @@ def keeps_gaussian_maths(likelihood: Any) -> bool:
 def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
     """(kernel, inducing points) per output for an SVGP whose ELBO is a sum of independent per-output SGPR problems.
 
-    A single kernel with ``InducingPoints`` gives one part; ``SharedIndependent`` / ``SeparateIndependent`` kernels with
+    A single kernel with ``InducingPoints`` gives one part (SGPR takes Y's L columns with that kernel); ``SharedIndependent`` / ``SeparateIndependent`` kernels with
     shared or separate independent inducing variables give one part per latent GP (q(u) is then block-diagonal, and
     the optimum's ELBO is the sum of the per-output SGPR bounds). None for anything else (e.g. linear coregionalization).
     """
@@ -62,7 +62,7 @@ def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
     k, iv, L = model.kernel, model.inducing_variable, int(model.q_mu.shape[1])
     ivs = gpflow.inducing_variables
     if not isinstance(k, gpflow.kernels.MultioutputKernel):
-        return [(k, iv)] if isinstance(iv, ivs.InducingPoints) and L == 1 else None
+        return [(k, iv)] if isinstance(iv, ivs.InducingPoints) else None  # SGPR treats Y's L columns alike
     if isinstance(k, gpflow.kernels.SharedIndependent):
         kernels = [k.kernel] * L
     elif isinstance(k, gpflow.kernels.SeparateIndependent) and len(k.kernels) == L:
@@ -176,7 +176,7 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
     if isinstance(m, gpflow.models.SVGP):
         N = int(ctx.data[0].shape[0])
         c = 1.0 if m.num_data is None else float(m.num_data) / N
-        ref = _sgpr_sum(ctx, noise / c) + len(per_output_parts(m)) * batch_constant(N, c, float(noise))
+        ref = _sgpr_sum(ctx, noise / c) + int(ctx.data[1].shape[1]) * batch_constant(N, c, float(noise))
         if len(per_output_parts(m)) > 1:
             claim = (
                 f"after one XiNat step with γ = 1, SVGP's {'batch-scaled ' if c != 1.0 else ''}ELBO equals the sum of the "
