@@ -101,6 +101,7 @@ def test_report__passed_status_and_verdict_in_every_form(statuses, passed, statu
 # --- GPflow's #767 state: no false alarm, bounds from κ, same verdict on every call ----------------------
 
 
+@pytest.mark.slow
 def test_767_state__20_seeds_have_no_fail_and_the_conjugate_checks_hold_against_gpr(reports_767):
     X, Y, _ = _setup()
     jitter = gpflow.config.default_jitter()
