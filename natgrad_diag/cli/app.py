@@ -244,7 +244,8 @@ def _fail(argv: Sequence[str], command: str, message: str, code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``natgrad-diag``; returns the exit code (0 pass, 1 a check failed, 2 bad input)."""
+    """Entry point of ``natgrad-diag``; returns the exit code (0 pass, 0 and a warning line on stderr when a check
+    is inconclusive (WARN), 1 a check failed, 2 bad input)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
@@ -271,7 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from natgrad_diag.report.emit import emit
 
     emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
-    return EXIT_OK if report.passed else EXIT_FAILED
+    if not report.passed:
+        return EXIT_FAILED
+    warned = [c.name for c in report.checks if getattr(c, "status", "pass") == "warn"]
+    if warned:
+        print(f"natgrad-diag {command}: warning: {len(warned)} check(s) inconclusive (WARN): {', '.join(warned)}", file=sys.stderr)
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,11 +40,13 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.natgrad.conditioning import Conditioning, measure_conditioning
 from natgrad_diag.natgrad.conjugate import check_conjugate, conjugate_applicable
 from natgrad_diag.natgrad.context import Context, dtype_context, validate_data, validate_model
 from natgrad_diag.natgrad.engine import FastEngine, fast_engine
 from natgrad_diag.natgrad.fisher import check_fisher_fast, check_fisher_full
 from natgrad_diag.natgrad.health import GAMMA_GRID, check_step_health
+from natgrad_diag.natgrad.loss_gradient import check_loss_gradient
 from natgrad_diag.natgrad.mapping import check_gradient_mapping
 from natgrad_diag.natgrad.report import GammaTrial, NatGradReport, Outcome
 from natgrad_diag.natgrad.reproduction import check_reproduction
@@ -65,6 +67,9 @@ __all__ = [
 
 #: mode="auto" runs the full checks (explicit Jacobians) when M·L is at most this.
 AUTO_FULL_MAX_ML = 50
+
+#: mode="auto" runs the conjugate checks (two eager steps and the collapsed bound, O(M³)) in fast mode up to this M·L.
+AUTO_CONJUGATE_MAX_ML = 1000
 
 #: fast mode checks the Fisher identity (matrix-free, about one more step's cost) up to this M unless told.
 FAST_FISHER_MAX_M = 256
@@ -160,7 +165,7 @@ def check_natgrad(
     with dtype_context(np_dtype):
         tf_data = validate_data(model, data, np_dtype)
         run_fisher = resolved == "full" or (M <= FAST_FISHER_MAX_M if fisher is None else bool(fisher))
-        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher)
+        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher, requested_mode=mode)
         n_stages = 6 + (2 if resolved == "full" else 0) + (len(GAMMA_GRID) if resolved == "full" else 0)
         with progress_bar(n_stages if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
             return _run_checks(ctx, advance)
@@ -222,8 +227,8 @@ def _fisher_stage(ctx: Context, step: Step, taken: _Taken, advance: Callable[...
         return check_fisher_full(ctx, step, advance)
     except MemoryLimitError as e:
         c = check_fisher_fast(ctx, step, None, {})
-        note = f"the explicit F would exceed the memory limit ({e.detail}); checked matrix-free instead"
-        return Outcome(checks=(Check(c.name, c.claim, c.passed, c.max_abs_error, c.tolerance, note),))
+        note = f"the explicit F would exceed the memory limit ({e.detail}); checked matrix-free instead; {c.detail}"
+        return Outcome(checks=(dataclasses.replace(c, detail=note),))
 
 
 def _xi_stage(ctx: Context, step: Step) -> Outcome:
@@ -237,14 +242,39 @@ def _xi_stage(ctx: Context, step: Step) -> Outcome:
     return Outcome(checks=(check_xi_forward(ctx, step),))
 
 
-def _conjugate_stage(ctx: Context) -> Outcome:
+def _conjugate_stage(ctx: Context, cond: Conditioning) -> Outcome:
     """The conjugate checks (Gaussian likelihood, full mode), or why they were skipped."""
     why_not = conjugate_applicable(ctx)
     if why_not:
         return Outcome(skipped=(("conjugate_optimality", why_not),))
-    if ctx.mode == "fast":
-        return Outcome(skipped=(("conjugate_optimality", "skipped in fast mode (two more steps and a collapsed bound); run mode='full'"),))
-    return check_conjugate(ctx)
+    affordable = ctx.requested_mode == "auto" and ctx.M * ctx.L <= AUTO_CONJUGATE_MAX_ML
+    if ctx.mode == "fast" and not affordable:
+        why = "skipped in fast mode (two more steps and a collapsed bound); run mode='full' or mode='auto'"
+        if ctx.requested_mode == "auto":
+            why = f"skipped for M·L > {AUTO_CONJUGATE_MAX_ML} in auto mode (two more eager steps and an O(M³) collapsed bound); run mode='full'"
+        return Outcome(skipped=(("conjugate_optimality", why),))
+    batch = _minibatch(ctx)
+    if batch:  # the full data's optimum is out of reach; the batch's is checked
+        why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
+        return Outcome(skipped=(("conjugate_optimality", why),)) + check_conjugate(ctx, cond) + _convergence(ctx, cond)
+    return check_conjugate(ctx, cond) + _convergence(ctx, cond)
+
+
+def _convergence(ctx: Context, cond: Conditioning) -> Outcome:
+    """The user's γ and ξ over k steps (γ < 1 or ξ ≠ XiNat only: one XiNat γ = 1 step is the conjugate check)."""
+    from gpflow.optimizers import XiNat
+
+    from natgrad_diag.natgrad.convergence import check_convergence
+
+    if isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0:
+        return Outcome()
+    return check_convergence(ctx, cond)
+
+
+def _conditioning(ctx: Context, step: Step, found: Outcome) -> Conditioning:
+    """κ(S), κ(S_new), κ(Kuu) and κ(F) (measured by the full Fisher check when it ran, else estimated)."""
+    kappa_F = dict(found.numbers).get("cond(F)")
+    return measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt, kappa_F)
 
 
 def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
@@ -254,23 +284,37 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     advance()
     if not step.gradients_finite:
         return _gradients_not_finite(ctx, step)
-    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp),))
+    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, _conditioning(ctx, step, Outcome())), check_loss_gradient(ctx, step)))
     advance()
     step = fill_direction(ctx, step)
     found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)
     advance()
-    found += _conjugate_stage(ctx)
+    cond = _conditioning(ctx, step, found)
+    found += Outcome(numbers=cond.numbers()) + _conjugate_stage(ctx, cond)
     advance()
     health = check_step_health(ctx, step, taken.scratch, taken.loss_after, taken.engine, advance)
     found += health.outcome
     advance()
     found += check_gradient_mapping(ctx, step)
     advance()
-    return _report(ctx, step, found, health.loss_after, health.suggested, health.trials, health.step_error)
+    return _report(ctx, step, found, health.loss_after, health.suggested, health.trials, health.step_error, cond)
 
 
-def _report(ctx: Context, step: Step, found: Outcome, loss_after: float | None, suggested: float | None, trials: tuple[GammaTrial, ...], step_error: str) -> NatGradReport:
+def _minibatch(ctx: Context) -> str:
+    """'' for full-batch data, else the sentence saying the conjugate optimum is the batch's."""
+    num_data = getattr(ctx.model, "num_data", None)
+    if ctx.data is None or num_data is None or int(num_data) == int(ctx.data[0].shape[0]):
+        return ""
+    return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
+
+
+def _report(
+    ctx: Context, step: Step, found: Outcome, loss_after: float | None, suggested: float | None, trials: tuple[GammaTrial, ...], step_error: str,
+    cond: Conditioning | None = None,
+) -> NatGradReport:  # fmt: skip
     import gpflow
+
+    from natgrad_diag.natgrad.causes import diagnose
 
     m = ctx.model
     if isinstance(m, gpflow.models.SVGP):
@@ -303,6 +347,9 @@ def _report(ctx: Context, step: Step, found: Outcome, loss_after: float | None, 
         new_q_sqrt=step.new_q_sqrt if not step.error else None,
         dL_deta1=step.dL_deta1,
         dL_deta2=step.dL_deta2,
+        causes=diagnose(
+            found.checks, cond, dtype=np.dtype(ctx.np_dtype).name, jitter=gpflow.config.default_jitter(), suggested_gamma=suggested, minibatch=_minibatch(ctx),
+        ),
     )
 
 
@@ -314,7 +361,7 @@ def assert_natgrad(model: Any, data: Any = None, **kwargs: Any) -> NatGradReport
     """
     report = check_natgrad(model, data, **kwargs)
     if not report.passed:
-        failed = [c for c in report.checks if not c.passed]
+        failed = [c for c in report.checks if c.status == "fail"]
         raise NatGradCheckError(
             f"{len(failed)} of {len(report.checks)} check(s) failed on {report.model_name} "
             f"({report.xi_transform}, gamma = {report.gamma:g}).",
@@ -333,6 +380,9 @@ def _describe(c: Check) -> str:
 
 
 def _remedy(failed: list[Check], report: NatGradReport) -> str:
+    causes = [c for c in report.causes if c.name != "minibatch"]
+    if causes:
+        return " ".join(f"{c.name}: {c.fix}" for c in causes)
     names = {c.name for c in failed}
     if "step_health" in names or "finite_gradients" in names:
         if report.suggested_gamma is not None:

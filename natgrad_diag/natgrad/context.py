@@ -61,6 +61,7 @@ class Context:
         np_dtype: the model's numpy dtype.
         M, L: inducing points (N for a VGP) and latent GPs.
         fisher: whether the Fisher identity is checked.
+        requested_mode: the mode the user asked for ("auto", "full" or "fast"; "" when not known).
     """
 
     model: Any
@@ -73,6 +74,7 @@ class Context:
     M: int
     L: int
     fisher: bool = True
+    requested_mode: str = ""
 
     def loss_fn(self, model: Any) -> Any:
         """``model``'s training loss on this context's data."""

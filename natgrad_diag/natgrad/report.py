@@ -78,6 +78,8 @@ class NatGradReport(Report):
         new_q_mu, new_q_sqrt: [M, L] and [L, M, M], the step natgrad-diag computed (None if it failed); not in
             ``to_dict()``.
         dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
+        causes: why checks failed or were inconclusive (:class:`natgrad_diag.natgrad.causes.Cause` records, one of
+            a documented set, each with evidence and fix); the reports show them first.
     """
 
     model_name: str
@@ -103,6 +105,7 @@ class NatGradReport(Report):
     new_q_sqrt: np.ndarray | None = field(default=None, repr=False, compare=False)
     dL_deta1: np.ndarray | None = field(default=None, repr=False, compare=False)
     dL_deta2: np.ndarray | None = field(default=None, repr=False, compare=False)
+    causes: tuple[Any, ...] = ()
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -141,7 +144,10 @@ class NatGradReport(Report):
                 ("suggested gamma", "-" if self.suggested_gamma is None else f"{self.suggested_gamma:g}"),
             ),
         )  # fmt: skip
-        out = [Section("Model and step", "", (info,))]
+        out = []
+        if self.causes:
+            out.append(Section("Cause", "\n".join(f"- {c}" for c in self.causes)))
+        out.append(Section("Model and step", "", (info,)))
         if self.step_error:
             out.append(Section("The step failed", self.step_error))
         if self.gamma_trials:
@@ -185,5 +191,6 @@ class NatGradReport(Report):
             skipped=[dict(check=n, reason=r) for n, r in self.skipped],
             warnings=list(self.warnings),
             numbers=dict(self.numbers),
+            causes=[c.to_dict() for c in self.causes],
         )
         return to_jsonable(d)

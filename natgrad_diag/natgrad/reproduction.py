@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from natgrad_diag.natgrad.arrays import scale
+from natgrad_diag.natgrad.conditioning import Conditioning, measure_conditioning
 from natgrad_diag.natgrad.context import Context
 from natgrad_diag.natgrad.step import GpflowStep, Step
-from natgrad_diag.report.records import Check, close_check, format_number, max_abs_diff
+from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
+from natgrad_diag.report.records import Check, format_number, max_abs_diff
 
 __all__ = ["check_reproduction"]
 
 
-def check_reproduction(ctx: Context, step: Step, gp: GpflowStep) -> Check:
-    """|ours − GPflow's| ≤ atol + rtol·max|GPflow's| for the new q_mu [M, L] and q_sqrt [L, M, M].
+def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Conditioning | None = None) -> Check:
+    """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
-    When either step fails, the check passes only if both fail (they must agree on whether γ is too long).
+    Like is compared with like: in full mode both steps run eagerly, in fast mode both compiled. The two routes
+    differ only in rounding, which the step amplifies by κ(S)·κ(S_new)·cancellation
+    (:attr:`~natgrad_diag.natgrad.conditioning.Conditioning.step_condition`): the rounding term is
+    100·ε·that·s (:func:`~natgrad_diag.natgrad.tolerances.natgrad_bound`). When either step fails, the check
+    passes only if both fail (they must agree on whether γ is too long).
     """
     tol = ctx.tol
     ours_failed = step.new_q_mu is None or bool(step.error)
@@ -27,10 +34,22 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep) -> Check:
             passed=agree,
             detail=f"natgrad-diag: {(step.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}.",
         )
-    return close_check(
-        "reproduction",
+    claim = (
         f"the step natgrad-diag computes (natgrad_tensors, {type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals "
-        "what gpflow.optimizers.NaturalGradient assigns to a copy of the model",
-        (step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt), rtol=tol.rtol, atol=tol.atol,
-        detail=f"q_mu: {format_number(max_abs_diff(step.new_q_mu, gp.q_mu))}, q_sqrt: {format_number(max_abs_diff(step.new_q_sqrt, gp.q_sqrt))}",
+        "what gpflow.optimizers.NaturalGradient assigns to a copy of the model"
+    )
+    if step.new_q_mu.shape != gp.q_mu.shape or step.new_q_sqrt.shape != gp.q_sqrt.shape:
+        return Check(name="reproduction", claim=claim, passed=False, detail="the two steps' shapes differ")
+    if cond is None:
+        cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
+    err = max_abs_diff((step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt))
+    bound = natgrad_bound(
+        ctx.np_dtype, condition=cond.step_condition, condition_name="κ(S)·κ(S_new)·cancellation",
+        scale=scale([gp.q_mu, gp.q_sqrt]), rtol=tol.rtol, atol=tol.atol,
     )  # fmt: skip
+    detail = (
+        f"{'both eager' if ctx.mode == 'full' else 'both compiled'}; q_mu: {format_number(max_abs_diff(step.new_q_mu, gp.q_mu))}, "
+        f"q_sqrt: {format_number(max_abs_diff(step.new_q_sqrt, gp.q_sqrt))}; κ(S) = {format_number(cond.kappa_S)}, "
+        f"κ(S_new) = {format_number(cond.kappa_S_new)}, cancellation {format_number(cond.cancellation)}"
+    )
+    return bounded_check("reproduction", claim, err, bound, detail)

@@ -75,7 +75,11 @@ def _nan_error(ctx: Context) -> str:
 
 
 def take_step_full(ctx: Context) -> Step:
-    """The step by :func:`natgrad_diag.natgrad_trace` on the model's parameters (eager, every intermediate)."""
+    """The step by :func:`natgrad_diag.natgrad_trace` on the model's parameters (always eager, every intermediate).
+
+    Always eager (``compiled=False``), as :func:`gpflow_step_full` runs GPflow's step: the two are compared like
+    with like, so the verdict does not depend on whether an earlier call compiled the step.
+    """
     import tensorflow as tf
 
     from natgrad_diag.exceptions import StepFailedError
@@ -86,7 +90,7 @@ def take_step_full(ctx: Context) -> Step:
     if not step.gradients_finite:
         return step
     try:
-        t = natgrad_trace(ctx.model.q_mu, ctx.model.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi)
+        t = natgrad_trace(ctx.model.q_mu, ctx.model.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=False)
     except StepFailedError as e:
         return dataclasses.replace(step, error=e.detail)
     except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step

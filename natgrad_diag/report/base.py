@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from natgrad_diag.report.records import TEXT_WIDTH, Check, Section
+from natgrad_diag.report.records import TEXT_WIDTH, Check, Section, worst_status
 
 __all__ = ["Report"]
 
@@ -27,14 +27,19 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """True when every check holds."""
-        return all(c.passed for c in self.checks)
+        """True when no check fails (an inconclusive "warn" check does not fail the report)."""
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        """The worst status of the checks: "pass", "warn" or "fail"."""
+        return worst_status(c.status for c in self.checks)
 
     def sections(self) -> tuple[Section, ...]:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+        return {"title": self.title, "status": self.status, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
 
     def __str__(self) -> str:
         """The plain-text layout that ``natgrad-diag --plain`` prints (one renderer for both)."""

@@ -8,7 +8,14 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import check_numbers, report_pictures_or_note, text_blocks, verdict
+from natgrad_diag.report.layout import (
+    check_mark,
+    check_numbers,
+    report_pictures_or_note,
+    report_status,
+    text_blocks,
+    verdict,
+)
 from natgrad_diag.report.records import Check, Table
 
 __all__ = ["html_document", "to_html", "to_html_fragment"]
@@ -24,6 +31,7 @@ _CSS = """
 .ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
 .ngd-report .pass { color: #1e7b34; font-weight: bold; }
 .ngd-report .fail { color: #b42318; font-weight: bold; }
+.ngd-report .warn { color: #9a6700; font-weight: bold; }
 .ngd-report .claim { color: #444; }
 .ngd-report .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4rem 0.75rem; }
 .ngd-report figure { margin: 1rem 0; }
@@ -52,7 +60,8 @@ def _html_checks(checks: Sequence[Check]) -> str:
         "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
     ]
     for c in checks:
-        mark = '<span class="pass">PASS</span>' if c.passed else '<span class="fail">FAIL</span>'
+        status, word = check_mark(c)
+        mark = f'<span class="{status}">{word}</span>'
         err, bound = check_numbers(c)
         claim = e(c.claim) + (f"<br><small>{e(c.detail)}</small>" if c.detail else "")
         parts.append(
@@ -66,7 +75,7 @@ def _html_checks(checks: Sequence[Check]) -> str:
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     e = html.escape
     parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
-    verdict_class = "pass" if report.passed else "fail"
+    verdict_class = report_status(report)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
     for section in report.sections():
         if section.heading:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "wrap"]
+__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "worst_status", "wrap"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
@@ -73,6 +73,23 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+#: A check's three outcomes, best first: the claim holds; inconclusive (the problem is too ill-conditioned to
+#: verify the claim at this precision); the claim does not hold.
+STATUSES = ("pass", "warn", "fail")
+
+_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+
+
+def worst_status(statuses: Any) -> str:
+    """The worst of ``statuses`` ("pass" for none).
+
+    Examples:
+        >>> worst_status(["pass", "warn", "pass"]), worst_status([])
+        ('warn', 'pass')
+    """
+    return max(statuses, key=STATUSES.index, default="pass")
+
+
 @dataclass(frozen=True)
 class Check:
     """One claim a report makes, with the numbers that decide it.
@@ -80,10 +97,17 @@ class Check:
     Attributes:
         name: short identifier, e.g. ``"vjp_equals_contraction"``.
         claim: the sentence the check establishes, written from the computed numbers.
-        passed: whether the claim holds within ``tolerance``.
+        passed: True only when ``status`` is "pass" (set from ``status`` when one is given).
         max_abs_error: the largest absolute difference behind the verdict (``None`` if not numeric).
         tolerance: the bound ``max_abs_error`` was compared with (``None`` if not numeric).
         detail: further numbers or the reason a check failed.
+        status: "pass", "warn" (inconclusive at this precision) or "fail". Only "warn" is taken as given:
+            otherwise (None, the default, "pass" or "fail") it follows ``passed``, so ``Check(name, claim, True)``
+            and ``dataclasses.replace(check, passed=False)`` read as before.
+
+    Examples:
+        >>> Check("c", "a claim", True).status, Check("c", "a claim", True, status="warn").passed
+        ('pass', False)
     """
 
     name: str
@@ -93,11 +117,25 @@ class Check:
     tolerance: float | None = None
     detail: str = ""
     expect_difference: bool = False
+    status: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"Check status must be one of {STATUSES}, got {self.status!r} instead.")
+        if self.status != "warn":  # "pass"/"fail" follow ``passed`` (so dataclasses.replace(c, passed=...) works)
+            object.__setattr__(self, "status", "pass" if self.passed else "fail")
+        object.__setattr__(self, "passed", self.status == "pass")
+
+    @property
+    def mark(self) -> str:
+        """"PASS", "WARN" or "FAIL"."""
+        return _MARKS[str(self.status)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "claim": self.claim,
+            "status": self.status,
             "passed": bool(self.passed),
             "max_abs_error": None if self.max_abs_error is None else float(self.max_abs_error),
             "tolerance": None if self.tolerance is None else float(self.tolerance),
@@ -106,7 +144,7 @@ class Check:
         }
 
     def __str__(self) -> str:
-        mark = "PASS" if self.passed else "FAIL"
+        mark = self.mark
         nums = ""
         if self.max_abs_error is not None:
             nums = f"  (max abs error {format_number(self.max_abs_error)}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import STATUS_STYLES, check_mark, check_numbers, report_status, text_blocks, verdict
 from natgrad_diag.report.records import Check, Table
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
@@ -81,7 +81,8 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     t.add_column("error", justify="right", no_wrap=True)
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
-        mark = Text("PASS" if c.passed else "FAIL", style="" if plain else ("bold green" if c.passed else "bold red"))
+        status, word = check_mark(c)
+        mark = Text(word, style="" if plain else STATUS_STYLES[status])
         cell = Text()
         cell.append(c.name, style="" if plain else "bold")
         cell.append("\n" + c.claim)
@@ -119,7 +120,7 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
         console.print("------")
     console.print(_rich_checks(report.checks, plain))
     console.print()
-    style = "" if plain else ("bold green" if report.passed else "bold red")
+    style = "" if plain else STATUS_STYLES[report_status(report)]
     console.print(Text(f"Verdict: {verdict(report)}", style=style))
 
 

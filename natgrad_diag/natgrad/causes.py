@@ -1,0 +1,131 @@
+"""Why a natural-gradient check failed or was inconclusive: a small documented set of causes, each with evidence and fix.
+
+The causes (:data:`CAUSES`):
+
+* ``wrong_gradient``: the step, or the gradients dL/dmean, dL/dvarsqrt that feed it, disagree with an independent
+  oracle (GPflow's optimizer, the Fisher identity, finite differences of the loss) beyond the rounding bound.
+* ``ill_conditioning``: κ(S), κ(F) or κ(Kuu) is too large for the dtype: the step cancels most digits of the natural
+  parameters (GPflow #767: q_sqrt = 1e-3·I gives θ₂ = −½·10⁶·I, and one step brings it to O(1)).
+* ``jitter``: Kuu's (or K's) smallest eigenvalue is within 10× of the jitter, so the jitter sets κ(Kuu) and the
+  objective (VGP's ELBO is GPR's with noise σ² + jitter).
+* ``step_too_long``: the step leaves the positive-definite cone or raises the loss.
+* ``float32_precision``: the same problem in float64 would be well within the bound.
+* ``minibatch``: model.num_data differs from the rows passed, so the conjugate optimum is the batch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from natgrad_diag.natgrad.conditioning import Conditioning
+from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.tolerance import eps
+
+__all__ = ["CAUSES", "ILL_CONDITIONED", "Cause", "diagnose"]
+
+#: The causes a report can name, with their one-line titles.
+CAUSES = {
+    "wrong_gradient": "wrong gradient: the step or the gradients that feed it disagree with an independent oracle",
+    "ill_conditioning": "ill-conditioning: κ(S), κ(F) or κ(Kuu) is too large for the dtype",
+    "jitter": "jitter: the jitter dominates Kuu's smallest eigenvalue",
+    "step_too_long": "step too long: the step leaves the positive-definite cone or raises the loss",
+    "float32_precision": "float32 precision: float64 would resolve this",
+    "minibatch": "minibatch: the conjugate optimum is the batch's, not the full data's",
+}
+
+#: ε·κ above this loses more than half the digits of the dtype's step: an ill-conditioned problem.
+ILL_CONDITIONED = 1e-8
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause of a failed or inconclusive check.
+
+    Attributes:
+        name: one of :data:`CAUSES`.
+        checks: the checks it explains.
+        evidence: the numbers that point to it.
+        fix: what to do.
+    """
+
+    name: str
+    checks: tuple[str, ...]
+    evidence: str
+    fix: str
+
+    @property
+    def title(self) -> str:
+        return CAUSES[self.name]
+
+    def __str__(self) -> str:
+        return f"{self.title} ({', '.join(self.checks)}). Evidence: {self.evidence} Fix: {self.fix}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "checks": list(self.checks), "evidence": self.evidence, "fix": self.fix}
+
+
+def _worst_kappa(cond: Conditioning) -> tuple[str, float]:
+    pairs = [("κ(F)", cond.kappa_F), ("κ(S)·κ(S_new)·cancellation", cond.step_condition), ("κ(S)", cond.kappa_S)]
+    if cond.kappa_Kuu is not None:
+        pairs.append(("κ(Kuu)", cond.kappa_Kuu))
+    return max(pairs, key=lambda p: p[1])
+
+
+def _conditioning_causes(bad: list[Check], cond: Conditioning, dtype: str, jitter: float) -> list[Cause]:
+    """ill_conditioning or float32_precision (and jitter) for the checks that the conditioning explains."""
+    name, k = _worst_kappa(cond)
+    names = tuple(c.name for c in bad)
+    out = []
+    if dtype != "float64" and eps("float64") * k < ILL_CONDITIONED:
+        out.append(Cause("float32_precision", names, f"{name} = {format_number(k)}: ε·κ = {format_number(eps(dtype) * k)} in {dtype}, {format_number(eps('float64') * k)} in float64.", "use float64 (gpflow.config.set_default_float(np.float64))."))
+    else:
+        out.append(Cause(
+            "ill_conditioning", names,
+            f"{name} = {format_number(k)} (ε·κ = {format_number(eps(dtype) * k)}); κ(S) = {format_number(cond.kappa_S)}, "
+            f"the step cancels {format_number(cond.cancellation)}× of θ₂ (GPflow #767).",
+            "start from a better-conditioned q(u) (q_sqrt = I, GPflow's default) or take first steps with γ < 1; "
+            "use float64 with a larger jitter if κ(Kuu) is the large one.",
+        ))  # fmt: skip
+    if cond.min_eig_Kuu is not None and cond.min_eig_Kuu < 10 * jitter:
+        out.append(Cause(
+            "jitter", names, f"λmin(Kuu + jitter·I) = {format_number(cond.min_eig_Kuu)} with jitter = {format_number(jitter)}: κ(Kuu) = {format_number(cond.kappa_Kuu)} is set by the jitter.",
+            "remove duplicate or near-duplicate inducing points, or raise gpflow.config's jitter (and compare against the objective with it).",
+        ))  # fmt: skip
+    return out
+
+
+def _diverged(check: Check) -> bool:
+    """A failed convergence check whose steps failed or moved away from the optimum (not a wrong rate)."""
+    return "a step failed" in check.detail or "shrinks at every step" in check.claim
+
+
+def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None, minibatch: str = "") -> tuple[Cause, ...]:
+    """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch).
+
+    Rules, in order: a step-health failure, or k steps that fail or move away from the optimum, is ``step_too_long``; a warning, or a conjugate check's failure on an
+    ill-conditioned problem (ε·κ > :data:`ILL_CONDITIONED`), is ``ill_conditioning`` (``float32_precision`` when
+    float64 would resolve it; plus ``jitter`` when the jitter sets κ(Kuu)); every other failure is ``wrong_gradient``.
+    """
+    out: list[Cause] = []
+    bad = [c for c in checks if c.status in ("fail", "warn")]
+    health = [c for c in bad if c.name in ("step_health", "finite_gradients") or (c.name == "conjugate_convergence" and c.status == "fail" and _diverged(c))]
+    if health:
+        fix = f"use gamma = {suggested_gamma:g} (the largest healthy step of the grid that lowers the loss)." if suggested_gamma is not None else "use a smaller gamma."
+        out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0] + ".", fix))
+    rest = [c for c in bad if c not in health]
+    ill = cond is not None and eps(dtype) * _worst_kappa(cond)[1] > ILL_CONDITIONED
+    explained = [c for c in rest if c.status == "warn" or (ill and c.name.startswith("conjugate_"))]
+    if explained and cond is not None:
+        out += _conditioning_causes(explained, cond, dtype, jitter)
+    wrong = [c for c in rest if c not in explained or cond is None]
+    if wrong:
+        worst = wrong[0]
+        nums = f" (error {format_number(worst.max_abs_error)} > bound {format_number(worst.tolerance)})" if worst.max_abs_error is not None else ""
+        out.append(Cause(
+            "wrong_gradient", tuple(c.name for c in wrong), f"{worst.name}{nums}: {worst.detail.split(';')[0]}.",
+            "check the custom gradients (tf.custom_gradient) of the likelihood, kernel and mean function, and the transforms "
+            "of q_mu and q_sqrt; the loss_gradient check names the worst direction.",
+        ))  # fmt: skip
+    if minibatch:
+        out.append(Cause("minibatch", ("conjugate_optimality",), minibatch, "pass the full batch (X, Y) to check against the full data's optimum."))
+    return tuple(out)

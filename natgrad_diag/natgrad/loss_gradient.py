@@ -1,0 +1,94 @@
+"""The ``loss_gradient`` oracle: the gradients that feed the step, dL/dmean and dL/dvarsqrt, against central differences.
+
+GPflow's step takes dL/dmean [M, L] and dL/dvarsqrt [L, M, M] from the user's model (likelihood, kernel, mean function,
+any ``tf.custom_gradient`` in them). Along K random unit directions d = (d_m, d_S) (d_S lower-triangular, the
+structure of q_sqrt) the directional derivative ⟨dL/dmean, d_m⟩ + ⟨dL/dvarsqrt, d_S⟩ must equal the central
+difference (L(q + h·d) − L(q − h·d)) / 2h of the loss on the same data. The loss is evaluated on a deep copy, so the
+model is never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.natgrad.context import Context
+from natgrad_diag.natgrad.step import Step
+from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.tolerance import default_tolerance, eps
+
+__all__ = ["NUM_DIRECTIONS", "check_loss_gradient", "random_directions"]
+
+#: Random directions tried (each costs two evaluations of the loss).
+NUM_DIRECTIONS = 3
+
+
+def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1.
+
+    Examples:
+        >>> d_m, d_S = random_directions(3, 1, 1)[0]
+        >>> bool(np.allclose(np.triu(d_S, 1), 0)), round(float(np.sum(d_m**2) + np.sum(d_S**2)), 12)
+        (True, 1.0)
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(k):
+        d_m, d_S = rng.standard_normal((M, L)), np.tril(rng.standard_normal((L, M, M)))
+        norm = np.sqrt(np.sum(d_m**2) + np.sum(d_S**2))
+        out.append((d_m / norm, d_S / norm))
+    return out
+
+
+def _loss_at(ctx: Context, copy_: Any, q_mu: np.ndarray, q_sqrt: np.ndarray) -> float:
+    copy_.q_mu.assign(q_mu)
+    copy_.q_sqrt.assign(q_sqrt)
+    return float(ctx.loss_fn(copy_).numpy())
+
+
+def check_loss_gradient(ctx: Context, step: Step, *, num_directions: int = NUM_DIRECTIONS) -> Check:
+    """max over directions |analytic − central difference| ≤ 100·ε·|L|/h + rtol_fd·‖∇L‖ + atol_fd.
+
+    h = ε^(1/3)·min(1, min diag q_sqrt): the loss's −log det S = −2 Σ log diag(q_sqrt) has k-th derivatives of
+    order diag^(−k), so the step scales with the smallest diagonal entry (q_sqrt = 1e-4·I would otherwise make the
+    truncation error O(h²/diag³) dominate). The central difference's truncation error is O(h²), its rounding error
+    about ε·|L|/h (Nocedal and Wright, *Numerical Optimization*, 2nd ed., §8.1):
+    the bound takes 100 times the rounding part and the package's finite-difference tolerance
+    (``default_tolerance(dtype, "finite_difference")``) relative to ‖∇L‖, which bounds every unit directional
+    derivative (Cauchy–Schwarz).
+    """
+    import gpflow
+
+    dtype = np.dtype(ctx.np_dtype).name
+    q_mu, q_sqrt = ctx.model.q_mu.numpy().astype(np.float64), ctx.model.q_sqrt.numpy().astype(np.float64)
+    g_m, g_S = np.asarray(step.dL_dmean, np.float64), np.tril(np.asarray(step.dL_dvarsqrt, np.float64))
+    min_diag = float(np.min(np.abs(np.diagonal(q_sqrt, axis1=-2, axis2=-1))))
+    h = eps(dtype) ** (1.0 / 3.0) * (min(1.0, min_diag) if min_diag > 0 else 1.0)
+    copy_ = gpflow.utilities.deepcopy(ctx.model)
+    worst = (-1.0, 0, 0.0, 0.0)
+    for i, (d_m, d_S) in enumerate(random_directions(ctx.M, ctx.L, num_directions)):
+        up = _loss_at(ctx, copy_, (q_mu + h * d_m).astype(ctx.np_dtype), (q_sqrt + h * d_S).astype(ctx.np_dtype))
+        down = _loss_at(ctx, copy_, (q_mu - h * d_m).astype(ctx.np_dtype), (q_sqrt - h * d_S).astype(ctx.np_dtype))
+        fd, analytic = (up - down) / (2.0 * h), float(np.sum(g_m * d_m) + np.sum(g_S * d_S))
+        if abs(fd - analytic) > worst[0]:
+            worst = (abs(fd - analytic), i, analytic, fd)
+    tol = default_tolerance(dtype, "finite_difference")
+    grad_norm = float(np.sqrt(np.sum(g_m**2) + np.sum(g_S**2)))
+    bound = 100.0 * eps(dtype) * abs(step.loss) / h + tol.rtol * grad_norm + tol.atol
+    err, i, analytic, fd = worst
+    return Check(
+        name="loss_gradient",
+        claim=(
+            f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
+            f"{num_directions} random directions (lower-triangular for q_sqrt)"
+        ),
+        passed=bool(err <= bound),
+        max_abs_error=err,
+        tolerance=bound,
+        detail=(
+            f"worst direction {i} (seeded): analytic {analytic!r}, central difference {fd!r} (relative "
+            f"{format_number(err / max(abs(fd), 1e-300))}); h = {format_number(h)}; bound = 100·ε·|L|/h "
+            f"{format_number(100.0 * eps(dtype) * abs(step.loss) / h)} + rtol·‖∇L‖ {format_number(tol.rtol * grad_norm)} + atol"
+        ),
+    )

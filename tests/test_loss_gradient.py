@@ -1,0 +1,95 @@
+"""The loss_gradient check: dL/dmean, dL/dvarsqrt against central differences; a 1%-wrong custom gradient fails as
+wrong_gradient in full and fast mode, a correct model passes, the model is untouched."""
+
+from __future__ import annotations
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from natgrad_diag.natgrad.check import check_natgrad
+from natgrad_diag.natgrad.conjugate import keeps_gaussian_maths
+from natgrad_diag.natgrad.loss_gradient import random_directions
+
+
+class OffGaussian(gpflow.likelihoods.Gaussian):
+    """GPflow's Gaussian likelihood whose gradient w.r.t. the predictive mean is 1% too large (values unchanged)."""
+
+    def _variational_expectations(self, X, Fmu, Fvar, Y):
+        @tf.custom_gradient
+        def scaled(fmu):
+            def grad(upstream):
+                return 1.01 * upstream
+
+            return tf.identity(fmu), grad
+
+        return super()._variational_expectations(X, scaled(Fmu), Fvar, Y)
+
+
+def _svgp(likelihood):
+    rng = np.random.RandomState(1)
+    X = rng.rand(30, 1)
+    Y = np.sin(6 * X) + 0.1 * rng.randn(30, 1)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), likelihood, X[::5].copy(), num_data=30)
+    m.q_mu.assign(rng.randn(6, 1))
+    return m, (X, Y)
+
+
+def _snapshot(m):
+    return [v.numpy().copy() for v in m.variables]
+
+
+def test_directions__are_unit_and_lower_triangular_and_seeded():
+    a, b = random_directions(4, 2, 3), random_directions(4, 2, 3)
+    for (m1, s1), (m2, s2) in zip(a, b):
+        assert np.array_equal(m1, m2) and np.array_equal(s1, s2)
+        assert np.all(np.triu(s1, 1) == 0)
+        assert np.sum(m1**2) + np.sum(s1**2) == pytest.approx(1.0, rel=1e-14)
+
+
+def test_off_gaussian__keeps_gaussians_values_but_not_its_gradient():
+    # the oracle for the injection itself: the loss is GPflow's, its gradient w.r.t. q_mu is not
+    m_off, data = _svgp(OffGaussian(variance=0.1))
+    m_ok, _ = _svgp(gpflow.likelihoods.Gaussian(variance=0.1))
+    assert float(m_off.training_loss(data)) == float(m_ok.training_loss(data))
+    with tf.GradientTape(persistent=True) as t:
+        l1, l2 = m_off.training_loss(data), m_ok.training_loss(data)
+    g1, g2 = t.gradient(l1, m_off.q_mu.unconstrained_variable), t.gradient(l2, m_ok.q_mu.unconstrained_variable)
+    assert np.max(np.abs(g1 - g2)) > 1e-3 * np.max(np.abs(g2))
+    assert keeps_gaussian_maths(m_off.likelihood) and not keeps_gaussian_maths(gpflow.likelihoods.StudentT())
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_loss_gradient__wrong_custom_gradient_fails_as_wrong_gradient(mode):
+    m, data = _svgp(OffGaussian(variance=0.1))
+    before = _snapshot(m)
+    r = check_natgrad(m, data, mode=mode, progress=False)
+    c = r.check("loss_gradient")
+    assert c.status == "fail" and c.max_abs_error > c.tolerance
+    assert "worst direction" in c.detail
+    cause = next(x for x in r.causes if x.name == "wrong_gradient")
+    assert "loss_gradient" in cause.checks
+    assert r.check("reproduction").status == "pass"  # GPflow's step uses the same wrong gradient
+    for a, b in zip(before, m.variables):
+        assert np.array_equal(a, b.numpy())
+    if mode == "full":  # a subclass that keeps Gaussian's values keeps the conjugate checks, which miss too
+        assert r.check("conjugate_optimality").status == "fail"
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_loss_gradient__correct_model_passes(mode):
+    m, data = _svgp(gpflow.likelihoods.Gaussian(variance=0.1))
+    r = check_natgrad(m, data, mode=mode, progress=False)
+    assert r.check("loss_gradient").status == "pass" and r.status == "pass", str(r)
+    assert r.causes == ()
+
+
+def test_loss_gradient__bernoulli_vgp_passes():
+    rng = np.random.RandomState(0)
+    X = rng.rand(8, 1)
+    Y = (rng.rand(8, 1) > 0.5).astype(float)
+    m = gpflow.models.VGP((X, Y), gpflow.kernels.Matern32(), gpflow.likelihoods.Bernoulli())
+    m.q_mu.assign(rng.randn(8, 1))
+    r = check_natgrad(m, progress=False)
+    assert r.check("loss_gradient").status == "pass", str(r.check("loss_gradient"))

@@ -1,0 +1,380 @@
+"""Verdicts you can trust (issue 11): three outcomes, bounds from condition numbers, the same verdict on every call,
+and a named cause, on GPflow's own ill-conditioned states (tests/gpflow/optimizers/test_natural_gradient.py:
+N = 4, D = 2, noise 0.1, data from RandomState(42), q_sqrt = 1e-3·I for #767), against GPflow's GPR/SGPR objectives."""
+
+from __future__ import annotations
+
+import json
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from natgrad_diag.cli.app import main
+from natgrad_diag.natgrad.check import assert_natgrad, check_natgrad
+from natgrad_diag.natgrad.conditioning import fisher_condition_estimate, kappa
+from natgrad_diag.natgrad.report import NatGradReport
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.html import to_html
+from natgrad_diag.report.markdown import to_markdown
+from natgrad_diag.report.records import Check
+from natgrad_diag.report.text import to_terminal
+
+
+def _setup():
+    rng = np.random.RandomState(42)  # GPflow's Setup
+    return rng.randn(4, 2), rng.randn(4, 1), rng.randn(3, 2)
+
+
+def small_q_sqrt_vgp(seed: int) -> gpflow.models.VGP:
+    """GPflow's test_small_q_sqrt_handeled_correctly state (#767) with q_mu from ``seed``."""
+    X, Y, _ = _setup()
+    m = gpflow.models.VGP((X, Y), gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1))
+    m.q_mu.assign(np.random.RandomState(seed).randn(4, 1))
+    m.q_sqrt.assign(1e-3 * np.eye(4)[None])
+    return m
+
+
+def small_q_sqrt_svgp(seed: int = 0, q_scale: float = 1e-4):
+    X, Y, Z = _setup()
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1), Z, num_data=4)
+    m.q_mu.assign(np.random.RandomState(seed).randn(3, 1))
+    m.q_sqrt.assign(q_scale * np.eye(3)[None])
+    return m, (X, Y)
+
+
+@pytest.fixture(scope="module")
+def reports_767() -> list[NatGradReport]:
+    return [check_natgrad(small_q_sqrt_vgp(seed), progress=False) for seed in range(20)]
+
+
+@pytest.fixture(scope="module")
+def svgp_1e4_report() -> NatGradReport:
+    m, data = small_q_sqrt_svgp()
+    return check_natgrad(m, data, progress=False)
+
+
+# --- three outcomes ----------------------------------------------------------------------------------------
+
+
+def test_check__status_defaults_from_passed_and_passed_is_true_only_for_pass():
+    assert Check("a", "claim", True).status == "pass"
+    assert Check("a", "claim", False, 1.0, 0.5).status == "fail"
+    warn = Check("a", "claim", True, status="warn")
+    assert (warn.status, warn.passed, warn.mark) == ("warn", False, "WARN")
+    assert Check("a", "claim", False, expect_difference=True).to_dict()["status"] == "fail"
+    with pytest.raises(ValueError, match="status"):
+        Check("a", "claim", True, status="maybe")
+
+
+class _R(Report):
+    def __init__(self, *statuses):
+        self.title = "t"
+        self.checks = tuple(Check(f"c{i}", "claim", s == "pass", status=s) for i, s in enumerate(statuses))
+
+    def sections(self):
+        return ()
+
+
+@pytest.mark.parametrize(
+    ("statuses", "passed", "status", "line"),
+    [
+        (("pass", "pass"), True, "pass", "all checks hold."),
+        (("pass", "warn"), True, "warn", "1 check(s) inconclusive (WARN)."),
+        (("warn", "fail", "pass"), False, "fail", "1 of 3 check(s) FAILED. 1 check(s) inconclusive (WARN)."),
+    ],
+    ids=["pass", "warn", "fail"],
+)
+def test_report__passed_status_and_verdict_in_every_form(statuses, passed, status, line):
+    r = _R(*statuses)
+    assert (r.passed, r.status) == (passed, status)
+    text, html, md = to_terminal(r, plain=True), to_html(r, pictures=False), to_markdown(r)
+    assert f"Verdict: {line}" in text and line in html and line in md
+    if "warn" in statuses:
+        assert "WARN" in text and '<span class="warn">WARN</span>' in html and "**WARN**" in md
+    d = r.to_dict()
+    assert d["status"] == status and [c["status"] for c in d["checks"]] == list(statuses)
+    assert "\x1b[1;33m" in to_terminal(r, color=True) if "warn" in statuses else True
+
+
+# --- GPflow's #767 state: no false alarm, bounds from κ, same verdict on every call ----------------------
+
+
+@pytest.mark.slow
+def test_767_state__20_seeds_have_no_fail_and_the_conjugate_checks_hold_against_gpr(reports_767):
+    X, Y, _ = _setup()
+    jitter = gpflow.config.default_jitter()
+    lml_j = float(gpflow.models.GPR((X, Y), gpflow.kernels.SquaredExponential(), noise_variance=0.1 + jitter).log_marginal_likelihood())
+    for r in reports_767:
+        assert r.passed and r.status != "fail", str(r)
+        assert [c.status for c in r.checks if c.name.startswith("conjugate")] == ["pass", "pass"]
+        # the oracle: GPR's marginal likelihood (noise σ² + jitter), independent of the step; GPflow asserts 1e-4
+        assert r.number("GPR log marginal likelihood (noise σ² + jitter)") == pytest.approx(lml_j, rel=1e-12)
+        c = r.check("conjugate_optimality")
+        assert c.max_abs_error <= 1e-4 and c.max_abs_error <= c.tolerance
+        # the bound is meaningful: far below the 1e-2 of |ELBO| that would make it inconclusive
+        assert c.tolerance < 1e-4 * abs(lml_j)
+        assert "κ(F) + κ(Kuu)" in c.detail and "rounding" in c.detail
+        assert r.number("κ(S) (worst latent GP)") == pytest.approx(1.0)
+        assert r.number("cond(F)") > 1e6  # ill-conditioned (up to 1e9 over the seeds): the bound says so, no false alarm
+
+
+def test_767_state__kappas_are_those_of_the_matrices():
+    m = small_q_sqrt_vgp(0)
+    r = check_natgrad(m, progress=False)
+    X = m.data[0]
+    K = gpflow.kernels.SquaredExponential()(X).numpy() + gpflow.config.default_jitter() * np.eye(4)
+    ev = np.linalg.eigvalsh(K)
+    assert r.number("κ(Kuu + jitter·I)") == pytest.approx(ev[-1] / ev[0], rel=1e-8)
+    S_new = r.new_q_sqrt[0] @ r.new_q_sqrt[0].T
+    ev_new = np.linalg.eigvalsh(S_new)
+    assert r.number("κ(S) after the step") == pytest.approx(ev_new[-1] / ev_new[0], rel=1e-8)
+    assert r.number("cancellation λmin(S_new)/λmin(S)") == pytest.approx(ev_new[0] / 1e-6, rel=1e-8)
+
+
+def test_767_state__three_consecutive_calls_give_identical_statuses_and_numbers():
+    m = small_q_sqrt_vgp(0)
+    before = [v.numpy().copy() for v in m.variables]
+    runs = [check_natgrad(m, progress=False) for _ in range(3)]
+    assert len({tuple(c.status for c in r.checks) for r in runs}) == 1
+    assert len({tuple(c.max_abs_error for c in r.checks) for r in runs}) == 1
+    for a, b in zip(before, m.variables):
+        assert np.array_equal(a, b.numpy())
+
+
+def test_767_state__fast_mode_calls_give_identical_statuses():
+    m = small_q_sqrt_vgp(3)
+    runs = [check_natgrad(m, mode="fast", progress=False) for _ in range(3)]
+    assert len({tuple(c.status for c in r.checks) for r in runs}) == 1
+    assert runs[0].status != "fail"
+
+
+# --- a genuine miss from ill-conditioning: SVGP with q_sqrt = 1e-4·I ------------------------------------------
+
+
+def test_svgp_1e4__is_not_pass_and_names_ill_conditioning(svgp_1e4_report):
+    r = svgp_1e4_report
+    assert r.status != "pass"
+    X, Y, Z = _setup()
+    sgpr = float(gpflow.models.SGPR((X, Y), gpflow.kernels.SquaredExponential(), Z, noise_variance=0.1).elbo())
+    c = r.check("conjugate_optimality")
+    # the oracle: GPflow's own step lands 2% away from SGPR's optimum (GPflow's optimizer, not ours)
+    copy_ = gpflow.utilities.deepcopy(small_q_sqrt_svgp()[0])
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
+    gp_elbo = float(copy_.elbo((X, Y)))
+    assert abs(gp_elbo - sgpr) > 1e-2 * abs(sgpr)
+    assert c.max_abs_error == pytest.approx(abs(gp_elbo - sgpr), rel=1e-6)
+    names = [cause.name for cause in r.causes]
+    assert names[0] == "ill_conditioning" and "wrong_gradient" not in names
+    assert "conjugate_optimality" in r.causes[0].checks and "κ(F)" in r.causes[0].evidence
+    text = str(r)
+    assert text.index("Cause") < text.index("Model and step")
+    assert "<h2>Cause</h2>" in to_html(r, pictures=False).split("<h2>Model and step</h2>")[0]
+    assert r.to_dict()["causes"][0]["name"] == "ill_conditioning"
+
+
+def test_inconclusive__an_uninformative_bound_is_warn_not_pass_and_says_what_precision_is_needed():
+    # q_sqrt = 1e-5·I in SVGP: κ(F) ~ 1e13, so the Fisher check's rounding term exceeds 1e-2 of its scale
+    m, data = small_q_sqrt_svgp(q_scale=1e-5)
+    r = check_natgrad(m, data, progress=False)
+    c = r.check("fisher_identity")
+    assert r.number("cond(F)") * np.finfo(np.float64).eps * 100 > 1e-2
+    assert c.status == "warn" and not c.passed
+    assert "inconclusive" in c.detail and "κ(F)·ε <" in c.detail
+    assert any(cause.name == "ill_conditioning" and "fisher_identity" in cause.checks for cause in r.causes)
+
+
+def test_fisher_condition_estimate__within_a_few_orders_of_the_measured_kappa(reports_767):
+    for seed in (0, 5):
+        m = small_q_sqrt_vgp(seed)
+        est = fisher_condition_estimate(m.q_mu.numpy(), m.q_sqrt.numpy())
+        measured = reports_767[seed].number("cond(F)")
+        assert measured / 1e3 < est < measured * 1e3
+    assert kappa(np.diag([2.0, 8.0])[None])[0] == pytest.approx(4.0)
+
+
+# --- causes for step health and minibatch; CLI exit codes ------------------------------------------------------
+
+
+def test_causes__too_long_step_is_step_too_long_with_the_suggested_gamma():
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
+    r = check_natgrad(model, data, gamma=5.0, progress=False)
+    assert r.check("step_health").status == "fail"  # GPflow's optimizer fails at γ = 5 too (test_natgrad_check)
+    cause = next(c for c in r.causes if c.name == "step_too_long")
+    assert "step_health" in cause.checks and f"gamma = {r.suggested_gamma:g}" in cause.fix
+    assert all(c.name != "wrong_gradient" for c in r.causes)
+
+
+def test_causes__minibatch_says_the_optimum_is_the_batchs():
+    X, Y, Z = _setup()
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), Z, num_data=100)
+    r = check_natgrad(m, (X, Y), progress=False)
+    cause = next(c for c in r.causes if c.name == "minibatch")
+    assert "num_data = 100" in cause.evidence and "4 rows" in cause.evidence
+
+
+def test_assert_natgrad__does_not_raise_on_warn_and_raises_with_the_causes_fix_on_fail():
+    m, data = small_q_sqrt_svgp()
+    with pytest.raises(Exception, match="ill_conditioning"):
+        assert_natgrad(m, data, progress=False)
+
+
+def test_cli__exit_codes_pass_warn_fail(capsys, monkeypatch):
+    from natgrad_diag.cli import app
+
+    for statuses, code, warned in ((("pass",), 0, False), (("pass", "warn"), 0, True), (("warn", "fail"), 1, False)):
+        monkeypatch.setattr(app, "_run", lambda args, s=statuses: _R(*s))
+        assert main(["check", "--json"]) == code
+        out = capsys.readouterr()
+        assert json.loads(out.out)["status"] == _R(*statuses).status
+        assert ("inconclusive (WARN)" in out.err) == warned
+
+
+# --- coverage: conjugate checks in auto mode, minibatch against the batch-scaled objective ----------------------
+
+
+@pytest.mark.slow
+def test_auto_mode__n100_vgp_runs_the_conjugate_checks_in_seconds():
+    import time
+
+    rng = np.random.RandomState(3)
+    X = rng.rand(100, 1)
+    Y = np.sin(8 * X) + 0.1 * rng.randn(100, 1)
+    m = gpflow.models.VGP((X, Y), gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.05))
+    t0 = time.perf_counter()
+    r = check_natgrad(m, progress=False)
+    elapsed = time.perf_counter() - t0
+    assert r.mode == "fast" and r.check("conjugate_optimality").status == "pass", str(r)
+    # the oracle: GPR's marginal likelihood with noise σ² + jitter, by GPflow
+    lml_j = float(gpflow.models.GPR((X, Y), gpflow.kernels.SquaredExponential(), noise_variance=0.05 + gpflow.config.default_jitter()).log_marginal_likelihood())
+    assert r.number("GPR log marginal likelihood (noise σ² + jitter)") == pytest.approx(lml_j, rel=1e-12)
+    assert r.check("conjugate_optimality").max_abs_error <= 1e-8 * abs(lml_j)
+    assert elapsed < 60.0  # seconds, not the minutes of full mode (loaded machine: generous)
+
+
+def test_minibatch__checked_against_the_batch_scaled_objective_with_gpflows_step():
+    rng = np.random.RandomState(2)
+    X = rng.rand(40, 1)
+    Y = np.sin(6 * X) + 0.1 * rng.randn(40, 1)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), X[::8].copy(), num_data=40)
+    batch = (X[:10], Y[:10])
+    r = check_natgrad(m, batch, mode="full", progress=False)
+    c = r.check("conjugate_optimality")
+    assert c.status == "pass" and "batch-scaled" in c.claim
+    assert "batch-scaled objective" in dict(r.skipped)["conjugate_optimality"]
+    assert any(cause.name == "minibatch" for cause in r.causes)
+    # the oracle: GPflow's NaturalGradient, γ = 1 on the batch, lands where the batch-scaled ELBO is maximal; a
+    # further GPflow step does not change it, and it equals the report's reference
+    copy_ = gpflow.utilities.deepcopy(m)
+    opt = gpflow.optimizers.NaturalGradient(1.0)
+    for _ in range(2):
+        opt.minimize(lambda: copy_.training_loss(batch), [(copy_.q_mu, copy_.q_sqrt)])
+    assert float(copy_.elbo(batch)) == pytest.approx(r.number("batch-scaled SGPR bound"), rel=1e-9)
+    # and the full data's SGPR bound is a different number: the batch's optimum is not the full data's
+    full = float(gpflow.models.SGPR((X, Y), gpflow.kernels.SquaredExponential(), X[::8].copy(), noise_variance=0.1).elbo())
+    assert abs(full - r.number("batch-scaled SGPR bound")) > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["shared", "separate"])
+def test_multioutput__conjugate_checks_pass_against_the_sum_of_per_output_sgpr_bounds(kind):
+    rng = np.random.RandomState(4)
+    X = rng.rand(30, 1)
+    Y = np.hstack([np.sin(6 * X), np.cos(4 * X)]) + 0.1 * rng.randn(30, 2)
+    Z = X[::6].copy()
+    se = gpflow.kernels.SquaredExponential
+    if kind == "shared":
+        kernel = gpflow.kernels.SharedIndependent(se(), output_dim=2)
+        iv = gpflow.inducing_variables.SharedIndependentInducingVariables(gpflow.inducing_variables.InducingPoints(Z))
+        kernels, zs = [kernel.kernel] * 2, [Z, Z]
+    else:
+        kernel = gpflow.kernels.SeparateIndependent([se(lengthscales=0.3), se(lengthscales=0.6)])
+        iv = gpflow.inducing_variables.SeparateIndependentInducingVariables(
+            [gpflow.inducing_variables.InducingPoints(Z), gpflow.inducing_variables.InducingPoints(Z + 0.05)]
+        )
+        kernels, zs = list(kernel.kernels), [Z, Z + 0.05]
+    m = gpflow.models.SVGP(kernel, gpflow.likelihoods.Gaussian(0.1), iv, num_latent_gps=2, num_data=30)
+    r = check_natgrad(m, (X, Y), mode="full", progress=False)
+    assert r.check("conjugate_optimality").status == "pass" and r.check("conjugate_fixed_point").status == "pass", str(r)
+    # the oracle: GPflow's SGPR per output, summed (built here from the kernels and Z, not from the report's code)
+    want = sum(float(gpflow.models.SGPR((X, Y[:, l : l + 1]), k, z, noise_variance=0.1).elbo()) for l, (k, z) in enumerate(zip(kernels, zs)))
+    assert r.number("sum of per-output SGPR bounds") == pytest.approx(want, rel=1e-12)
+    # and GPflow's own optimizer, γ = 1, lands there
+    copy_ = gpflow.utilities.deepcopy(m)
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
+    assert float(copy_.elbo((X, Y))) == pytest.approx(want, rel=1e-9)
+
+
+# --- the user's ξ and γ: k steps approach the conjugate optimum -------------------------------------------------
+
+
+def _gpflow_naturals(model):
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    t1, t2 = meanvarsqrt_to_natural(model.q_mu, model.q_sqrt)
+    return np.concatenate([t1.numpy().ravel(), t2.numpy().ravel()])
+
+
+def _conj_svgp():
+    rng = np.random.RandomState(5)
+    X = rng.rand(20, 1)
+    Y = np.sin(6 * X) + 0.1 * rng.randn(20, 1)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), X[::4].copy(), num_data=20)
+    m.q_mu.assign(rng.randn(5, 1))
+    return m, (X, Y)
+
+
+def test_convergence__xinat_gamma_01_contracts_by_09_per_step_like_gpflows_optimizer():
+    m, data = _conj_svgp()
+    r = check_natgrad(m, data, gamma=0.1, progress=False)
+    c = r.check("conjugate_convergence")
+    assert c.status == "pass" and c.max_abs_error < 1e-8, str(c)
+    assert r.number("observed contraction rate per step") == pytest.approx(0.9, abs=1e-8)
+    # the oracle: GPflow's NaturalGradient, γ = 0.1, three steps, distance to GPflow's γ = 1 step
+    star, walk = gpflow.utilities.deepcopy(m), gpflow.utilities.deepcopy(m)
+    gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: star.training_loss(data), [(star.q_mu, star.q_sqrt)])
+    opt = gpflow.optimizers.NaturalGradient(0.1)
+    d = [np.linalg.norm(_gpflow_naturals(walk) - _gpflow_naturals(star))]
+    for _ in range(3):
+        opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])
+        d.append(np.linalg.norm(_gpflow_naturals(walk) - _gpflow_naturals(star)))
+    np.testing.assert_allclose(np.array(d[1:]) / np.array(d[:-1]), 0.9, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_convergence__xisqrtmeanvar_gamma_01_approaches_the_same_optimum_and_reports_its_rate():
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    X, Y, Z = _setup()  # GPflow's Setup, GPflow's default q(u) (q_mu = 0, q_sqrt = I)
+    data = (X, Y)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(0.1), Z, num_data=4)
+    r = check_natgrad(m, data, gamma=0.1, xi_transform=XiSqrtMeanVar(), progress=False)
+    c = r.check("conjugate_convergence")
+    assert c.status == "pass" and "observed rate" in c.detail, str(c)
+    rate = r.number("observed contraction rate per step")
+    assert 0.0 < rate < 1.0
+    # the oracle: GPflow's optimizer with XiSqrtMeanVar, γ = 0.1, reaches SGPR's bound (the same optimum)
+    sgpr = float(gpflow.models.SGPR(data, gpflow.kernels.SquaredExponential(), Z, noise_variance=0.1).elbo())
+    walk = gpflow.utilities.deepcopy(m)
+    opt = gpflow.optimizers.NaturalGradient(0.1, xi_transform=XiSqrtMeanVar())
+    step = tf.function(lambda: opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)]))
+    for _ in range(150):
+        step()
+    assert float(walk.elbo(data)) == pytest.approx(sgpr, rel=1e-6)
+
+
+def test_convergence__xisqrtmeanvar_gamma_01_diverging_is_a_fail_named_step_too_long():
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    m, data = _conj_svgp()  # N = 20, noise 0.1: GPflow's own XiSqrtMeanVar γ = 0.1 steps blow up here too
+    r = check_natgrad(m, data, gamma=0.1, xi_transform=XiSqrtMeanVar(), progress=False)
+    assert r.check("conjugate_convergence").status == "fail"
+    assert any(c.name == "step_too_long" and "conjugate_convergence" in c.checks for c in r.causes)
+    walk = gpflow.utilities.deepcopy(m)
+    opt = gpflow.optimizers.NaturalGradient(0.1, xi_transform=XiSqrtMeanVar())
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        for _ in range(5):
+            opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])
