@@ -110,8 +110,8 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     bad = [c for c in checks if c.status in ("fail", "warn")]
     health = [c for c in bad if c.name in ("step_health", "finite_gradients") or (c.name == "conjugate_convergence" and c.status == "fail" and _diverged(c))]
     if health:
-        fix = f"use gamma = {suggested_gamma:g} (the largest healthy step of the grid that lowers the loss)." if suggested_gamma is not None else "use a smaller gamma."
-        out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0] + ".", fix))
+        fix = f"use gamma = {suggested_gamma:g} (of the grid's healthy steps, the one with the lowest loss after it)." if suggested_gamma is not None else "use a smaller gamma."
+        out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))
     rest = [c for c in bad if c not in health]
     ill = cond is not None and eps(dtype) * _worst_kappa(cond)[1] > ILL_CONDITIONED
     explained = [c for c in rest if c.status == "warn" or (ill and c.name.startswith("conjugate_"))]

@@ -20,7 +20,7 @@ b. ``fisher_identity``: F⁻¹·∇θL = ∇ηL with explicit Jacobians (full mo
 c. ``conjugate_optimality`` and ``conjugate_fixed_point`` (Gaussian likelihood): one step with γ = 1 reaches
    SGPR's bound (SVGP) or GPR's marginal likelihood with noise σ² + jitter (VGP), and a second step stays there;
 d. ``step_health``: the new q_sqrt is finite, lower-triangular with a positive diagonal, S is positive definite;
-   the largest γ of a grid that keeps this and lowers the loss is suggested;
+   of a grid of γ, the healthy step with the lowest loss after it is suggested (ties to the smaller γ);
 e. ``gradient_mapping``: GPflow's ``_to_constrained(grad, transform)`` is the right map from unconstrained to
    constrained gradients only for linear isometric transforms (identity, FillTriangular).
 
@@ -386,7 +386,7 @@ def _remedy(failed: list[Check], report: NatGradReport) -> str:
     names = {c.name for c in failed}
     if "step_health" in names or "finite_gradients" in names:
         if report.suggested_gamma is not None:
-            return f"use gamma = {report.suggested_gamma:g} (the largest healthy step of the grid that lowers the loss)."
+            return f"use gamma = {report.suggested_gamma:g} (of the grid's healthy steps, the one with the lowest loss after it)."
         return "use a smaller gamma, or float64 if you are in float32."
     if "gradient_mapping" in names:
         return "give q_mu no transform and q_sqrt gpflow.utilities.triangular(), as GPflow's models do."

@@ -18,7 +18,7 @@ class NatGradRecord:
         reproduction_error: max |natgrad-diag's step − GPflow's| (None if the step failed for both).
         reproduction_passed: the ``reproduction`` check's verdict.
         step_healthy: the ``step_health`` check's verdict.
-        suggested_gamma: the largest healthy γ that lowers the loss (fast search: γ itself when it is fine).
+        suggested_gamma: of the healthy steps that lower the loss, the γ with the lowest loss after it (fast search: γ itself when it is fine).
         passed: every check of the fast report held.
         detail: the failed checks' details ("" when all passed).
     """

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, error_line
+from natgrad_diag.natgrad.conditioning import measure_conditioning
 from natgrad_diag.natgrad.context import Context
 from natgrad_diag.natgrad.health import GAMMA_GRID, best_gamma, health
 from natgrad_diag.natgrad.pairs import variational_pairs
@@ -166,7 +167,9 @@ def _check_pair(ctx: Context, loss: Callable[[], Any], pair: Any, grads: Any, lo
         dL_dmean=to_constrained(g_mu, q_mu.transform).numpy(), dL_dvarsqrt=to_constrained(g_sq, q_sqrt.transform).numpy(),
         new_q_mu=new_mu, new_q_sqrt=new_sq, error=error,
     )  # fmt: skip
-    found = [check_reproduction(ctx, step, gp)]
+    # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
+    cond = measure_conditioning(None, q_mu.numpy(), q_sqrt.numpy(), new_sq)
+    found = [check_reproduction(ctx, step, gp, cond)]
     grid = list(GAMMA_GRID) if ctx.mode == "full" else [ctx.gamma]
     trials = [_trial(ctx, loss, pair, grads, g, loss_before) for g in grid]
     if ctx.mode != "full" and not (trials[0].healthy and trials[0].loss < loss_before):  # type: ignore[operator]
