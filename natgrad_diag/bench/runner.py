@@ -39,6 +39,7 @@ from natgrad_diag.bench.cases import (
     bench_vech,
 )
 from natgrad_diag.bench.report import BenchReport, BenchRow
+from natgrad_diag.bench.speed import bench_apply, bench_check_gradients_fast, bench_fill, bench_minimize, not_applicable
 from natgrad_diag.bench.timing import machine_info
 from natgrad_diag.exceptions import InputError
 from natgrad_diag.report.records import Check
@@ -65,6 +66,11 @@ def _validate_sizes(sizes: Any) -> tuple[int, ...] | None:
             remedy="pass --sizes 50,200 (comma-separated), or leave it out for the defaults.",
         )
     return out
+
+
+def _judged(rows: list[BenchRow], quick: bool) -> list[BenchRow]:
+    """Rows whose target is meant for the full sizes: not judged in a quick run."""
+    return [not_applicable(r) for r in rows] if quick else rows
 
 
 def run_bench(
@@ -106,6 +112,7 @@ def run_bench(
     if size_list is None:
         size_list = QUICK_SIZES if quick else DEFAULT_SIZES
     M_jac, M_vech, M_mem, M_check, N_check = (10, 20, 30, 50, 200) if quick else (40, 60, 80, 1000, 2000)
+    M_apply, M_fill = ((10, 30), (10, 20)) if quick else ((200, 1000), (60, 100))
     start = time.perf_counter()
     checks: list[Check] = []
     rows: list[BenchRow] = []
@@ -114,7 +121,17 @@ def run_bench(
         ("jacobian", lambda: bench_jacobian(M_jac, repeats, checks)),
         ("vech", lambda: bench_vech(M_vech, repeats, checks)),
         ("memory", lambda: bench_memory(M_mem, ("general",) if quick else ("general", "vech", "tape"))),
-        ("check_natgrad", lambda: bench_check_natgrad(M_check, N_check, max(1, min(repeats, 3)))),
+        (
+            "check_natgrad",
+            lambda: _judged(bench_check_natgrad(M_check, N_check, max(1, min(repeats, 3)), checks), quick),
+        ),
+        ("apply", lambda: bench_apply(M_apply, repeats, checks, applies=not quick)),
+        ("minimize", lambda: bench_minimize(M_check, N_check, max(1, min(repeats, 3)), checks, applies=not quick)),
+        ("fill", lambda: bench_fill(M_fill, max(1, min(repeats, 3)), checks, applies=not quick)),
+        (
+            "check_gradients",
+            lambda: bench_check_gradients_fast(M_check, 1 if not quick else repeats, checks, applies=not quick),
+        ),
         ("cli", lambda: bench_cli(repeats, quick, checks)),
     ]
     with progress_bar(total=len(tasks), description="benchmark", enabled=progress) as advance:
