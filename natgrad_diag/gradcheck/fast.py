@@ -108,12 +108,14 @@ def _measure(
 
 
 class _Engine:
-    """fn's compiled pieces for one point (shapes, dtype): traced once, called once per direction.
+    """fn's compiled pieces for one point (shapes, dtype): each traced once, called once per direction.
 
-    * ``dots(xs, vs, us, xp, xm)``: f at x and one VJP per output (forward shared), contracted with every
-      input direction, and the central differences f(x + εu_j) − f(x − εu_j) contracted with v, for each
-      active input j. Scalars only come back: no Jacobian, no dense intermediate.
-    * ``jvp(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
+    * ``analytical(n_dirs)(xs, vs, us)``: f at x once and one VJP per output and direction (the forward
+      pass shared by all of them), contracted with every input direction: [n_dirs, n_out, n_in] scalars.
+    * ``central(active)(xs, vs, xp, xm)``: f(x + εu_j) − f(x − εu_j) contracted with v for each active input
+      j of one direction, and whether every output was finite. Scalars only come back: no Jacobian, no
+      dense intermediate.
+    * ``jvp()(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
     """
 
     def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any) -> None:
@@ -122,7 +124,7 @@ class _Engine:
         self.fn = fn
         self.xspecs = [tf.TensorSpec(s, dtype) for s in xshapes]
         self.yspecs = [tf.TensorSpec(s, dtype) for s in yshapes]
-        self._dots: dict[tuple[bool, ...], Any] = {}
+        self._built: dict[Any, Any] = {}
         self._jvp: Any = None
 
     def _outputs(self, xs: list[Any]) -> list[Any]:
@@ -130,40 +132,61 @@ class _Engine:
 
         return [tf.convert_to_tensor(y) for y in tf.nest.flatten(self.fn(*xs))]
 
-    def dots(self, active: tuple[bool, ...]) -> Any:
-        if active not in self._dots:
-            self._dots[active] = self._build_dots(active)
-        return self._dots[active]
+    def analytical(self, n_dirs: int) -> Any:
+        key = ("analytical", n_dirs)
+        if key not in self._built:
+            self._built[key] = self._build_analytical(n_dirs)
+        return self._built[key]
 
-    def _build_dots(self, active: tuple[bool, ...]) -> Any:
+    def central(self, active: tuple[bool, ...]) -> Any:
+        key = ("central", active)
+        if key not in self._built:
+            self._built[key] = self._build_central(active)
+        return self._built[key]
+
+    def _build_analytical(self, n_dirs: int) -> Any:
         import tensorflow as tf
 
         from natgrad_diag._compile import note_trace
 
-        n_in = len(self.xspecs)
         zero = tf.UnconnectedGradients.ZERO
 
-        def body(xs: list[Any], vs: list[Any], us: list[Any], xp: list[Any], xm: list[Any]) -> Any:
+        def body(xs: list[Any], vs: list[list[Any]], us: list[list[Any]]) -> Any:
             note_trace("gradcheck_fast")
             with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
                 tape.watch(xs)
                 ys = self._outputs(xs)
-            ana = []
-            for y, v in zip(ys, vs):
-                grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=zero)
-                ana.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, us)]))
+            out = []
+            for vk, uk in zip(vs, us):
+                rows = []
+                for y, v in zip(ys, vk):
+                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=zero)
+                    rows.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)]))
+                out.append(tf.stack(rows))
+            return tf.stack(out)
+
+        specs = ([self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
+        return tf.function(body).get_concrete_function(self.xspecs, *specs)
+
+    def _build_central(self, active: tuple[bool, ...]) -> Any:
+        import tensorflow as tf
+
+        from natgrad_diag._compile import note_trace
+
+        def body(xs: list[Any], vs: list[Any], xp: list[Any], xm: list[Any]) -> Any:
+            note_trace("gradcheck_fast")
             num, finite = [], [tf.constant(True)]
-            for j in range(n_in):
-                if not active[j]:
+            for j, on in enumerate(active):
+                if not on:
                     num.append(tf.zeros([len(vs)], xs[0].dtype))
                     continue
                 plus = self._outputs([xp[j] if k == j else x for k, x in enumerate(xs)])
                 minus = self._outputs([xm[j] if k == j else x for k, x in enumerate(xs)])
                 num.append(tf.stack([tf.reduce_sum(v * (a - b)) for v, a, b in zip(vs, plus, minus)]))
                 finite += [tf.reduce_all(tf.math.is_finite(t)) for t in plus + minus]
-            return tf.stack(ana), tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
+            return tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
 
-        return tf.function(body).get_concrete_function(self.xspecs, self.yspecs, self.xspecs, self.xspecs, self.xspecs)
+        return tf.function(body).get_concrete_function(self.xspecs, self.yspecs, self.xspecs, self.xspecs)
 
     def jvp(self) -> Any:
         if self._jvp is None:
@@ -202,8 +225,9 @@ def _engine(prob: Problem) -> _Engine:
 def _measure_compiled(
     prob: Problem, us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float, rtol: float, atols: list[float]
 ) -> _Measured | None:
-    """:func:`_measure` with fn compiled once: one call per direction k (f, n_out VJPs and 2 f per input),
-    then forward mode at each block's worst direction. ``None`` when fn cannot be traced or fails."""
+    """:func:`_measure` with fn compiled once: one call for every VJP (f once, n_out VJPs per direction), one
+    call per direction for the central differences (2 f per input), then forward mode at each block's worst
+    direction. ``None`` when fn cannot be traced or fails at a point (the eager path then names the cause)."""
     import tensorflow as tf
 
     from natgrad_diag.progress import progress_bar
@@ -214,22 +238,22 @@ def _measure_compiled(
     step = np.asarray(eps, prob.dtype)
     try:
         engine = _engine(prob)
+        u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
+        v_all = [[tf.constant(v) for v in vk] for vk in vs]
+        ana = engine.analytical(n_dirs)(xs, v_all, [[tf.constant(a) for a in uk] for uk in u_all]).numpy()
         with progress_bar(
             total=n_dirs, description=f"gradient check (fast, compiled, {n_dirs} direction(s))"
         ) as advance:
             for k in range(n_dirs):
                 active = tuple(k < len(us[j]) for j in range(n_in))
-                u = [us[j][k] if active[j] else np.zeros_like(prob.x[j]) for j in range(n_in)]
-                xp = [tf.constant(prob.x[j] + step * u[j]) for j in range(n_in)]
-                xm = [tf.constant(prob.x[j] - step * u[j]) for j in range(n_in)]
-                ana, num, finite = engine.dots(active)(
-                    xs, [tf.constant(v) for v in vs[k]], [tf.constant(a) for a in u], xp, xm
-                )
+                xp = [tf.constant(prob.x[j] + step * u_all[k][j]) for j in range(n_in)]
+                xm = [tf.constant(prob.x[j] - step * u_all[k][j]) for j in range(n_in)]
+                num, finite = engine.central(active)(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     return None
                 for j in range(n_in):
                     if active[j]:
-                        analytical[:, j, k] = ana.numpy()[:, j]
+                        analytical[:, j, k] = ana[k, :, j]
                         numerical[:, j, k] = num.numpy()[:, j] / (2 * eps)
                 advance()
     except Exception:  # noqa: BLE001 - not traceable, or failed at a point: the eager path names the cause
