@@ -109,7 +109,8 @@ def _natgrad_map_closed_form(eta1: np.ndarray, eta2: np.ndarray, *, symmetric: b
 
     two products per entry, no M×M product per column: O(M²) per column and O(M⁴) for the whole
     Jacobian, the size of its output. dC_ik = 0 for k > i (C lower triangular), so only the rows
-    k ≤ i are written, one i at a time (rows i·M .. i·M + i of the latent GP's block), straight into the
+    k ≤ i, and only the columns with a ≤ i (m ≤ i for η₁; the others vanish, see the writers), are
+    written, one i at a time (rows i·M .. i·M + i of the latent GP's block), straight into the
     preallocated array. ``.block(i, j)`` equals ``tape.jacobian``'s.
     """
     dtype = eta1.dtype
@@ -167,17 +168,19 @@ def _write_eta1_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T_strict: n
     """cols[r0 + i·M + k, m] = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km] for k ≤ i (the η₁ columns of one latent GP)."""
     M = Cinv.shape[0]
     for i in range(M):
-        n = i + 1
-        dest = cols[r0 + i * M : r0 + i * M + n]
-        np.multiply(T_strict[i, :n], -w[:n, None], out=dest)
-        dest -= U[i, :n, None] * Cinv[:n]
+        n = i + 1  # k ≤ i, and m ≤ i: T'[i,k,m] needs a j with m ≤ j ≤ i, (C⁻¹)_km needs m ≤ k ≤ i
+        dest = cols[r0 + i * M : r0 + i * M + n, :n]
+        np.multiply(T_strict[i, :n, :n], -w[:n, None], out=dest)
+        dest -= U[i, :n, None] * Cinv[:n, :n]
 
 
 def _write_eta2_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T: np.ndarray, T_strict: np.ndarray,
                         symmetric: bool, b_idx: np.ndarray, scale: np.ndarray) -> None:  # fmt: skip
     """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
 
-    The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``.
+    The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both
+    terms vanish for a > i (T'[i,k,a] needs a ≤ j ≤ i; (C⁻¹)_ka needs a ≤ k ≤ i), and those columns are
+    a suffix: row block i writes only its first (i+1)(i+2)/2 (vech) or (i+1)·M (general) columns.
     """
     M = Cinv.shape[0]
     reps = np.arange(1, M + 1) if symmetric else np.full(M, M)
@@ -186,12 +189,13 @@ def _write_eta2_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T: np.ndarr
     sB = Cinv[:, b_idx] * scale
     buf = np.empty((M, len(b_idx)), dtype=Cinv.dtype)
     for i in range(M):
-        n = i + 1
-        dest = cols[r0 + i * M : r0 + i * M + n]
-        np.multiply(np.repeat(T_strict[i, :n], reps, axis=1), sB[:n], out=dest)
-        tmp = buf[:n]
-        np.take(T[i, :n], b_idx, axis=1, out=tmp, mode="clip")
-        tmp *= sA[:n]
+        n = i + 1  # k ≤ i, and a ≤ i: the columns with a > i vanish, and they are a suffix (a-major order)
+        nc = n * (n + 1) // 2 if symmetric else n * M
+        dest = cols[r0 + i * M : r0 + i * M + n, :nc]
+        np.multiply(np.repeat(T_strict[i, :n, :n], reps[:n], axis=1), sB[:n, :nc], out=dest)
+        tmp = buf[:n, :nc]
+        np.take(T[i, :n], b_idx[:nc], axis=1, out=tmp, mode="clip")
+        tmp *= sA[:n, :nc]
         dest += tmp
 
 
