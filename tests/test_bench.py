@@ -47,8 +47,13 @@ def test_run_bench__quick_report_has_every_comparison(quick_report):
 @pytest.mark.slow
 def test_run_bench__checks_are_correctness_only_and_hold(quick_report):
     names = {c.name for c in quick_report.checks}
-    assert names == {"trace_matches_gpflow", "jacobian_matches_tape", "vech_matches_general", "help_imports_no_tensorflow"}
-    assert quick_report.passed, str(quick_report)
+    assert names == {
+        "trace_matches_gpflow", "jacobian_matches_tape", "vech_matches_general", "help_imports_no_tensorflow",
+        "apply_matches_gpflow", "minimize_matches_gpflow", "closed_form_jacobian_matches_autodiff",
+        "fast_gradcheck_passes_on_gpflow", "fast_check_natgrad_passes",
+    }  # fmt: skip
+    failed = [c.name for c in quick_report.checks if not c.passed]
+    assert not failed and quick_report.passed, str(quick_report)
 
 
 @pytest.mark.slow
@@ -65,7 +70,13 @@ def test_run_bench__text_and_json_carry_machine_tables_and_ratios(quick_report):
 
 @pytest.mark.parametrize(
     "kwargs,fragment",
-    [({"sizes": [1]}, "sizes"), ({"sizes": "abc"}, "sizes"), ({"sizes": [2.5]}, "sizes"), ({"repeats": 0}, "repeats"), ({"repeats": True}, "repeats")],
+    [
+        ({"sizes": [1]}, "sizes"),
+        ({"sizes": "abc"}, "sizes"),
+        ({"sizes": [2.5]}, "sizes"),
+        ({"repeats": 0}, "repeats"),
+        ({"repeats": True}, "repeats"),
+    ],
 )
 def test_run_bench__bad_arguments_are_refused_before_any_work(kwargs, fragment):
     with pytest.raises(InputError, match=fragment):
@@ -86,8 +97,62 @@ def test_bench_script__is_the_bench_command(capsys):
     """scripts/bench.py runs `natgrad-diag bench` with the same options (one parser, not two)."""
     import subprocess
 
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--help"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "--sizes" in r.stdout and "--quick" in r.stdout and "--repeats" in r.stdout
     for bad in (["--sizes", "1,x"], ["--repeats", "0"]):
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *bad], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "bench.py"), *bad], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 2 and "error" in r.stderr
+
+
+#: The speed rows of issue 15: the key prefix (before ", M=") and the M of the quick run.
+SPEED_KEYS = {
+    "natgrad_trace vs _natgrad_apply_gradients": [12],
+    "NaturalGradient apply (natgrad_diag) vs _natgrad_apply_gradients": [10, 30],
+    "NaturalGradient (natgrad_diag) vs NaturalGradient (gpflow)": [50],
+    "natgrad_map_jacobian vs filling its array": [10, 20],
+    "check_natgrad(mode='fast') vs NaturalGradient step": [50],
+    "check_gradients(mode='fast') vs one compiled f and VJP": [50],
+}
+
+
+@pytest.mark.slow
+def test_run_bench__quick_run_has_the_speed_keys_at_small_sizes(quick_report):
+    ratios = quick_report.to_dict()["ratios"]
+    for prefix, sizes in SPEED_KEYS.items():
+        for M in sizes:
+            key = f"{prefix}, M={M}"
+            assert key in ratios, key
+            assert ratios[key] is not None and ratios[key] > 0, key
+
+
+@pytest.mark.slow
+def test_run_bench__targets_meant_for_full_sizes_are_not_judged_in_a_quick_run(quick_report):
+    """At small sizes a missed target says "n/a at this size", never "NO"."""
+    new = [r for r in quick_report.rows if any(f"{r.what} vs {r.baseline_name}" == k for k in SPEED_KEYS)]
+    speed = [r for r in new if r.what != "natgrad_trace"]
+    assert speed and all(not r.applies and r.meets is None for r in speed)
+    text = str(quick_report)
+    assert text.count("n/a at this size") >= len(speed)
+    rows = [
+        line for line in text.splitlines() if "ours, apply" in line or "fast gradcheck" in line or "np.ones" in line
+    ]
+    assert rows and not any(" NO" in line for line in rows)
+    d = quick_report.to_dict()
+    assert all(row["applies"] is False for row in d["rows"] if row["what"] == "NaturalGradient apply (natgrad_diag)")
+
+
+def test_bench_row__a_full_size_row_is_judged_and_rendered():
+    from natgrad_diag.bench.report import BenchReport
+    from natgrad_diag.bench.speed import not_applicable
+    from natgrad_diag.bench.timing import make_row
+
+    row = make_row("g", "NaturalGradient apply (natgrad_diag)", 1000, 2.0, "_natgrad_apply_gradients", 1.0, 0.6)
+    assert row.ratio == 2.0 and row.meets is False and row.applies
+    small = not_applicable(row)
+    assert small.meets is None and not small.applies and small.ratio == 2.0
+    text = str(BenchReport(machine={}, rows=(row, small), repeats=1, quick=False))
+    assert "≤ 0.6× NO" in text and "≤ 0.6× n/a at this size" in text

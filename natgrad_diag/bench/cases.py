@@ -59,8 +59,9 @@ def bench_trace(sizes: Sequence[int], repeats: int, checks: list[Check]) -> list
         err = max(float(np.max(np.abs(t.new_q_mu - c_mu.numpy()))), float(np.max(np.abs(t.new_q_sqrt - c_sq.numpy()))))
         worst = max(worst, err / max(1.0, float(np.max(np.abs(sq)))))
         t_ours, t_base = compare(ours, base, repeats)
+        # the closed-form step's target (issue 15) is for M = 1000; smaller M keep the first benchmark's 1.3
         rows.append(make_row("natgrad_trace vs GPflow's step (both compiled)", "natgrad_trace", M, t_ours,
-                         "_natgrad_apply_gradients", t_base, 1.3))  # fmt: skip
+                         "_natgrad_apply_gradients", t_base, 0.7 if M >= 1000 else 1.3))  # fmt: skip
     checks.append(Check(
         name="trace_matches_gpflow",
         claim="the timed natgrad_trace gives GPflow's new q_mu and q_sqrt (compiled, every M)",
@@ -224,7 +225,7 @@ def svgp(M: int, N: int, seed: int = 0) -> tuple[Any, Any]:
     return model, (tf.constant(X), tf.constant(Y))
 
 
-def bench_check_natgrad(M: int, N: int, repeats: int) -> list[BenchRow]:
+def bench_check_natgrad(M: int, N: int, repeats: int, checks: list[Check] | None = None) -> list[BenchRow]:
     import inspect
 
     import tensorflow as tf
@@ -248,15 +249,23 @@ def bench_check_natgrad(M: int, N: int, repeats: int) -> list[BenchRow]:
     def step() -> None:
         opt.minimize(loss, [(base_model.q_mu, base_model.q_sqrt)])
 
+    reports = []
+
     def ours() -> Any:
-        return check_natgrad(model, data, gamma=0.1, mode="fast", progress=False)
+        reports.append(check_natgrad(model, data, gamma=0.1, mode="fast", progress=False))
 
     try:
         t_ours, t_base = compare(ours, step, repeats)
     except Exception as e:  # noqa: BLE001 - a bench row must not abort the run
-        return [make_row(group, "check_natgrad(mode='fast')", M, None, "NaturalGradient step", None, 3.0,
+        return [make_row(group, "check_natgrad(mode='fast')", M, None, "NaturalGradient step", None, 1.6,
                      note=f"failed: {error_line(e, with_type=True, limit=80)}")]  # fmt: skip
-    return [make_row(group, "check_natgrad(mode='fast')", M, t_ours, "NaturalGradient step", t_base, 3.0, note=f"N = {N}")]
+    if checks is not None:
+        checks.append(Check(
+            name="fast_check_natgrad_passes",
+            claim=f"the timed check_natgrad(mode='fast') finds the healthy SVGP (M = {M}, N = {N}) healthy, every call",
+            passed=bool(reports) and all(bool(r.passed) for r in reports),
+        ))  # fmt: skip
+    return [make_row(group, "check_natgrad(mode='fast')", M, t_ours, "NaturalGradient step", t_base, 1.6, note=f"N = {N}")]
 
 
 def bench_cli(repeats: int, quick: bool, checks: list[Check]) -> list[BenchRow]:

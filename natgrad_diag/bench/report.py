@@ -8,7 +8,10 @@ from typing import Any
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, to_jsonable
 
-__all__ = ["BenchReport", "BenchRow", "SHORT", "fmt_value"]
+__all__ = ["NOT_APPLICABLE", "BenchReport", "BenchRow", "SHORT", "fmt_value"]
+
+#: What a row whose target is meant for the full sizes shows at small sizes.
+NOT_APPLICABLE = "n/a at this size"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class BenchRow:
         meets: whether the ratio meets the target (``None`` when not measured).
         note: anything to say (skipped, not available, ...).
         unit: ``"s"`` or ``"bytes"``.
+        applies: whether the target applies at this size (``False``: shown as "n/a at this size", never "NO").
     """
 
     group: str
@@ -42,6 +46,7 @@ class BenchRow:
     note: str = ""
     unit: str = "s"
     higher_is_better: bool = False
+    applies: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable({k: getattr(self, k) for k in self.__dataclass_fields__})
@@ -89,7 +94,7 @@ class BenchReport(Report):
                         fmt_value(r.ours, r.unit),
                         f"{SHORT.get(r.baseline_name, r.baseline_name)} {fmt_value(r.baseline, r.unit)}",
                         "-" if r.ratio is None else f"{r.ratio:.2f}×" + (" faster" if r.higher_is_better else ""),
-                        f"{r.target} {({True: 'yes', False: 'NO', None: '-'})[r.meets]}",
+                        f"{r.target} {({True: 'yes', False: 'NO', None: '-'})[r.meets] if r.applies else NOT_APPLICABLE}",
                     )
                     for r in rows
                 ),
@@ -132,6 +137,12 @@ SHORT = {
     "Jacobian size": "J",
     "check_natgrad(mode='fast')": "fast check",
     "NaturalGradient step": "GPflow step",
+    "NaturalGradient apply (natgrad_diag)": "ours, apply",
+    "NaturalGradient (natgrad_diag)": "ours, minimize",
+    "NaturalGradient (gpflow)": "GPflow minimize",
+    "filling its array": "np.ones",
+    "check_gradients(mode='fast')": "fast gradcheck",
+    "one compiled f and VJP": "f + VJP",
     "natgrad-diag --help": "--help",
     "python -c pass": "python",
     "natgrad-diag (explain)": "explain",

@@ -11,7 +11,7 @@ import numpy as np
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
-from natgrad_diag.gradcheck.structures import coordinates, hint, random_direction
+from natgrad_diag.gradcheck.structures import coordinates, gpflow_map_name, hint, random_direction
 
 __all__ = ["fast_rows"]
 
@@ -31,20 +31,25 @@ def fast_rows(
         vs = [list(cotangents) for _ in range(n_dirs)]
     else:
         vs = [[random_direction(rng, y.shape, "general", prob.dtype) for y in prob.y] for _ in range(n_dirs)]
-    m = _measure(prob, names, us, vs, eps)
+    vnorms = [float(np.linalg.norm(vs[0][i])) if cotangents is not None else 1.0 for i in range(len(prob.y))]
+    atols = [atol * max(vn, 1.0) for vn in vnorms]
+    m = _measure_compiled(prob, us, vs, eps, rtol, atols)
+    if m is None:  # fn cannot be traced, or failed at a point: the eager path raises the named error
+        m = _measure(prob, names, us, vs, eps)
 
     rows = []
     for i in range(len(prob.y)):
-        vnorm = float(np.linalg.norm(vs[0][i])) if cotangents is not None else 1.0
         for j in range(len(prob.x)):
-            row = _fast_row(prob, names, structures, i, j, m, len(us[j]), num_directions, rtol=rtol, atol=atol * max(vnorm, 1.0))
+            row = _fast_row(prob, names, structures, i, j, m, len(us[j]), num_directions, rtol=rtol, atol=atols[i])
             if not row.passed:
                 row = _rerun_full(prob, names, structures, eps, rtol, atol, max_bytes, row)
             rows.append(row)
     return rows
 
 
-def _input_directions(prob: Problem, structures: tuple[str, ...], k: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
+def _input_directions(
+    prob: Problem, structures: tuple[str, ...], k: int, rng: np.random.Generator
+) -> list[list[np.ndarray]]:
     """Per input j a list of unit directions u (lower_triangular: k lower-triangle plus k strictly-upper ones)."""
     us = []
     for x, st in zip(prob.x, structures):
@@ -65,7 +70,9 @@ class _Measured:
     forward_error: str  # why forward mode is unavailable ("" when it ran)
 
 
-def _measure(prob: Problem, names: tuple[str, ...], us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float) -> _Measured:
+def _measure(
+    prob: Problem, names: tuple[str, ...], us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float
+) -> _Measured:
     """For every direction k: reverse mode ⟨Jᵀ·v, u⟩, central differences ⟨v, D_u y⟩, forward mode ⟨v, J·u⟩."""
     import tensorflow as tf
 
@@ -98,6 +105,187 @@ def _measure(prob: Problem, names: tuple[str, ...], us: list[list[np.ndarray]], 
                 advance()
         del tape
     return _Measured(numerical, analytical, forward, forward_error)
+
+
+class _Engine:
+    """fn's compiled pieces for one point (shapes, dtype): each traced once, called once per direction.
+
+    * ``analytical(n_dirs)(xs, vs, us)``: f at x once and one VJP per output and direction (the forward
+      pass shared by all of them), contracted with every input direction: [n_dirs, n_out, n_in] scalars.
+    * ``central(active)(xs, vs, xp, xm)``: f(x + εu_j) − f(x − εu_j) contracted with v for each active input
+      j of one direction, and whether every output was finite. Scalars only come back: no Jacobian, no
+      dense intermediate.
+    * ``jvp()(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
+    """
+
+    def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any) -> None:
+        import tensorflow as tf
+
+        self.fn = fn
+        self.xspecs = [tf.TensorSpec(s, dtype) for s in xshapes]
+        self.yspecs = [tf.TensorSpec(s, dtype) for s in yshapes]
+        self._built: dict[Any, Any] = {}
+        self._jvp: Any = None
+
+    def _outputs(self, xs: list[Any]) -> list[Any]:
+        import tensorflow as tf
+
+        return [tf.convert_to_tensor(y) for y in tf.nest.flatten(self.fn(*xs))]
+
+    def analytical(self, n_dirs: int) -> Any:
+        key = ("analytical", n_dirs)
+        if key not in self._built:
+            self._built[key] = self._build_analytical(n_dirs)
+        return self._built[key]
+
+    def central(self, active: tuple[bool, ...]) -> Any:
+        key = ("central", active)
+        if key not in self._built:
+            self._built[key] = self._build_central(active)
+        return self._built[key]
+
+    def _build_analytical(self, n_dirs: int) -> Any:
+        import tensorflow as tf
+
+        from natgrad_diag._compile import note_trace
+
+        zero = tf.UnconnectedGradients.ZERO
+
+        def body(xs: list[Any], vs: list[list[Any]], us: list[list[Any]]) -> Any:
+            note_trace("gradcheck_fast")
+            with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+                tape.watch(xs)
+                ys = self._outputs(xs)
+            out = []
+            for vk, uk in zip(vs, us):
+                rows = []
+                for y, v in zip(ys, vk):
+                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=zero)
+                    rows.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)]))
+                out.append(tf.stack(rows))
+            return tf.stack(out)
+
+        specs = ([self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
+        return tf.function(body).get_concrete_function(self.xspecs, *specs)
+
+    def _build_central(self, active: tuple[bool, ...]) -> Any:
+        import tensorflow as tf
+
+        from natgrad_diag._compile import note_trace
+
+        def body(xs: list[Any], vs: list[Any], xp: list[Any], xm: list[Any]) -> Any:
+            note_trace("gradcheck_fast")
+            num, finite = [], [tf.constant(True)]
+            for j, on in enumerate(active):
+                if not on:
+                    num.append(tf.zeros([len(vs)], xs[0].dtype))
+                    continue
+                plus = self._outputs([xp[j] if k == j else x for k, x in enumerate(xs)])
+                minus = self._outputs([xm[j] if k == j else x for k, x in enumerate(xs)])
+                num.append(tf.stack([tf.reduce_sum(v * (a - b)) for v, a, b in zip(vs, plus, minus)]))
+                finite += [tf.reduce_all(tf.math.is_finite(t)) for t in plus + minus]
+            return tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
+
+        return tf.function(body).get_concrete_function(self.xspecs, self.yspecs, self.xspecs, self.xspecs)
+
+    def jvp(self) -> Any:
+        if self._jvp is None:
+            import tensorflow as tf
+
+            from natgrad_diag._compile import note_trace
+
+            def body(xs: list[Any], tangents: list[Any], vs: list[Any]) -> Any:
+                note_trace("gradcheck_fast")
+                with tf.autodiff.ForwardAccumulator(primals=xs, tangents=tangents) as acc:
+                    ys = self._outputs(xs)
+                jv = [acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO) for y in ys]
+                return tf.stack([tf.reduce_sum(v * t) for v, t in zip(vs, jv)])
+
+            self._jvp = tf.function(body).get_concrete_function(self.xspecs, self.xspecs, self.yspecs)
+        return self._jvp
+
+
+def _engine(prob: Problem) -> _Engine:
+    """The compiled engine of ``prob.fn`` at this shape: cached across checks for GPflow's (pure) maps only,
+    since a user's function may read Python state that a cached trace would freeze."""
+    from natgrad_diag import _compile
+
+    xshapes = [tuple(x.shape) for x in prob.x]
+    yshapes = [tuple(y.shape) for y in prob.y]
+    name = gpflow_map_name(prob.fn)
+
+    def build() -> _Engine:
+        return _Engine(prob.fn, xshapes, yshapes, prob.dtype)
+
+    if name is None:
+        return build()
+    return _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
+
+
+def _measure_compiled(
+    prob: Problem, us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float, rtol: float, atols: list[float]
+) -> _Measured | None:
+    """:func:`_measure` with fn compiled once: one call for every VJP (f once, n_out VJPs per direction), one
+    call per direction for the central differences (2 f per input), then forward mode at each block's worst
+    direction. ``None`` when fn cannot be traced or fails at a point (the eager path then names the cause)."""
+    import tensorflow as tf
+
+    from natgrad_diag.progress import progress_bar
+
+    n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
+    numerical, analytical, forward = (np.full((n_out, n_in, n_dirs), np.nan) for _ in range(3))
+    xs = [tf.constant(a) for a in prob.x]
+    step = np.asarray(eps, prob.dtype)
+    try:
+        engine = _engine(prob)
+        u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
+        v_all = [[tf.constant(v) for v in vk] for vk in vs]
+        ana = engine.analytical(n_dirs)(xs, v_all, [[tf.constant(a) for a in uk] for uk in u_all]).numpy()
+        with progress_bar(
+            total=n_dirs, description=f"gradient check (fast, compiled, {n_dirs} direction(s))"
+        ) as advance:
+            for k in range(n_dirs):
+                active = tuple(k < len(us[j]) for j in range(n_in))
+                xp = [tf.constant(prob.x[j] + step * u_all[k][j]) for j in range(n_in)]
+                xm = [tf.constant(prob.x[j] - step * u_all[k][j]) for j in range(n_in)]
+                num, finite = engine.central(active)(xs, v_all[k], xp, xm)
+                if not bool(finite):
+                    return None
+                for j in range(n_in):
+                    if active[j]:
+                        analytical[:, j, k] = ana[k, :, j]
+                        numerical[:, j, k] = num.numpy()[:, j] / (2 * eps)
+                advance()
+    except Exception:  # noqa: BLE001 - not traceable, or failed at a point: the eager path names the cause
+        return None
+    m = _Measured(numerical, analytical, forward, "")
+    return dataclasses.replace(m, forward_error=_forward_at_worst(prob, engine, xs, us, vs, m, rtol, atols))
+
+
+def _forward_at_worst(
+    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[np.ndarray]], vs: list[list[np.ndarray]],
+    m: _Measured, rtol: float, atols: list[float],
+) -> str:  # fmt: skip
+    """Fill ``m.forward`` at each block's worst direction (the one its row reports, by the row's own
+    tolerances); the reason when forward mode fails, else ""."""
+    import tensorflow as tf
+
+    n_out, n_in = len(prob.y), len(prob.x)
+    todo = {}
+    for i in range(n_out):
+        for j in range(n_in):
+            n = len(us[j])
+            k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=rtol, atol=atols[i]).worst
+            todo.setdefault((j, k), []).append(i)
+    try:
+        for (j, k), outs in todo.items():
+            t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
+            vals = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()
+            for i in outs:
+                m.forward[i, j, k] = vals[i]
+    except Exception as e:  # noqa: BLE001 - forward mode is information only
+        return f"forward mode unavailable ({type(e).__name__})."
+    return ""
 
 
 def _forward_products(prob: Problem, xs: list[Any], j: int, u: np.ndarray, v: list[np.ndarray], out: np.ndarray) -> str:

@@ -9,7 +9,9 @@ import numpy as np
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory
-from natgrad_diag.exceptions import InputError, SingularCovarianceError
+from natgrad_diag._validate import require_finite, shape_str
+from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError, SingularCovarianceError
+from natgrad_diag.tolerance import rounding_bound
 
 __all__ = ["natgrad_map_jacobian"]
 
@@ -21,48 +23,117 @@ def _natgrad_map(eta1: Any, eta2: Any) -> Any:
     return expectation_to_meanvarsqrt(eta1, eta2)
 
 
-def _natgrad_map_closed_form(eta1: Any, eta2: Any, *, symmetric: bool, max_bytes: int, chunk_size: int | None) -> BlockJacobian:
-    """J of ``expectation_to_meanvarsqrt`` in closed form, one JVP per stored column, in chunks.
+def _validated(eta1: Any, eta2: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
 
-    mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt_l = chol(S_l) with
-    S_l = η₂,l − η₁,l η₁,lᵀ, and the derivative of a Cholesky factor C along a symmetric dS is
-    (Murray 2016, "Differentiation of the Cholesky decomposition", eq. 9)
+    Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: each entry is an inner
+    product of M + 1 terms, so its two triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1);
+    :func:`natgrad_diag.tolerance.rounding_bound` with factor 4(M + 1) leaves a factor 2 of room.
+    """
+    e1, e2 = np.asarray(eta1), np.asarray(eta2)
+    for name, a, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
+        if a.ndim != len(want.split(",")):
+            raise ShapeMismatchError(
+                f"{name} has the wrong rank.",
+                context=[("Argument", name), ("Expected", want), ("Actual", shape_str(a.shape))],
+                remedy="pass eta1 = q_mu [M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].",
+            )
+    M, L = e1.shape
+    if e2.shape != (L, M, M):
+        raise ShapeMismatchError(
+            "eta2 does not match eta1.",
+            context=[
+                ("Argument", "eta2"),
+                ("Expected", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = [{M}, {L}])"),
+                ("Actual", shape_str(e2.shape)),
+            ],
+            remedy="pass the eta1 [M, L] and eta2 [L, M, M] of the same q(u) (note GPflow's [M, L] / [L, M, M] order).",
+        )
+    floats = (np.float32, np.float64)
+    if e1.dtype in floats and e2.dtype in floats and e1.dtype != e2.dtype:
+        raise DTypeMismatchError(
+            "eta2 has another dtype than eta1.",
+            context=[("Argument", "eta2"), ("Expected", f"{e1.dtype} (like eta1)"), ("Got", str(e2.dtype))],
+            remedy="cast both to one dtype, e.g. float64.",
+        )
+    if e1.dtype not in floats:
+        e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
+    require_finite(e1, "eta1")
+    require_finite(e2, "eta2")
+    asym = float(np.max(np.abs(e2 - np.swapaxes(e2, -1, -2)), initial=0.0))
+    bound = rounding_bound(e2.dtype, condition=1.0, scale=float(np.max(np.abs(e2), initial=0.0)), factor=4.0 * (M + 1))
+    if asym > bound:
+        l, a, b = (int(i) for i in np.unravel_index(np.argmax(np.abs(e2 - np.swapaxes(e2, -1, -2))), e2.shape))
+        raise InputError(
+            "eta2 is not symmetric.",
+            context=[
+                ("Argument", "eta2"),
+                ("Expected", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of forming it)"),
+                ("Got", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}"),
+            ],
+            remedy="pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).",
+        )
+    for l in range(L):
+        _cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l)
+    return e1, e2
+
+
+def _natgrad_map_closed_form(eta1: np.ndarray, eta2: np.ndarray, *, symmetric: bool, max_bytes: int) -> BlockJacobian:
+    """J of ``expectation_to_meanvarsqrt`` in closed form: O(M²) per column, O(M⁴) in all, written in place.
+
+    mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt_l = C = chol(S) with
+    S = η₂,l − η₁,l η₁,lᵀ, and the derivative of a Cholesky factor along a symmetric dS is
+    (Murray 2016, "Differentiation of the Cholesky decomposition", arXiv:1602.07527, eq. 10)
 
         dC = C·Φ(C⁻¹ dS C⁻ᵀ),    Φ(X) = the lower triangle of X with its diagonal halved.
 
-    Every tangent here is dS = s(p qᵀ + q pᵀ) with p, q columns of C⁻¹ (or w = C⁻¹η₁,l), so
-    C⁻¹ dS C⁻ᵀ = s(C⁻¹p (C⁻¹q)ᵀ + ...) is a rank-2 outer product and a column costs one M×M matmul:
+    **Every tangent is rank 2.** Each stored column is dS = s(e_a e_bᵀ + e_b e_aᵀ) or a like form:
 
-        η₁[m, l]:            dS = −(E_m η₁,lᵀ + η₁,l E_mᵀ)       (p = e_m, q = η₁,l, s = −1)
-        η₂ vech (a, b), a>b: dS = E_ab + E_ba                  (s = 1);   diagonal (a, a): dS = E_aa
-        η₂ general (a, b):   dS = ½(E_ab + E_ba)               (TensorFlow's symmetrised gradient)
+        η₂ vech (a, b), a > b:  dS = E_ab + E_ba                 (s = 1)
+        η₂ vech (a, a):         dS = E_aa = ½(e_a e_aᵀ + e_a e_aᵀ)  (s = ½)
+        η₂ general (a, b):      dS = ½(E_ab + E_ba)              (s = ½, TensorFlow's symmetrised gradient)
+        η₁[m, l]:               dS = −(e_m η₁,lᵀ + η₁,l e_mᵀ)     (s = −1)
 
-    The columns are written into one preallocated array; ``.block(i, j)`` equals ``tape.jacobian``'s.
+    so with p = C⁻¹e_a = w_a (column a of C⁻¹) and q = w_b (or q = w = C⁻¹η₁,l for η₁),
+    C⁻¹ dS C⁻ᵀ = s(p qᵀ + q pᵀ). **Φ of a rank-2 matrix times C is a suffix sum:**
+
+        dC_ik = Σ_j C_ij Φ(X)_jk = s·[q_k Σ_{j≥k} C_ij p_j + p_k Σ_{j≥k} C_ij q_j − C_ik p_k q_k],
+
+    the last term taking back half of the diagonal (j = k) that the two sums count in full. With the
+    suffix sums T[i, k, a] = Σ_{j≥k} C_ij (C⁻¹)_ja and T'[i, k, a] = Σ_{j>k} C_ij (C⁻¹)_ja (one
+    [M, M, M] reverse cumulative sum for every a; T' = T − C_ik (C⁻¹)_ka absorbs the last term) and
+    U[i, k] = Σ_{j≥k} C_ij w_j, the columns are
+
+        η₂ (a, b):  dC_ik = s·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka]
+        η₁ m:       dC_ik = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km]
+
+    two products per entry, no M×M product per column: O(M²) per column and O(M⁴) for the whole
+    Jacobian, the size of its output. dC_ik = 0 for k > i (C lower triangular), so only the rows
+    k ≤ i, and only the columns with a ≤ i (m ≤ i for η₁; the others vanish, see the writers), are
+    written, one i at a time (rows i·M .. i·M + i of the latent GP's block), straight into the
+    preallocated array. ``.block(i, j)`` equals ``tape.jacobian``'s.
     """
-    e1 = np.asarray(eta1)
-    e2 = np.asarray(eta2)
-    if e1.dtype not in (np.float32, np.float64):
-        e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
-    dtype = e1.dtype
-    M, L = e1.shape
+    dtype = eta1.dtype
+    M, L = eta1.shape
     K2 = M * (M + 1) // 2 if symmetric else M * M
     n_rows, n_cols = M * L + L * M * M, M * L + L * K2
     check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
     out = np.zeros((n_rows, n_cols), dtype=dtype)
     out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
     a_idx, b_idx, scale2 = _eta2_tangents(M, symmetric, dtype)
-    per = max(1, (32 * 1024**2) // (3 * M * M * dtype.itemsize)) if chunk_size is None else int(chunk_size)
     for l in range(L):
-        C = _cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l)
+        C = _cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l]), l)
         Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
-        w = Cinv @ e1[:, l]
-        # tangents of latent l: η₁ columns (m*L + l) then η₂ columns (M*L + l*K2 + k)
-        P = np.concatenate([Cinv.T, Cinv.T[a_idx]])  # rows are C⁻¹ columns
-        Q = np.concatenate([np.tile(w, (M, 1)), Cinv.T[b_idx]])
-        sc = np.concatenate([-np.ones(M, dtype=dtype), scale2])
-        cols = np.concatenate([np.arange(M) * L + l, M * L + l * K2 + np.arange(K2)])
-        rows = slice(M * L + l * M * M, M * L + (l + 1) * M * M)
-        _write_cholesky_jvps(out, rows, cols, C, P, Q, sc, per)
+        w = Cinv @ eta1[:, l]
+        P = C[:, :, None] * Cinv[None, :, :]  # [i, j, a]: C_ij (C⁻¹)_ja
+        T = np.cumsum(P[:, ::-1, :], axis=1)[:, ::-1, :]  # [i, k, a]: Σ_{j≥k}
+        T_strict = T - P  # Σ_{j>k}
+        U = np.cumsum((C * w[None, :])[:, ::-1], axis=1)[:, ::-1]  # [i, k]
+        r0 = M * L + l * M * M
+        eta1_cols = out[:, l : M * L : L]  # column m*L + l of η₁[m, l]: a strided view
+        eta2_cols = out[:, M * L + l * K2 : M * L + (l + 1) * K2]
+        _write_eta1_columns(eta1_cols, r0, Cinv, T_strict, U, w)
+        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric, b_idx, scale2)
     return BlockJacobian.from_compact(
         out, ("mean", "varsqrt"), ("eta1", "eta2"), [(M, L), (L, M, M)], [(M, L), (L, M, M)], (False, bool(symmetric))
     )
@@ -92,18 +163,40 @@ def _cholesky(S: np.ndarray, l: int) -> np.ndarray:
         ) from None
 
 
-def _write_cholesky_jvps(
-    out: np.ndarray, rows: slice, cols: np.ndarray, C: np.ndarray, P: np.ndarray, Q: np.ndarray, sc: np.ndarray, per: int
-) -> None:
-    """out[rows, cols[k]] = C·Φ(s_k(p_k q_kᵀ + q_k p_kᵀ)), ``per`` columns at a time (Murray 2016, eq. 9)."""
-    M = C.shape[0]
-    phi = np.tril(np.ones((M, M), dtype=C.dtype)) - 0.5 * np.eye(M, dtype=C.dtype)
-    for k0 in range(0, len(cols), per):
-        p, q, s_ = P[k0 : k0 + per], Q[k0 : k0 + per], sc[k0 : k0 + per]
-        X = p[:, :, None] * q[:, None, :]
-        X = s_[:, None, None] * (X + np.swapaxes(X, 1, 2))
-        dC = np.matmul(C, X * phi)  # [k, M, M]
-        out[rows, cols[k0 : k0 + per]] = dC.reshape(len(s_), M * M).T
+def _write_eta1_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T_strict: np.ndarray, U: np.ndarray,
+                        w: np.ndarray) -> None:  # fmt: skip
+    """cols[r0 + i·M + k, m] = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km] for k ≤ i (the η₁ columns of one latent GP)."""
+    M = Cinv.shape[0]
+    for i in range(M):
+        n = i + 1  # k ≤ i, and m ≤ i: T'[i,k,m] needs a j with m ≤ j ≤ i, (C⁻¹)_km needs m ≤ k ≤ i
+        dest = cols[r0 + i * M : r0 + i * M + n, :n]
+        np.multiply(T_strict[i, :n, :n], -w[:n, None], out=dest)
+        dest -= U[i, :n, None] * Cinv[:n, :n]
+
+
+def _write_eta2_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T: np.ndarray, T_strict: np.ndarray,
+                        symmetric: bool, b_idx: np.ndarray, scale: np.ndarray) -> None:  # fmt: skip
+    """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
+
+    The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both
+    terms vanish for a > i (T'[i,k,a] needs a ≤ j ≤ i; (C⁻¹)_ka needs a ≤ k ≤ i), and those columns are
+    a suffix: row block i writes only its first (i+1)(i+2)/2 (vech) or (i+1)·M (general) columns.
+    """
+    M = Cinv.shape[0]
+    reps = np.arange(1, M + 1) if symmetric else np.full(M, M)
+    a_idx = np.repeat(np.arange(M), reps)
+    sA = Cinv[:, a_idx] * scale  # [k, c]: s·(C⁻¹)_ka
+    sB = Cinv[:, b_idx] * scale
+    buf = np.empty((M, len(b_idx)), dtype=Cinv.dtype)
+    for i in range(M):
+        n = i + 1  # k ≤ i, and a ≤ i: the columns with a > i vanish, and they are a suffix (a-major order)
+        nc = n * (n + 1) // 2 if symmetric else n * M
+        dest = cols[r0 + i * M : r0 + i * M + n, :nc]
+        np.multiply(np.repeat(T_strict[i, :n, :n], reps[:n], axis=1), sB[:n, :nc], out=dest)
+        tmp = buf[:n, :nc]
+        np.take(T[i, :n], b_idx[:nc], axis=1, out=tmp, mode="clip")
+        tmp *= sA[:n, :nc]
+        dest += tmp
 
 
 def natgrad_map_jacobian(
@@ -123,15 +216,19 @@ def natgrad_map_jacobian(
     and memory); ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals
     ``tape.jacobian``'s block, because TensorFlow's Cholesky gradient is symmetrised.
 
-    ``method="closed_form"`` (default) computes each column as a closed-form JVP of the Cholesky factor
-    (see ``_natgrad_map_closed_form``), so its cost is proportional to the number of columns;
+    ``method="closed_form"`` (default) computes each column in closed form in O(M²) (Murray 2016's
+    Cholesky derivative of a rank-2 tangent is a suffix sum; derivation in ``_natgrad_map_closed_form``),
+    O(M⁴) in all, the size of the output, written straight into one preallocated array;
     ``method="autodiff"`` builds the same matrix with TensorFlow through
-    :func:`natgrad_diag.autodiff.dense.jacobian`.
+    :func:`natgrad_diag.autodiff.dense.jacobian` (``chunk_size`` applies to it only).
 
     Raises:
+        ShapeMismatchError: eta1 is not [M, L] or eta2 is not [L, M, M] with eta1's M and L.
+        DTypeMismatchError: eta1 and eta2 are floats of different dtypes.
+        NonFiniteError: eta1 or eta2 holds NaN or Inf.
+        InputError: eta2 is not symmetric (beyond the rounding of forming it), or an unknown ``method``.
         SingularCovarianceError: η₂ − η₁η₁ᵀ is not positive definite for some latent GP.
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
-        InputError: an unknown ``method``.
 
     Examples:
         >>> import numpy as np
@@ -144,17 +241,18 @@ def natgrad_map_jacobian(
         array([[1., 0.],
                [0., 1.]])
     """
-    if method == "closed_form":
-        return _natgrad_map_closed_form(eta1, eta2, symmetric=bool(symmetric), max_bytes=max_bytes, chunk_size=chunk_size)
-    if method != "autodiff":
+    if method not in ("closed_form", "autodiff"):
         raise InputError(
             "unknown method.",
             context=[("Argument", "method"), ("Expected", "'closed_form' or 'autodiff'"), ("Got", repr(method))],
             remedy="pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).",
         )
+    e1, e2 = _validated(eta1, eta2)
+    if method == "closed_form":
+        return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)
     return jacobian(
         _natgrad_map,
-        [eta1, eta2],
+        [e1, e2],
         input_names=("eta1", "eta2"),
         output_names=("mean", "varsqrt"),
         max_bytes=max_bytes,
