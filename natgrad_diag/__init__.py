@@ -20,7 +20,6 @@ from natgrad_diag.exceptions import (
     UnsupportedModelError,
 )
 
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -112,17 +111,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from natgrad_diag.autodiff.seeded import checked_gradient, vjp
-    from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
-    from natgrad_diag.gradcheck.api import GradientCheckReport, assert_gradients, check_gradients
     from natgrad_diag.autodiff.blocks import BlockJacobian
     from natgrad_diag.autodiff.dense import jacobian
+    from natgrad_diag.autodiff.seeded import checked_gradient, vjp
+    from natgrad_diag.gradcheck.api import GradientCheckReport, assert_gradients, check_gradients
+    from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
+    from natgrad_diag.lessons.outer import OuterExample, outer_example
+    from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
+    from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
     from natgrad_diag.natgrad.monitor import NatGradMonitor
     from natgrad_diag.natgrad.optimizer import NaturalGradient
-    from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
-    from natgrad_diag.lessons.outer import OuterExample, outer_example
+    from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
     from natgrad_diag.report.files import write_report
     from natgrad_diag.report.records import Check
-    from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
-    from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
     from natgrad_diag.strict.context import strict_gradients

@@ -8,11 +8,12 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, require_finite, require_float, require_same_dtype, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
+from natgrad_diag.typing import Array
 
 __all__ = ["validate_data"]
 
 
-def validate_data(model: Any, data: Any, name: str = "data") -> tuple[np.ndarray, np.ndarray]:
+def validate_data(model: Any, data: Any, name: str = "data") -> tuple[Array, Array]:
     """``(X [N, D], Y [N, L])`` that fit ``model``: D from its inducing points Z [M, D] (or its own data), L its
     latent GPs (Y may have one column for a multi-class likelihood), the model's dtype, finite values.
 

@@ -24,6 +24,7 @@ import numpy as np
 from natgrad_diag.exceptions import InputError
 from natgrad_diag.natgrad.context import dtype_context
 from natgrad_diag.natgrad.context import float_dtype as _dtype
+from natgrad_diag.typing import Array
 
 __all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
 
@@ -95,7 +96,7 @@ def make_data(
     likelihood: str = "gaussian",
     dtype: Any = "float64",
     seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Array, Array]:
     """Seeded 1-D regression/classification/count data.
 
     Args:
@@ -142,7 +143,7 @@ class DemoModel:
     """
 
     model: Any
-    data: tuple[np.ndarray, np.ndarray]
+    data: tuple[Array, Array]
     name: str
     likelihood: str
 
@@ -231,7 +232,7 @@ def make_model(
     return DemoModel(model=m, data=(X, Y), name=name, likelihood=lik)
 
 
-def _random_tril(rng: np.random.Generator, M: int, L: int) -> np.ndarray:
+def _random_tril(rng: np.random.Generator, M: int, L: int) -> Array:
     """[L, M, M]: Cholesky factors of S = diag(U(0.16, 0.81)) + 0.1·A Aᵀ/M, A standard normal.
 
     A random lower-triangular matrix is ill-conditioned for large M (its condition number grows exponentially);

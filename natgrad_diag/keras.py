@@ -27,7 +27,7 @@ _CLASS: dict[str, type] = {}
 def _build() -> type:
     from gpflow.keras import tf_keras
 
-    class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
         """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.natgrad.monitor.NatGradMonitor`).
 
         Args:

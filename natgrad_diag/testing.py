@@ -30,6 +30,7 @@ import numpy as np
 
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.gradcheck.api import assert_gradients
+from natgrad_diag.typing import Array
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
 
@@ -44,7 +45,7 @@ def assert_vjp_matches_jacobian(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-) -> tuple[np.ndarray, ...]:
+) -> tuple[Array, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 
     With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.gradcheck.full.reverse_jacobian`, one-hot seeds) and v_i the
@@ -114,7 +115,7 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
 def _vjp_and_contraction(
     fn: Callable[..., Any], xs: list[Any], names: tuple[str, ...], cotangents: Any, *,
     output_names: Sequence[str] | None, max_bytes: int,
-) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.dtype]:  # fmt: skip
+) -> tuple[tuple[Array, ...], tuple[Array, ...], np.dtype]:  # fmt: skip
     """(tape.gradient with the cotangents, Jᵀ·v from the explicit reverse-mode Jacobian contracted by numpy,
     the first output's dtype)."""
     import tensorflow as tf
@@ -144,7 +145,7 @@ def _vjp_and_contraction(
     return tuple(g.numpy() for g in got), want, np.dtype(vs[0].dtype)
 
 
-def _raise_on_mismatch(j: int, name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float) -> None:
+def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: float, atol: float) -> None:
     """Raise JacobianMismatchError naming the worst entry when some |got − want| > atol + rtol·|want|."""
     from natgrad_diag.autodiff.blocks import element_labels
     from natgrad_diag.exceptions import JacobianMismatchError

@@ -11,6 +11,7 @@ import numpy as np
 
 from natgrad_diag._validate import shape_str
 from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag.typing import Array
 
 __all__ = ["BlockJacobian", "element_labels", "vech_layout"]
 
@@ -30,7 +31,7 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def vech_layout(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
     A symmetric input X is parameterised by its lower triangle: stored column (a, b), a ≥ b, is the
@@ -73,7 +74,7 @@ def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     return out
 
 
-class _BlockGrid(Sequence):
+class _BlockGrid(Sequence[Any]):
     """``blocks[i][j]`` drawn from a dense store: views for general inputs, expanded (and cached) for
     vech inputs. Behaves like a tuple of tuples of arrays."""
 
@@ -91,10 +92,10 @@ class _BlockGrid(Sequence):
         return f"<blocks {len(self._jac.output_shapes)} × {len(self._jac.input_shapes)}>"
 
 
-class _BlockRow(Sequence):
+class _BlockRow(Sequence[Any]):
     def __init__(self, jac: BlockJacobian, i: int) -> None:
         self._jac, self._i = jac, i
-        self._cache: dict[int, np.ndarray] = {}
+        self._cache: dict[int, Array] = {}
 
     def __getitem__(self, j: Any) -> Any:
         if isinstance(j, slice):
@@ -143,18 +144,18 @@ class BlockJacobian:
         (('y[0]', 'y[1]'), ('x[0]', 'x[1]'))
     """
 
-    blocks: Sequence[Sequence[np.ndarray]]
+    blocks: Sequence[Sequence[Array]]
     output_names: tuple[str, ...]
     input_names: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     input_shapes: tuple[tuple[int, ...], ...]
-    compact: np.ndarray | None = field(default=None, repr=False, compare=False)
+    compact: Array | None = field(default=None, repr=False, compare=False)
     symmetric: tuple[bool, ...] | None = field(default=None, compare=False)
 
     @classmethod
     def from_compact(
         cls,
-        compact: np.ndarray,
+        compact: Array,
         output_names: Sequence[str],
         input_names: Sequence[str],
         output_shapes: Sequence[Sequence[int]],
@@ -183,30 +184,31 @@ class BlockJacobian:
         return bool(self.symmetric and self.symmetric[j])
 
     @functools.cached_property
-    def _row_offsets(self) -> np.ndarray:
+    def _row_offsets(self) -> Array:
         return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.output_shapes])]).astype(np.int64)
 
     @functools.cached_property
-    def _col_offsets(self) -> np.ndarray:
+    def _col_offsets(self) -> Array:
         """Offsets of the inputs in the general column layout (Σ input sizes)."""
         return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.input_shapes])]).astype(np.int64)
 
     @functools.cached_property
-    def _stored_offsets(self) -> np.ndarray:
+    def _stored_offsets(self) -> Array:
         """Offsets of the inputs in the stored (compact) column layout."""
         sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
         return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
-    def _expand_columns(self, part: np.ndarray, j: int) -> np.ndarray:
+    def _expand_columns(self, part: Array, j: int) -> Array:
         """Stored columns of input j (any rows) → general columns (a copy for a vech input)."""
         if not self._is_sym(j):
             return part
         index, scale, _ = vech_layout(self.input_shapes[j])
         return part[:, index] * scale
 
-    def _dense_block(self, i: int, j: int) -> np.ndarray:
+    def _dense_block(self, i: int, j: int) -> Array:
         r0, r1 = self._row_offsets[i], self._row_offsets[i + 1]
         c0, c1 = self._stored_offsets[j], self._stored_offsets[j + 1]
+        assert self.compact is not None  # blocks are read from the stored (compact) matrix
         part = self._expand_columns(self.compact[r0:r1, c0:c1], j)
         if self._is_sym(j):
             part.setflags(write=False)
@@ -215,7 +217,7 @@ class BlockJacobian:
     # ---- public API ------------------------------------------------------------------------------
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         if self.compact is not None:
             return self.compact.dtype
         return self.blocks[0][0].dtype
@@ -225,12 +227,12 @@ class BlockJacobian:
         """(Σ output sizes, Σ input sizes): the shape of :attr:`matrix` (computed without building it)."""
         return int(self._row_offsets[-1]), int(self._col_offsets[-1])
 
-    def block(self, i: int, j: int) -> np.ndarray:
+    def block(self, i: int, j: int) -> Array:
         """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``."""
         return self.blocks[i][j]
 
     @functools.cached_property
-    def matrix(self) -> np.ndarray:
+    def matrix(self) -> Array:
         """[Σ output sizes, Σ input sizes], rows = flattened outputs, columns = flattened inputs.
 
         For a Jacobian stored with vech columns this expands them (a copy of the general size);
@@ -270,7 +272,7 @@ class BlockJacobian:
             out.extend(_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s))
         return tuple(out)
 
-    def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[np.ndarray]:
+    def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[Array]:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
             vectors = [vectors]
         if len(vectors) != len(shapes):
@@ -291,7 +293,7 @@ class BlockJacobian:
             out.append(a)
         return out
 
-    def vjp(self, cotangents: Any) -> tuple[np.ndarray, ...]:
+    def vjp(self, cotangents: Any) -> tuple[Array, ...]:
         """Jᵀ·v by explicit contraction; one cotangent per output, one result per input."""
         vs = self._check(cotangents, self.output_shapes, "cotangents", "output")
         if self.compact is not None:
@@ -310,7 +312,7 @@ class BlockJacobian:
             result.append(acc)
         return tuple(result)
 
-    def jvp(self, tangents: Any) -> tuple[np.ndarray, ...]:
+    def jvp(self, tangents: Any) -> tuple[Array, ...]:
         """J·u by explicit contraction; one tangent per input, one result per output."""
         us = self._check(tangents, self.input_shapes, "tangents", "input")
         if self.compact is not None:
@@ -336,7 +338,7 @@ class BlockJacobian:
             result.append(acc)
         return tuple(result)
 
-    def summed_gradient(self) -> tuple[np.ndarray, ...]:
+    def summed_gradient(self) -> tuple[Array, ...]:
         """Jᵀ·1: the gradient of the sum of every output element (TensorFlow's default seed)."""
         return self.vjp([np.ones(s, dtype=self.dtype) for s in self.output_shapes])
 
@@ -348,7 +350,7 @@ class BlockJacobian:
         off = m - np.diag(np.diag(m))
         return bool(np.max(np.abs(off), initial=0.0) <= atol)
 
-    def row(self, label: str) -> np.ndarray:
+    def row(self, label: str) -> Array:
         """One row of the dense matrix, by its label (``"varsqrt[0,4,0]"``)."""
         try:
             r = self.row_labels.index(label)
@@ -363,7 +365,8 @@ class BlockJacobian:
                 self._expand_columns(self.compact[r : r + 1, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)[0]
                 for j in range(len(self.input_shapes))
             ])  # fmt: skip
-        return self.matrix[r]
+        row: Array = self.matrix[r]
+        return row
 
     def __str__(self) -> str:
         rows, cols = self.shape

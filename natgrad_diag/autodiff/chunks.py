@@ -10,6 +10,7 @@ import numpy as np
 
 from natgrad_diag._compile import compiled, note_trace
 from natgrad_diag.autodiff.blocks import vech_layout
+from natgrad_diag.typing import Array
 
 __all__ = ["TRACE_KIND", "run_chunks"]
 
@@ -55,7 +56,7 @@ def run_chunks(
     chunk: int,
     n_rows: int,
     n_cols: int,
-) -> np.ndarray:
+) -> Array:
     """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk.
 
     The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``,

@@ -27,6 +27,7 @@ from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
 from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag.typing import Array
 
 __all__ = ["jacobian", "trace_count"]
 
@@ -134,7 +135,7 @@ def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ..
 def _build(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
-) -> tuple[np.ndarray | None, Any]:  # fmt: skip
+) -> tuple[Array | None, Any]:  # fmt: skip
     """The dispatcher: (stored matrix, None), or (None, general blocks), by the first path that applies.
 
     1. compiled chunks (:func:`_compiled_path`); the peak memory is the Jacobian plus one chunk's
@@ -245,7 +246,7 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
 def _compiled_path(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
-) -> np.ndarray | None:  # fmt: skip
+) -> Array | None:  # fmt: skip
     """Path 1: the compiled chunks, or ``None`` for a first small call (the eager rows are cheaper).
 
     A first call records the outputs' shapes under ``key``, so that the next call compiles and skips
@@ -266,7 +267,7 @@ def _compiled_path(
 
 def _eager_path(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size
-) -> tuple[np.ndarray | None, Any]:
+) -> tuple[Array | None, Any]:
     """Paths 2-4, eagerly: (stored matrix, None), or (None, general blocks) from ``tape.jacobian``."""
     import tensorflow as tf
 
@@ -322,7 +323,7 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
 
 
 
-def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> np.ndarray:
+def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> Array:
     """Row r of J = tape.gradient with a one-hot seed at output element r, eagerly (vech inputs folded)."""
     import tensorflow as tf
 
@@ -348,7 +349,7 @@ def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool
     return out
 
 
-def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> np.ndarray:
+def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> Array:
     """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     rows = []
     for i, os_ in enumerate(out_shapes):

@@ -14,6 +14,7 @@ from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.timing import compare, make_row, random_q
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.report.records import Check
+from natgrad_diag.typing import Array
 
 __all__ = ["bench_apply", "bench_check_gradients_fast", "bench_fill", "bench_minimize", "not_applicable"]
 
@@ -23,7 +24,7 @@ def not_applicable(row: BenchRow) -> BenchRow:
     return dataclasses.replace(row, meets=None, applies=False)
 
 
-def _parameters(M: int, seed: int) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+def _parameters(M: int, seed: int) -> tuple[Any, Any, Array, Array]:
     import gpflow
 
     mu, sq = random_q(M, seed=seed)
@@ -136,7 +137,7 @@ def bench_fill(sizes: Sequence[int], repeats: int, checks: list[Check], *, appli
     return rows
 
 
-def _natural_point(M: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _natural_point(M: int, seed: int) -> tuple[Array, Array]:
     """A natural-parameter point (θ₁ [M, 1], θ₂ [1, M, M]) = (S⁻¹m, −½S⁻¹) of a random q(u)."""
     mu, sq = random_q(M, seed=seed)
     prec = np.linalg.inv(sq[0] @ sq[0].T)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.bench.report import BenchRow
+from natgrad_diag.typing import Array
 
 __all__ = ["cli_command", "compare", "machine_info", "make_row", "random_q", "subprocess_env", "time_once", "time_subprocess"]
 
@@ -72,7 +73,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def random_q(M: int, L: int = 1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def random_q(M: int, L: int = 1, seed: int = 0) -> tuple[Array, Array]:
     rng = np.random.default_rng(seed)
     A = rng.normal(size=(L, M, M)) / np.sqrt(M)
     S = A @ np.swapaxes(A, -1, -2) + np.eye(M)

@@ -32,6 +32,7 @@ from natgrad_diag.gradcheck.structures import (
 )
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import default_tolerance, validate_tolerance
+from natgrad_diag.typing import Array
 
 __all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
 
@@ -48,6 +49,7 @@ def default_settings(dtype: Any) -> tuple[float, float, float]:
         (1e-06, 1e-05, 1e-07)
     """
     tol = default_tolerance(dtype, "finite_difference")
+    assert tol.eps is not None  # the finite_difference kind always has a step
     return float(tol.eps), tol.rtol, tol.atol
 
 
@@ -132,7 +134,7 @@ def check_gradients(
 
 def _rows(
     mode: str, prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], settings: _Settings,
-    num_directions: int, seed: int, cots: list[np.ndarray] | None, max_bytes: int,
+    num_directions: int, seed: int, cots: list[Array] | None, max_bytes: int,
 ) -> tuple[GradientCheckRow, ...]:  # fmt: skip
     """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
 
@@ -188,7 +190,7 @@ class _Settings:
     source: str
 
 
-def _settings(dtype: np.dtype, *, eps: Any, rtol: Any, atol: Any) -> _Settings:
+def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> _Settings:
     d_eps, d_rtol, d_atol = default_settings(dtype)
     given = [k for k, v in (("eps", eps), ("rtol", rtol), ("atol", atol)) if v is not None]
     if not given:
@@ -203,7 +205,7 @@ def _settings(dtype: np.dtype, *, eps: Any, rtol: Any, atol: Any) -> _Settings:
     return _Settings(eps=d_eps if eps is None else float(eps), rtol=tol.rtol, atol=tol.atol, source=source)
 
 
-def _cotangents(cotangents: Any, prob: Problem) -> list[np.ndarray] | None:
+def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
     """The given cotangents as arrays of the outputs' shapes and dtypes (``None`` entries are ones)."""
     if cotangents is None:
         return None

@@ -12,6 +12,7 @@ from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
 from natgrad_diag.gradcheck.structures import coordinates, gpflow_map_name, hint, random_direction
+from natgrad_diag.typing import Array
 
 __all__ = ["fast_rows"]
 
@@ -21,7 +22,7 @@ _RERUN_MAX_COORDS = 4096
 
 def fast_rows(
     prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], eps: float, rtol: float, atol: float,
-    num_directions: int, seed: int, cotangents: list[np.ndarray] | None, max_bytes: int,
+    num_directions: int, seed: int, cotangents: list[Array] | None, max_bytes: int,
 ) -> list[GradientCheckRow]:  # fmt: skip
     """One row per block from k random (u, v) pairs; a failing block is re-run in full mode to name the entry."""
     rng = np.random.default_rng(seed)
@@ -49,7 +50,7 @@ def fast_rows(
 
 def _input_directions(
     prob: Problem, structures: tuple[str, ...], k: int, rng: np.random.Generator
-) -> list[list[np.ndarray]]:
+) -> list[list[Array]]:
     """Per input j a list of unit directions u (lower_triangular: k lower-triangle plus k strictly-upper ones)."""
     us = []
     for x, st in zip(prob.x, structures):
@@ -64,14 +65,14 @@ def _input_directions(
 class _Measured:
     """[n_out, n_in, n_dirs] arrays of ⟨v, D_u y⟩ (numerical), ⟨Jᵀ·v, u⟩ (analytical), ⟨v, J·u⟩ (forward)."""
 
-    numerical: np.ndarray
-    analytical: np.ndarray
-    forward: np.ndarray
+    numerical: Array
+    analytical: Array
+    forward: Array
     forward_error: str  # why forward mode is unavailable ("" when it ran)
 
 
 def _measure(
-    prob: Problem, names: tuple[str, ...], us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float
+    prob: Problem, names: tuple[str, ...], us: list[list[Array]], vs: list[list[Array]], eps: float
 ) -> _Measured:
     """For every direction k: reverse mode ⟨Jᵀ·v, u⟩, central differences ⟨v, D_u y⟩, forward mode ⟨v, J·u⟩."""
     import tensorflow as tf
@@ -223,7 +224,7 @@ def _engine(prob: Problem) -> _Engine:
 
 
 def _measure_compiled(
-    prob: Problem, us: list[list[np.ndarray]], vs: list[list[np.ndarray]], eps: float, rtol: float, atols: list[float]
+    prob: Problem, us: list[list[Array]], vs: list[list[Array]], eps: float, rtol: float, atols: list[float]
 ) -> _Measured | None:
     """:func:`_measure` with fn compiled once: one call for every VJP (f once, n_out VJPs per direction), one
     call per direction for the central differences (2 f per input), then forward mode at each block's worst
@@ -263,7 +264,7 @@ def _measure_compiled(
 
 
 def _forward_at_worst(
-    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[np.ndarray]], vs: list[list[np.ndarray]],
+    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[Array]], vs: list[list[Array]],
     m: _Measured, rtol: float, atols: list[float],
 ) -> str:  # fmt: skip
     """Fill ``m.forward`` at each block's worst direction (the one its row reports, by the row's own
@@ -288,7 +289,7 @@ def _forward_at_worst(
     return ""
 
 
-def _forward_products(prob: Problem, xs: list[Any], j: int, u: np.ndarray, v: list[np.ndarray], out: np.ndarray) -> str:
+def _forward_products(prob: Problem, xs: list[Any], j: int, u: Array, v: list[Array], out: Array) -> str:
     """out[i] = ⟨v_i, J_ij·u⟩ by ForwardAccumulator (information only); the reason when it fails, else ""."""
     import tensorflow as tf
 

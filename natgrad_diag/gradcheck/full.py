@@ -12,15 +12,16 @@ from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
 from natgrad_diag.gradcheck.structures import coord_label, coordinates, hint, label
+from natgrad_diag.typing import Array
 
 __all__ = ["full_rows", "reverse_jacobian"]
 
 def _full_block_columns(
     prob: Problem, j: int, structure: str, eps: float, name: str, advance: Callable[..., None]
-) -> tuple[list[tuple[tuple[int, ...], ...]], list[np.ndarray]]:
+) -> tuple[list[tuple[tuple[int, ...], ...]], list[Array]]:
     """Numerical columns for input j: for each coordinate, the central difference of every output (flattened)."""
     coords = coordinates(prob.x[j].shape, structure, name)
-    cols: list[list[np.ndarray]] = [[] for _ in prob.y]
+    cols: list[list[Array]] = [[] for _ in prob.y]
     for coord in coords:
         d = np.zeros(prob.x[j].shape, prob.dtype)
         for idx in coord:
@@ -34,7 +35,7 @@ def _full_block_columns(
     return coords, numer
 
 
-def _analytic_columns(block: np.ndarray, in_shape: tuple[int, ...], coords: list[tuple[tuple[int, ...], ...]]) -> np.ndarray:
+def _analytic_columns(block: Array, in_shape: tuple[int, ...], coords: list[tuple[tuple[int, ...], ...]]) -> Array:
     """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
     n_out = int(np.prod(block.shape[: block.ndim - len(in_shape)]))
     flat = block.reshape(n_out, -1)
@@ -47,7 +48,7 @@ def _analytic_columns(block: np.ndarray, in_shape: tuple[int, ...], coords: list
     return np.stack(cols, axis=1) if cols else np.zeros((n_out, 0), block.dtype)
 
 
-def reverse_jacobian(fn: Callable[..., Any], inputs: list[np.ndarray], **kwargs: Any) -> Any:
+def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any) -> Any:
     """The explicit Jacobian from reverse mode (a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`).
 
     It is the derivative ``tape.gradient`` uses and the gradient check checks.
@@ -91,7 +92,7 @@ def full_rows(
     return rows
 
 
-def _analytical_blocks(prob: Problem, names: tuple[str, ...], max_bytes: int, only: tuple[int, int] | None) -> Callable[[int, int], np.ndarray]:
+def _analytical_blocks(prob: Problem, names: tuple[str, ...], max_bytes: int, only: tuple[int, int] | None) -> Callable[[int, int], Array]:
     """``block_of(i, j)``: ∂y_i/∂x_j from reverse mode, for every block or only the block ``only``."""
     if only is None:
         J = reverse_jacobian(prob.fn, list(prob.x), input_names=names, output_names=prob.output_names, max_bytes=max_bytes)
@@ -111,7 +112,7 @@ def _analytical_blocks(prob: Problem, names: tuple[str, ...], max_bytes: int, on
 
 def _block_row(
     prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], i: int, j: int,
-    coords: list[tuple[tuple[int, ...], ...]], num: np.ndarray, ana: np.ndarray, *, rtol: float, atol: float,
+    coords: list[tuple[tuple[int, ...], ...]], num: Array, ana: Array, *, rtol: float, atol: float,
 ) -> GradientCheckRow:  # fmt: skip
     """The row of block (i, j) from its numerical and analytical columns [n_out, n_coords]."""
     c = compare(num, ana, rtol=rtol, atol=atol)

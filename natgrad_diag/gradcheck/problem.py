@@ -19,10 +19,11 @@ from natgrad_diag._validate import (
     shape_str,
 )
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
+from natgrad_diag.typing import Array
 
 __all__ = ["Comparison", "Problem", "compare", "to_arrays"]
 
-def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.ndarray], tuple[str, ...]]:
+def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Array], tuple[str, ...]]:
     if inputs is None:
         raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
     if isinstance(inputs, Mapping):
@@ -62,7 +63,7 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[np.n
 class Problem:
     """fn at a point, flattened outputs as numpy arrays; evaluations never modify the inputs."""
 
-    def __init__(self, fn: Callable[..., Any], arrays: list[np.ndarray], output_names: Sequence[str] | None) -> None:
+    def __init__(self, fn: Callable[..., Any], arrays: list[Array], output_names: Sequence[str] | None) -> None:
         import tensorflow as tf
 
         self.fn = fn
@@ -105,7 +106,7 @@ class Problem:
         self.y = ys
         self.output_names = output_names
 
-    def eval(self, j: int, direction: np.ndarray, scale: float, what: str) -> list[np.ndarray]:
+    def eval(self, j: int, direction: Array, scale: float, what: str) -> list[Array]:
         """fn at x with x_j + scale·direction; errors and non-finite outputs become InputError."""
         import tensorflow as tf
 
@@ -128,7 +129,7 @@ class Problem:
                 )
         return out
 
-    def central(self, j: int, direction: np.ndarray, eps: float, what: str) -> list[np.ndarray]:
+    def central(self, j: int, direction: Array, eps: float, what: str) -> list[Array]:
         plus = self.eval(j, direction, eps, what)
         minus = self.eval(j, direction, -eps, what)
         return [(p - m) / (2 * eps) for p, m in zip(plus, minus)]
@@ -158,7 +159,7 @@ class Comparison:
     passed: bool
 
 
-def compare(num: np.ndarray, ana: np.ndarray, *, rtol: float, atol: float) -> Comparison:
+def compare(num: Array, ana: Array, *, rtol: float, atol: float) -> Comparison:
     """The elementwise :class:`Comparison` of ``num`` with ``ana`` (same shape).
 
     Examples:

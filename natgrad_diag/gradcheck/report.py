@@ -63,7 +63,8 @@ class GradientCheckRow:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(dict(self.__dict__))
+        out: dict[str, Any] = to_jsonable(dict(self.__dict__))
+        return out
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ class GradientCheckReport(Report):
             cotangents_given=self.cotangents_given,
             rows=[r.to_dict() for r in self.rows],
         )
-        return to_jsonable(d)
+        out: dict[str, Any] = to_jsonable(d)
+        return out
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""

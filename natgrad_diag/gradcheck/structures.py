@@ -9,6 +9,7 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
+from natgrad_diag.typing import Array
 
 __all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "infer_structure", "label", "random_direction", "resolve_structures"]
 
@@ -46,7 +47,7 @@ def infer_structure(fn: Callable[..., Any], num_inputs: int) -> tuple[str, ...]:
     return ("general",) * num_inputs
 
 
-def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[np.ndarray]) -> tuple[str, ...]:
+def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[Array]) -> tuple[str, ...]:
     n = len(arrays)
     if structure is None:
         result = infer_structure(fn, n)
@@ -129,7 +130,7 @@ def coord_label(name: str, coord: tuple[tuple[int, ...], ...], structure: str) -
     return text
 
 
-def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure: str, dtype: Any, part: str = "lower") -> np.ndarray:
+def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure: str, dtype: Any, part: str = "lower") -> Array:
     d = rng.standard_normal(shape)
     if structure == "symmetric":
         d = 0.5 * (d + np.swapaxes(d, -1, -2))
@@ -141,7 +142,7 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
     return (d / norm).astype(dtype)
 
 
-def hint(structure: str, name: str, value: np.ndarray) -> str:
+def hint(structure: str, name: str, value: Array) -> str:
     """Why a general check may fail on a structured value, and which structure to use."""
     if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
         return ""

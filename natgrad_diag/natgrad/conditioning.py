@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag.typing import Array
+
 __all__ = ["Conditioning", "fisher_condition_estimate", "kappa", "measure_conditioning"]
 
 
@@ -30,7 +32,7 @@ def kappa(matrices: Any) -> tuple[float, float, float]:
     return float(ratios.max()), float(lo.min()), float(hi.max())
 
 
-def fisher_condition_estimate(q_mu: np.ndarray, q_sqrt: np.ndarray) -> float:
+def fisher_condition_estimate(q_mu: Array, q_sqrt: Array) -> float:
     """An estimate of κ(F), F = ∂η/∂θ, without forming F (fast mode), worst over the L latent GPs.
 
     For one dimension F = [[s, 2ms], [2ms, 2s² + 4m²s]] (s the variance, m the mean), det F = 2s³, so
@@ -90,7 +92,7 @@ class Conditioning:
         return tuple(out)
 
 
-def _kuu(model: Any) -> np.ndarray | None:
+def _kuu(model: Any) -> Array | None:
     """Kuu + jitter·I (SVGP-like) or K(X) + jitter·I (VGP), as a stack of square matrices; None if not formed."""
     import gpflow
 
@@ -111,7 +113,7 @@ def _kuu(model: Any) -> np.ndarray | None:
     return K if K.ndim == 3 else K[None]
 
 
-def measure_conditioning(model: Any, q_mu: np.ndarray, q_sqrt: np.ndarray, new_q_sqrt: np.ndarray | None, kappa_F: float | None = None) -> Conditioning:
+def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None, kappa_F: float | None = None) -> Conditioning:
     """κ(S), κ(S_new), the cancellation, κ(Kuu) and κ(F) (``kappa_F`` when measured, else estimated)."""
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
     S = q_sqrt @ np.swapaxes(q_sqrt, -1, -2)

@@ -18,6 +18,7 @@ from natgrad_diag.natgrad.report import Outcome
 from natgrad_diag.natgrad.tensors import loss_and_grads
 from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.typing import Array
 
 __all__ = ["CONVERGENCE_STEPS", "check_convergence", "natural_distance"]
 
@@ -25,7 +26,7 @@ __all__ = ["CONVERGENCE_STEPS", "check_convergence", "natural_distance"]
 CONVERGENCE_STEPS = 5
 
 
-def _naturals(model: Any) -> np.ndarray:
+def _naturals(model: Any) -> Array:
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
@@ -33,7 +34,7 @@ def _naturals(model: Any) -> np.ndarray:
     return np.concatenate([np.ravel(t1.numpy()), np.ravel(t2.numpy())]).astype(np.float64)
 
 
-def natural_distance(a: np.ndarray, b: np.ndarray) -> float:
+def natural_distance(a: Array, b: Array) -> float:
     """‖a − b‖₂ over the concatenated natural parameters (θ₁, θ₂)."""
     return float(np.linalg.norm(a - b))
 

@@ -21,11 +21,12 @@ from natgrad_diag.natgrad.step import Step
 from natgrad_diag.natgrad.tensors import fisher_matrix_free_tensors
 from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
+from natgrad_diag.typing import Array
 
 __all__ = ["check_fisher_fast", "check_fisher_full", "theta2_of_vech", "vech_maps"]
 
 
-def vech_maps(M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def vech_maps(M: int) -> tuple[Array, Array, Array]:
     """For vech (row-major lower triangle, P = M(M+1)/2 entries): the vech position of every (i, j) of a
     symmetric M×M matrix [M·M], the flat positions of the lower triangle [P], and the dual weights [P]
     (1 on the diagonal, 2 off it).

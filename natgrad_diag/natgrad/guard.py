@@ -29,6 +29,7 @@ from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.natgrad.health import GAMMA_GRID
 from natgrad_diag.natgrad.monitor_record import GuardRecord
 from natgrad_diag.report.records import format_number
+from natgrad_diag.typing import Array
 
 __all__ = ["ON_FAILURE", "StepGuard", "lower_gamma", "qu_problem", "read_gamma", "set_gamma"]
 
@@ -108,7 +109,7 @@ def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
     ]
 
 
-def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[np.ndarray]:
+def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[Array]:
     return [np.array(v.numpy(), copy=True) for _, v in _variables(pairs)]
 
 

@@ -14,6 +14,7 @@ from natgrad_diag.natgrad.report import GammaTrial, Outcome
 from natgrad_diag.natgrad.step import Step
 from natgrad_diag.natgrad.tensors import loss_and_grads, step_tensors
 from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.typing import Array
 
 __all__ = ["GAMMA_GRID", "HealthResult", "best_gamma", "check_step_health", "health", "loss_at", "suggest"]
 
@@ -21,7 +22,7 @@ __all__ = ["GAMMA_GRID", "HealthResult", "best_gamma", "check_step_health", "hea
 GAMMA_GRID = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
 
 
-def health(new_q_mu: np.ndarray | None, new_q_sqrt: np.ndarray | None, dtype: Any) -> tuple[bool, str, dict[str, float]]:
+def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tuple[bool, str, dict[str, float]]:
     """Is the new q(u) usable: finite, q_sqrt [L, M, M] lower-triangular with a positive diagonal, S = q_sqrt q_sqrtᵀ PD.
 
     Returns:
@@ -59,7 +60,7 @@ def health(new_q_mu: np.ndarray | None, new_q_sqrt: np.ndarray | None, dtype: An
     return True, "", nums
 
 
-def loss_at(ctx: Context, scratch: Any, new_q_mu: np.ndarray, new_q_sqrt: np.ndarray) -> float | None:
+def loss_at(ctx: Context, scratch: Any, new_q_mu: Array, new_q_sqrt: Array) -> float | None:
     """The training loss of the scratch copy with q(u) set to the new parameters (None if not finite)."""
     import tensorflow as tf
 

@@ -17,6 +17,7 @@ from natgrad_diag.natgrad.context import Context
 from natgrad_diag.natgrad.step import Step
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import default_tolerance, eps
+from natgrad_diag.typing import Array
 
 __all__ = ["NUM_DIRECTIONS", "check_loss_gradient", "random_directions"]
 
@@ -24,7 +25,7 @@ __all__ = ["NUM_DIRECTIONS", "check_loss_gradient", "random_directions"]
 NUM_DIRECTIONS = 3
 
 
-def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array, Array]]:
     """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1.
 
     Examples:
@@ -41,7 +42,7 @@ def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[np.nd
     return out
 
 
-def _loss_at(ctx: Context, copy_: Any, q_mu: np.ndarray, q_sqrt: np.ndarray) -> float:
+def _loss_at(ctx: Context, copy_: Any, q_mu: Array, q_sqrt: Array) -> float:
     copy_.q_mu.assign(q_mu)
     copy_.q_sqrt.assign(q_sqrt)
     return float(ctx.loss_fn(copy_).numpy())

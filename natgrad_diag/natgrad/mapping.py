@@ -19,6 +19,7 @@ from natgrad_diag.natgrad.context import Context
 from natgrad_diag.natgrad.report import Outcome
 from natgrad_diag.natgrad.step import Step
 from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.typing import Array
 
 __all__ = ["check_gradient_mapping", "is_isometric"]
 
@@ -57,7 +58,7 @@ class _Mapped:
     warning: str = ""
 
 
-def _correct_gradient(param: Any, g: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _correct_gradient(param: Any, g: Array, dtype: Any) -> tuple[Array, Array, Array]:
     """(∂L/∂c by the chain rule, the mask of entries of c that move with u, the VJP of forward mapping it back)."""
     import tensorflow as tf
 
@@ -81,7 +82,7 @@ def _correct_gradient(param: Any, g: np.ndarray, dtype: Any) -> tuple[np.ndarray
     return correct.numpy(), moving, back
 
 
-def _map_one(ctx: Context, name: str, param: Any, g: np.ndarray, gp: np.ndarray) -> _Mapped:
+def _map_one(ctx: Context, name: str, param: Any, g: Array, gp: Array) -> _Mapped:
     T = param.transform
     tname = type(T).__name__
     correct, moving, back = _correct_gradient(param, g, ctx.np_dtype)

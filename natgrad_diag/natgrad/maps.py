@@ -6,12 +6,13 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag._validate import require_finite, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory
-from natgrad_diag._validate import require_finite, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError, SingularCovarianceError
 from natgrad_diag.tolerance import rounding_bound
+from natgrad_diag.typing import Array
 
 __all__ = ["natgrad_map_jacobian"]
 
@@ -23,7 +24,7 @@ def _natgrad_map(eta1: Any, eta2: Any) -> Any:
     return expectation_to_meanvarsqrt(eta1, eta2)
 
 
-def _validated(eta1: Any, eta2: Any) -> tuple[np.ndarray, np.ndarray]:
+def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
 
     Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: each entry is an inner
@@ -78,7 +79,7 @@ def _validated(eta1: Any, eta2: Any) -> tuple[np.ndarray, np.ndarray]:
     return e1, e2
 
 
-def _natgrad_map_closed_form(eta1: np.ndarray, eta2: np.ndarray, *, symmetric: bool, max_bytes: int) -> BlockJacobian:
+def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_bytes: int) -> BlockJacobian:
     """J of ``expectation_to_meanvarsqrt`` in closed form: O(M²) per column, O(M⁴) in all, written in place.
 
     mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt_l = C = chol(S) with
@@ -139,7 +140,7 @@ def _natgrad_map_closed_form(eta1: np.ndarray, eta2: np.ndarray, *, symmetric: b
     )
 
 
-def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype) -> tuple[Array, Array, Array]:
     """The stored η₂ columns of one latent GP: (p index, q index, scale s) of dS = s(p qᵀ + q pᵀ)."""
     if symmetric:
         a_idx, b_idx = np.tril_indices(M)
@@ -151,7 +152,7 @@ def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype) -> tuple[np.ndarray
     return a_idx, b_idx, scale2
 
 
-def _cholesky(S: np.ndarray, l: int) -> np.ndarray:
+def _cholesky(S: Array, l: int) -> Array:
     """chol(S) of latent GP ``l``, or a SingularCovarianceError that names it."""
     try:
         return np.linalg.cholesky(S)
@@ -163,8 +164,8 @@ def _cholesky(S: np.ndarray, l: int) -> np.ndarray:
         ) from None
 
 
-def _write_eta1_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T_strict: np.ndarray, U: np.ndarray,
-                        w: np.ndarray) -> None:  # fmt: skip
+def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: Array,
+                        w: Array) -> None:  # fmt: skip
     """cols[r0 + i·M + k, m] = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km] for k ≤ i (the η₁ columns of one latent GP)."""
     M = Cinv.shape[0]
     for i in range(M):
@@ -174,8 +175,8 @@ def _write_eta1_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T_strict: n
         dest -= U[i, :n, None] * Cinv[:n, :n]
 
 
-def _write_eta2_columns(cols: np.ndarray, r0: int, Cinv: np.ndarray, T: np.ndarray, T_strict: np.ndarray,
-                        symmetric: bool, b_idx: np.ndarray, scale: np.ndarray) -> None:  # fmt: skip
+def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array,
+                        symmetric: bool, b_idx: Array, scale: Array) -> None:  # fmt: skip
     """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
 
     The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both

@@ -15,7 +15,7 @@ from natgrad_diag.natgrad.pairs import variational_pairs
 __all__ = ["NatGradMonitor"]
 
 
-class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
+class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
     """A ``gpflow.monitor.MonitorTask`` that records natural-gradient step health and reproduction every k steps.
 
     ``monitor(step)`` runs the periodic checks; ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards
@@ -184,7 +184,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type]
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
             step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
-            suggested_gamma=None if None in suggested else min(suggested),  # type: ignore[type-var]
+            suggested_gamma=None if None in suggested else min(suggested),  # type: ignore[type-var, unused-ignore]
             passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in failed),
         )

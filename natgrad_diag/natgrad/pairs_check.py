@@ -38,6 +38,7 @@ from natgrad_diag.natgrad.step import GpflowStep, Step
 from natgrad_diag.natgrad.tolerances import natgrad_tolerances, with_overrides
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section
+from natgrad_diag.typing import Array
 
 __all__ = ["NatGradPairsReport", "check_pairs"]
 
@@ -90,7 +91,7 @@ def _restored(variables: list[Any]) -> Iterator[None]:
 
 
 def _loss_after(
-    loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, new_mu: np.ndarray, new_sq: np.ndarray
+    loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, new_mu: Array, new_sq: Array
 ) -> float | None:
     import tensorflow as tf
 
@@ -105,7 +106,7 @@ def _loss_after(
 
 def _ours(
     ctx: Context, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, gamma: float
-) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+) -> tuple[Array | None, Array | None, str]:
     """natgrad-diag's new (q_mu, q_sqrt) at ``gamma``, or why the step failed."""
     import tensorflow as tf
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
+from natgrad_diag.typing import Array
 
 __all__ = ["GammaTrial", "NatGradReport", "Outcome"]
 
@@ -101,10 +100,10 @@ class NatGradReport(Report):
     warnings: tuple[str, ...]
     numbers: tuple[tuple[str, float], ...]
     checks: tuple[Check, ...]
-    new_q_mu: np.ndarray | None = field(default=None, repr=False, compare=False)
-    new_q_sqrt: np.ndarray | None = field(default=None, repr=False, compare=False)
-    dL_deta1: np.ndarray | None = field(default=None, repr=False, compare=False)
-    dL_deta2: np.ndarray | None = field(default=None, repr=False, compare=False)
+    new_q_mu: Array | None = field(default=None, repr=False, compare=False)
+    new_q_sqrt: Array | None = field(default=None, repr=False, compare=False)
+    dL_deta1: Array | None = field(default=None, repr=False, compare=False)
+    dL_deta2: Array | None = field(default=None, repr=False, compare=False)
     causes: tuple[Any, ...] = ()
 
     @property
@@ -193,4 +192,5 @@ class NatGradReport(Report):
             numbers=dict(self.numbers),
             causes=[c.to_dict() for c in self.causes],
         )
-        return to_jsonable(d)
+        out: dict[str, Any] = to_jsonable(d)
+        return out

@@ -6,13 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.natgrad.arrays import finite
 from natgrad_diag.natgrad.context import Context
 from natgrad_diag.natgrad.engine import FastEngine
 from natgrad_diag.natgrad.tensors import direction_tensors, loss_and_grads
+from natgrad_diag.typing import Array
 
 __all__ = ["GpflowStep", "Step", "fill_direction", "gpflow_step_full", "take_step_fast", "take_step_full"]
 
@@ -32,16 +31,16 @@ class Step:
     """
 
     loss: float
-    g_mu: np.ndarray
-    g_sq: np.ndarray
-    dL_dmean: np.ndarray
-    dL_dvarsqrt: np.ndarray
-    dL_deta1: np.ndarray | None = None
-    dL_deta2: np.ndarray | None = None
-    nat_dL_xi1: np.ndarray | None = None
-    nat_dL_xi2: np.ndarray | None = None
-    new_q_mu: np.ndarray | None = None
-    new_q_sqrt: np.ndarray | None = None
+    g_mu: Array
+    g_sq: Array
+    dL_dmean: Array
+    dL_dvarsqrt: Array
+    dL_deta1: Array | None = None
+    dL_deta2: Array | None = None
+    nat_dL_xi1: Array | None = None
+    nat_dL_xi2: Array | None = None
+    new_q_mu: Array | None = None
+    new_q_sqrt: Array | None = None
     error: str = ""
 
     @property
@@ -54,8 +53,8 @@ class Step:
 class GpflowStep:
     """What ``gpflow.optimizers.NaturalGradient`` assigns to a copy (None when it fails), and the loss after it."""
 
-    q_mu: np.ndarray | None
-    q_sqrt: np.ndarray | None
+    q_mu: Array | None
+    q_sqrt: Array | None
     error: str = ""
     loss_after: float | None = None
 

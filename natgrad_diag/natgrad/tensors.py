@@ -49,7 +49,7 @@ def direction_tensors(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch([eta1, eta2])
         mean, varsqrt = expectation_to_meanvarsqrt(eta1, eta2)
-    return tuple(tape.gradient([mean, varsqrt], [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt]))  # type: ignore[return-value]
+    return tuple(tape.gradient([mean, varsqrt], [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt]))  # type: ignore[return-value, unused-ignore]
 
 
 def fisher_matrix_free_tensors(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_deta1: Any, dL_deta2: Any) -> dict[str, Any]:
@@ -88,4 +88,4 @@ def xi_jvp_tensors(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, xi: Any
     nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
     with tf.autodiff.ForwardAccumulator(primals=[nat1, nat2], tangents=[dL_deta1, dL_deta2]) as acc:
         x1, x2 = xi.naturals_to_xi(nat1, nat2)
-    return tuple(acc.jvp([x1, x2], unconnected_gradients=tf.UnconnectedGradients.ZERO))  # type: ignore[return-value]
+    return tuple(acc.jvp([x1, x2], unconnected_gradients=tf.UnconnectedGradients.ZERO))  # type: ignore[return-value, unused-ignore]

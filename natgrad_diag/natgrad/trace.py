@@ -23,6 +23,7 @@ from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
 from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.natgrad.trace_inputs import precheck
+from natgrad_diag.typing import Array
 
 __all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
@@ -49,24 +50,24 @@ class NatGradTrace:
         xi_transform: the name of the ξ transform's class.
     """
 
-    eta1: np.ndarray
-    eta2: np.ndarray
-    dL_dmean: np.ndarray
-    dL_dvarsqrt: np.ndarray
-    dL_deta1: np.ndarray
-    dL_deta2: np.ndarray
-    dtheta_deta1: np.ndarray
-    dtheta_deta2: np.ndarray
-    xi1: np.ndarray
-    xi2: np.ndarray
-    nat_dL_xi1: np.ndarray
-    nat_dL_xi2: np.ndarray
-    new_q_mu: np.ndarray
-    new_q_sqrt: np.ndarray
+    eta1: Array
+    eta2: Array
+    dL_dmean: Array
+    dL_dvarsqrt: Array
+    dL_deta1: Array
+    dL_deta2: Array
+    dtheta_deta1: Array
+    dtheta_deta2: Array
+    xi1: Array
+    xi2: Array
+    nat_dL_xi1: Array
+    nat_dL_xi2: Array
+    new_q_mu: Array
+    new_q_sqrt: Array
     gamma: float
     xi_transform: str
-    q_mu: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
-    q_sqrt: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
+    q_mu: Array = field(repr=False, default=None)  # type: ignore[assignment]
+    q_sqrt: Array = field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
     def num_inducing(self) -> int:
@@ -79,7 +80,7 @@ class NatGradTrace:
         return int(self.eta1.shape[1])
 
     @property
-    def naive_product1(self) -> np.ndarray:
+    def naive_product1(self) -> Array:
         """[M, L], the user's guess ``dtheta_deta1 * dL_dmean``, i.e. (Jᵀ·1) ⊙ v for η₁."""
         return self.dtheta_deta1 * self.dL_dmean
 
@@ -344,7 +345,7 @@ def _natgrad_trace_compiled(
     )
 
 
-def _check_finite_step(arrays: dict[str, np.ndarray], g: float, xi: Any) -> None:
+def _check_finite_step(arrays: dict[str, Array], g: float, xi: Any) -> None:
     bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
     if bad:
         raise StepFailedError(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "worst_status", "wrap"]
 
@@ -158,7 +159,7 @@ class Check:
         return text
 
 
-def _pairs(got: Any, want: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+def _pairs(got: Any, want: Any) -> list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
     """``(got, want)`` as pairs of float64 arrays: one pair, or one per element of two sequences."""
     if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)):
         return [(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want)]
