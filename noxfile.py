@@ -84,7 +84,7 @@ def tests(session: nox.Session) -> None:
         # the CPU build first, so that nothing later resolves torch to a CUDA build; optional, as in .ci/run
         session.run("python", "-m", "pip", "install", "--quiet", TORCH, success_codes=[0, 1])
     session.install(".[test]", "pytest-xdist")
-    args = session.posargs or ["-q", "-n", "2"]
+    args = session.posargs or ["-q", "-n", "2", "-m", "slow or not slow"]
     session.run("python", "-m", "pytest", *args)
 
 
