@@ -368,3 +368,42 @@ def test_explain_output_gradients__source_is_a_number():
     with pytest.raises(InputError) as info:
         explain_output_gradients(5)
     assert _argument(info.value) == "source"
+
+
+# --------------------------------------------------------------------------------------------------
+# check_natgrad with the noise variance at GPflow's lower bound; the monitor's gamma
+
+
+@pytest.mark.parametrize("kind", ["svgp", "vgp"])
+def test_check_natgrad__noise_variance_at_gpflows_lower_bound_does_not_raise(kind):
+    """softplus saturates: the likelihood's variance is exactly 1e-6, the bound; the SGPR/GPR oracles must still build."""
+    import gpflow
+
+    import natgrad_diag as nd
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (20, 1))
+    Y = np.sin(X)
+    lik = gpflow.likelihoods.Gaussian()
+    if kind == "svgp":
+        model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), lik, X[:5].copy(), num_data=20)
+    else:
+        model = gpflow.models.VGP((X, Y), gpflow.kernels.SquaredExponential(), lik)
+    model.likelihood.variance.unconstrained_variable.assign(-60.0)
+    assert model.likelihood.variance.numpy() == 1e-6
+    report = nd.check_natgrad(model, (X, Y)) if kind == "svgp" else nd.check_natgrad(model)
+    assert report.status in ("pass", "warn", "fail")
+    assert any(c.name == "conjugate_optimality" for c in report.checks)  # the oracle was built and compared
+
+
+@pytest.mark.parametrize("gamma", ["abc", -1.0, 0.0, float("nan"), None])
+def test_monitor__bad_gamma_fails_at_construction(gamma):
+    import gpflow
+
+    import natgrad_diag as nd
+
+    X = np.linspace(0, 1, 6)[:, None]
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(), X[:3].copy(), num_data=6)
+    with pytest.raises(nd.InputError) as info:
+        nd.NatGradMonitor(model, gamma=gamma)
+    assert "Argument: gamma" in str(info.value)

@@ -23,6 +23,17 @@ from natgrad_diag.report.records import Check, format_number
 __all__ = ["check_conjugate", "conjugate_applicable", "keeps_gaussian_maths"]
 
 
+
+def _oracle_likelihood(noise: float) -> Any:
+    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles.
+
+    GPflow's default bound (1e-6) cannot hold a variance that sits at it: the model's own likelihood can be
+    there (softplus saturates), and building the oracle with ``noise_variance=`` would then fail.
+    """
+    import gpflow
+
+    return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
+
 def keeps_gaussian_maths(likelihood: Any) -> bool:
     """Whether ``likelihood`` is GPflow's ``Gaussian`` or a subclass whose variational expectations are Gaussian's.
 
@@ -145,12 +156,12 @@ def _sgpr_sum(ctx: Context, noise: Any) -> float:
     parts = per_output_parts(m)
     if len(parts) == 1:
         return float(gpflow.models.SGPR(
-            ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, noise_variance=noise,
+            ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise),
         ).elbo().numpy())  # fmt: skip
     resid = Y - m.mean_function(X)
     total = 0.0
     for l_, (kernel, points) in enumerate(parts):
-        total += float(gpflow.models.SGPR((X, resid[:, l_ : l_ + 1]), kernel=kernel, inducing_variable=points, noise_variance=noise).elbo().numpy())
+        total += float(gpflow.models.SGPR((X, resid[:, l_ : l_ + 1]), kernel=kernel, inducing_variable=points, likelihood=_oracle_likelihood(noise)).elbo().numpy())
     return total
 
 
@@ -193,8 +204,8 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
         return ref, "batch-scaled SGPR bound", claim, (("batch-scaled SGPR bound", ref),)
     X, Y = m.data
     jitter = gpflow.config.default_jitter()
-    lml = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, noise_variance=noise).log_marginal_likelihood().numpy())
-    lml_j = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, noise_variance=noise + jitter).log_marginal_likelihood().numpy())
+    lml = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise)).log_marginal_likelihood().numpy())
+    lml_j = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise + jitter)).log_marginal_likelihood().numpy())
     claim = (
         f"after one XiNat step with γ = 1, VGP's ELBO equals GPR's log marginal likelihood with noise σ² + jitter "
         f"(jitter = {jitter:g}, VGP adds it to K)"

@@ -77,9 +77,11 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
                 context=[("Argument", "every"), ("Expected", "an int ≥ 1"), ("Got", repr(every))],
                 remedy="pass every=10 to check every tenth step.",
             )
+        from natgrad_diag._validate import require_positive_float
+
         self.model = model
         self.data = data
-        self.gamma = gamma
+        self.gamma = require_positive_float(gamma, "gamma")
         self.xi_transform = xi_transform
         self.every = every
         self.raise_on_failure = raise_on_failure or on_failure == "raise"
