@@ -407,3 +407,30 @@ def test_monitor__bad_gamma_fails_at_construction(gamma):
     with pytest.raises(nd.InputError) as info:
         nd.NatGradMonitor(model, gamma=gamma)
     assert "Argument: gamma" in str(info.value)
+
+
+def test_check_gradients__check_table_says_why_its_error_differs_from_the_blocks_table():
+    """y = x²/2 at x = [100, 0] (∂y_i/∂x_i = x_i) with a custom gradient off by 1e-4 on entry 0 (tolerance
+    1e-7 + 1e-5·100 ≈ 1e-3, ratio 0.1) and by 5e-8 on entry 1 (tolerance 1e-7, ratio 0.5): the entry closest
+    to failing is not the one with the largest absolute error, so the two tables show different numbers."""
+    import tensorflow as tf
+
+    import natgrad_diag as nd
+
+    off = tf.constant([1e-4, 5e-8], tf.float64)
+
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            return dy * (x + off)
+
+        return 0.5 * x * x, grad
+
+    report = nd.check_gradients(f, [np.array([100.0, 0.0])])
+    (row,) = report.rows
+    assert row.passed
+    np.testing.assert_allclose(row.max_abs_error, 1e-4, rtol=0.05)  # entry 0 (FD rounding ≈ ε·5e3/1e-6 ≈ 1e-6)
+    np.testing.assert_allclose(row.worst_abs_error, 5e-8, rtol=0.05)  # entry 1
+    (check,) = report.checks
+    assert check.max_abs_error == row.worst_abs_error
+    assert "the block's largest absolute error" in check.detail  # the check says why the numbers differ

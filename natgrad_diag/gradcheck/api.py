@@ -221,6 +221,17 @@ def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
     return cots
 
 
+def _worst_vs_max(r: GradientCheckRow) -> str:
+    """Why the error here can differ from the Blocks table's: this one is the worst entry's, judged against its
+    own tolerance (atol + rtol·|analytical| is per entry); the table shows the block's largest errors."""
+    if r.worst_abs_error == r.max_abs_error:
+        return ""
+    return (
+        f" (error and tolerance at the entry closest to failing; the block's largest absolute error, "
+        f"{format_number(r.max_abs_error)}, is at an entry with a larger tolerance)"
+    )
+
+
 def _check(r: GradientCheckRow) -> Check:
     """The report's :class:`~natgrad_diag.report.records.Check` for one row."""
     return Check(
@@ -231,7 +242,9 @@ def _check(r: GradientCheckRow) -> Check:
         tolerance=r.worst_tolerance,
         detail=(
             f"worst at {r.worst_entry}: numerical {format_number(r.numerical, 8)}, "
-            f"analytical {format_number(r.analytical, 8)}." + (f" {r.hint}" if r.hint else "")
+            f"analytical {format_number(r.analytical, 8)}."
+            + _worst_vs_max(r)
+            + (f" {r.hint}" if r.hint else "")
         ),
     )
 
