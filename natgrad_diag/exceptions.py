@@ -93,6 +93,9 @@ class NatGradDiagError(Exception):
     """
 
     error_message = "An error in natgrad-diag."
+    #: Set (only) on errors raised while a tf.function traces: AutoGraph then re-raises them as they are. It checks
+    #: ``hasattr``, so this is an annotation without a class-level value.
+    ag_pass_through: bool
 
     def __init__(
         self,

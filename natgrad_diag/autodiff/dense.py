@@ -117,6 +117,7 @@ def jacobian(
     compact, blocks = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     if blocks is not None:
         return BlockJacobian(blocks, out_names, in_names, probe.out_shapes, in_shapes)
+    assert compact is not None  # _build returns the compact matrix when it returns no blocks
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
 
 
@@ -274,6 +275,7 @@ def _eager_path(
     tape, ys = probe.tape, probe.ys
     if tape is None:
         tape, _, ys = _forward_pass(fn, xs)
+    assert ys is not None  # the probe's or the forward pass's outputs
     if size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64:
         # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
         return _eager_rows(tape, ys, xs, sym, size.rows, size.cols), None

@@ -80,7 +80,7 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
                 context=[("Argument", argument), ("Expected", "floating-point targets"), ("Got", f"{target_name}[{i}]: {t.dtype.name}")],
                 remedy=f"differentiate only float {target_name}s (drop or tf.cast integer results).",
             )
-    return flat
+    return list(flat)
 
 
 def _prepare_seeds(

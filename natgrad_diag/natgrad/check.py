@@ -86,7 +86,7 @@ def _resolve_mode(mode: Any, M: int, L: int) -> str:
         )
     if mode == "auto":
         return "full" if M * L <= AUTO_FULL_MAX_ML else "fast"
-    return mode
+    return str(mode)
 
 
 def check_natgrad(

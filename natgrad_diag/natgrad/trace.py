@@ -66,8 +66,8 @@ class NatGradTrace:
     new_q_sqrt: Array
     gamma: float
     xi_transform: str
-    q_mu: Array = field(repr=False, default=None)  # type: ignore[assignment]
-    q_sqrt: Array = field(repr=False, default=None)  # type: ignore[assignment]
+    q_mu: Array = field(repr=False, default=None)  # type: ignore[assignment, arg-type, unused-ignore]
+    q_sqrt: Array = field(repr=False, default=None)  # type: ignore[assignment, arg-type, unused-ignore]
 
     @property
     def num_inducing(self) -> int:
@@ -303,12 +303,12 @@ def _natgrad_trace_compiled(
     with ``build=False``, when this key has not been compiled yet (a first call runs eagerly)."""
     import tensorflow as tf
 
-    parts = [_fast_parts(q_mu), _fast_parts(q_sqrt)]
-    grads = [_fast_parts(q_mu_grad), _fast_parts(q_sqrt_grad)]
-    if any(p is None for p in parts + grads) or grads[0][1] is not None or grads[1][1] is not None:
+    p_mu, p_sq = _fast_parts(q_mu), _fast_parts(q_sqrt)
+    gr_mu, gr_sq = _fast_parts(q_mu_grad), _fast_parts(q_sqrt_grad)
+    if p_mu is None or p_sq is None or gr_mu is None or gr_sq is None or gr_mu[1] is not None or gr_sq[1] is not None:
         return None
-    (mu_in, t_mu), (sq_in, t_sq) = parts
-    g_mu, g_sq = grads[0][0], grads[1][0]
+    (mu_in, t_mu), (sq_in, t_sq) = p_mu, p_sq
+    g_mu, g_sq = gr_mu[0], gr_sq[0]
     tensors = (mu_in, sq_in, g_mu, g_sq)
     dtype = mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):

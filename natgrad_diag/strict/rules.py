@@ -175,5 +175,5 @@ def _locate(rule: str, error: OutputGradientsError, site: CallSite) -> Violation
     located = type(error)(
         error.detail, context=[("Call", site.code or "tape.gradient(...)"), ("At", str(site)), *error.context], remedy=error.remedy
     )
-    located.ag_pass_through = True  # type: ignore[attr-defined]  # inside tf.function, AutoGraph re-raises it as is
+    located.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is
     return Violation(rule=rule, site=site, error=located)
