@@ -139,7 +139,28 @@ def _call_text(frame: FrameType) -> str:
         else:
             lines[0] = lines[0].encode()[col:].decode(errors="replace")
             lines[-1] = lines[-1].encode()[:end_col].decode(errors="replace")
-    return _one_line("\n".join(lines))
+        return _one_line("\n".join(lines))
+    return _gradient_call(_one_line("\n".join(lines)))
+
+
+def _gradient_call(line: str) -> str:
+    """The ``<name>.gradient(...)`` call in a source line (Python 3.10 has no column spans), else the line.
+
+    Examples:
+        >>> _gradient_call("_ = tape.gradient(y, [a, b(c)])  # note")
+        'tape.gradient(y, [a, b(c)])'
+        >>> _gradient_call("g = tf.GradientTape().gradient(y, x)")
+        'tf.GradientTape().gradient(y, x)'
+    """
+    match = re.search(r"[\w.]*(?:\([^()]*\))?[\w.]*\.gradient\(", line)
+    if match is None:
+        return line
+    depth = 0
+    for k in range(match.end() - 1, len(line)):
+        depth += {"(": 1, ")": -1}.get(line[k], 0)
+        if depth == 0:
+            return line[match.start() : k + 1]
+    return line
 
 
 def _one_line(text: str) -> str:
