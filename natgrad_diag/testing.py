@@ -140,7 +140,7 @@ def _vjp_and_contraction(
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
     want = tuple(
-        sum(np.tensordot(v, J.block(i, j), axes=v.ndim) for i, v in enumerate(vs)) for j in range(len(xs))
+        np.asarray(sum(np.tensordot(v, J.block(i, j), axes=v.ndim) for i, v in enumerate(vs))) for j in range(len(xs))
     )
     return tuple(g.numpy() for g in got), want, np.dtype(vs[0].dtype)
 
