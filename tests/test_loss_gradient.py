@@ -93,3 +93,44 @@ def test_loss_gradient__bernoulli_vgp_passes():
     m.q_mu.assign(rng.randn(8, 1))
     r = check_natgrad(m, progress=False)
     assert r.check("loss_gradient").status == "pass", str(r.check("loss_gradient"))
+
+
+def _svgp_large(likelihood, M=150, N=300):
+    rng = np.random.RandomState(2)
+    X = rng.rand(N, 2)
+    Y = np.sin(6 * X[:, :1]) + 0.1 * rng.randn(N, 1)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=0.3), likelihood, X[:M].copy(), num_data=N)
+    m.q_mu.assign(0.3 * rng.randn(M, 1))
+    return m, (X, Y)
+
+
+class SlightlyOffGaussian(gpflow.likelihoods.Gaussian):
+    """GPflow's Gaussian likelihood whose gradient w.r.t. the predictive mean is 0.1% too large (values unchanged)."""
+
+    def _variational_expectations(self, X, Fmu, Fvar, Y):
+        @tf.custom_gradient
+        def scaled(fmu):
+            return tf.identity(fmu), lambda upstream: 1.001 * upstream
+
+        return super()._variational_expectations(X, scaled(Fmu), Fvar, Y)
+
+
+def test_loss_gradient__a_gradient_0_1_percent_off_is_caught_at_larger_M_in_fast_mode():
+    # M = 150: n = 11 475 parameters. A unit random direction's derivative is about ‖∇L‖/√n, so the bound before,
+    # relative to ‖∇L‖ itself, grew with √n ≈ 107 and let this gradient pass; the bound now is relative to the
+    # directional derivative's scale. The oracle for "0.1% off": GPflow's Gaussian on the same data, whose loss
+    # is identical and whose gradient (GPflow's tape) gives the old bound's ‖∇L‖.
+    m, data = _svgp_large(SlightlyOffGaussian(variance=0.1))
+    ok, _ = _svgp_large(gpflow.likelihoods.Gaussian(variance=0.1))
+    assert float(m.training_loss(data)) == float(ok.training_loss(data))
+    with tf.GradientTape() as tape:
+        loss = ok.training_loss(data)
+    grads = tape.gradient(loss, [ok.q_mu.unconstrained_variable, ok.q_sqrt.unconstrained_variable])
+    grad_norm = float(np.sqrt(sum(np.sum(g.numpy() ** 2) for g in grads)))
+    r_off = check_natgrad(m, data, mode="fast", progress=False)
+    r_ok = check_natgrad(ok, data, mode="fast", progress=False)
+    c_off, c_ok = r_off.check("loss_gradient"), r_ok.check("loss_gradient")
+    assert c_ok.status == "pass", str(c_ok)
+    assert c_off.status == "fail" and "wrong_gradient" in [x.name for x in r_off.causes], str(c_off)
+    assert c_off.max_abs_error > 100 * c_ok.max_abs_error  # the injected error, not noise
+    assert c_off.max_abs_error < 1e-5 * grad_norm  # what the old bound, rtol·‖∇L‖ (rtol = 1e-5), let through

@@ -65,7 +65,7 @@ class Cause:
 
 
 def _worst_kappa(cond: Conditioning) -> tuple[str, float]:
-    pairs = [("κ(F)", cond.kappa_F), ("κ(S)·κ(S_new)·cancellation", cond.step_condition), ("κ(S)", cond.kappa_S)]
+    pairs = [("κ(F)", cond.kappa_F), ("κ_η·κ(S_new)·cancellation", cond.step_condition), ("κ(S)", cond.kappa_S)]
     if cond.kappa_Kuu is not None:
         pairs.append(("κ(Kuu)", cond.kappa_Kuu))
     return max(pairs, key=lambda p: p[1])

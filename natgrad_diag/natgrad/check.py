@@ -271,10 +271,17 @@ def _convergence(ctx: Context, cond: Conditioning) -> Outcome:
     return check_convergence(ctx, cond)
 
 
-def _conditioning(ctx: Context, step: Step, found: Outcome) -> Conditioning:
-    """κ(S), κ(S_new), κ(Kuu) and κ(F) (measured by the full Fisher check when it ran, else estimated)."""
+def _conditioning(ctx: Context, step: Step) -> Conditioning:
+    """κ(S), κ(S_new), κ(Kuu) and an estimate of κ(F), measured once per call."""
+    return measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
+
+
+def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
+    """``cond`` with κ(F) as the full Fisher check measured it on the explicit F (when it ran)."""
     kappa_F = dict(found.numbers).get("cond(F)")
-    return measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt, kappa_F)
+    if kappa_F is None or not np.isfinite(kappa_F):
+        return cond
+    return dataclasses.replace(cond, kappa_F=float(kappa_F), kappa_F_measured=True)
 
 
 def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
@@ -284,12 +291,13 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     advance()
     if not step.gradients_finite:
         return _gradients_not_finite(ctx, step)
-    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, _conditioning(ctx, step, Outcome())), check_loss_gradient(ctx, step)))
+    cond = _conditioning(ctx, step)
+    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, cond), check_loss_gradient(ctx, step, taken.engine)))
     advance()
     step = fill_direction(ctx, step)
     found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)
     advance()
-    cond = _conditioning(ctx, step, found)
+    cond = _with_measured_fisher(cond, found)
     found += Outcome(numbers=cond.numbers()) + _conjugate_stage(ctx, cond)
     advance()
     health = check_step_health(ctx, step, taken.scratch, taken.loss_after, taken.engine, advance)

@@ -37,8 +37,10 @@ def _gpflow_update(model: Any, scratch: Any, opt: Any, gamma_var: Any, xi: Any, 
 class FastEngine:
     """Compiled (tf.function) pieces for one model, ξ transform and data signature, reused across calls.
 
+    ``loss_at(data, q_mu, q_sqrt)`` is the training loss of the scratch copy at another q(u) (the loss-gradient check's
+    finite differences; valid after ``run`` or ``sync``, which copy the model's other variables into the scratch copy).
     ``run`` computes, in compiled pieces called in turn: the loss and its gradients (GPflow's tape), natgrad-diag's step
-    (``natgrad_tensors``), GPflow's own update (``natgrad_diag._gpflow.natgrad_apply_gradients``) applied with the
+    (the closed form where it applies, else ``natgrad_tensors``), GPflow's own update (``natgrad_diag._gpflow.natgrad_apply_gradients``) applied with the
     same gradients to a scratch deep copy of the model, the loss after GPflow's step, and the matrix-free Fisher
     products. The scratch copy's variables are overwritten from the model's at every call; the model is only read.
     When a Cholesky fails inside a piece, :func:`natgrad_diag.natgrad.step.take_step_fast` finds out which part failed.
@@ -62,9 +64,17 @@ class FastEngine:
             return dict(loss=loss, g_mu=g_mu, g_sq=g_sq)
 
         def ours(g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
-            return {k: v for k, v in step_tensors(model_ref(), g_mu, g_sq, gamma, xi).items() if k in _KEEP}
+            return {k: v for k, v in step_tensors(model_ref(), g_mu, g_sq, gamma, xi, closed_form=True).items() if k in _KEEP}
+
+        scratch = self.scratch
+
+        def loss_at(data: Any, q_mu: Any, q_sqrt: Any) -> Any:
+            scratch.q_mu.assign(q_mu)
+            scratch.q_sqrt.assign(q_sqrt)
+            return scratch.training_loss(data) if has_data else scratch.training_loss()
 
         self.grads_only = tf.function(grads_only)
+        self.loss_at = tf.function(loss_at)
         self.ours = tf.function(ours)
         self.gpflow_apply = tf.function(update)
         self.fisher = tf.function(fisher_matrix_free_tensors)

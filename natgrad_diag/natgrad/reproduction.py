@@ -15,8 +15,10 @@ __all__ = ["check_reproduction"]
 def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Conditioning | None = None) -> Check:
     """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
-    Like is compared with like: in full mode both steps run eagerly, in fast mode both compiled. The two routes
-    differ only in rounding, which the step amplifies by κ(S)·κ(S_new)·cancellation
+    In full mode both steps run eagerly (natgrad-diag's record follows GPflow's lines); in fast mode natgrad-diag's
+    step is the closed form (:mod:`natgrad_diag.natgrad.closed_form`, where it applies) against GPflow's compiled
+    step, two different computations of the same formula. They differ only in rounding, which GPflow's route
+    amplifies by κ_η·κ(S_new)·cancellation
     (:attr:`~natgrad_diag.natgrad.conditioning.Conditioning.step_condition`): the rounding term is
     100·ε·that·s (:func:`~natgrad_diag.natgrad.tolerances.natgrad_bound`). When either step fails, the check
     passes only if both fail (they must agree on whether γ is too long).
@@ -44,12 +46,13 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
         cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
     err = max_abs_diff((step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt))
     bound = natgrad_bound(
-        ctx.np_dtype, condition=cond.step_condition, condition_name="κ(S)·κ(S_new)·cancellation",
+        ctx.np_dtype, condition=cond.step_condition, condition_name="κ_η·κ(S_new)·cancellation",
         scale=scale([gp.q_mu, gp.q_sqrt]), rtol=tol.rtol, atol=tol.atol,
     )  # fmt: skip
     detail = (
         f"{'both eager' if ctx.mode == 'full' else 'both compiled'}; q_mu: {format_number(max_abs_diff(step.new_q_mu, gp.q_mu))}, "
         f"q_sqrt: {format_number(max_abs_diff(step.new_q_sqrt, gp.q_sqrt))}; κ(S) = {format_number(cond.kappa_S)}, "
+        f"κ_η = {format_number(cond.kappa_eta or cond.kappa_S)}, "
         f"κ(S_new) = {format_number(cond.kappa_S_new)}, cancellation {format_number(cond.cancellation)}"
     )
     return bounded_check("reproduction", claim, err, bound, detail)

@@ -23,19 +23,28 @@ def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
     return loss, g_mu, g_sq
 
 
-def step_tensors(model: Any, g_mu: Any, g_sq: Any, gamma: Any, xi: Any) -> dict[str, Any]:
-    """natgrad_diag.natgrad.trace.natgrad_tensors on the model's current q(u): the step, not assigned."""
+def step_tensors(model: Any, g_mu: Any, g_sq: Any, gamma: Any, xi: Any, *, closed_form: bool = False) -> dict[str, Any]:
+    """natgrad_diag.natgrad.trace.natgrad_tensors on the model's current q(u): the step, not assigned.
+
+    ``closed_form=True`` (the fast engine) computes the same record by
+    :func:`~natgrad_diag.natgrad.closed_form.natgrad_tensors_closed_form` where it applies (GPflow's XiNat or
+    XiSqrtMeanVar with a lower-triangular q_sqrt): the reproduction check then compares two different computations
+    of the step, the closed form and GPflow's autodiff, instead of the same graph twice.
+    """
     import tensorflow as tf
 
     from natgrad_diag._gpflow import to_constrained
+    from natgrad_diag.natgrad.closed_form import closed_form_name, natgrad_tensors_closed_form
     from natgrad_diag.natgrad.trace import natgrad_tensors
 
     dL_dmean = to_constrained(g_mu, model.q_mu.transform)
     dL_dvarsqrt = to_constrained(g_sq, model.q_sqrt.transform)
-    out = natgrad_tensors(
-        tf.identity(tf.convert_to_tensor(model.q_mu)), tf.identity(tf.convert_to_tensor(model.q_sqrt)),
-        dL_dmean, dL_dvarsqrt, gamma, xi,
-    )  # fmt: skip
+    q_mu, q_sqrt = tf.identity(tf.convert_to_tensor(model.q_mu)), tf.identity(tf.convert_to_tensor(model.q_sqrt))
+    name = closed_form_name(xi, model.q_sqrt.transform) if closed_form else None
+    if name is not None:
+        out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, name)
+    else:
+        out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
     out["dL_dmean"], out["dL_dvarsqrt"] = dL_dmean, dL_dvarsqrt
     return out
 
