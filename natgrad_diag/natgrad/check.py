@@ -46,7 +46,7 @@ from natgrad_diag.natgrad.context import Context, dtype_context, validate_data, 
 from natgrad_diag.natgrad.engine import FastEngine, fast_engine
 from natgrad_diag.natgrad.fisher import check_fisher_fast, check_fisher_full
 from natgrad_diag.natgrad.health import GAMMA_GRID, check_step_health
-from natgrad_diag.natgrad.loss_gradient import check_loss_gradient
+from natgrad_diag.natgrad.loss_gradient import NUM_DIRECTIONS, NUM_DIRECTIONS_FAST, check_loss_gradient
 from natgrad_diag.natgrad.mapping import check_gradient_mapping
 from natgrad_diag.natgrad.report import GammaTrial, NatGradReport, Outcome
 from natgrad_diag.natgrad.reproduction import check_reproduction
@@ -276,6 +276,12 @@ def _conditioning(ctx: Context, step: Step) -> Conditioning:
     return measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
 
 
+def _loss_gradient(ctx: Context, step: Step, taken: _Taken) -> Check:
+    """The ``loss_gradient`` check: three random directions in full mode, one (compiled) in fast mode."""
+    k = NUM_DIRECTIONS_FAST if ctx.mode == "fast" else NUM_DIRECTIONS
+    return check_loss_gradient(ctx, step, taken.engine, num_directions=k)
+
+
 def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
     """``cond`` with κ(F) as the full Fisher check measured it on the explicit F (when it ran)."""
     kappa_F = dict(found.numbers).get("cond(F)")
@@ -292,7 +298,7 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     if not step.gradients_finite:
         return _gradients_not_finite(ctx, step)
     cond = _conditioning(ctx, step)
-    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, cond), check_loss_gradient(ctx, step, taken.engine)))
+    found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, cond), _loss_gradient(ctx, step, taken)))
     advance()
     step = fill_direction(ctx, step)
     found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)
