@@ -18,10 +18,10 @@ __all__ = ["Conditioning", "factor_extremes", "fisher_condition_estimate", "kapp
 
 
 def _eigvalsh(a: Array) -> Array:
-    """The eigenvalues of one symmetric matrix [M, M], ascending, by LAPACK's divide and conquer (``syevd``)."""
+    """The eigenvalues of one symmetric matrix [M, M] given by its lower triangle, ascending (LAPACK's ``syevd``)."""
     import scipy.linalg
 
-    return scipy.linalg.eigvalsh(a, overwrite_a=True, check_finite=False, driver="evd")
+    return scipy.linalg.eigvalsh(a, lower=True, overwrite_a=True, check_finite=False, driver="evd")
 
 
 def _ratio(lo: Array, hi: Array) -> Array:
@@ -31,6 +31,8 @@ def _ratio(lo: Array, hi: Array) -> Array:
 def kappa(matrices: Any) -> tuple[float, float, float]:
     """(worst κ, smallest λmin, largest λmax) over symmetric matrices [..., M, M] (κ = λmax/λmin; ∞ if λmin ≤ 0).
 
+    The lower triangle is read (the matrices are symmetric up to rounding).
+
     Examples:
         >>> kappa(np.diag([1.0, 4.0])[None])
         (4.0, 1.0, 4.0)
@@ -39,7 +41,7 @@ def kappa(matrices: Any) -> tuple[float, float, float]:
     a = a.reshape((-1,) + a.shape[-2:])
     if not np.all(np.isfinite(a)):
         return float("inf"), float("nan"), float("nan")
-    lam = np.stack([_eigvalsh(0.5 * (m + m.T)) for m in a])
+    lam = np.stack([_eigvalsh(np.array(m, order="F")) for m in a])  # a copy: LAPACK overwrites its input
     lo, hi = lam[:, 0], lam[:, -1]
     return float(_ratio(lo, hi).max()), float(lo.min()), float(hi.max())
 
@@ -50,6 +52,7 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     C Cᵀ and Cᵀ C have the same eigenvalues (the squared singular values of C), and LAPACK's ``lauum`` forms
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
+    A factor that is not lower triangular (a user's own pair) is multiplied out instead.
 
     Examples:
         >>> lo, hi = factor_extremes(np.array([[[2.0, 0.0], [0.0, 1.0]]]))
@@ -60,18 +63,19 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
 
     c = np.asarray(factors, np.float64)
     c = c.reshape((-1,) + c.shape[-2:])
-    lo, hi = np.empty(c.shape[0]), np.empty(c.shape[0])
+    lo, hi = np.full(c.shape[0], np.nan), np.full(c.shape[0], np.nan)
     lauum = scipy.linalg.get_lapack_funcs("lauum", (c,))
+    upper = np.triu_indices(c.shape[-1], 1)
     for i, ci in enumerate(c):
         if not np.all(np.isfinite(ci)):
-            lo[i], hi[i] = np.nan, np.nan
             continue
-        if np.any(np.triu(ci, 1)):  # not triangular (a user's own pair): form C Cᵀ
-            lam = _eigvalsh(ci @ ci.T)
+        if np.any(ci[upper]):  # not triangular: form C Cᵀ
+            lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
         else:
-            ctc, info = lauum(ci, lower=1)  # the lower triangle of Cᵀ C (lauum copies: ci is not overwritten)
-            ctc = np.tril(ctc) + np.tril(ctc, -1).T
-            lam = _eigvalsh(ctc) if info == 0 else np.array([np.nan])
+            ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
+            if info != 0:
+                continue
+            lam = _eigvalsh(ctc)
         lo[i], hi[i] = lam[0], lam[-1]
     return lo, hi
 
