@@ -302,26 +302,22 @@ def test_make_model__too_large_is_refused_before_allocation():
     assert f"Estimated size: {need} bytes" in str(info.value)
 
 
-def test_check_cli__num_inducing_100000_exits_2_with_estimate():
-    import subprocess
-    import sys
+def test_check_cli__num_inducing_100000_exits_2_with_estimate(capsys):
+    # in-process (the installed entry point has its one subprocess test in test_cli.py)
+    from natgrad_diag.cli.app import main
 
-    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "check", "--num-inducing", "100000"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 2
-    assert "Estimated size:" in r.stderr and "GiB" in r.stderr
+    assert main(["check", "--num-inducing", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "Estimated size:" in err and "GiB" in err
 
 
-def test_bench_cli__sizes_100000_refused_before_allocation():
-    # through the CLI: tests other than the benchmark's own do not import natgrad_diag.bench (test_layout)
-    import subprocess
-    import sys
+def test_bench_cli__sizes_100000_refused_before_allocation(capsys):
+    # through the CLI's main: tests other than the benchmark's own do not import natgrad_diag.bench (test_layout)
+    from natgrad_diag.cli.app import main
 
-    r = subprocess.run([sys.executable, "-m", "natgrad_diag", "bench", "--sizes", "100000"],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 2
+    assert main(["bench", "--sizes", "100000"]) == 2
     need = 16 * 100_000**2 * 8  # 16 M×M float64 matrices (bench/runner.py's estimate)
-    assert f"Estimated size: {need} bytes" in r.stderr
+    assert f"Estimated size: {need} bytes" in capsys.readouterr().err
 
 
 def _svgp(D=1, L=1):
