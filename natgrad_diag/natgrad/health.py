@@ -119,10 +119,25 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
 
 
 def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None) -> GammaTrial:
-    """The step at γ itself as a trial (already taken: nothing is computed)."""
-    if healthy and loss_after is not None:
-        return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
-    return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
+    """The step at γ itself as a trial (already taken: nothing is computed when ``ctx.gamma_steps`` is 1)."""
+    k = ctx.gamma_steps
+    if not (healthy and loss_after is not None):
+        return GammaTrial(ctx.gamma, False, None, (f"step 1 of {k}: " if k > 1 else "") + (step.error or "unhealthy step"), k)
+    if k > 1:
+        return _trial_k(ctx, ctx.gamma, step)
+    return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
+
+
+def _trial_k(ctx: Context, gamma: float, step: Step) -> GammaTrial:
+    """One step length measured by the loss after ``ctx.gamma_steps`` steps (:mod:`natgrad_diag.natgrad.gamma_steps`)."""
+    from natgrad_diag.natgrad.gamma_steps import runner
+
+    k = ctx.gamma_steps
+    run = runner(ctx.model, ctx.xi, ctx.data is not None)
+    loss, why = run.trial(ctx.model, ctx.data, step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, ctx.np_dtype)[:2])
+    if loss is None:
+        return GammaTrial(gamma, False, None, why, k)
+    return GammaTrial(gamma, True, loss, "lowers the loss" if loss < step.loss else "raises the loss", k)
 
 
 def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any]) -> tuple[float | None, tuple[GammaTrial, ...]]:
@@ -131,7 +146,9 @@ def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: f
     Full mode measures the loss after one step for every γ of the grid (the step at γ itself is reused when γ is on
     the grid). Fast mode, where the monitor runs it every few training steps, keeps γ when its step is healthy and
     lowers the loss (one trial, nothing else computed) and otherwise measures every γ of the grid below γ (the trials
-    then start with γ's own).
+    then start with γ's own). With ``ctx.gamma_steps`` = k > 1, in both modes every γ tried (γ's own included) is
+    measured by the loss after k steps from the current q(u), hyperparameters held fixed
+    (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does.
     """
     own = _own_trial(ctx, step, healthy, loss_after)
     if ctx.mode == "fast":
@@ -146,6 +163,8 @@ def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: f
     for g in grid:
         if ctx.mode == "full" and g == ctx.gamma:
             t = own
+        elif ctx.gamma_steps > 1:
+            t = _trial_k(ctx, g, step)
         else:
             if not grads:
                 grads.append(loss_and_grads(ctx.model, ctx.data))
@@ -176,7 +195,10 @@ class HealthResult:
 
 def _health_check(ctx: Context, step: Step, healthy: bool, why: str, loss_after: float | None, suggested: float | None) -> Check:
     f32_note = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 and not healthy else ""
-    hint = f" Suggested gamma: {suggested:g}." if suggested is not None else " No gamma of the grid gives a healthy step that lowers the loss."
+    k = ctx.gamma_steps
+    after = f" after {k} steps" if k > 1 else ""
+    by = f" (the lowest loss after {k} steps)" if k > 1 else ""
+    hint = f" Suggested gamma: {suggested:g}{by}." if suggested is not None else f" No gamma of the grid gives a healthy step that lowers the loss{after}."
     if healthy:
         change = loss_after - step.loss
         claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid: finite, q_sqrt lower-triangular with a positive diagonal, S positive definite"
