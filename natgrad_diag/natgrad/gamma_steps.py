@@ -1,4 +1,4 @@
-"""The loss after k natural-gradient steps with one γ on a scratch copy, in one tf.function traced once per model."""
+"""The loss after k natural-gradient steps with one γ on a scratch copy, in one tf.function traced once per model.
 
 The γ search of :mod:`natgrad_diag.natgrad.health` measures each γ of the grid by the loss after one step; with
 ``check_natgrad(..., gamma_steps=k)`` it measures the loss after k steps instead. From the current q(u)
@@ -73,7 +73,7 @@ def validate_gamma_steps(gamma_steps: Any, *, var_list: Any = None) -> int:
         )
     if var_list is not None and int(gamma_steps) != 1:
         raise InputError(
-            "gamma_steps > 1 is supported for SVGP and VGP models only, not with var_list.",
+            "gamma_steps > 1 is supported for SVGP and VGP models only (not with var_list or a GPflux DeepGP).",
             context=[("Argument", "gamma_steps"), ("Expected", "1 with var_list"), ("Got", repr(gamma_steps))],
             remedy="pass the SVGP or VGP model itself, or leave gamma_steps=1 with var_list.",
         )
@@ -246,12 +246,12 @@ def _verdict(out: dict[str, Any], j: int, k: int, healthy: Callable[[Any, Any], 
 
 
 #: The runners of each live model, keyed by the model (weakly: a deleted model frees its runners).
-RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+RUNNERS: weakref.WeakKeyDictionary[Any, dict[Any, GammaStepsRunner]] = weakref.WeakKeyDictionary()
 
 
 def runner(model: Any, xi: Any, has_data: bool) -> GammaStepsRunner:
     """The cached :class:`GammaStepsRunner` for ``model``, ``xi`` and whether the loss takes data; built on first use."""
-    per_model = RUNNERS.setdefault(model, {})
+    per_model: dict[Any, GammaStepsRunner] = RUNNERS.setdefault(model, {})
     # the compiled step captures the scratch copy, built from the model's variables: a replaced Parameter needs a new one
     key = (
         type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0, has_data,
