@@ -118,11 +118,13 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
     return best.gamma
 
 
-def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None) -> GammaTrial:
+def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None, why: str = "") -> GammaTrial:
     """The step at γ itself as a trial (already taken: nothing is computed when ``ctx.gamma_steps`` is 1)."""
     k = ctx.gamma_steps
     if not (healthy and loss_after is not None):
-        return GammaTrial(ctx.gamma, False, None, (f"step 1 of {k}: " if k > 1 else "") + (step.error or "unhealthy step"), k)
+        if k > 1:
+            return GammaTrial(ctx.gamma, False, None, f"step 1 of {k}: {why or step.error or 'unhealthy step'}", k)
+        return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
     if k > 1:
         return _trial_k(ctx, ctx.gamma, step)
     return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
@@ -140,7 +142,9 @@ def _trial_k(ctx: Context, gamma: float, step: Step) -> GammaTrial:
     return GammaTrial(gamma, True, loss, "lowers the loss" if loss < step.loss else "raises the loss", k)
 
 
-def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any]) -> tuple[float | None, tuple[GammaTrial, ...]]:
+def suggest(
+    ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any], why: str = "",
+) -> tuple[float | None, tuple[GammaTrial, ...]]:  # fmt: skip
     """The γ of :data:`GAMMA_GRID` whose step is healthy and has the lowest loss after it (see :func:`best_gamma`).
 
     Full mode measures the loss after one step for every γ of the grid (the step at γ itself is reused when γ is on
@@ -148,9 +152,10 @@ def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: f
     lowers the loss (one trial, nothing else computed) and otherwise measures every γ of the grid below γ (the trials
     then start with γ's own). With ``ctx.gamma_steps`` = k > 1, in both modes every γ tried (γ's own included) is
     measured by the loss after k steps from the current q(u), hyperparameters held fixed
-    (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does.
+    (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does (``why``: why the step at γ
+    is unhealthy, for its trial's reason).
     """
-    own = _own_trial(ctx, step, healthy, loss_after)
+    own = _own_trial(ctx, step, healthy, loss_after, why)
     if ctx.mode == "fast":
         if own.healthy and own.loss is not None and own.loss < step.loss:
             return ctx.gamma, (own,)
@@ -224,7 +229,7 @@ def check_step_health(ctx: Context, step: Step, scratch: Any, loss_after: float 
             healthy, why = False, "the loss after the step is not finite"
     if engine is not None and not (healthy and loss_after is not None and loss_after < step.loss):
         engine.sync(ctx.model)  # the grid search evaluates the loss on the scratch copy
-    suggested, trials = suggest(ctx, scratch, step, healthy, loss_after if healthy else None, advance)
+    suggested, trials = suggest(ctx, scratch, step, healthy, loss_after if healthy else None, advance, why)
     check = _health_check(ctx, step, healthy, why, loss_after, suggested)
     outcome = Outcome(checks=(check,), numbers=tuple(nums.items()))
     return HealthResult(outcome, loss_after if healthy else None, suggested, trials, "" if healthy else why)
