@@ -117,22 +117,15 @@ def check_natgrad(
     (cached per model, so a second call does not retrace) and skips the conjugate checks.
 
     Args:
-        model: a ``gpflow.models.SVGP`` or ``gpflow.models.VGP`` (any likelihood, L ≥ 1, whitened or not),
-            q_mu [M, L] and q_sqrt [L, M, M].
-        data: (X [N, D], Y [N, P]) for models whose loss takes data (SVGP); None for VGP. For the conjugate
-            checks pass the full batch.
-        gamma: the step length γ > 0 to check.
-        xi_transform: a ``gpflow.optimizers.XiTransform`` instance; None means ``XiNat()``.
+        model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M].
+        data: (X [N, D], Y [N, P]) for SVGP (the full batch for the conjugate checks); None for VGP.
+        gamma, xi_transform: the step length γ > 0 to check; a ``gpflow.optimizers.XiTransform`` (None: ``XiNat()``).
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".
         rtol, atol, fisher_rtol, conjugate_rtol: override :func:`natgrad_tolerances` for the model's dtype.
-        fisher: run the Fisher-identity check in fast mode (it costs about one more natural-gradient step);
-            None: when M ≤ :data:`FAST_FISHER_MAX_M`. Full mode always runs it.
+        fisher: the Fisher identity in fast mode (≈ one more step); None: if M ≤ :data:`FAST_FISHER_MAX_M`. Full: always.
         progress: show a progress bar (on a terminal) in full mode.
         var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss (pairs_check).
-        gamma_steps: k, the γ search measures every γ tried (γ's own included) by the loss after k natural-gradient
-            steps with it from the current q(u), hyperparameters held fixed, on a scratch copy (one compiled step,
-            :mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does. 1 (the default):
-            the loss after one step. An int from 1 to 1000; SVGP and VGP only (not with ``var_list``).
+        gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps (:mod:`.gamma_steps`).
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
