@@ -122,7 +122,7 @@ def check_natgrad(
         gamma, xi_transform: the step length γ > 0 to check; a ``gpflow.optimizers.XiTransform`` (None: ``XiNat()``).
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".
         rtol, atol, fisher_rtol, conjugate_rtol: override :func:`natgrad_tolerances` for the model's dtype.
-        fisher: the Fisher identity in fast mode (≈ one more step); None: if M ≤ :data:`FAST_FISHER_MAX_M`. Full: always.
+        fisher: Fisher identity in fast mode (≈ one more step); None: if M ≤ :data:`FAST_FISHER_MAX_M`. Full: always.
         progress: show a progress bar (on a terminal) in full mode.
         var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss (pairs_check).
         gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps (:mod:`.gamma_steps`).
