@@ -126,7 +126,10 @@ class NatGradReport(Report):
 
     @property
     def gamma_steps(self) -> int:
-        """k: each γ tried was measured by the loss after k natural-gradient steps (``check_natgrad(..., gamma_steps=k)``)."""
+        """k: each γ tried was measured by the loss after k natural-gradient steps (``check_natgrad(..., gamma_steps=k)``).
+
+        Read from :attr:`gamma_trials` (each :class:`GammaTrial` records its ``steps``), so it is 1 when no γ was tried.
+        """
         return max((t.steps for t in self.gamma_trials), default=1)
 
     @property
