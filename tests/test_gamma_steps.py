@@ -213,7 +213,8 @@ def test_tracing__once_per_model_not_per_gamma_nor_per_call():
     before = _compile.trace_count("gamma_steps")
     check_natgrad(demo.model, demo.data, gamma=1.0, mode="full", gamma_steps=2, progress=False)  # 10 γ
     assert _compile.trace_count("gamma_steps") == before + 1
-    check_natgrad(demo.model, demo.data, gamma=0.5, mode="full", gamma_steps=4, progress=False)  # other γ and k
+    off_grid = check_natgrad(demo.model, demo.data, gamma=0.3, mode="full", gamma_steps=4, progress=False)  # other γ, k
+    assert [t.gamma for t in off_grid.gamma_trials] == list(GAMMA_GRID) and off_grid.gamma_steps == 4
     assert _compile.trace_count("gamma_steps") == before + 1
 
 

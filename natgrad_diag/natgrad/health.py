@@ -155,8 +155,9 @@ def suggest(
     (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does (``why``: why the step at γ
     is unhealthy, for its trial's reason).
     """
-    own = _own_trial(ctx, step, healthy, loss_after, why)
-    if ctx.mode == "fast":
+    # γ's own trial: always in fast mode, in full mode only when γ is on the grid (k steps are not free)
+    own = _own_trial(ctx, step, healthy, loss_after, why) if ctx.mode == "fast" or ctx.gamma in GAMMA_GRID else None
+    if ctx.mode == "fast" and own is not None:
         if own.healthy and own.loss is not None and own.loss < step.loss:
             return ctx.gamma, (own,)
         grid = [g for g in GAMMA_GRID if g < ctx.gamma]
@@ -166,7 +167,7 @@ def suggest(
         trials = []
     grads: list[Any] = []
     for g in grid:
-        if ctx.mode == "full" and g == ctx.gamma:
+        if ctx.mode == "full" and g == ctx.gamma and own is not None:
             t = own
         elif ctx.gamma_steps > 1:
             t = _trial_k(ctx, g, step)
