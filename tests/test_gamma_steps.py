@@ -290,3 +290,29 @@ def test_cli__gamma_steps_flag(capsys):
     assert "argument --gamma-steps: expected an integer from 1 to 1000 (steps per gamma tried), got '0'" in err
     assert main([*argv, "--gamma-steps", "2.5", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["exit_code"] == 2
+
+
+class _CheckedSVGP(gpflow.models.SVGP):
+    """An SVGP whose ELBO raises (tf.debugging.check_numerics) instead of returning NaN: an op that raises mid-run."""
+
+    def elbo(self, data):
+        return tf.debugging.check_numerics(super().elbo(data), "the ELBO is not finite")
+
+
+def test_gamma_losses__an_op_raising_midway_is_replayed_to_name_the_step(studentt, oracle):
+    """When an op raises inside the compiled k steps, they are replayed one by one: GPflow fails at the same step."""
+    model, data = studentt
+    checked = _CheckedSVGP(
+        model.kernel, model.likelihood, model.inducing_variable, num_data=model.num_data, whiten=model.whiten,
+        q_mu=model.q_mu.numpy(), q_sqrt=model.q_sqrt.numpy(),
+    )  # fmt: skip
+    replays = _compile.trace_count("gamma_steps_replay")
+    report = check_natgrad(checked, data, gamma=1.0, mode="full", gamma_steps=K, progress=False)
+    assert _compile.trace_count("gamma_steps_replay") == replays + 1  # the single step, compiled on first need
+    trials = {t.gamma: t for t in report.gamma_trials}
+    for g in (1.0, 0.5):
+        failed = oracle[g][1]
+        assert trials[g].reason.startswith(f"step {failed} of {K}: ") and "the ELBO is not finite" in trials[g].reason, trials[g]
+    for g, (losses, failed) in oracle.items():
+        if failed is None:
+            assert trials[g].loss == pytest.approx(losses[-1], rel=RTOL), g
