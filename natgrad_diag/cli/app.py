@@ -127,6 +127,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from natgrad_diag.cli.check import gamma_steps_arg
+
     parser = _Parser(
         prog="natgrad-diag",
         description=(
@@ -160,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
+    p.add_argument("--gamma-steps", type=gamma_steps_arg, default=1, metavar="K", help="measure each gamma of the search by the loss after K steps")
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
@@ -218,6 +221,7 @@ def _run(args: argparse.Namespace) -> Any:
             whiten=args.whiten,
             mode=args.mode,
             seed=args.seed,
+            gamma_steps=args.gamma_steps,
         )
     if command == "gradcheck":
         from natgrad_diag.cli.gradcheck import gradcheck_cli

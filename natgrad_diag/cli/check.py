@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
 from natgrad_diag.exceptions import InputError
+from natgrad_diag.natgrad.gamma_steps import MAX_GAMMA_STEPS
 
 if TYPE_CHECKING:
     from natgrad_diag.natgrad.report import NatGradReport
 
-__all__ = ["check_natgrad_cli"]
+__all__ = ["check_natgrad_cli", "gamma_steps_arg"]
+
+
+def gamma_steps_arg(text: str) -> int:
+    """The argparse type of ``--gamma-steps K``: an integer from 1 to 1000, refused otherwise (exit code 2).
+
+    Examples:
+        >>> gamma_steps_arg("5")
+        5
+        >>> gamma_steps_arg("0")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected an integer from 1 to 1000 (steps per gamma tried), got '0'
+    """
+    expected = f"expected an integer from 1 to {MAX_GAMMA_STEPS} (steps per gamma tried), got {text!r}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(expected) from None
+    if not 1 <= value <= MAX_GAMMA_STEPS:
+        raise argparse.ArgumentTypeError(expected)
+    return value
 
 
 def check_natgrad_cli(
@@ -25,8 +48,12 @@ def check_natgrad_cli(
     whiten: bool = True,
     mode: str = "auto",
     seed: int = 0,
+    gamma_steps: int = 1,
 ) -> NatGradReport:
-    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it."""
+    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
+
+    ``gamma_steps`` (``--gamma-steps K``): the γ search measures each γ by the loss after K steps.
+    """
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     from natgrad_diag.demo import make_model
@@ -43,4 +70,5 @@ def check_natgrad_cli(
         whiten=whiten, dtype=dtype, seed=seed,
     )  # fmt: skip
     data = demo.data if demo.name == "svgp" else None
-    return check_natgrad(demo.model, data, gamma=gamma, xi_transform=XiNat() if xi == "nat" else XiSqrtMeanVar(), mode=mode)
+    xi_transform = XiNat() if xi == "nat" else XiSqrtMeanVar()
+    return check_natgrad(demo.model, data, gamma=gamma, xi_transform=xi_transform, mode=mode, gamma_steps=gamma_steps)

@@ -103,6 +103,7 @@ def check_natgrad(
     fisher: bool | None = None,
     progress: bool = True,
     var_list: Any = None,
+    gamma_steps: int = 1,
 ) -> NatGradReport:
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
@@ -116,25 +117,22 @@ def check_natgrad(
     (cached per model, so a second call does not retrace) and skips the conjugate checks.
 
     Args:
-        model: a ``gpflow.models.SVGP`` or ``gpflow.models.VGP`` (any likelihood, L ≥ 1, whitened or not),
-            q_mu [M, L] and q_sqrt [L, M, M].
-        data: (X [N, D], Y [N, P]) for models whose loss takes data (SVGP); None for VGP. For the conjugate
-            checks pass the full batch.
-        gamma: the step length γ > 0 to check.
-        xi_transform: a ``gpflow.optimizers.XiTransform`` instance; None means ``XiNat()``.
+        model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M].
+        data: (X [N, D], Y [N, P]) for SVGP (the full batch for the conjugate checks); None for VGP.
+        gamma, xi_transform: the step length γ > 0 to check; a ``gpflow.optimizers.XiTransform`` (None: ``XiNat()``).
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".
         rtol, atol, fisher_rtol, conjugate_rtol: override :func:`natgrad_tolerances` for the model's dtype.
-        fisher: run the Fisher-identity check in fast mode (it costs about one more natural-gradient step);
-            None: when M ≤ :data:`FAST_FISHER_MAX_M`. Full mode always runs it.
+        fisher: Fisher identity in fast mode (≈ one more step); None: if M ≤ :data:`FAST_FISHER_MAX_M`. Full: always.
         progress: show a progress bar (on a terminal) in full mode.
         var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss (pairs_check).
+        gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps (:mod:`.gamma_steps`).
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
 
     Raises:
         UnsupportedModelError: not an SVGP/VGP-like model, or q_diag=True.
-        InputError: bad data, gamma, mode or xi_transform.
+        InputError: bad data, gamma, mode, xi_transform or gamma_steps.
 
     Warns:
         UserWarning: q_mu or q_sqrt has a transform for which GPflow's gradient mapping is wrong.
@@ -148,9 +146,11 @@ def check_natgrad(
         >>> check_natgrad(model, (X, Y), progress=False).passed
         True
     """
+    from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
     from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
     from natgrad_diag.progress import progress_bar
 
+    k = validate_gamma_steps(gamma_steps, var_list=var_list)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.natgrad.pairs_check
         from natgrad_diag.natgrad.pairs_check import check_pairs
 
@@ -165,7 +165,7 @@ def check_natgrad(
     with dtype_context(np_dtype):
         tf_data = validate_data(model, data, np_dtype)
         run_fisher = resolved == "full" or (M <= FAST_FISHER_MAX_M if fisher is None else bool(fisher))
-        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher, requested_mode=mode)
+        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=run_fisher, requested_mode=mode, gamma_steps=k)
         n_stages = 6 + (2 if resolved == "full" else 0) + (len(GAMMA_GRID) if resolved == "full" else 0)
         with progress_bar(n_stages if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
             return _run_checks(ctx, advance)

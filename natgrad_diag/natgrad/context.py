@@ -62,6 +62,7 @@ class Context:
         M, L: inducing points (N for a VGP) and latent GPs.
         fisher: whether the Fisher identity is checked.
         requested_mode: the mode the user asked for ("auto", "full" or "fast"; "" when not known).
+        gamma_steps: k, the γ search measures each γ by the loss after k steps (1: after one step).
     """
 
     model: Any
@@ -75,6 +76,7 @@ class Context:
     L: int
     fisher: bool = True
     requested_mode: str = ""
+    gamma_steps: int = 1
 
     def loss_fn(self, model: Any) -> Any:
         """``model``'s training loss on this context's data."""

@@ -118,23 +118,46 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
     return best.gamma
 
 
-def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None) -> GammaTrial:
-    """The step at γ itself as a trial (already taken: nothing is computed)."""
-    if healthy and loss_after is not None:
-        return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
-    return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
+def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None, why: str = "") -> GammaTrial:
+    """The step at γ itself as a trial (already taken: nothing is computed when ``ctx.gamma_steps`` is 1)."""
+    k = ctx.gamma_steps
+    if not (healthy and loss_after is not None):
+        if k > 1:
+            return GammaTrial(ctx.gamma, False, None, f"step 1 of {k}: {why or step.error or 'unhealthy step'}", k)
+        return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
+    if k > 1:
+        return _trial_k(ctx, ctx.gamma, step)
+    return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
 
 
-def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any]) -> tuple[float | None, tuple[GammaTrial, ...]]:
+def _trial_k(ctx: Context, gamma: float, step: Step) -> GammaTrial:
+    """One step length measured by the loss after ``ctx.gamma_steps`` steps (:mod:`natgrad_diag.natgrad.gamma_steps`)."""
+    from natgrad_diag.natgrad.gamma_steps import runner
+
+    k = ctx.gamma_steps
+    run = runner(ctx.model, ctx.xi, ctx.data is not None)
+    loss, why = run.trial(ctx.model, ctx.data, step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, ctx.np_dtype)[:2])
+    if loss is None:
+        return GammaTrial(gamma, False, None, why, k)
+    return GammaTrial(gamma, True, loss, "lowers the loss" if loss < step.loss else "raises the loss", k)
+
+
+def suggest(
+    ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any], why: str = "",
+) -> tuple[float | None, tuple[GammaTrial, ...]]:  # fmt: skip
     """The γ of :data:`GAMMA_GRID` whose step is healthy and has the lowest loss after it (see :func:`best_gamma`).
 
     Full mode measures the loss after one step for every γ of the grid (the step at γ itself is reused when γ is on
     the grid). Fast mode, where the monitor runs it every few training steps, keeps γ when its step is healthy and
     lowers the loss (one trial, nothing else computed) and otherwise measures every γ of the grid below γ (the trials
-    then start with γ's own).
+    then start with γ's own). With ``ctx.gamma_steps`` = k > 1, in both modes every γ tried (γ's own included) is
+    measured by the loss after k steps from the current q(u), hyperparameters held fixed
+    (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does (``why``: why the step at γ
+    is unhealthy, for its trial's reason).
     """
-    own = _own_trial(ctx, step, healthy, loss_after)
-    if ctx.mode == "fast":
+    # γ's own trial: always in fast mode, in full mode only when γ is on the grid (k steps are not free)
+    own = _own_trial(ctx, step, healthy, loss_after, why) if ctx.mode == "fast" or ctx.gamma in GAMMA_GRID else None
+    if ctx.mode == "fast" and own is not None:
         if own.healthy and own.loss is not None and own.loss < step.loss:
             return ctx.gamma, (own,)
         grid = [g for g in GAMMA_GRID if g < ctx.gamma]
@@ -144,8 +167,10 @@ def suggest(ctx: Context, scratch: Any, step: Step, healthy: bool, loss_after: f
         trials = []
     grads: list[Any] = []
     for g in grid:
-        if ctx.mode == "full" and g == ctx.gamma:
+        if ctx.mode == "full" and g == ctx.gamma and own is not None:
             t = own
+        elif ctx.gamma_steps > 1:
+            t = _trial_k(ctx, g, step)
         else:
             if not grads:
                 grads.append(loss_and_grads(ctx.model, ctx.data))
@@ -176,7 +201,10 @@ class HealthResult:
 
 def _health_check(ctx: Context, step: Step, healthy: bool, why: str, loss_after: float | None, suggested: float | None) -> Check:
     f32_note = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 and not healthy else ""
-    hint = f" Suggested gamma: {suggested:g}." if suggested is not None else " No gamma of the grid gives a healthy step that lowers the loss."
+    k = ctx.gamma_steps
+    after = f" after {k} steps" if k > 1 else ""
+    by = f" (the lowest loss after {k} steps)" if k > 1 else ""
+    hint = f" Suggested gamma: {suggested:g}{by}." if suggested is not None else f" No gamma of the grid gives a healthy step that lowers the loss{after}."
     if healthy:
         change = loss_after - step.loss
         claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid: finite, q_sqrt lower-triangular with a positive diagonal, S positive definite"
@@ -202,7 +230,7 @@ def check_step_health(ctx: Context, step: Step, scratch: Any, loss_after: float 
             healthy, why = False, "the loss after the step is not finite"
     if engine is not None and not (healthy and loss_after is not None and loss_after < step.loss):
         engine.sync(ctx.model)  # the grid search evaluates the loss on the scratch copy
-    suggested, trials = suggest(ctx, scratch, step, healthy, loss_after if healthy else None, advance)
+    suggested, trials = suggest(ctx, scratch, step, healthy, loss_after if healthy else None, advance, why)
     check = _health_check(ctx, step, healthy, why, loss_after, suggested)
     outcome = Outcome(checks=(check,), numbers=tuple(nums.items()))
     return HealthResult(outcome, loss_after if healthy else None, suggested, trials, "" if healthy else why)

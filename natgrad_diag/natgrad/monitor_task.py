@@ -7,6 +7,7 @@ from typing import Any
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag.exceptions import InputError
+from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
 from natgrad_diag.natgrad.guard import ON_FAILURE, StepGuard
 from natgrad_diag.natgrad.monitor_log import ScalarLog
 from natgrad_diag.natgrad.monitor_record import GuardRecord, NatGradRecord
@@ -48,6 +49,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             −ELBO for a GPflux DeepGP); needed with ``var_list``.
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
             :func:`natgrad_diag.natgrad.pairs.variational_pairs`).
+        gamma_steps: passed to :func:`~natgrad_diag.check_natgrad`: the suggested γ is the one with the lowest loss
+            after this many steps (SVGP and VGP only; 1: after one step).
 
     Attributes:
         records: list of :class:`NatGradRecord`, oldest first.
@@ -68,6 +71,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         log_dir: Any = None,
         loss_fn: Any = None,
         var_list: Any = None,
+        gamma_steps: int = 1,
     ) -> None:
         super().__init__()
         _validate_options(on_failure, loss_increase)
@@ -89,6 +93,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.loss_increase = float(loss_increase)
         self.loss_fn = loss_fn
         self.var_list = var_list
+        pairs_form = var_list is not None or not hasattr(model, "q_mu")
+        self.gamma_steps = validate_gamma_steps(gamma_steps, var_list=True if pairs_form else None)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
         self.log = None if log_dir is None else ScalarLog(log_dir)
@@ -170,7 +176,9 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         data = self.batch()
         report: Any
         if self.var_list is None and hasattr(self.model, "q_mu"):
-            report = check_natgrad(self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False)
+            report = check_natgrad(
+                self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_steps=self.gamma_steps,
+            )  # fmt: skip
             reports = [report]
         else:
             pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.variational_pairs()]

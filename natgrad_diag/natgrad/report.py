@@ -41,12 +41,22 @@ class Outcome:
 
 @dataclass(frozen=True)
 class GammaTrial:
-    """One step length tried for the suggestion: was the step healthy, and the loss after it."""
+    """One step length tried for the suggestion: were its steps healthy, and the loss after them.
+
+    Attributes:
+        gamma: the step length γ.
+        healthy: every one of the ``steps`` steps kept q(u) valid and the loss finite.
+        loss: the training loss after ``steps`` steps with γ (None when one of them failed).
+        reason: "lowers the loss" / "raises the loss" (against the loss before any step), or why a step failed
+            (with ``steps`` > 1, naming the step: "step 2 of 5: Cholesky failed").
+        steps: k, the number of natural-gradient steps taken from the current q(u) (1 unless asked).
+    """
 
     gamma: float
     healthy: bool
     loss: float | None
     reason: str = ""
+    steps: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,8 @@ class NatGradReport(Report):
         suggested_gamma: the γ of the grid tried whose healthy step has the lowest loss after it, among those that
             lower the loss; ties to the smaller γ (None if none did or none was searched).
         step_error: why the step failed ("" when it did not).
-        gamma_trials: the step lengths tried for the suggestion.
+        gamma_trials: the step lengths tried for the suggestion, each measured by the loss after
+            :attr:`gamma_steps` steps.
         skipped: (check name, reason) for checks that do not apply or were skipped in fast mode.
         warnings: texts of the warnings issued (also sent through ``warnings.warn``).
         numbers: (name, value) pairs of further numbers (jitter share, cond(F), ...).
@@ -114,8 +125,17 @@ class NatGradReport(Report):
         )
 
     @property
+    def gamma_steps(self) -> int:
+        """k: each γ tried was measured by the loss after k natural-gradient steps (``check_natgrad(..., gamma_steps=k)``).
+
+        Read from :attr:`gamma_trials` (each :class:`GammaTrial` records its ``steps``), so it is 1 when no γ was tried.
+        """
+        return max((t.steps for t in self.gamma_trials), default=1)
+
+    @property
     def gamma_losses(self) -> dict[float, float | None]:
-        """γ → the loss after one step with it, for every γ tried (None where the step failed or was unhealthy)."""
+        """γ → the loss after k steps with it (k = :attr:`gamma_steps`, 1 by default), for every γ tried (None where
+        one of the steps failed or was unhealthy)."""
         return {t.gamma: (t.loss if t.healthy else None) for t in self.gamma_trials}
 
     def check(self, name: str) -> Check:
@@ -150,15 +170,7 @@ class NatGradReport(Report):
         if self.step_error:
             out.append(Section("The step failed", self.step_error))
         if self.gamma_trials:
-            trials = Table(
-                columns=("gamma", "healthy", "loss after", "note"),
-                rows=tuple(
-                    (f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason)
-                    for t in self.gamma_trials
-                ),
-                title="Step lengths tried (largest first); the suggestion has the lowest loss after",
-            )
-            out.append(Section("Suggested step length", "", (trials,)))
+            out.append(self._gamma_section())
         if self.numbers:
             nums = Table(columns=("number", "value"), rows=tuple((k, format_number(v, 6)) for k, v in self.numbers))
             out.append(Section("Further numbers", "", (nums,)))
@@ -167,6 +179,21 @@ class NatGradReport(Report):
         if self.warnings:
             out.append(Section("Warnings", "\n".join(f"- {w}" for w in self.warnings)))
         return tuple(out)
+
+    def _gamma_section(self) -> Section:
+        """The γ trials' table; with k > 1 its title and a note say the losses are after k steps."""
+        k = self.gamma_steps
+        after = "" if k == 1 else f" {k} steps"
+        trials = Table(
+            columns=("gamma", "healthy", f"loss after{after}", "note"),
+            rows=tuple((f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason) for t in self.gamma_trials),
+            title=f"Step lengths tried (largest first); the suggestion has the lowest loss after{after}",
+        )
+        note = "" if k == 1 else (
+            f"Each gamma is measured by the loss after {k} natural-gradient steps with it from the current q(u), "
+            "hyperparameters held fixed; a trial fails if any of its steps does."
+        )  # fmt: skip
+        return Section(f"Suggested step length{'' if k == 1 else f' (loss after {k} steps)'}", note, (trials,))
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -184,6 +211,7 @@ class NatGradReport(Report):
             loss_before=self.loss_before,
             loss_after=self.loss_after,
             suggested_gamma=self.suggested_gamma,
+            gamma_steps=self.gamma_steps,
             gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
             step_error=self.step_error,
             gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
