@@ -47,7 +47,7 @@ def _constrained(grad: Any, transform: Any) -> Any:
     return grad if transform is None else transform.forward(grad)
 
 
-class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc]  # GPflow ships no types
+class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]  # untyped where GPflow is absent (nox typecheck)
     """GPflow's ``NaturalGradient`` whose update is the closed form of :mod:`natgrad_diag.natgrad.closed_form`.
 
     A drop-in replacement: the same constructor ``NaturalGradient(gamma, xi_transform=XiNat(), name=None)``,
