@@ -1,4 +1,4 @@
-"""natgrad_trace's inputs before either path runs: eager mode, float32/float64, M, L ≥ 1, a lower-triangular q_sqrt."""
+"""natgrad_trace's inputs: the checks before either path runs, and the fast paths' view of them (tensors, transforms, arrays)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
 
-__all__ = ["precheck", "require_lower_triangular"]
+__all__ = ["constrained_arrays", "fast_parts", "precheck", "require_lower_triangular", "transform_key"]
 
 
 def precheck(q_mu: Any, q_sqrt: Any) -> None:
@@ -66,3 +66,60 @@ def require_lower_triangular(q_sqrt: Any) -> None:
                      ("Got", f"{shape_str(a.shape)} with q_sqrt[{l_idx}, {i}, {j}] = {a[l_idx, i, j]:.6g}")],
             remedy="pass np.tril(q_sqrt) (the Cholesky factor), or a gpflow.Parameter with transform=gpflow.utilities.triangular().",
         )
+
+
+def transform_key(transform: Any) -> Any:
+    """A hashable key for a parameter transform that depends only on what it computes, or ``None``
+    when it cannot be keyed (then the transform is applied eagerly, outside the compiled step).
+
+    ``None`` (identity) gives ``"identity"``; a TFP bijector whose constructor parameters are all
+    plain values (``FillTriangular(upper=False)``, GPflow's ``triangular()``) gives its class and
+    those parameters.
+    """
+    if transform is None:
+        return "identity"
+    params = getattr(transform, "parameters", None)
+    if not isinstance(params, dict):
+        return None
+    items = []
+    for k, v in sorted(params.items()):
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return None
+        items.append((k, v))
+    return (type(transform), tuple(items))
+
+
+def fast_parts(x: Any) -> tuple[Any, Any] | None:
+    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(x, gpflow.Parameter):
+        return x.unconstrained_variable, x.transform
+    if isinstance(x, (tf.Variable, tf.Tensor)):
+        return x, None
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return tf.convert_to_tensor(x), None
+    return None
+
+
+def constrained_arrays(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, t_mu: Any, t_sq: Any) -> tuple[np.ndarray, ...] | None:
+    """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays, for the LAPACK path.
+
+    The transforms are the eager path's (``transform.forward`` of the unconstrained values, and of the
+    gradients: GPflow's ``_to_constrained``), run eagerly — O(M²) for ``triangular()``. ``None`` when the
+    eager reference path must decide (and name the problem): an input that is not finite, a zero on
+    q_sqrt's diagonal, shapes that do not fit.
+    """
+    constrained = [x if t is None else t.forward(x) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))]
+    q_mu, q_sqrt, d_mu, d_sq = (np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in constrained)
+    if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
+        return None
+    if d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
+        return None
+    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]
+    if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
+        return None
+    if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
+        return None
+    return q_mu, q_sqrt, d_mu, d_sq
