@@ -19,6 +19,12 @@ Per latent GP, with C = L_S·D (D = diag(sign L_S,ii), the Cholesky factor of S 
     XiNat:          K = potrf(JBJ), U = JKJ (B = UUᵀ), q_sqrt_new = C U⁻ᵀ (trsm), q_mu_new = m − γ S_new ∂L/∂m
     XiSqrtMeanVar:  L_S Φ(L_Sᵀ G) = C P (the signs D cancel), q_mu_new = m − γ S ∂L/∂m
 
+The kernels run in one BLAS thread (threadpoolctl, restored afterwards). Two reasons: the record is then
+the same to the bit whatever the machine's load or thread count (a diagnostic's second call gives the same
+answer), and on a busy machine (more runnable processes than cores) OpenBLAS's multi-threaded ``trtri``,
+``lauum`` and ``potrf`` at M = 1000 were measured 5-15× slower than one thread, while on an idle 2-core
+machine a second thread gains less than 2×.
+
 LAPACK needs Fortran-ordered matrices: every kernel here reads and writes Fortran arrays (f2py copies a
 C-ordered argument once), ``overwrite_*`` is set only on this module's own temporaries, and the results
 are copied into C-ordered [L, M, M] arrays at the end.
@@ -49,18 +55,31 @@ class _Kernels:
     trmm: Any
     trsm: Any
     trmv: Any
+    gemv: Any
     trtri: Any
     lauum: Any
     potrf: Any
+
+
+_CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
+
+
+def _one_blas_thread() -> Any:
+    """A context in which every BLAS library of the process runs one thread (the previous limits come back)."""
+    from threadpoolctl import ThreadpoolController
+
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 def _kernels(dtype: np.dtype[Any]) -> _Kernels:
     from scipy.linalg import get_blas_funcs, get_lapack_funcs
 
     probe = np.zeros((1, 1), dtype=dtype, order="F")
-    trmm, trsm, trmv = get_blas_funcs(("trmm", "trsm", "trmv"), (probe,))
+    trmm, trsm, trmv, gemv = get_blas_funcs(("trmm", "trsm", "trmv", "gemv"), (probe,))
     trtri, lauum, potrf = get_lapack_funcs(("trtri", "lauum", "potrf"), (probe,))
-    return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, trtri=trtri, lauum=lauum, potrf=potrf)
+    return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, gemv=gemv, trtri=trtri, lauum=lauum, potrf=potrf)
 
 
 def _sym_from_lower(x: np.ndarray) -> np.ndarray:
@@ -84,8 +103,15 @@ def _phi(x: np.ndarray) -> np.ndarray:
 
 def _chol_times(k: _Kernels, chol: np.ndarray, v: np.ndarray) -> np.ndarray:
     """(chol cholᵀ) v for a lower-triangular chol [M, M] and v [M], by two triangular products."""
-    w = k.trmv(chol, v, lower=1, trans=1)  # cholᵀ v (a new array: v is not overwritten)
+    w = k.trmv(chol, v, lower=1, trans=1)  # cholᵀ v, a new array (v is not overwritten)
     return np.asarray(k.trmv(chol, w, lower=1, trans=0, overwrite_x=1))
+
+
+def _times(k: _Kernels, a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """a v by scipy's BLAS: every product in this module runs in one BLAS library, never in numpy's own
+    OpenBLAS, whose idle threads spin for a while after a call and then slow scipy's down (by up to 10×
+    measured on 2 busy cores)."""
+    return np.asarray(k.gemv(1.0, a, v))
 
 
 def _covariances(k: _Kernels, c: np.ndarray, c_inv: np.ndarray, nat: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -116,7 +142,7 @@ def _default_seed(k: _Kernels, c: np.ndarray, c_inv: np.ndarray, m: np.ndarray) 
     rows *= s[:, None]  # diag(s) (cumsum₋(C⁻¹) + ½C⁻¹)
     a = k.trmm(1.0, c_inv, rows, side=0, lower=1, trans_a=1, overwrite_b=1)  # C⁻ᵀ · (...)
     sigma_bar = _sym(a)
-    return 1.0 - 2.0 * (sigma_bar @ m), sigma_bar
+    return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
 def _latent(k: _Kernels, m: np.ndarray, ls: np.ndarray, dm: np.ndarray, g: np.ndarray, gamma: float, xi: str) -> dict[str, np.ndarray]:
@@ -134,16 +160,16 @@ def _latent(k: _Kernels, m: np.ndarray, ls: np.ndarray, dm: np.ndarray, g: np.nd
     dtheta1, dtheta2 = _default_seed(k, c, c_inv, m)
     cov, lam = _covariances(k, c, c_inv, xi == "nat")
     out = dict(
-        eta1=m, eta2=cov + np.outer(m, m), dL_deta1=dm - 2.0 * (dL_dS @ m), dL_deta2=dL_dS,
+        eta1=m, eta2=cov + np.outer(m, m), dL_deta1=dm - 2.0 * _times(k, dL_dS, m), dL_deta2=dL_dS,
         dtheta_deta1=dtheta1, dtheta_deta2=dtheta2,
     )  # fmt: skip
     if xi == "sqrtmeanvar":
         nat2 = k.trmm(1.0, c, p, side=0, lower=1)  # L_S Φ(L_Sᵀ G) = C P
-        nat1 = cov @ dm
+        nat1 = _times(k, cov, dm)
         out.update(xi1=m, xi2=ls, nat_dL_xi1=nat1, nat_dL_xi2=nat2, new_q_mu=m - gamma * nat1, new_q_sqrt=ls - gamma * nat2)
         return out
     assert lam is not None
-    out.update(xi1=lam @ m, xi2=-0.5 * lam, nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=dL_dS)
+    out.update(xi1=_times(k, lam, m), xi2=-0.5 * lam, nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=dL_dS)
     b = gamma * (p + p.T)
     b[np.diag_indices_from(b)] += 1.0  # B = I + γ(P + Pᵀ)
     kk, info = k.potrf(np.array(b[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
@@ -197,10 +223,11 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     M, L = q_mu.shape
     k = _kernels(dtype)
     g = dtype.type(gamma)
-    per = [
-        _latent(k, q_mu[:, j], q_sqrt[j], np.asarray(dL_dmean)[:, j], np.asarray(dL_dvarsqrt)[j], g, xi)  # type: ignore[arg-type]
-        for j in range(L)
-    ]
+    with _one_blas_thread():
+        per = [
+            _latent(k, q_mu[:, j], q_sqrt[j], np.asarray(dL_dmean)[:, j], np.asarray(dL_dvarsqrt)[j], g, xi)  # type: ignore[arg-type]
+            for j in range(L)
+        ]
     out: dict[str, np.ndarray] = {}
     for key in _KEYS:
         if key in _MATRIX_KEYS:
