@@ -82,103 +82,111 @@ def _kernels(dtype: np.dtype[Any]) -> _Kernels:
     return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, gemv=gemv, trtri=trtri, lauum=lauum, potrf=potrf)
 
 
-def _sym_from_lower(x: np.ndarray) -> np.ndarray:
-    """The symmetric matrix whose lower triangle is x's (LAPACK's ``lauum`` writes one triangle only)."""
-    low = np.tril(x)
-    return np.asfortranarray(low + np.tril(low, -1).T)
-
-
-def _sym(x: np.ndarray) -> np.ndarray:
-    """½(X + Xᵀ), exactly symmetric, as TensorFlow's Cholesky gradient returns it."""
-    return np.asfortranarray(0.5 * (x + x.T))
-
-
-def _phi(x: np.ndarray) -> np.ndarray:
-    """Φ(X): the lower triangle of X with its diagonal halved (a new Fortran array)."""
-    p = np.asfortranarray(np.tril(x))
-    idx = np.arange(x.shape[0])
-    p[idx, idx] *= 0.5
-    return p
-
-
-def _chol_times(k: _Kernels, chol: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """(chol cholᵀ) v for a lower-triangular chol [M, M] and v [M], by two triangular products."""
-    w = k.trmv(chol, v, lower=1, trans=1)  # cholᵀ v, a new array (v is not overwritten)
-    return np.asarray(k.trmv(chol, w, lower=1, trans=0, overwrite_x=1))
-
-
-def _times(k: _Kernels, a: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """a v by scipy's BLAS: every product in this module runs in one BLAS library, never in numpy's own
-    OpenBLAS, whose idle threads spin for a while after a call and then slow scipy's down (by up to 10×
-    measured on 2 busy cores)."""
-    return np.asarray(k.gemv(1.0, a, v))
-
-
-def _covariances(k: _Kernels, c: np.ndarray, c_inv: np.ndarray, nat: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """S = C Cᵀ (lauum of the reversed, upper-triangular JCJ) and, for XiNat, Λ = C⁻ᵀC⁻¹ (lauum of C⁻¹)."""
-    rev = np.array(c[::-1, ::-1], order="F")  # JCJ, upper triangular, our own copy (never a view, even for M = 1)
-    jsj, info = k.lauum(rev, lower=0, overwrite_c=1)  # upper triangle of (JCJ)(JCJ)ᵀ = J S J
-    _require(info, "lauum")
-    cov = np.triu(jsj)[::-1, ::-1]  # the lower triangle of S
-    cov = np.asfortranarray(cov + np.tril(cov, -1).T)
-    if not nat:
-        return cov, None
-    lam, info = k.lauum(c_inv, lower=1, overwrite_c=0)  # lower triangle of C⁻ᵀC⁻¹; C⁻¹ is reused
-    _require(info, "lauum")
-    return cov, _sym_from_lower(lam)
-
-
 def _require(info: int, routine: str) -> None:
     if info < 0:  # an illegal argument: a bug here, never the user's input
         raise RuntimeError(f"LAPACK {routine} rejected argument {-info}")
 
 
-def _default_seed(k: _Kernels, c: np.ndarray, c_inv: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` (closed_form.default_seed_gradient): one trmm."""
-    s = c.sum(axis=0)  # column sums of C
-    rows = np.zeros_like(c_inv, order="F")
-    np.cumsum(c_inv[:-1], axis=0, out=rows[1:])  # exclusive cumulative sum over rows
-    rows += 0.5 * c_inv
-    rows *= s[:, None]  # diag(s) (cumsum₋(C⁻¹) + ½C⁻¹)
-    a = k.trmm(1.0, c_inv, rows, side=0, lower=1, trans_a=1, overwrite_b=1)  # C⁻ᵀ · (...)
-    sigma_bar = _sym(a)
+def _sym_tri(x: np.ndarray) -> np.ndarray:
+    """The symmetric matrix with x's triangle, for x zero strictly on the other side (``lauum`` of a triangle
+    writes its own triangle and leaves the zeros): X + Xᵀ with X's diagonal. Exactly symmetric."""
+    full = x + x.T
+    idx = np.arange(x.shape[0])
+    full[idx, idx] = x[idx, idx]
+    return full
+
+
+def _sym(x: np.ndarray) -> np.ndarray:
+    """½(X + Xᵀ), exactly symmetric, as TensorFlow's Cholesky gradient returns it."""
+    return 0.5 * (x + x.T)
+
+
+def _fortran(x: np.ndarray) -> np.ndarray:
+    """An exactly symmetric x as a Fortran array without a transposing copy (xᵀ = x)."""
+    return x if x.flags.f_contiguous else x.T
+
+
+def _c_layout(x: np.ndarray) -> np.ndarray:
+    """An exactly symmetric x as a C-ordered array without a transposing copy (xᵀ = x), for the output."""
+    return x.T if x.flags.f_contiguous and not x.flags.c_contiguous else x
+
+
+def _times(k: _Kernels, a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """a v by scipy's BLAS (never numpy's own OpenBLAS: one BLAS library, one thread limit); a C-ordered a
+    is passed as the Fortran array aᵀ with trans=1, so f2py copies nothing."""
+    if a.flags.f_contiguous:
+        return np.asarray(k.gemv(1.0, a, v))
+    return np.asarray(k.gemv(1.0, a.T, v, trans=1))
+
+
+def _default_seed(k: _Kernels, u: np.ndarray, v: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Jᵀ·1 (closed_form.default_seed_gradient) from U = Cᵀ and V = C⁻ᵀ: Σ̄ = sym(Aᵀ) with
+    Aᵀ = (cumsum₋(C⁻¹) + ½C⁻¹)ᵀ diag(s) C⁻¹ = (cumsum₋ over the columns of V + ½V) diag(s) Vᵀ, one trmm."""
+    s = u.sum(axis=1)  # the column sums of C
+    w = np.zeros_like(v, order="F")
+    np.cumsum(v[:, :-1], axis=1, out=w[:, 1:])  # exclusive cumulative sum over the columns of V = over the rows of C⁻¹
+    w += 0.5 * v
+    w *= s[None, :]
+    a_t = k.trmm(1.0, v, w, side=1, lower=0, trans_a=1, overwrite_b=1)  # (...)·Vᵀ = Aᵀ
+    sigma_bar = _sym(a_t)
     return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
-def _latent(k: _Kernels, m: np.ndarray, ls: np.ndarray, dm: np.ndarray, g: np.ndarray, gamma: float, xi: str) -> dict[str, np.ndarray]:
-    """The record for one latent GP: m, dm [M]; ls = L_S, g = G [M, M]."""
-    signs = np.where(np.diagonal(ls) < 0, -1.0, 1.0).astype(ls.dtype)
-    c = np.multiply(ls, signs[None, :], order="F")  # C = L_S·D
-    c_inv, info = k.trtri(c, lower=1, overwrite_c=0)
-    _require(info, "trtri")
-    if info > 0:
-        raise SingularCovarianceError(f"q_sqrt has a zero on its diagonal (entry {info - 1}).")
-    p = _phi(k.trmm(1.0, c, g, side=0, lower=1, trans_a=1))  # P = Φ(CᵀG)
-    y = k.trmm(1.0, c_inv, p, side=1, lower=1)  # P C⁻¹
-    y = k.trmm(1.0, c_inv, y, side=0, lower=1, trans_a=1, overwrite_b=1)  # C⁻ᵀ P C⁻¹
-    dL_dS = _sym(y)
-    dtheta1, dtheta2 = _default_seed(k, c, c_inv, m)
-    cov, lam = _covariances(k, c, c_inv, xi == "nat")
-    out = dict(
-        eta1=m, eta2=cov + np.outer(m, m), dL_deta1=dm - 2.0 * _times(k, dL_dS, m), dL_deta2=dL_dS,
-        dtheta_deta1=dtheta1, dtheta_deta2=dtheta2,
-    )  # fmt: skip
-    if xi == "sqrtmeanvar":
-        nat2 = k.trmm(1.0, c, p, side=0, lower=1)  # L_S Φ(L_Sᵀ G) = C P
-        nat1 = _times(k, cov, dm)
-        out.update(xi1=m, xi2=ls, nat_dL_xi1=nat1, nat_dL_xi2=nat2, new_q_mu=m - gamma * nat1, new_q_sqrt=ls - gamma * nat2)
-        return out
-    assert lam is not None
-    out.update(xi1=_times(k, lam, m), xi2=-0.5 * lam, nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=dL_dS)
-    b = gamma * (p + p.T)
-    b[np.diag_indices_from(b)] += 1.0  # B = I + γ(P + Pᵀ)
-    kk, info = k.potrf(np.array(b[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
+def _xinat_step(k: _Kernels, u: np.ndarray, pt: np.ndarray, m: np.ndarray, dm: np.ndarray, gamma: Any) -> tuple[np.ndarray, np.ndarray]:
+    """XiNat's new (q_mu, q_sqrtᵀ): B = I + γ(P + Pᵀ) = U_B U_Bᵀ with U_B = JKJ, K = potrf(JBJ);
+    q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv)."""
+    b = gamma * (pt + pt.T)
+    idx = np.arange(b.shape[0])
+    b[idx, idx] += 1.0
+    kk, info = k.potrf(np.array(_fortran(b)[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
     _require(info, "potrf")
     if info > 0:
         raise StepFailedError(f"with gamma = {gamma:g} the updated precision is not positive definite (B's Cholesky failed at {info}).")
-    u = np.asfortranarray(kk[::-1, ::-1])  # U = JKJ, upper, B = U Uᵀ
-    new_sqrt = np.tril(k.trsm(1.0, u, c, side=1, lower=0, trans_a=1))  # X Uᵀ = C: X = C U⁻ᵀ
-    out.update(new_q_mu=m - gamma * _chol_times(k, new_sqrt, dm), new_q_sqrt=new_sqrt)
+    ub = np.array(kk[::-1, ::-1], order="F")  # U_B = JKJ, upper: B = U_B U_Bᵀ
+    new_t = k.trsm(1.0, ub, u, side=0, lower=0)  # U_B X = Cᵀ: X = U_B⁻¹Cᵀ = (C U_B⁻ᵀ)ᵀ, upper
+    w = k.trmv(new_t, dm, lower=0, trans=0)  # q_sqrt_newᵀ ∂L/∂m
+    w = k.trmv(new_t, w, lower=0, trans=1, overwrite_x=1)  # q_sqrt_new q_sqrt_newᵀ ∂L/∂m
+    return m - gamma * w, new_t
+
+
+def _latent(k: _Kernels, m: np.ndarray, ls_t: np.ndarray, dm: np.ndarray, g_t: np.ndarray, gamma: Any, xi: str) -> dict[str, np.ndarray]:
+    """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered
+    inputs (no copy). Working with transposes keeps every matrix Fortran-ordered without a transposing copy;
+    each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one)."""
+    ls_t = np.triu(ls_t)  # L_Sᵀ; only the lower triangle of q_sqrt is read, as in GPflow's Cholesky
+    u = np.multiply(ls_t, np.where(np.diagonal(ls_t) < 0, -1.0, 1.0).astype(ls_t.dtype)[:, None], order="F")  # U = Cᵀ = D L_Sᵀ
+    v, info = k.trtri(u, lower=0, overwrite_c=0)  # V = C⁻ᵀ, upper, computed once
+    _require(info, "trtri")
+    if info > 0:
+        raise SingularCovarianceError(f"q_sqrt has a zero on its diagonal (entry {info - 1}).")
+    pt = np.triu(k.trmm(1.0, u, g_t, side=1, lower=0, trans_a=1))  # (GᵀC)'s upper triangle = (CᵀG)ᵀ's
+    idx = np.arange(pt.shape[0])
+    pt[idx, idx] *= 0.5  # Pᵀ = Φ(CᵀG)ᵀ
+    z = k.trmm(1.0, v, pt, side=0, lower=0)  # V Pᵀ
+    z = k.trmm(1.0, v, z, side=1, lower=0, trans_a=1, overwrite_b=1)  # V Pᵀ Vᵀ = (C⁻ᵀ P C⁻¹)ᵀ
+    dL_dS = _sym(z)
+    dtheta1, dtheta2 = _default_seed(k, u, v, m)
+    jsj, info = k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)  # (JUJ)ᵀ(JUJ) = J S J
+    _require(info, "lauum")
+    jsj = _sym_tri(jsj)
+    cov = jsj[::-1, ::-1]  # S = C Cᵀ
+    out = dict(
+        eta1=m, eta2=_c_layout(cov + np.outer(m, m)), dL_deta1=dm - 2.0 * _times(k, dL_dS, m),
+        dL_deta2=_c_layout(dL_dS), dtheta_deta1=dtheta1, dtheta_deta2=_c_layout(dtheta2),
+    )  # fmt: skip
+    if xi == "sqrtmeanvar":
+        nat2_t = k.trmm(1.0, u, pt, side=1, lower=0, overwrite_b=1)  # Pᵀ Cᵀ = (C P)ᵀ = (L_S Φ(L_Sᵀ G))ᵀ
+        nat1 = _times(k, jsj, dm[::-1])[::-1]  # S ∂L/∂m = J (JSJ) J ∂L/∂m
+        out.update(xi1=m, xi2=ls_t.T, nat_dL_xi1=nat1, nat_dL_xi2=nat2_t.T, new_q_mu=m - gamma * nat1, new_q_sqrt=(ls_t - gamma * nat2_t).T)
+        return out
+    lam, info = k.lauum(v, lower=0, overwrite_c=0)  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (upper triangle)
+    _require(info, "lauum")
+    lam = _sym_tri(lam)
+    new_mu, new_t = _xinat_step(k, u, pt, m, dm, gamma)
+    out.update(
+        xi1=_times(k, lam, m), xi2=_c_layout(-0.5 * lam), nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=out["dL_deta2"],
+        new_q_mu=new_mu, new_q_sqrt=new_t.T,
+    )  # fmt: skip
     return out
 
 
@@ -218,14 +226,15 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     """
     if xi not in ("nat", "sqrtmeanvar"):
         raise ValueError(f"Expected xi 'nat' or 'sqrtmeanvar', got {xi!r} instead.")
-    q_mu, q_sqrt = np.asarray(q_mu), np.asarray(q_sqrt)
-    dtype = q_mu.dtype
+    dtype = np.asarray(q_mu).dtype
+    q_mu, dL_dmean = (np.asarray(x, dtype=dtype) for x in (q_mu, dL_dmean))
+    q_sqrt, dL_dvarsqrt = (np.ascontiguousarray(x, dtype=dtype) for x in (q_sqrt, dL_dvarsqrt))  # so that [j].T is Fortran
     M, L = q_mu.shape
     k = _kernels(dtype)
     g = dtype.type(gamma)
     with _one_blas_thread():
         per = [
-            _latent(k, q_mu[:, j], q_sqrt[j], np.asarray(dL_dmean)[:, j], np.asarray(dL_dvarsqrt)[j], g, xi)  # type: ignore[arg-type]
+            _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi)
             for j in range(L)
         ]
     out: dict[str, np.ndarray] = {}
