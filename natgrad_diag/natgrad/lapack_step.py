@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
+from natgrad_diag.typing import FloatArray
 
 __all__ = ["natgrad_record_lapack"]
 
@@ -73,7 +74,7 @@ def _one_blas_thread() -> Any:
     return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
-def _kernels(dtype: np.dtype[Any]) -> _Kernels:
+def _kernels(dtype: Any) -> _Kernels:
     from scipy.linalg import get_blas_funcs, get_lapack_funcs
 
     probe = np.zeros((1, 1), dtype=dtype, order="F")
@@ -87,7 +88,7 @@ def _require(info: int, routine: str) -> None:
         raise RuntimeError(f"LAPACK {routine} rejected argument {-info}")
 
 
-def _sym_tri(x: np.ndarray) -> np.ndarray:
+def _sym_tri(x: FloatArray) -> FloatArray:
     """The symmetric matrix with x's triangle, for x zero strictly on the other side (``lauum`` of a triangle
     writes its own triangle and leaves the zeros): X + Xᵀ with X's diagonal. Exactly symmetric."""
     full = x + x.T
@@ -96,22 +97,22 @@ def _sym_tri(x: np.ndarray) -> np.ndarray:
     return full
 
 
-def _sym(x: np.ndarray) -> np.ndarray:
+def _sym(x: FloatArray) -> FloatArray:
     """½(X + Xᵀ), exactly symmetric, as TensorFlow's Cholesky gradient returns it."""
     return 0.5 * (x + x.T)
 
 
-def _fortran(x: np.ndarray) -> np.ndarray:
+def _fortran(x: FloatArray) -> FloatArray:
     """An exactly symmetric x as a Fortran array without a transposing copy (xᵀ = x)."""
     return x if x.flags.f_contiguous else x.T
 
 
-def _c_layout(x: np.ndarray) -> np.ndarray:
+def _c_layout(x: FloatArray) -> FloatArray:
     """An exactly symmetric x as a C-ordered array without a transposing copy (xᵀ = x), for the output."""
     return x.T if x.flags.f_contiguous and not x.flags.c_contiguous else x
 
 
-def _times(k: _Kernels, a: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _times(k: _Kernels, a: FloatArray, v: FloatArray) -> FloatArray:
     """a v by scipy's BLAS (never numpy's own OpenBLAS: one BLAS library, one thread limit); a C-ordered a
     is passed as the Fortran array aᵀ with trans=1, so f2py copies nothing."""
     if a.flags.f_contiguous:
@@ -119,7 +120,7 @@ def _times(k: _Kernels, a: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.asarray(k.gemv(1.0, a.T, v, trans=1))
 
 
-def _default_seed(k: _Kernels, u: np.ndarray, v: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _default_seed(k: _Kernels, u: FloatArray, v: FloatArray, m: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Jᵀ·1 (closed_form.default_seed_gradient) from U = Cᵀ and V = C⁻ᵀ: Σ̄ = sym(Aᵀ) with
     Aᵀ = (cumsum₋(C⁻¹) + ½C⁻¹)ᵀ diag(s) C⁻¹ = (cumsum₋ over the columns of V + ½V) diag(s) Vᵀ, one trmm."""
     s = u.sum(axis=1)  # the column sums of C
@@ -132,7 +133,7 @@ def _default_seed(k: _Kernels, u: np.ndarray, v: np.ndarray, m: np.ndarray) -> t
     return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
-def _xinat_step(k: _Kernels, u: np.ndarray, pt: np.ndarray, m: np.ndarray, dm: np.ndarray, gamma: Any) -> tuple[np.ndarray, np.ndarray]:
+def _xinat_step(k: _Kernels, u: FloatArray, pt: FloatArray, m: FloatArray, dm: FloatArray, gamma: Any) -> tuple[FloatArray, FloatArray]:
     """XiNat's new (q_mu, q_sqrtᵀ): B = I + γ(P + Pᵀ) = U_B U_Bᵀ with U_B = JKJ, K = potrf(JBJ);
     q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv)."""
     b = gamma * (pt + pt.T)
@@ -149,7 +150,7 @@ def _xinat_step(k: _Kernels, u: np.ndarray, pt: np.ndarray, m: np.ndarray, dm: n
     return m - gamma * w, new_t
 
 
-def _latent(k: _Kernels, m: np.ndarray, ls_t: np.ndarray, dm: np.ndarray, g_t: np.ndarray, gamma: Any, xi: str) -> dict[str, np.ndarray]:
+def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: FloatArray, gamma: Any, xi: str) -> dict[str, FloatArray]:
     """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered
     inputs (no copy). Working with transposes keeps every matrix Fortran-ordered without a transposing copy;
     each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one)."""
@@ -190,7 +191,7 @@ def _latent(k: _Kernels, m: np.ndarray, ls_t: np.ndarray, dm: np.ndarray, g_t: n
     return out
 
 
-def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str) -> dict[str, np.ndarray]:
+def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str) -> dict[str, FloatArray]:
     """``natgrad_tensors_closed_form``'s record (η, ∂L/∂η, Jᵀ·1, ξ, the natural gradient in ξ, the new q(u))
     by LAPACK, one latent GP at a time (the module docstring lists the kernels).
 
@@ -237,7 +238,7 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
             _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi)
             for j in range(L)
         ]
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, FloatArray] = {}
     for key in _KEYS:
         if key in _MATRIX_KEYS:
             arr = np.empty((L, M, M), dtype=dtype)

@@ -8,6 +8,7 @@ import numpy as np
 
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag.typing import FloatArray
 
 __all__ = ["constrained_arrays", "fast_parts", "precheck", "require_lower_triangular", "transform_key"]
 
@@ -103,14 +104,16 @@ def fast_parts(x: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def constrained_arrays(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, t_mu: Any, t_sq: Any) -> tuple[np.ndarray, ...] | None:
-    """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays, for the LAPACK path.
+def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[FloatArray, ...] | None:
+    """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays, for the LAPACK path, from ``tensors`` =
+    (the unconstrained q_mu, q_sqrt, and their gradients) and the parameters' transforms.
 
     The transforms are the eager path's (``transform.forward`` of the unconstrained values, and of the
     gradients: GPflow's ``_to_constrained``), run eagerly — O(M²) for ``triangular()``. ``None`` when the
     eager reference path must decide (and name the problem): an input that is not finite, a zero on
     q_sqrt's diagonal, shapes that do not fit.
     """
+    mu_in, sq_in, g_mu, g_sq = tensors
     constrained = [x if t is None else t.forward(x) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))]
     q_mu, q_sqrt, d_mu, d_sq = (np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in constrained)
     if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
