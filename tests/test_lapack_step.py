@@ -247,3 +247,30 @@ def test_natgrad_record_lapack__property__equals_the_autodiff_record(M, L, seed,
     k = kappa(q_mu, q_sqrt)
     for key in KEYS:
         assert_close(got[key], want[key], dtype=np.float64, condition=k, name=key)
+
+
+# ------------------------------------------------------------------------------------------------
+# the LAPACK path's inputs: GPflow's transforms reproduced bit for bit
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M, L", [(1, 1), (2, 3), (17, 2)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_constrained_arrays__are_gpflows_transforms_bit_for_bit(M, L, dtype):
+    """The fast path's numpy gather for triangular() (and the identity) against TFP's own forward, which the eager
+    path runs (param.numpy(), gpflow.base._to_constrained)."""
+    from natgrad_diag.natgrad.trace_inputs import constrained_arrays
+
+    q_mu, q_sqrt = (x.astype(dtype) for x in make_q(M, L, seed=M, condition=10.0))
+    p_mu, p_sq = gpflow.Parameter(q_mu), gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
+    rng = np.random.default_rng(M)
+    g_mu = tf.constant(rng.normal(size=q_mu.shape).astype(dtype))
+    g_sq = tf.constant(rng.normal(size=p_sq.unconstrained_variable.shape).astype(dtype))
+    tensors = (p_mu.unconstrained_variable, p_sq.unconstrained_variable, g_mu, g_sq)
+    got = constrained_arrays(tensors, p_mu.transform, p_sq.transform)
+    want = [p_mu.numpy(), p_sq.numpy(), gpflow.base._to_constrained(g_mu, p_mu.transform).numpy(),
+            gpflow.base._to_constrained(g_sq, p_sq.transform).numpy()]  # fmt: skip
+    assert got is not None
+    for name, a, b in zip(("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b, err_msg=name)

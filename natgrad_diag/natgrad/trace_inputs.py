@@ -104,23 +104,62 @@ def fast_parts(x: Any) -> tuple[Any, Any] | None:
     return None
 
 
+_FILL_INDEX: dict[int, tuple[Any, Any, Any]] = {}  # M -> (rows, cols, source) of FillTriangular(upper=False)
+
+
+def _is_fill_lower(transform: Any) -> bool:
+    import tensorflow_probability as tfp
+
+    return type(transform) is tfp.bijectors.FillTriangular and not transform.parameters.get("upper", False)
+
+
+def _is_identity(transform: Any) -> bool:
+    import tensorflow_probability as tfp
+
+    return transform is None or type(transform) is tfp.bijectors.Identity
+
+
+def _forward(x: Any, transform: Any) -> FloatArray:
+    """``transform.forward(x)`` as a numpy array. The identity (``None`` or TFP's ``Identity``) is x; GPflow's ``triangular()`` (FillTriangular, lower) moves data and
+    computes nothing, so it is reproduced exactly by a numpy gather: the positions are those the bijector itself
+    gives 1, 2, ..., n (learnt once per M); this skips TFP's bijector cache, which costs milliseconds a call.
+    Any other transform runs in TensorFlow, eagerly."""
+    a = x if _is_identity(transform) else None
+    if a is None and not _is_fill_lower(transform):
+        a = transform.forward(x)
+    if a is not None:
+        return np.asarray(a.numpy() if hasattr(a, "numpy") else a)
+    v = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    n = v.shape[-1]
+    M = int(round((np.sqrt(8 * n + 1) - 1) / 2))
+    if M * (M + 1) // 2 != n:
+        return np.asarray(transform.forward(x).numpy())  # the bijector names the shape error on the eager path
+    if M not in _FILL_INDEX:
+        probe = np.asarray(transform.forward(np.arange(1.0, n + 1.0)))  # [M, M]: k + 1 where entry k goes, else 0
+        rows, cols = np.nonzero(probe)
+        _FILL_INDEX[M] = (rows, cols, probe[rows, cols].astype(np.intp) - 1)
+    rows, cols, source = _FILL_INDEX[M]
+    out = np.zeros(v.shape[:-1] + (M, M), dtype=v.dtype)
+    out[..., rows, cols] = v[..., source]
+    return out
+
+
 def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[FloatArray, ...] | None:
     """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays, for the LAPACK path, from ``tensors`` =
     (the unconstrained q_mu, q_sqrt, and their gradients) and the parameters' transforms.
 
     The transforms are the eager path's (``transform.forward`` of the unconstrained values, and of the
-    gradients: GPflow's ``_to_constrained``), run eagerly — O(M²) for ``triangular()``. ``None`` when the
-    eager reference path must decide (and name the problem): an input that is not finite, a zero on
-    q_sqrt's diagonal, shapes that do not fit.
+    gradients: GPflow's ``_to_constrained``), bit for bit (:func:`_forward`). ``None`` when the eager
+    reference path must decide (and name the problem): an input that is not finite, a zero on q_sqrt's
+    diagonal, shapes that do not fit.
     """
     mu_in, sq_in, g_mu, g_sq = tensors
-    constrained = [x if t is None else t.forward(x) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))]
-    q_mu, q_sqrt, d_mu, d_sq = (np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in constrained)
+    q_mu, q_sqrt, d_mu, d_sq = (_forward(x, t) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq)))
     if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
         return None
     if d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
         return None
-    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]
+    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
     if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
         return None
     if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
