@@ -219,6 +219,22 @@ def test_natgrad_record_lapack__failing_xinat_step_raises_and_natgrad_trace_give
     assert "gamma = 1" in messages[0]
 
 
+@pytest.mark.parametrize("xi", ["nat", "sqrtmeanvar"])
+def test_natgrad_record_lapack__entries_of_G_above_the_diagonal_do_not_enter(xi):
+    """Only tril(G) enters, as in GPflow's Cholesky gradient: the record with noise above G's diagonal is the
+    autodiff record of the same G (which TensorFlow reads through its Cholesky gradient)."""
+    q_mu, q_sqrt = make_q(6, 2, seed=4, condition=100.0)
+    dL_dmean, G = make_grads(q_sqrt, seed=4)
+    noisy = G + np.triu(np.random.default_rng(5).normal(size=G.shape), 1)
+    got = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, noisy, 0.5, xi)
+    want = autodiff_record(q_mu, q_sqrt, dL_dmean, noisy, 0.5, xi)
+    clean = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, G, 0.5, xi)
+    k = kappa(q_mu, q_sqrt)
+    for key in KEYS:
+        assert_close(got[key], want[key], dtype=np.float64, condition=k, name=key)
+        np.testing.assert_array_equal(got[key], clean[key], err_msg=key)  # the products meet exact zeros of C
+
+
 def test_natgrad_record_lapack__unknown_xi():
     q_mu, q_sqrt = make_q(2, 1, seed=0, condition=1.0)
     with pytest.raises(ValueError, match="Expected xi 'nat' or 'sqrtmeanvar', got 'natural' instead"):

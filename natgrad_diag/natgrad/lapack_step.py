@@ -8,26 +8,32 @@ triangle with its transpose (``lauum``) and triangle × matrix products (``trmm`
 dense product. TensorFlow's matmul, ``triangular_solve`` with an M×M right-hand side and Cholesky treat
 every triangle as a full matrix, so the record by LAPACK costs a fraction of the tf.function's time.
 
-Per latent GP, with C = L_S·D (D = diag(sign L_S,ii), the Cholesky factor of S with a positive diagonal):
+Per latent GP, with C = L_S·D (D = diag(sign L_S,ii), the Cholesky factor of S with a positive diagonal),
+J the exchange matrix (it reverses rows and columns; J·upper·J is lower) and Φ the lower triangle with its
+diagonal halved:
 
     C⁻¹ = trtri(C)                     once, reused everywhere below
     Λ = S⁻¹ = C⁻ᵀC⁻¹ = lauum(C⁻¹)      (XiNat's ξ = (Λm, −½Λ))
-    S = C Cᵀ = J·lauum(JCJ)·J           (η₂ = S + m mᵀ; J reverses rows and columns, JCJ is upper)
-    P = Φ(Cᵀ G)                        one trmm (Φ: lower triangle, diagonal halved)
+    S = C Cᵀ = J·lauum(JCᵀJ)·J          (η₂ = S + m mᵀ; lauum of a lower L is LᵀL)
+    P = Φ(Cᵀ G)                        one trmm
     ∂L/∂S = sym(C⁻ᵀ P C⁻¹)             two trmm; ∂L/∂η₂ = ∂L/∂S, ∂L/∂η₁ = ∂L/∂m − 2 ∂L/∂S m
     Jᵀ·1 = sym(C⁻ᵀ diag(s) (cumsum₋(C⁻¹) + ½C⁻¹)), s = column sums of C   (``default_seed_gradient``)
     XiNat:          K = potrf(JBJ), U = JKJ (B = UUᵀ), q_sqrt_new = C U⁻ᵀ (trsm), q_mu_new = m − γ S_new ∂L/∂m
-    XiSqrtMeanVar:  L_S Φ(L_Sᵀ G) = C P (the signs D cancel), q_mu_new = m − γ S ∂L/∂m
+    XiSqrtMeanVar:  L_S Φ(L_Sᵀ G) = C P (the signs D cancel, one trmm), q_mu_new = m − γ S ∂L/∂m
 
-The kernels run in one BLAS thread (threadpoolctl, restored afterwards). Two reasons: the record is then
-the same to the bit whatever the machine's load or thread count (a diagnostic's second call gives the same
-answer), and on a busy machine (more runnable processes than cores) OpenBLAS's multi-threaded ``trtri``,
-``lauum`` and ``potrf`` at M = 1000 were measured 5-15× slower than one thread, while on an idle 2-core
-machine a second thread gains less than 2×.
+**Layout.** LAPACK reads Fortran-ordered matrices, and a C-ordered q_sqrt[l] *is* the Fortran array L_Sᵀ.
+So the record works with transposes — U = Cᵀ, V = C⁻ᵀ = trtri(U), Pᵀ, Gᵀ, (C U⁻ᵀ)ᵀ — each formula above
+transposed, the triangle flags flipped: no matrix is ever copied to be transposed (such a copy costs as much
+as a small kernel at M = 1000). Reversals (J·X·J) are cheap copies. A triangular output's transpose, or a
+symmetric output (exactly symmetric, as TensorFlow's), is then C-ordered as it stands. ``overwrite_*`` is
+set only on this module's own temporaries (never on a view of an input: a 1×1 array is both C- and
+Fortran-ordered).
 
-LAPACK needs Fortran-ordered matrices: every kernel here reads and writes Fortran arrays (f2py copies a
-C-ordered argument once), ``overwrite_*`` is set only on this module's own temporaries, and the results
-are copied into C-ordered [L, M, M] arrays at the end.
+**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards).
+The record is then the same to the bit whatever the machine's load or thread count, and on a busy machine
+(more runnable processes than cores) OpenBLAS's multi-threaded LAPACK collapses: on 2 cores at load 3,
+M = 1000, ``trtri`` took 194 ms against 12 ms in one thread, ``lauum`` 358 against 10, ``potrf`` 163
+against 8; a second core can at best halve the one-thread time.
 """
 
 from __future__ import annotations
