@@ -38,6 +38,7 @@ against 8; a second core can at best halve the one-thread time.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,9 @@ class _Kernels:
 
 
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
+# One record at a time: two threads setting and restoring the BLAS limit in interleaved order would leave the
+# process at one thread. The kernels run in one thread anyway, so serialising costs no parallelism.
+_LOCK = threading.Lock()
 
 
 def _one_blas_thread() -> Any:
@@ -239,7 +243,7 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     M, L = q_mu.shape
     k = _kernels(dtype)
     g = dtype.type(gamma)
-    with _one_blas_thread():
+    with _LOCK, _one_blas_thread():
         per = [
             _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi)
             for j in range(L)
