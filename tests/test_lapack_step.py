@@ -29,6 +29,7 @@ import natgrad_diag as nd
 from natgrad_diag.exceptions import StepFailedError
 from natgrad_diag.natgrad.lapack_step import natgrad_record_lapack
 from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.natgrad import trace as trace_module
 from natgrad_diag.natgrad.trace import natgrad_tensors
 from natgrad_diag.tolerance import rounding_bound
 
@@ -290,3 +291,20 @@ def test_constrained_arrays__are_gpflows_transforms_bit_for_bit(M, L, dtype):
     for name, a, b in zip(("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt"), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_natgrad_trace__lapack_path_shares_no_memory_with_the_users_arrays():
+    """q_mu and its gradient as numpy arrays (identity transform), q_sqrt with triangular(): the LAPACK path runs,
+    and the frozen trace does not change when the user's arrays do."""
+    q_mu, q_sqrt = make_q(5, 2, seed=1, condition=10.0)
+    p_sq = gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
+    g_mu = 0.01 * np.random.default_rng(2).normal(size=q_mu.shape)
+    g_sq = tf.constant(0.01 * np.random.default_rng(3).normal(size=p_sq.unconstrained_variable.shape))
+    with pytest.MonkeyPatch.context() as mp:  # the LAPACK path, not the eager one
+        mp.setattr(trace_module, "_natgrad_trace_eager", lambda *a, **k: pytest.fail("the eager path ran"))
+        trace = nd.natgrad_trace(q_mu, p_sq, g_mu, g_sq, gamma=0.5, compiled=True)
+    kept = {name: np.array(getattr(trace, name)) for name in ("q_mu", "dL_dmean", "eta1", "xi1")}
+    q_mu += 1.0
+    g_mu += 1.0
+    for name, value in kept.items():
+        np.testing.assert_array_equal(getattr(trace, name), value, err_msg=name)
