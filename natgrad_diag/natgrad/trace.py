@@ -318,7 +318,10 @@ def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: flo
     """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or
     ``None`` for the eager path to decide: an input that is not finite or singular, a non-PD B (γ too
     long), a step with NaN or Inf."""
-    arrays = constrained_arrays(tensors, t_mu, t_sq)
+    try:
+        arrays = constrained_arrays(tensors, t_mu, t_sq)
+    except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
+        return None
     if arrays is None:
         return None
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = arrays
