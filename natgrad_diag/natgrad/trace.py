@@ -361,7 +361,7 @@ def natgrad_trace(
 
     Nothing is assigned: the parameters are bit-identical afterwards.
 
-    Three paths give the same numbers (to rounding, tested against each other and GPflow's optimizer):
+    Three paths give the same numbers (to rounding, ε·κ(S); tested against each other and GPflow's optimizer):
 
     - the eager reference: the user's lines as written, ``tape.gradient`` included (the default-seed
       ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message
@@ -371,7 +371,7 @@ def natgrad_trace(
       (natgrad_diag.natgrad.lapack_step) — TensorFlow has no triangular inverse, ``lauum`` or triangular
       product, so this is faster than GPflow's compiled step itself; it traces nothing, so it runs from
       the first call;
-    - any other ξ transform (or transform): the eager path's operations in a ``tf.function`` traced once
+    - any other ξ transform or q_sqrt transform: the eager path's operations in a ``tf.function`` traced once
       per (shapes, dtype, ξ transform, parameter transforms) and cached, from the second call with a key
       (a single call pays no tracing).
 
