@@ -16,7 +16,7 @@ diagonal halved:
     Λ = S⁻¹ = C⁻ᵀC⁻¹ = lauum(C⁻¹)      (XiNat's ξ = (Λm, −½Λ))
     S = C Cᵀ = J·lauum(JCᵀJ)·J          (η₂ = S + m mᵀ; lauum of a lower L is LᵀL)
     P = Φ(Cᵀ G)                        one trmm
-    ∂L/∂S = sym(C⁻ᵀ P C⁻¹)             two trmm; ∂L/∂η₂ = ∂L/∂S, ∂L/∂η₁ = ∂L/∂m − 2 ∂L/∂S m
+    ∂L/∂S = ½ C⁻ᵀ (P + Pᵀ) C⁻¹         sygst (U·A·Uᵀ for a triangular U, symmetric A); ∂L/∂η₁ = ∂L/∂m − 2 ∂L/∂S m
     Jᵀ·1 = sym(C⁻ᵀ diag(s) (cumsum₋(C⁻¹) + ½C⁻¹)), s = column sums of C   (``default_seed_gradient``)
     XiNat:          K = potrf(JBJ), U = JKJ (B = UUᵀ), q_sqrt_new = C U⁻ᵀ (trsm), q_mu_new = m − γ S_new ∂L/∂m
     XiSqrtMeanVar:  L_S Φ(L_Sᵀ G) = C P (the signs D cancel, one trmm), q_mu_new = m − γ S ∂L/∂m
@@ -67,6 +67,7 @@ class _Kernels:
     trtri: Any
     lauum: Any
     potrf: Any
+    sygst: Any
 
 
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
@@ -89,8 +90,8 @@ def _kernels(dtype: Any) -> _Kernels:
 
     probe = np.zeros((1, 1), dtype=dtype, order="F")
     trmm, trsm, trmv, gemv = get_blas_funcs(("trmm", "trsm", "trmv", "gemv"), (probe,))
-    trtri, lauum, potrf = get_lapack_funcs(("trtri", "lauum", "potrf"), (probe,))
-    return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, gemv=gemv, trtri=trtri, lauum=lauum, potrf=potrf)
+    trtri, lauum, potrf, sygst = get_lapack_funcs(("trtri", "lauum", "potrf", "sygst"), (probe,))
+    return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, gemv=gemv, trtri=trtri, lauum=lauum, potrf=potrf, sygst=sygst)
 
 
 def _require(info: int, routine: str) -> None:
@@ -110,11 +111,6 @@ def _sym_tri(x: FloatArray) -> FloatArray:
 def _sym(x: FloatArray) -> FloatArray:
     """½(X + Xᵀ), exactly symmetric, as TensorFlow's Cholesky gradient returns it."""
     return 0.5 * (x + x.T)
-
-
-def _fortran(x: FloatArray) -> FloatArray:
-    """An exactly symmetric x as a Fortran array without a transposing copy (xᵀ = x)."""
-    return x if x.flags.f_contiguous else x.T
 
 
 def _c_layout(x: FloatArray) -> FloatArray:
@@ -143,13 +139,14 @@ def _default_seed(k: _Kernels, u: FloatArray, v: FloatArray, m: FloatArray) -> t
     return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
-def _xinat_step(k: _Kernels, u: FloatArray, pt: FloatArray, m: FloatArray, dm: FloatArray, gamma: Any) -> tuple[FloatArray, FloatArray]:
+def _xinat_step(k: _Kernels, u: FloatArray, x: FloatArray, m: FloatArray, dm: FloatArray, gamma: Any) -> tuple[FloatArray, FloatArray]:
     """XiNat's new (q_mu, q_sqrtᵀ): B = I + γ(P + Pᵀ) = U_B U_Bᵀ with U_B = JKJ, K = potrf(JBJ);
-    q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv)."""
-    b = gamma * (pt + pt.T)
+    q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv). x is the
+    upper triangle of P + Pᵀ: potrf of the lower triangle of JBJ reads B's upper triangle only."""
+    b = gamma * x
     idx = np.arange(b.shape[0])
     b[idx, idx] += 1.0
-    kk, info = k.potrf(np.array(_fortran(b)[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
+    kk, info = k.potrf(np.array(b[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
     _require(info, "potrf")
     if info > 0:
         raise StepFailedError(f"with gamma = {gamma:g} the updated precision is not positive definite (B's Cholesky failed at {info}).")
@@ -164,18 +161,15 @@ def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: F
     """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered
     inputs (no copy). Working with transposes keeps every matrix Fortran-ordered without a transposing copy;
     each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one)."""
-    ls_t = np.triu(ls_t)  # L_Sᵀ; only the lower triangle of q_sqrt is read, as in GPflow's Cholesky
     u = np.multiply(ls_t, np.where(np.diagonal(ls_t) < 0, -1.0, 1.0).astype(ls_t.dtype)[:, None], order="F")  # U = Cᵀ = D L_Sᵀ
     v, info = k.trtri(u, lower=0, overwrite_c=0)  # V = C⁻ᵀ, upper, computed once
     _require(info, "trtri")
     if info > 0:
         raise SingularCovarianceError(f"q_sqrt has a zero on its diagonal (entry {info - 1}).")
-    pt = np.triu(k.trmm(1.0, u, g_t, side=1, lower=0, trans_a=1))  # (GᵀC)'s upper triangle = (CᵀG)ᵀ's
-    idx = np.arange(pt.shape[0])
-    pt[idx, idx] *= 0.5  # Pᵀ = Φ(CᵀG)ᵀ
-    z = k.trmm(1.0, v, pt, side=0, lower=0)  # V Pᵀ
-    z = k.trmm(1.0, v, z, side=1, lower=0, trans_a=1, overwrite_b=1)  # V Pᵀ Vᵀ = (C⁻ᵀ P C⁻¹)ᵀ
-    dL_dS = _sym(z)
+    x = np.triu(k.trmm(1.0, u, g_t, side=1, lower=0, trans_a=1))  # GᵀC's upper triangle = (P + Pᵀ)'s
+    half, info = k.sygst(x, v, itype=2, lower=0, overwrite_a=0)  # upper triangle of V (P + Pᵀ) Vᵀ
+    _require(info, "sygst")
+    dL_dS = 0.5 * _sym_tri(half)  # ½ C⁻ᵀ (P + Pᵀ) C⁻¹
     dtheta1, dtheta2 = _default_seed(k, u, v, m)
     jsj, info = k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)  # (JUJ)ᵀ(JUJ) = J S J
     _require(info, "lauum")
@@ -186,6 +180,8 @@ def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: F
         dL_deta2=_c_layout(dL_dS), dtheta_deta1=dtheta1, dtheta_deta2=_c_layout(dtheta2),
     )  # fmt: skip
     if xi == "sqrtmeanvar":
+        pt = x  # Pᵀ = Φ(CᵀG)ᵀ: x with its diagonal halved (x is not needed after this)
+        pt[np.diag_indices_from(pt)] *= 0.5
         nat2_t = k.trmm(1.0, u, pt, side=1, lower=0, overwrite_b=1)  # Pᵀ Cᵀ = (C P)ᵀ = (L_S Φ(L_Sᵀ G))ᵀ
         nat1 = _times(k, jsj, dm[::-1])[::-1]  # S ∂L/∂m = J (JSJ) J ∂L/∂m
         out.update(xi1=m, xi2=ls_t.T, nat_dL_xi1=nat1, nat_dL_xi2=nat2_t.T, new_q_mu=m - gamma * nat1, new_q_sqrt=(ls_t - gamma * nat2_t).T)
@@ -193,7 +189,7 @@ def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: F
     lam, info = k.lauum(v, lower=0, overwrite_c=0)  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (upper triangle)
     _require(info, "lauum")
     lam = _sym_tri(lam)
-    new_mu, new_t = _xinat_step(k, u, pt, m, dm, gamma)
+    new_mu, new_t = _xinat_step(k, u, x, m, dm, gamma)
     out.update(
         xi1=_times(k, lam, m), xi2=_c_layout(-0.5 * lam), nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=out["dL_deta2"],
         new_q_mu=new_mu, new_q_sqrt=new_t.T,
@@ -207,7 +203,8 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
 
     Args:
         q_mu: [M, L], m.
-        q_sqrt: [L, M, M], L_S, lower triangular (negative diagonal entries allowed: C = L_S·D).
+        q_sqrt: [L, M, M], L_S, lower triangular: zeros above the diagonal (natgrad_trace's input check
+            ensures it; GPflow's S = L_S L_Sᵀ would read them), negative diagonal entries allowed (C = L_S·D).
         dL_dmean: [M, L], ∂L/∂m.
         dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (its upper triangle does not enter, as in GPflow).
         gamma: the step length γ.
