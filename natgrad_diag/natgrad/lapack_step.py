@@ -3,9 +3,9 @@
 :func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` (natgrad_diag.natgrad.closed_form)
 returns, with the same maths — the derivations (Murray 2016's Cholesky VJP and JVP, the reversed
 Cholesky of B = I + γ(P + Pᵀ) for XiNat, the collapsed XiSqrtMeanVar step) are in that module's docstring,
-items 1-4 — but with the kernels TensorFlow lacks: a triangular inverse (``trtri``), the product of a
-triangle with its transpose (``lauum``) and triangle × matrix products (``trmm``), each about a third of a
-dense product. TensorFlow's matmul, ``triangular_solve`` with an M×M right-hand side and Cholesky treat
+items 1-4 — but with the kernels TensorFlow lacks: a triangular inverse (``trtri``, M³/3 flops) and the
+product of a triangle with its transpose (``lauum``, M³/3), against 2M³ for a dense product; triangle × matrix
+products (``trmm``, M³) and U·A·Uᵀ for a triangular U and a symmetric A (``sygst``, M³). TensorFlow's matmul, ``triangular_solve`` with an M×M right-hand side and Cholesky treat
 every triangle as a full matrix, so the record by LAPACK costs a fraction of the tf.function's time.
 
 Per latent GP, with C = L_S·D (D = diag(sign L_S,ii), the Cholesky factor of S with a positive diagonal),
