@@ -1,4 +1,5 @@
-"""The compiled natgrad_trace: same numbers as the eager path and GPflow, same errors, traced once per key."""
+"""The fast natgrad_trace paths (LAPACK for XiNat/XiSqrtMeanVar, a tf.function for other ξ): same numbers as the
+eager path and GPflow, same errors; the tf.function is traced once per key, the LAPACK path never."""
 
 from __future__ import annotations
 
@@ -17,9 +18,20 @@ import natgrad_diag as nd
 from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError, SingularCovarianceError, StepFailedError
 from natgrad_diag.natgrad import trace as trace_module
 from natgrad_diag.natgrad.trace import trace_count
+from natgrad_diag.tolerance import rounding_bound
 from tests.conftest import random_q
 
-XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
+
+
+class XiNatTF(XiNat):
+    """XiNat under another class: no closed form (closed_form_name is None), so the tf.function path runs."""
+
+
+class XiSqrtMeanVarTF(XiSqrtMeanVar):
+    """XiSqrtMeanVar under another class: the tf.function path."""
+
+
+XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar, "XiNatTF": XiNatTF, "XiSqrtMeanVarTF": XiSqrtMeanVarTF}
 ARRAY_FIELDS = [f.name for f in dataclasses.fields(nd.NatGradTrace) if f.name not in ("gamma", "xi_transform")]
 
 
@@ -45,16 +57,22 @@ def _compiled_only(**kwargs):
 
 
 def _assert_same_trace(a: nd.NatGradTrace, b: nd.NatGradTrace) -> None:
-    """Equal to rounding: Grappler may reorder a floating-point sum, nothing more."""
+    """Equal to rounding. The tf.function path runs the eager path's operations (Grappler may reorder a sum:
+    1e-13 relative); the LAPACK path computes the same record by other, backward-stable formulas, so the
+    two differ by a forward error of order ε·κ(S)·scale (Higham 2002, §1.6; GPflow's step forms S⁻¹ by
+    triangular inverses): rounding_bound's 100·ε·κ(S)·scale, κ(S) the worst over the L latent GPs."""
+    S = b.q_sqrt @ np.transpose(b.q_sqrt, (0, 2, 1))
+    kappa = float(np.max(np.linalg.cond(S)))
     for name in ARRAY_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
         assert x.shape == y.shape and x.dtype == y.dtype, name
         scale = max(1.0, float(np.max(np.abs(y), initial=0.0)))
-        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * scale, err_msg=name)
+        atol = max(1e-13 * scale, rounding_bound(y.dtype, condition=kappa, scale=scale))
+        np.testing.assert_allclose(x, y, rtol=0, atol=atol, err_msg=name)
     assert (a.gamma, a.xi_transform) == (b.gamma, b.xi_transform)
 
 
-@pytest.mark.parametrize("xi_name", ["XiNat", "XiSqrtMeanVar"])
+@pytest.mark.parametrize("xi_name", list(XI))
 @pytest.mark.parametrize("L", [1, 3])
 def test_natgrad_trace__compiled_equals_eager(xi_name, L):
     p_mu, p_sq, g_mu, g_sq = _setup(5, L, seed=L)
@@ -73,7 +91,7 @@ def test_natgrad_trace__compiled_equals_eager__property(M, L, seed, gamma):
     )
 
 
-@pytest.mark.parametrize("xi_name", ["XiNat", "XiSqrtMeanVar"])
+@pytest.mark.parametrize("xi_name", list(XI))
 def test_natgrad_trace__compiled_step_equals_gpflow_optimizer_and_is_read_only(xi_name):
     """Oracle: GPflow's public NaturalGradient on deep copies, with a linear loss with these gradients."""
     p_mu, p_sq, g_mu, g_sq = _setup(6, 2, seed=4)
@@ -109,29 +127,47 @@ def test_natgrad_trace__compiled_default_seed_is_tape_gradient_with_no_output_gr
 
 
 def test_natgrad_trace__repeated_calls_of_one_shape_trace_once():
+    """The tf.function path (a ξ without a closed form): one trace per (shapes, dtype, ξ, transforms)."""
+    xi, other = XiNatTF(), XiSqrtMeanVarTF()
     p_mu, p_sq, g_mu, g_sq = _setup(7, 2, seed=0)
-    nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, compiled=True)
+    nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, compiled=True, xi_transform=xi)
     before = trace_count()
     for k in range(5):  # new values, new gamma, new Parameters: same shapes, dtype and transforms
         a = _setup(7, 2, seed=k + 1)
-        nd.natgrad_trace(*a, gamma=0.1 * (k + 1), compiled=True)
+        nd.natgrad_trace(*a, gamma=0.1 * (k + 1), compiled=True, xi_transform=xi)
     assert trace_count() == before
-    nd.natgrad_trace(*_setup(8, 2, seed=0), compiled=True)  # a new M
-    nd.natgrad_trace(*_setup(7, 2, seed=0), compiled=True, xi_transform=XiSqrtMeanVar())  # a new ξ class
+    nd.natgrad_trace(*_setup(8, 2, seed=0), compiled=True, xi_transform=xi)  # a new M
+    nd.natgrad_trace(*_setup(7, 2, seed=0), compiled=True, xi_transform=other)  # a new ξ class
     assert trace_count() == before + 2
 
 
 def test_natgrad_trace__default_runs_eagerly_once_then_compiles_once():
+    """The tf.function path: a one-off call runs eagerly, the second call traces, later calls reuse it."""
+    xi = XiNatTF()
     shape_args = _setup(9, 1, seed=3)  # a shape no other test uses
     before = trace_count()
-    first = nd.natgrad_trace(*shape_args)
+    first = nd.natgrad_trace(*shape_args, xi_transform=xi)
     assert trace_count() == before  # a one-off call pays no tracing
-    second = nd.natgrad_trace(*shape_args)
+    second = nd.natgrad_trace(*shape_args, xi_transform=xi)
     assert trace_count() == before + 1
     for _ in range(3):
-        nd.natgrad_trace(*shape_args)
+        nd.natgrad_trace(*shape_args, xi_transform=xi)
     assert trace_count() == before + 1
     _assert_same_trace(second, first)
+
+
+@pytest.mark.parametrize("xi_name", ["XiNat", "XiSqrtMeanVar"])
+def test_natgrad_trace__closed_form_xi_take_lapack_from_the_first_call_and_never_trace(xi_name):
+    """compiled=None (the default): XiNat and XiSqrtMeanVar skip the eager path from the first call, trace nothing."""
+    args = _setup(11, 2, seed=5)  # a shape no other test uses
+    before = trace_count()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trace_module, "_natgrad_trace_eager", lambda *a, **k: pytest.fail("the first call ran eagerly"))
+        first = nd.natgrad_trace(*args, xi_transform=XI[xi_name]())
+        again = nd.natgrad_trace(*args, xi_transform=XI[xi_name](), compiled=True)
+    assert trace_count() == before
+    _assert_same_trace(first, nd.natgrad_trace(*args, xi_transform=XI[xi_name](), compiled=False))
+    _assert_same_trace(again, first)
 
 
 # ---- errors: the compiled path defers to the eager one, so messages are identical ---------------------

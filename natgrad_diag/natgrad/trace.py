@@ -21,8 +21,9 @@ import numpy as np
 from natgrad_diag import _compile
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
-from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient, natgrad_tensors_closed_form
-from natgrad_diag.natgrad.trace_inputs import precheck
+from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient
+from natgrad_diag.natgrad.lapack_step import natgrad_record_lapack
+from natgrad_diag.natgrad.trace_inputs import constrained_arrays, fast_parts, precheck, transform_key
 from natgrad_diag.typing import Array
 
 __all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
@@ -40,7 +41,7 @@ class NatGradTrace:
         dL_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1, output_gradients=[dL_dmean, dL_dvarsqrt])`` = Jᵀ·v.
         dL_deta2: [L, M, M], the same for η₂.
         dtheta_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1)`` with the default seed: Jᵀ·1 (the
-            compiled path computes it by :func:`default_seed_gradient`, equal to rounding).
+            fast paths compute it in closed form, :func:`default_seed_gradient`, equal to rounding).
         dtheta_deta2: [L, M, M], the same for η₂.
         xi1, xi2: [M, L], [L, M, M], the current ξ = ``xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)``.
         nat_dL_xi1, nat_dL_xi2: the natural gradient in ξ coordinates (= ∂L/∂η for XiNat).
@@ -194,9 +195,11 @@ def natgrad_tensors(
 
 
 # --------------------------------------------------------------------------------------------------
-# The compiled path: natgrad_tensors in a tf.function, traced once per (shapes, dtype, ξ transform
-# class, parameter transforms) and cached. The eager path below stays the reference (and the source
-# of every error message): whenever the compiled path sees anything unusual it defers to it.
+# The fast paths. XiNat and XiSqrtMeanVar with GPflow's triangular() q_sqrt: the closed-form record by
+# LAPACK (natgrad_diag.natgrad.lapack_step), no tracing. Any other ξ: natgrad_tensors in a tf.function,
+# traced once per (shapes, dtype, ξ transform, parameter transforms) and cached. The eager path below
+# stays the reference (and the source of every error message): whenever a fast path sees anything
+# unusual it defers to it.
 
 _OUT_KEYS = (
     "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
@@ -209,47 +212,12 @@ def trace_count() -> int:
     return _compile.trace_count("natgrad_tensors")
 
 
-def _transform_key(transform: Any) -> Any:
-    """A hashable key for a parameter transform that depends only on what it computes, or ``None``
-    when it cannot be keyed (then the transform is applied eagerly, outside the compiled step).
-
-    ``None`` (identity) gives ``"identity"``; a TFP bijector whose constructor parameters are all
-    plain values (``FillTriangular(upper=False)``, GPflow's ``triangular()``) gives its class and
-    those parameters.
-    """
-    if transform is None:
-        return "identity"
-    params = getattr(transform, "parameters", None)
-    if not isinstance(params, dict):
-        return None
-    items = []
-    for k, v in sorted(params.items()):
-        if v is not None and not isinstance(v, (bool, int, float, str)):
-            return None
-        items.append((k, v))
-    return (type(transform), tuple(items))
-
-
 def _xi_key(xi: Any) -> Any:
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     if type(xi) in (XiNat, XiSqrtMeanVar):  # stateless: the class decides
         return type(xi)
     return (type(xi), id(xi))  # the entry keeps xi alive, so the id is not reused
-
-
-def _fast_parts(x: Any) -> tuple[Any, Any] | None:
-    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
-    import gpflow
-    import tensorflow as tf
-
-    if isinstance(x, gpflow.Parameter):
-        return x.unconstrained_variable, x.transform
-    if isinstance(x, (tf.Variable, tf.Tensor)):
-        return x, None
-    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
-        return tf.convert_to_tensor(x), None
-    return None
 
 
 def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
@@ -264,7 +232,6 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
     if not build and _compile.recall(ckey) is None:
         _compile.remember(ckey, True, keep=(xi, t_mu, t_sq))  # the next call with this key compiles
         return None
-    closed = closed_form_name(xi, t_sq)
 
     def make() -> Any:
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
@@ -274,10 +241,7 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
             q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
             dL_dmean = g_mu if t_mu is None else t_mu.forward(g_mu)
             dL_dvarsqrt = g_sq if t_sq is None else t_sq.forward(g_sq)
-            if closed is not None:
-                out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, closed)
-            else:
-                out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
+            out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
             out.update(
@@ -298,13 +262,15 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
 def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
-    """The compiled step, or ``None`` when the eager reference path must decide (any unusual input,
+    """A fast path's trace, or ``None`` when the eager reference path must decide (any unusual input,
     a failed in-graph check, a failed Cholesky: it then raises the same error it always did), or,
-    with ``build=False``, when this key has not been compiled yet (a first call runs eagerly)."""
+    with ``build=False``, when the tf.function for this key has not been compiled yet (a first call
+    runs eagerly). The closed-form ξ (XiNat, XiSqrtMeanVar with a triangular q_sqrt) take the LAPACK
+    record whatever ``build`` is: it has no tracing to pay."""
     import tensorflow as tf
 
-    p_mu, p_sq = _fast_parts(q_mu), _fast_parts(q_sqrt)
-    gr_mu, gr_sq = _fast_parts(q_mu_grad), _fast_parts(q_sqrt_grad)
+    p_mu, p_sq = fast_parts(q_mu), fast_parts(q_sqrt)
+    gr_mu, gr_sq = fast_parts(q_mu_grad), fast_parts(q_sqrt_grad)
     if p_mu is None or p_sq is None or gr_mu is None or gr_sq is None or gr_mu[1] is not None or gr_sq[1] is not None:
         return None
     (mu_in, t_mu), (sq_in, t_sq) = p_mu, p_sq
@@ -316,7 +282,10 @@ def _natgrad_trace_compiled(
     shapes = [tuple(t.shape.as_list()) for t in tensors]
     if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
         return None
-    k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
+    closed = closed_form_name(xi, t_sq)
+    if closed is not None:
+        return _natgrad_trace_lapack((mu_in, sq_in, g_mu, g_sq), t_mu, t_sq, g, xi, closed)
+    k_mu, k_sq = transform_key(t_mu), transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
     key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
@@ -345,6 +314,29 @@ def _natgrad_trace_compiled(
     )
 
 
+def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: float, xi: Any, closed: str) -> NatGradTrace | None:
+    """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or
+    ``None`` for the eager path to decide: an input that is not finite or singular, a non-PD B (γ too
+    long), a step with NaN or Inf."""
+    try:
+        arrays = constrained_arrays(tensors, t_mu, t_sq)
+    except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
+        return None
+    if arrays is None:
+        return None
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = arrays
+    try:
+        record = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, g, closed)
+    except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
+        return None
+    if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
+        return None
+    return NatGradTrace(
+        dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt, gamma=g, xi_transform=type(xi).__name__,
+        q_mu=q_mu, q_sqrt=q_sqrt, **record,
+    )  # fmt: skip
+
+
 def _check_finite_step(arrays: dict[str, Array], g: float, xi: Any) -> None:
     bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
     if bad:
@@ -369,10 +361,19 @@ def natgrad_trace(
 
     Nothing is assigned: the parameters are bit-identical afterwards.
 
-    From the second call with the same (shapes, dtype, ξ transform class, parameter transforms) the
-    TensorFlow part runs as a ``tf.function`` traced once for that key and cached, so calling it in a
-    training loop costs about one compiled GPflow step; the first call runs the same operations
-    eagerly (a single call pays no tracing). Both paths give the same numbers.
+    Three paths give the same numbers (to rounding, ε·κ(S); tested against each other and GPflow's optimizer):
+
+    - the eager reference: the user's lines as written, ``tape.gradient`` included (the default-seed
+      ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message
+      comes from it, and ``natgrad-diag explain`` uses it;
+    - XiNat and XiSqrtMeanVar with GPflow's ``triangular()`` q_sqrt: the closed-form record
+      (natgrad_diag.natgrad.closed_form) computed by LAPACK's triangular kernels on numpy arrays
+      (natgrad_diag.natgrad.lapack_step) — TensorFlow has no triangular inverse, ``lauum`` or triangular
+      product, so this is faster than GPflow's compiled step itself; it traces nothing, so it runs from
+      the first call;
+    - any other ξ transform or q_sqrt transform: the eager path's operations in a ``tf.function`` traced once
+      per (shapes, dtype, ξ transform, parameter transforms) and cached, from the second call with a key
+      (a single call pays no tracing).
 
     Args:
         q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
@@ -381,8 +382,9 @@ def natgrad_trace(
         q_sqrt_grad: dL/d(q_sqrt.unconstrained_variable) ([L, M(M+1)/2] for a triangular transform).
         gamma: the step length γ > 0.
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
-        compiled: ``True``: always the cached ``tf.function`` (tracing on a first call);
-            ``False``: always eager; ``None`` (default): eager on the first call of a key, compiled after.
+        compiled: ``True``: a fast path (LAPACK, or the cached ``tf.function``, tracing on a first call);
+            ``False``: always the eager reference path; ``None`` (default): LAPACK from the first call for
+            XiNat/XiSqrtMeanVar, else eager on the first call of a key and the ``tf.function`` after.
 
     Returns:
         A frozen :class:`NatGradTrace`.

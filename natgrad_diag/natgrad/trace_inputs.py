@@ -1,4 +1,4 @@
-"""natgrad_trace's inputs before either path runs: eager mode, float32/float64, M, L ≥ 1, a lower-triangular q_sqrt."""
+"""natgrad_trace's inputs: the checks before either path runs, and the fast paths' view of them (tensors, transforms, arrays)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag.typing import FloatArray
 
-__all__ = ["precheck", "require_lower_triangular"]
+__all__ = ["constrained_arrays", "fast_parts", "precheck", "require_lower_triangular", "transform_key"]
 
 
 def precheck(q_mu: Any, q_sqrt: Any) -> None:
@@ -66,3 +67,101 @@ def require_lower_triangular(q_sqrt: Any) -> None:
                      ("Got", f"{shape_str(a.shape)} with q_sqrt[{l_idx}, {i}, {j}] = {a[l_idx, i, j]:.6g}")],
             remedy="pass np.tril(q_sqrt) (the Cholesky factor), or a gpflow.Parameter with transform=gpflow.utilities.triangular().",
         )
+
+
+def transform_key(transform: Any) -> Any:
+    """A hashable key for a parameter transform that depends only on what it computes, or ``None``
+    when it cannot be keyed (then the transform is applied eagerly, outside the compiled step).
+
+    ``None`` (identity) gives ``"identity"``; a TFP bijector whose constructor parameters are all
+    plain values (``FillTriangular(upper=False)``, GPflow's ``triangular()``) gives its class and
+    those parameters.
+    """
+    if transform is None:
+        return "identity"
+    params = getattr(transform, "parameters", None)
+    if not isinstance(params, dict):
+        return None
+    items = []
+    for k, v in sorted(params.items()):
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return None
+        items.append((k, v))
+    return (type(transform), tuple(items))
+
+
+def fast_parts(x: Any) -> tuple[Any, Any] | None:
+    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(x, gpflow.Parameter):
+        return x.unconstrained_variable, x.transform
+    if isinstance(x, (tf.Variable, tf.Tensor)):
+        return x, None
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return tf.convert_to_tensor(x), None
+    return None
+
+
+_FILL_INDEX: dict[int, tuple[Any, Any, Any]] = {}  # M -> (rows, cols, source) of FillTriangular(upper=False)
+
+
+def _is_fill_lower(transform: Any) -> bool:
+    import tensorflow_probability as tfp
+
+    return type(transform) is tfp.bijectors.FillTriangular and not transform.parameters.get("upper", False)
+
+
+def _is_identity(transform: Any) -> bool:
+    import tensorflow_probability as tfp
+
+    return transform is None or type(transform) is tfp.bijectors.Identity
+
+
+def _forward(x: Any, transform: Any) -> FloatArray:
+    """``transform.forward(x)`` as a numpy array. The identity (``None`` or TFP's ``Identity``) is x; GPflow's ``triangular()`` (FillTriangular, lower) moves data and
+    computes nothing, so it is reproduced exactly by a numpy gather: the positions are those the bijector itself
+    gives 1, 2, ..., n (learnt once per M); this skips TFP's bijector cache, which costs milliseconds a call.
+    Any other transform runs in TensorFlow, eagerly."""
+    a = x if _is_identity(transform) else None
+    if a is None and not _is_fill_lower(transform):
+        a = transform.forward(x)
+    if a is not None:
+        return np.asarray(a.numpy() if hasattr(a, "numpy") else a)
+    v = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    n = v.shape[-1]
+    M = int(round((np.sqrt(8 * n + 1) - 1) / 2))
+    if M * (M + 1) // 2 != n:
+        return np.asarray(transform.forward(x).numpy())  # the bijector names the shape error on the eager path
+    if M not in _FILL_INDEX:
+        probe = np.asarray(transform.forward(np.arange(1.0, n + 1.0)))  # [M, M]: k + 1 where entry k goes, else 0
+        rows, cols = np.nonzero(probe)
+        _FILL_INDEX[M] = (rows, cols, probe[rows, cols].astype(np.intp) - 1)
+    rows, cols, source = _FILL_INDEX[M]
+    out = np.zeros(v.shape[:-1] + (M, M), dtype=v.dtype)
+    out[..., rows, cols] = v[..., source]
+    return out
+
+
+def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[FloatArray, ...] | None:
+    """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays, for the LAPACK path, from ``tensors`` =
+    (the unconstrained q_mu, q_sqrt, and their gradients) and the parameters' transforms.
+
+    The transforms are the eager path's (``transform.forward`` of the unconstrained values, and of the
+    gradients: GPflow's ``_to_constrained``), bit for bit (:func:`_forward`). ``None`` when the eager
+    reference path must decide (and name the problem): an input that is not finite, a zero on q_sqrt's
+    diagonal, shapes that do not fit.
+    """
+    mu_in, sq_in, g_mu, g_sq = tensors
+    q_mu, q_sqrt, d_mu, d_sq = (_forward(x, t) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq)))
+    if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
+        return None
+    if d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
+        return None
+    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
+    if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
+        return None
+    if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
+        return None
+    return q_mu, q_sqrt, d_mu, d_sq
