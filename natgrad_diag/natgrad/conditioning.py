@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag.natgrad.lapack_step import one_blas_thread
 from natgrad_diag.typing import Array
 
 __all__ = ["Conditioning", "factor_extremes", "fisher_condition_estimate", "kappa", "measure_conditioning"]
@@ -41,7 +42,8 @@ def kappa(matrices: Any) -> tuple[float, float, float]:
     a = a.reshape((-1,) + a.shape[-2:])
     if not np.all(np.isfinite(a)):
         return float("inf"), float("nan"), float("nan")
-    lam = np.stack([_eigvalsh(np.array(m, order="F")) for m in a])  # a copy: LAPACK overwrites its input
+    with one_blas_thread():
+        lam = np.stack([_eigvalsh(np.array(m, order="F")) for m in a])  # a copy: LAPACK overwrites its input
     lo, hi = lam[:, 0], lam[:, -1]
     return float(_ratio(lo, hi).max()), float(lo.min()), float(hi.max())
 
@@ -66,18 +68,24 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     lo, hi = np.full(c.shape[0], np.nan), np.full(c.shape[0], np.nan)
     lauum = scipy.linalg.get_lapack_funcs("lauum", (c,))
     upper = np.triu_indices(c.shape[-1], 1)
-    for i, ci in enumerate(c):
-        if not np.all(np.isfinite(ci)):
-            continue
-        if np.any(ci[upper]):  # not triangular: form C Cᵀ
-            lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
-        else:
-            ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
-            if info != 0:
-                continue
-            lam = _eigvalsh(ctc)
-        lo[i], hi[i] = lam[0], lam[-1]
+    with one_blas_thread():
+        for i, ci in enumerate(c):
+            lo[i], hi[i] = _extremes_of_one(ci, lauum, upper)
     return lo, hi
+
+
+def _extremes_of_one(ci: Array, lauum: Any, upper: Any) -> tuple[float, float]:
+    """(λmin, λmax) of ci ciᵀ, NaN when ci is not finite (see :func:`factor_extremes`)."""
+    if not np.all(np.isfinite(ci)):
+        return float("nan"), float("nan")
+    if np.any(ci[upper]):  # not triangular: form C Cᵀ
+        lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
+    else:
+        ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
+        if info != 0:
+            return float("nan"), float("nan")
+        lam = _eigvalsh(ctc)
+    return float(lam[0]), float(lam[-1])
 
 
 def fisher_condition_estimate(q_mu: Array, q_sqrt: Array, extremes: tuple[Array, Array] | None = None) -> float:

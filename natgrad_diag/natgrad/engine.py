@@ -40,7 +40,7 @@ class FastEngine:
     ``loss_at(data, q_mu, q_sqrt)`` is the training loss of the scratch copy at another q(u) (the loss-gradient check's
     finite differences; valid after ``run`` or ``sync``, which copy the model's other variables into the scratch copy).
     ``run`` computes, in compiled pieces called in turn: the loss and its gradients (GPflow's tape), natgrad-diag's step
-    (the closed form where it applies, else ``natgrad_tensors``), GPflow's own update (``natgrad_diag._gpflow.natgrad_apply_gradients``) applied with the
+    (the closed form by LAPACK where it applies, else ``natgrad_tensors``), GPflow's own update (``natgrad_diag._gpflow.natgrad_apply_gradients``) applied with the
     same gradients to a scratch deep copy of the model, the loss after GPflow's step, and the matrix-free Fisher
     products. The scratch copy's variables are overwritten from the model's at every call; the model is only read.
     When a Cholesky fails inside a piece, :func:`natgrad_diag.natgrad.step.take_step_fast` finds out which part failed.
@@ -50,6 +50,11 @@ class FastEngine:
         import gpflow
         import tensorflow as tf
 
+        from natgrad_diag._gpflow import to_constrained
+        from natgrad_diag.natgrad.closed_form import closed_form_name
+
+        #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record (natgrad.lapack_step), else None
+        self.lapack_xi = closed_form_name(xi, model.q_sqrt.transform)
         # A weak reference: the engine lives in a WeakKeyDictionary keyed by the model, so it must not keep the
         # model alive (the compiled graphs hold the variables they read, not the model).
         self._model_ref = weakref.ref(model)
@@ -60,8 +65,12 @@ class FastEngine:
         model_ref, update = self._model_ref, _gpflow_update(model, self.scratch, self.opt, self.gamma_var, xi, has_data)
 
         def grads_only(data: Any) -> dict[str, Any]:
-            loss, g_mu, g_sq = loss_and_grads(model_ref(), data if has_data else None)
-            return dict(loss=loss, g_mu=g_mu, g_sq=g_sq)
+            m = model_ref()
+            loss, g_mu, g_sq = loss_and_grads(m, data if has_data else None)
+            return dict(
+                loss=loss, g_mu=g_mu, g_sq=g_sq, q_mu=tf.convert_to_tensor(m.q_mu), q_sqrt=tf.convert_to_tensor(m.q_sqrt),
+                dL_dmean=to_constrained(g_mu, m.q_mu.transform), dL_dvarsqrt=to_constrained(g_sq, m.q_sqrt.transform),
+            )  # fmt: skip
 
         def ours(g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             return {k: v for k, v in step_tensors(model_ref(), g_mu, g_sq, gamma, xi, closed_form=True).items() if k in _KEEP}
@@ -80,21 +89,41 @@ class FastEngine:
         self.fisher = tf.function(fisher_matrix_free_tensors)
 
     def run(self, data: Any, gamma: Any) -> dict[str, Any]:
-        """Every piece on the model's current parameters: the loss, both steps, the loss after, F·∇ηL and ∇θL."""
+        """Every piece on the model's current parameters, as numpy arrays: the loss and its gradients, both steps,
+        the loss after GPflow's, F·∇ηL and ∇θL.
+
+        natgrad-diag's step is the closed form by LAPACK (:func:`~natgrad_diag.natgrad.lapack_step.natgrad_record_lapack`)
+        for XiNat and XiSqrtMeanVar, else the compiled ``natgrad_tensors``. When the LAPACK record refuses the step
+        (γ too long, a singular q_sqrt) the compiled closed form runs instead, so that the failure is TensorFlow's
+        ``InvalidArgumentError``, which :func:`~natgrad_diag.natgrad.step.take_step_fast` explains piece by piece.
+        """
         import tensorflow as tf
 
         # Compiled pieces called in turn, not one fused graph: in one graph TensorFlow ran the independent
         # branches (our step, GPflow's update) concurrently, and on 2 cores that oversubscription made the
         # whole about 25% slower than its parts (measured at M = 1000).
-        g = self.grads_only(data)
-        out = dict(self.ours(g["g_mu"], g["g_sq"], gamma))
-        out.update(g)
-        out.update(self.gpflow_apply(data, g["g_mu"], g["g_sq"], gamma))
+        g = {k: v.numpy() for k, v in self.grads_only(data).items()}
+        out = dict(g)
+        out.update(self._ours(g, gamma))
+        out.update({k: v.numpy() for k, v in self.gpflow_apply(data, g["g_mu"], g["g_sq"], gamma).items()})
         if self._fisher_on:
-            model = self._model_ref()
-            q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
-            out.update(self.fisher(q_mu, q_sqrt, out["dL_dmean"], out["dL_dvarsqrt"], out["dL_deta1"], out["dL_deta2"]))
+            args = [tf.constant(out[k]) for k in ("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2")]
+            out.update({k: v.numpy() for k, v in self.fisher(*args).items()})
         return out
+
+    def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
+        """natgrad-diag's step from the gradients ``g`` (numpy), the keys of ``_KEEP``."""
+        from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
+        from natgrad_diag.natgrad.lapack_step import natgrad_record_lapack
+
+        if self.lapack_xi is not None:
+            try:
+                rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], float(gamma), self.lapack_xi)
+            except (StepFailedError, SingularCovarianceError):
+                pass  # the compiled step below fails too, with TensorFlow's error
+            else:
+                return {k: rec[k] for k in _KEEP if k in rec}
+        return {k: v.numpy() for k, v in self.ours(g["g_mu"], g["g_sq"], gamma).items()}
 
     def sync(self, model: Any) -> None:
         """Copy every variable of the model into the scratch copy (hyperparameters may have changed)."""

@@ -38,7 +38,9 @@ against 8; a second core can at best halve the one-thread time.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +49,7 @@ import numpy as np
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
 from natgrad_diag.typing import FloatArray
 
-__all__ = ["natgrad_record_lapack"]
+__all__ = ["natgrad_record_lapack", "one_blas_thread"]
 
 _KEYS = (
     "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
@@ -83,6 +85,18 @@ def _one_blas_thread() -> Any:
     if not _CONTROLLER:
         _CONTROLLER.append(ThreadpoolController())
     return _CONTROLLER[0].limit(limits=1, user_api="blas")
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the body with every BLAS library of the process at one thread, one such body at a time.
+
+    The numpy/scipy linear algebra of the checks (this record, the condition numbers of
+    :mod:`natgrad_diag.natgrad.conditioning`) runs in it: reproducible to the bit, and safe from OpenBLAS's
+    collapse on a busy machine (see the module docstring).
+    """
+    with _LOCK, _one_blas_thread():
+        yield
 
 
 def _kernels(dtype: Any) -> _Kernels:
@@ -240,7 +254,7 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     M, L = q_mu.shape
     k = _kernels(dtype)
     g = dtype.type(gamma)
-    with _LOCK, _one_blas_thread():
+    with one_blas_thread():
         per = [
             _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi)
             for j in range(L)

@@ -16,7 +16,7 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
     """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
     In full mode both steps run eagerly (natgrad-diag's record follows GPflow's lines); in fast mode natgrad-diag's
-    step is the closed form (:mod:`natgrad_diag.natgrad.closed_form`, where it applies) against GPflow's compiled
+    step is the closed form computed by LAPACK (:mod:`natgrad_diag.natgrad.lapack_step`, where it applies) against GPflow's compiled
     step, two different computations of the same formula. They differ only in rounding, which GPflow's route
     amplifies by κ_η·κ(S_new)·cancellation
     (:attr:`~natgrad_diag.natgrad.conditioning.Conditioning.step_condition`): the rounding term is

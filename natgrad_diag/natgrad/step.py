@@ -131,7 +131,7 @@ def take_step_fast(ctx: Context, engine: FastEngine) -> tuple[Step, GpflowStep, 
     gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
     data = ctx.data if ctx.data is not None else ()
     try:
-        out = {k: v.numpy() for k, v in engine.run(data, gamma).items()}
+        out = engine.run(data, gamma)
     except tf.errors.InvalidArgumentError:
         return _piece_by_piece(ctx, engine, data, gamma)
     step = Step(
