@@ -308,3 +308,18 @@ def test_natgrad_trace__lapack_path_shares_no_memory_with_the_users_arrays():
     g_mu += 1.0
     for name, value in kept.items():
         np.testing.assert_array_equal(getattr(trace, name), value, err_msg=name)
+
+
+@pytest.mark.parametrize("xi", ["nat", "sqrtmeanvar"])
+@pytest.mark.parametrize("M, L, condition", [(1, 1, 1.0), (7, 2, 1e4), (20, 3, 1e6)])
+def test_natgrad_record_lapack__full_false_gives_the_step_and_dL_deta_only_against_the_autodiff_record(M, L, condition, xi):
+    # The fast check's record (full=False): the step and ∂L/∂η against the autodiff record, and η, Jᵀ·1, ξ left out.
+    q_mu, q_sqrt = make_q(M, L, seed=3 * M + L, condition=condition)
+    dL_dmean, G = make_grads(q_sqrt, seed=M + 11)
+    got = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, G, 0.3, xi, full=False)
+    want = autodiff_record(q_mu, q_sqrt, dL_dmean, G, 0.3, xi)
+    assert set(got) == {"dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt"}
+    k = kappa(q_mu, q_sqrt)
+    for key, value in got.items():
+        assert value.shape == want[key].shape, key
+        assert_close(value, want[key], dtype=np.float64, condition=k, name=key)

@@ -118,7 +118,7 @@ class FastEngine:
 
         if self.lapack_xi is not None:
             try:
-                rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], float(gamma), self.lapack_xi)
+                rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], float(gamma), self.lapack_xi, full=False)
             except (StepFailedError, SingularCovarianceError):
                 pass  # the compiled step below fails too, with TensorFlow's error
             else:

@@ -171,10 +171,13 @@ def _xinat_step(k: _Kernels, u: FloatArray, x: FloatArray, m: FloatArray, dm: Fl
     return m - gamma * w, new_t
 
 
-def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: FloatArray, gamma: Any, xi: str) -> dict[str, FloatArray]:
+def _latent(
+    k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: FloatArray, gamma: Any, xi: str, full: bool = True
+) -> dict[str, FloatArray]:
     """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered
     inputs (no copy). Working with transposes keeps every matrix Fortran-ordered without a transposing copy;
-    each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one)."""
+    each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one).
+    ``full=False`` leaves out η, Jᵀ·1 and ξ (the step and ∂L/∂η only)."""
     u = np.multiply(ls_t, np.where(np.diagonal(ls_t) < 0, -1.0, 1.0).astype(ls_t.dtype)[:, None], order="F")  # U = Cᵀ = D L_Sᵀ
     v, info = k.trtri(u, lower=0, overwrite_c=0)  # V = C⁻ᵀ, upper, computed once
     _require(info, "trtri")
@@ -184,34 +187,37 @@ def _latent(k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: F
     half, info = k.sygst(x, v, itype=2, lower=0, overwrite_a=0)  # upper triangle of V (P + Pᵀ) Vᵀ
     _require(info, "sygst")
     dL_dS = 0.5 * _sym_tri(half)  # ½ C⁻ᵀ (P + Pᵀ) C⁻¹
-    dtheta1, dtheta2 = _default_seed(k, u, v, m)
-    jsj, info = k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)  # (JUJ)ᵀ(JUJ) = J S J
-    _require(info, "lauum")
-    jsj = _sym_tri(jsj)
-    cov = jsj[::-1, ::-1]  # S = C Cᵀ
-    out = dict(
-        eta1=m, eta2=_c_layout(cov + np.outer(m, m)), dL_deta1=dm - 2.0 * _times(k, dL_dS, m),
-        dL_deta2=_c_layout(dL_dS), dtheta_deta1=dtheta1, dtheta_deta2=_c_layout(dtheta2),
-    )  # fmt: skip
+    out = dict(dL_deta1=dm - 2.0 * _times(k, dL_dS, m), dL_deta2=_c_layout(dL_dS))
+    if full or xi == "sqrtmeanvar":
+        jsj, info = k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)  # (JUJ)ᵀ(JUJ) = J S J
+        _require(info, "lauum")
+        jsj = _sym_tri(jsj)
+    if full:
+        dtheta1, dtheta2 = _default_seed(k, u, v, m)
+        cov = jsj[::-1, ::-1]  # S = C Cᵀ
+        out.update(eta1=m, eta2=_c_layout(cov + np.outer(m, m)), dtheta_deta1=dtheta1, dtheta_deta2=_c_layout(dtheta2))
     if xi == "sqrtmeanvar":
         pt = x  # Pᵀ = Φ(CᵀG)ᵀ: x with its diagonal halved (x is not needed after this)
         pt[np.diag_indices_from(pt)] *= 0.5
         nat2_t = k.trmm(1.0, u, pt, side=1, lower=0, overwrite_b=1)  # Pᵀ Cᵀ = (C P)ᵀ = (L_S Φ(L_Sᵀ G))ᵀ
         nat1 = _times(k, jsj, dm[::-1])[::-1]  # S ∂L/∂m = J (JSJ) J ∂L/∂m
-        out.update(xi1=m, xi2=ls_t.T, nat_dL_xi1=nat1, nat_dL_xi2=nat2_t.T, new_q_mu=m - gamma * nat1, new_q_sqrt=(ls_t - gamma * nat2_t).T)
+        out.update(nat_dL_xi1=nat1, nat_dL_xi2=nat2_t.T, new_q_mu=m - gamma * nat1, new_q_sqrt=(ls_t - gamma * nat2_t).T)
+        if full:
+            out.update(xi1=m, xi2=ls_t.T)
         return out
-    lam, info = k.lauum(v, lower=0, overwrite_c=0)  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (upper triangle)
-    _require(info, "lauum")
-    lam = _sym_tri(lam)
     new_mu, new_t = _xinat_step(k, u, x, m, dm, gamma)
-    out.update(
-        xi1=_times(k, lam, m), xi2=_c_layout(-0.5 * lam), nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=out["dL_deta2"],
-        new_q_mu=new_mu, new_q_sqrt=new_t.T,
-    )  # fmt: skip
+    out.update(nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=out["dL_deta2"], new_q_mu=new_mu, new_q_sqrt=new_t.T)
+    if full:
+        lam, info = k.lauum(v, lower=0, overwrite_c=0)  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (upper triangle)
+        _require(info, "lauum")
+        lam = _sym_tri(lam)
+        out.update(xi1=_times(k, lam, m), xi2=_c_layout(-0.5 * lam))
     return out
 
 
-def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str) -> dict[str, FloatArray]:
+def natgrad_record_lapack(
+    q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str, *, full: bool = True
+) -> dict[str, FloatArray]:
     """``natgrad_tensors_closed_form``'s record (η, ∂L/∂η, Jᵀ·1, ξ, the natural gradient in ξ, the new q(u))
     by LAPACK, one latent GP at a time (the module docstring lists the kernels).
 
@@ -223,6 +229,8 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
         dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (its upper triangle does not enter, as in GPflow).
         gamma: the step length γ.
         xi: ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
+        full: ``False`` computes only ∂L/∂η, the natural gradient in ξ and the new q(u) (the fast check's needs),
+            leaving out η, Jᵀ·1 and ξ.
 
     Returns:
         A dict with the keys of ``natgrad_tensors_closed_form``: ``eta1``, ``eta2``, ``dL_deta1``, ``dL_deta2``,
@@ -256,11 +264,11 @@ def natgrad_record_lapack(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     g = dtype.type(gamma)
     with one_blas_thread():
         per = [
-            _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi)
+            _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full)
             for j in range(L)
         ]
     out: dict[str, FloatArray] = {}
-    for key in _KEYS:
+    for key in (kk for kk in _KEYS if kk in per[0]):
         if key in _MATRIX_KEYS:
             arr = np.empty((L, M, M), dtype=dtype)
             for j in range(L):
