@@ -150,6 +150,27 @@ def test_767_state__fast_mode_calls_give_identical_statuses():
     assert runs[0].status != "fail"
 
 
+# --- the jitter cause: a duplicated inducing point makes Kuu singular ---------------------------------------
+
+
+def test_duplicated_inducing_point__adds_the_jitter_cause_and_distinct_points_do_not(svgp_1e4_report):
+    # Closed-form oracle: with two equal rows of Z, Kuu is singular, so λmin(Kuu + jitter·I) is the jitter itself.
+    X, Y, Z = _setup()
+    Z_dup = np.vstack([Z[:2], Z[1:2]])
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1), Z_dup, num_data=4)
+    m.q_mu.assign(np.random.RandomState(0).randn(3, 1))
+    m.q_sqrt.assign(1e-4 * np.eye(3)[None])
+    r = check_natgrad(m, (X, Y), progress=False)
+    jitter = gpflow.config.default_jitter()
+    names = [c.name for c in r.causes]
+    assert "ill_conditioning" in names and "jitter" in names, str(r)
+    lam_min = min(np.linalg.eigvalsh(gpflow.covariances.Kuu(m.inducing_variable, m.kernel, jitter=jitter).numpy()))
+    assert lam_min == pytest.approx(jitter, rel=1e-6)
+    cause = next(c for c in r.causes if c.name == "jitter")
+    assert "λmin(Kuu + jitter·I) = 1.00e-06" in cause.evidence and "duplicate" in cause.fix
+    assert "jitter" not in [c.name for c in svgp_1e4_report.causes]  # the same state with distinct points
+
+
 # --- a genuine miss from ill-conditioning: SVGP with q_sqrt = 1e-4·I ------------------------------------------
 
 
