@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
 from natgrad_diag.gradcheck.problem import Problem, compare
@@ -48,7 +49,7 @@ def _analytic_columns(block: Array, in_shape: tuple[int, ...], coords: list[tupl
     return np.stack(cols, axis=1) if cols else np.zeros((n_out, 0), block.dtype)
 
 
-def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any) -> Any:
+def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any) -> BlockJacobian:
     """The explicit Jacobian from reverse mode (a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`).
 
     It is the derivative ``tape.gradient`` uses and the gradient check checks.

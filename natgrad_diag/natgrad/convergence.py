@@ -31,7 +31,8 @@ def _naturals(model: Any) -> Array:
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
     t1, t2 = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
-    return np.concatenate([np.ravel(t1.numpy()), np.ravel(t2.numpy())]).astype(np.float64)
+    naturals: Array = np.concatenate([np.ravel(t1.numpy()), np.ravel(t2.numpy())]).astype(np.float64)
+    return naturals
 
 
 def natural_distance(a: Array, b: Array) -> float:

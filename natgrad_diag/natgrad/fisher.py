@@ -93,6 +93,8 @@ def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> 
     advance()
     K = jacobian(_fisher_msqrt_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("mean", "varsqrt"))
     advance()
+    # check_natgrad's _fisher_stage calls this only when the step computed ∂L/∂η (dL_deta1 and dL_deta2)
+    assert step.dL_deta1 is not None and step.dL_deta2 is not None
     grad_theta = np.concatenate([np.ravel(g) for g in K.vjp([step.dL_dmean, step.dL_dvarsqrt])])
     want = np.concatenate([np.ravel(step.dL_deta1), np.ravel(step.dL_deta2.reshape(L, M * M)[:, lower_flat])])
     F64 = F.astype(np.float64)

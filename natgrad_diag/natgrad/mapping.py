@@ -8,6 +8,7 @@ T.inverse at c; the two agree only for linear isometric transforms (identity, Fi
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,8 @@ __all__ = ["check_gradient_mapping", "is_isometric"]
 
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that attributes a warning to the first caller outside natgrad_diag."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").startswith("natgrad_diag"):
         frame = frame.f_back
         level += 1

@@ -36,6 +36,9 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
             passed=agree,
             detail=f"natgrad-diag: {(step.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}.",
         )
+    # Neither step failed: both hold their new q_mu and q_sqrt (the comparisons below rely on it).
+    assert step.new_q_mu is not None and step.new_q_sqrt is not None
+    assert gp.q_mu is not None and gp.q_sqrt is not None
     claim = (
         f"the step natgrad-diag computes (natgrad_tensors, {type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals "
         "what gpflow.optimizers.NaturalGradient assigns to a copy of the model"
