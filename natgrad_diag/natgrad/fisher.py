@@ -68,7 +68,8 @@ def _fisher_msqrt_of_theta(a: Any, b: Any) -> tuple[Any, Any]:
     """(θ₁ [M, L], vech θ₂ [L, P]) ↦ (m [M, L], L_S [L, M, M]) by GPflow's natural_to_meanvarsqrt."""
     from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
 
-    return natural_to_meanvarsqrt(a, theta2_of_vech(b))
+    mean_varsqrt: tuple[Any, Any] = natural_to_meanvarsqrt(a, theta2_of_vech(b))
+    return mean_varsqrt
 
 
 def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> Outcome:
