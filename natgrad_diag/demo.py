@@ -214,9 +214,9 @@ def make_model(
     with dtype_context(dt):
         kernel = gpflow.kernels.SquaredExponential(lengthscales=1.5, variance=1.0)
         if name == "svgp":
-            Z = np.linspace(0.2, 9.8, M)[:, None].astype(dt)
-            q_mu = (0.3 * rng.normal(size=(M, L))).astype(dt)
-            q_sqrt = None
+            Z: Array = np.linspace(0.2, 9.8, M)[:, None].astype(dt)
+            q_mu: Array = (0.3 * rng.normal(size=(M, L))).astype(dt)
+            q_sqrt: Array | None = None
             if q_diag:
                 q_sqrt = rng.uniform(0.3, 0.9, size=(M, L)).astype(dt)
             else:

@@ -29,7 +29,7 @@ GPFLOW_MAPS = {
 
 
 def gpflow_map_name(fn: Any) -> str | None:
-    name = getattr(fn, "__name__", None)
+    name: str | None = getattr(fn, "__name__", None)
     if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad":
         return name
     return None
@@ -108,7 +108,7 @@ def coordinates(shape: tuple[int, ...], structure: str, name: str) -> list[tuple
         4
     """
     if structure == "symmetric":
-        coords = []
+        coords: list[tuple[tuple[int, ...], ...]] = []
         for idx in np.ndindex(*shape):
             a, b = idx[-2], idx[-1]
             if a > b:

@@ -22,7 +22,8 @@ def _eigvalsh(a: Array) -> Array:
     """The eigenvalues of one symmetric matrix [M, M] given by its lower triangle, ascending (LAPACK's ``syevd``)."""
     import scipy.linalg
 
-    return scipy.linalg.eigvalsh(a, lower=True, overwrite_a=True, check_finite=False, driver="evd")
+    eigenvalues: Array = scipy.linalg.eigvalsh(a, lower=True, overwrite_a=True, check_finite=False, driver="evd")
+    return eigenvalues
 
 
 def _ratio(lo: Array, hi: Array) -> Array:
@@ -167,17 +168,19 @@ def _kuu(model: Any) -> Array | None:
     try:
         if isinstance(model, gpflow.models.VGP):
             X = model.data[0]
-            K = model.kernel(X, full_cov=True) if not isinstance(model.kernel, gpflow.kernels.MultioutputKernel) else model.kernel(X, full_cov=True, full_output_cov=False)
-            K = np.asarray(K)
+            KX = model.kernel(X, full_cov=True) if not isinstance(model.kernel, gpflow.kernels.MultioutputKernel) else model.kernel(X, full_cov=True, full_output_cov=False)
+            K = np.asarray(KX)
             n = K.shape[-1]
-            return K + jitter * np.eye(n)
+            K_jittered: Array = K + jitter * np.eye(n)
+            return K_jittered
         K = np.asarray(gpflow.covariances.Kuu(model.inducing_variable, model.kernel, jitter=jitter))
     except Exception:  # noqa: BLE001 - an exotic kernel or inducing variable: κ(Kuu) is then not reported
         return None
     if K.ndim == 4:  # [M, L, M, L]
         M, L = K.shape[0], K.shape[1]
         return K.reshape(M * L, M * L)[None]
-    return K if K.ndim == 3 else K[None]
+    stack: Array = K if K.ndim == 3 else K[None]
+    return stack
 
 
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None, kappa_F: float | None = None) -> Conditioning:
@@ -200,5 +203,5 @@ def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Arr
     K = _kuu(model) if model is not None else None
     k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
     measured = kappa_F is not None and np.isfinite(kappa_F)
-    k_F = float(kappa_F) if measured else fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S))
+    k_F = float(kappa_F) if measured and kappa_F is not None else fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S))
     return Conditioning(k_S, k_new, float(cancel), k_K, lo_K, k_F, measured, k_eta)

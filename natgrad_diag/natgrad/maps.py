@@ -32,11 +32,11 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     :func:`natgrad_diag.tolerance.rounding_bound` with factor 4(M + 1) leaves a factor 2 of room.
     """
     e1, e2 = np.asarray(eta1), np.asarray(eta2)
-    for name, a, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
-        if a.ndim != len(want.split(",")):
+    for name, arr, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
+        if arr.ndim != len(want.split(",")):
             raise ShapeMismatchError(
                 f"{name} has the wrong rank.",
-                context=[("Argument", name), ("Expected", want), ("Actual", shape_str(a.shape))],
+                context=[("Argument", name), ("Expected", want), ("Actual", shape_str(arr.shape))],
                 remedy="pass eta1 = q_mu [M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].",
             )
     M, L = e1.shape
@@ -140,7 +140,7 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     )
 
 
-def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype) -> tuple[Array, Array, Array]:
+def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype[Any]) -> tuple[Array, Array, Array]:
     """The stored η₂ columns of one latent GP: (p index, q index, scale s) of dS = s(p qᵀ + q pᵀ)."""
     if symmetric:
         a_idx, b_idx = np.tril_indices(M)

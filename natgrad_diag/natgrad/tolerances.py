@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -109,7 +109,8 @@ class Bound:
     @property
     def inconclusive(self) -> bool:
         """True when the rounding term alone exceeds :data:`MEANINGFUL` of the scale (or is not finite)."""
-        return not np.isfinite(self.rounding) or self.rounding > MEANINGFUL * max(self.scale, np.finfo(np.float64).tiny)
+        tiny = cast(float, np.finfo(np.float64).tiny)
+        return not np.isfinite(self.rounding) or self.rounding > MEANINGFUL * max(self.scale, tiny)
 
     def describe(self) -> str:
         """The bound's parts, as a sentence for a check's detail."""
