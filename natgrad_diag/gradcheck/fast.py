@@ -220,7 +220,8 @@ def _engine(prob: Problem) -> _Engine:
 
     if name is None:
         return build()
-    return _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
+    engine: _Engine = _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
+    return engine
 
 
 def _measure_compiled(
@@ -272,7 +273,7 @@ def _forward_at_worst(
     import tensorflow as tf
 
     n_out, n_in = len(prob.y), len(prob.x)
-    todo = {}
+    todo: dict[tuple[int, int], list[int]] = {}
     for i in range(n_out):
         for j in range(n_in):
             n = len(us[j])

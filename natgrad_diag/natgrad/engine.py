@@ -66,6 +66,7 @@ class FastEngine:
 
         def grads_only(data: Any) -> dict[str, Any]:
             m = model_ref()
+            assert m is not None  # the engine is reached through fast_engine(model): the model is alive
             loss, g_mu, g_sq = loss_and_grads(m, data if has_data else None)
             return dict(
                 loss=loss, g_mu=g_mu, g_sq=g_sq, q_mu=tf.convert_to_tensor(m.q_mu), q_sqrt=tf.convert_to_tensor(m.q_sqrt),
@@ -132,7 +133,7 @@ class FastEngine:
 
 
 #: The engines of each live model, keyed by the model (weakly: a deleted model frees its engines).
-ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+ENGINES: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], FastEngine]] = weakref.WeakKeyDictionary()
 
 
 def fast_engine(model: Any, xi: Any, has_data: bool, fisher: bool = True) -> FastEngine:

@@ -206,6 +206,7 @@ def _health_check(ctx: Context, step: Step, healthy: bool, why: str, loss_after:
     by = f" (the lowest loss after {k} steps)" if k > 1 else ""
     hint = f" Suggested gamma: {suggested:g}{by}." if suggested is not None else f" No gamma of the grid gives a healthy step that lowers the loss{after}."
     if healthy:
+        assert loss_after is not None  # check_step_health passes healthy=True only with loss_after set
         change = loss_after - step.loss
         claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid: finite, q_sqrt lower-triangular with a positive diagonal, S positive definite"
         detail = f"loss {step.loss!r} → {loss_after!r} ({'lower' if change < 0 else 'HIGHER'} by {format_number(abs(change))}).{hint}"
@@ -224,7 +225,8 @@ def check_step_health(ctx: Context, step: Step, scratch: Any, loss_after: float 
     healthy, why, nums = health(step.new_q_mu, step.new_q_sqrt, ctx.np_dtype)
     if step.error:
         healthy, why = False, step.error
-    if healthy and loss_after is None:
+    # health() is True only when the step has new parameters: the last two conditions restate that for mypy
+    if healthy and loss_after is None and step.new_q_mu is not None and step.new_q_sqrt is not None:
         loss_after = loss_at(ctx, scratch, step.new_q_mu, step.new_q_sqrt)
         if loss_after is None:
             healthy, why = False, "the loss after the step is not finite"
