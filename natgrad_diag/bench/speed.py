@@ -119,9 +119,11 @@ def bench_fill(sizes: Sequence[int], repeats: int, checks: list[Check], *, appli
     for n, M in enumerate(sizes):
         e1, e2 = (t.numpy() for t in natgrad_map_fixture(M))
         J = natgrad_map_jacobian(e1, e2)
+        assert J.compact is not None  # natgrad_map_jacobian builds from the stored (compact) matrix
         shape, dtype = J.compact.shape, J.compact.dtype
         if n == 0:  # against TensorFlow's own Jacobian (the autodiff path), at the smallest size
             A = natgrad_map_jacobian(e1, e2, method="autodiff")
+            assert A.compact is not None  # jacobian() builds from the stored (compact) matrix
             err = float(np.max(np.abs(J.compact - A.compact))) / max(1.0, float(np.max(np.abs(A.compact))))
             checks.append(Check(
                 name="closed_form_jacobian_matches_autodiff",
