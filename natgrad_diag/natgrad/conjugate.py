@@ -154,6 +154,7 @@ def _sgpr_sum(ctx: Context, noise: Any) -> float:
     m = ctx.model
     X, Y = ctx.data
     parts = per_output_parts(m)
+    assert parts is not None  # conjugate_applicable refused an SVGP without per-output parts
     if len(parts) == 1:
         return float(gpflow.models.SGPR(
             ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise),
@@ -175,7 +176,8 @@ def batch_constant(N: int, c: float, noise: float) -> float:
         >>> batch_constant(10, 1.0, 0.3)
         0.0
     """
-    return N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise))
+    constant: float = N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise))
+    return constant
 
 
 def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], ...]]:
@@ -188,15 +190,18 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
         N = int(ctx.data[0].shape[0])
         c = 1.0 if m.num_data is None else float(m.num_data) / N
         ref = _sgpr_sum(ctx, noise / c) + int(ctx.data[1].shape[1]) * batch_constant(N, c, float(noise))
-        if len(per_output_parts(m)) > 1:
+        parts = per_output_parts(m)
+        assert parts is not None  # conjugate_applicable refused an SVGP without per-output parts
+        if len(parts) > 1:
             claim = (
                 f"after one XiNat step with γ = 1, SVGP's {'batch-scaled ' if c != 1.0 else ''}ELBO equals the sum of the "
-                f"{len(per_output_parts(m))} per-output SGPR bounds (Titsias 2009; {type(m.kernel).__name__}, independent outputs)"
+                f"{len(parts)} per-output SGPR bounds (Titsias 2009; {type(m.kernel).__name__}, independent outputs)"
             )
             return ref, "sum of per-output SGPR bounds", claim, (("sum of per-output SGPR bounds", ref),)
         if c == 1.0:
             claim = "after one full-batch XiNat step with γ = 1, SVGP's ELBO equals SGPR's bound (Titsias 2009) for the same kernel, Z and noise"
             return ref, "SGPR bound", claim, (("SGPR bound", ref),)
+        assert m.num_data is not None  # c = 1 when it is None
         claim = (
             f"after one XiNat step with γ = 1 on this batch (model.num_data = {int(m.num_data)}, {N} rows), SVGP's batch-scaled "
             f"ELBO equals the batch's optimum: SGPR's bound with noise σ²·{N}/{int(m.num_data)} plus a constant"
