@@ -430,3 +430,24 @@ def test_check_gradients__check_table_says_why_its_error_differs_from_the_blocks
     (check,) = report.checks
     assert check.max_abs_error == row.worst_abs_error
     assert "the block's largest absolute error" in check.detail  # the check says why the numbers differ
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_natgrad__gaussian_built_with_scale_skips_the_conjugate_checks_with_a_reason(mode):
+    # GPflow's Gaussian(scale=...) has variance None (its noise may be a function of X): it crashed the conjugate
+    # oracle with a raw AttributeError. Now the conjugate checks are skipped with the reason; the rest run.
+    import gpflow
+
+    from natgrad_diag import check_natgrad
+
+    rng = np.random.RandomState(0)
+    X = rng.rand(20, 1)
+    Y = np.sin(6 * X)
+    m = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(scale=0.3), X[::4].copy(), num_data=20)
+    assert m.likelihood.variance is None
+    before = [v.numpy().copy() for v in m.variables]
+    r = check_natgrad(m, (X, Y), mode=mode, progress=False)
+    reasons = dict(r.skipped)
+    assert "scale=" in reasons["conjugate_optimality"] and "closed form" in reasons["conjugate_optimality"]
+    assert r.check("reproduction").status == "pass" and r.check("loss_gradient").status == "pass", str(r)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, m.variables))

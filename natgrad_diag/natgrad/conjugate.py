@@ -35,7 +35,8 @@ def _oracle_likelihood(noise: float) -> Any:
     return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
 
 def keeps_gaussian_maths(likelihood: Any) -> bool:
-    """Whether ``likelihood`` is GPflow's ``Gaussian`` or a subclass whose variational expectations are Gaussian's.
+    """Whether ``likelihood`` is GPflow's ``Gaussian`` (with a variance parameter) or a subclass whose variational
+    expectations are Gaussian's. A ``Gaussian(scale=...)`` has no variance (its noise may depend on X): False.
 
     The conjugate optimum depends on the likelihood only through ∫ log p(y | f) q(f) df (the ELBO's data term),
     so a subclass that keeps its values (a custom gradient, logging, a different parametrisation) keeps the
@@ -45,17 +46,18 @@ def keeps_gaussian_maths(likelihood: Any) -> bool:
     import gpflow
     import tensorflow as tf
 
-    if not isinstance(likelihood, gpflow.likelihoods.Gaussian):
+    variance = getattr(likelihood, "variance", None)
+    if not isinstance(likelihood, gpflow.likelihoods.Gaussian) or variance is None:  # Gaussian(scale=...): no variance
         return False
     if type(likelihood) is gpflow.likelihoods.Gaussian:
         return True
     rng = np.random.default_rng(0)
-    dtype = likelihood.variance.dtype
+    dtype = variance.dtype
     X = tf.zeros((5, 1), dtype)
     Fmu, Fvar, Y = (tf.constant(a, dtype) for a in (rng.standard_normal((5, 1)), rng.uniform(0.1, 1.0, (5, 1)), rng.standard_normal((5, 1))))
     try:
         got = likelihood.variational_expectations(X, Fmu, Fvar, Y).numpy()
-        want = gpflow.likelihoods.Gaussian(variance=likelihood.variance.numpy()).variational_expectations(X, Fmu, Fvar, Y).numpy()
+        want = gpflow.likelihoods.Gaussian(variance=variance.numpy()).variational_expectations(X, Fmu, Fvar, Y).numpy()
     except Exception:  # noqa: BLE001 - a subclass with other shapes or inputs does not keep Gaussian's maths
         return False
     return bool(np.all(np.abs(got - want) <= 100 * np.finfo(want.dtype).eps * np.max(np.abs(want))))
@@ -98,6 +100,11 @@ def conjugate_applicable(ctx: Context) -> str:
     import gpflow
 
     m = ctx.model
+    if isinstance(m.likelihood, gpflow.likelihoods.Gaussian) and getattr(m.likelihood, "variance", None) is None:
+        return (
+            "SGPR's and GPR's closed forms need a constant noise variance; this Gaussian likelihood is built with "
+            "scale= (its noise may depend on X), so the conjugate optimum has no closed form here"
+        )
     if not keeps_gaussian_maths(m.likelihood):
         return f"needs a Gaussian likelihood (this model has {type(m.likelihood).__name__})"
     if isinstance(m, gpflow.models.SVGP):
