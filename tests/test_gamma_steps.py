@@ -259,13 +259,29 @@ def test_gamma_steps__bad_values_are_refused_naming_the_argument(studentt, value
         assert_natgrad(model, data, gamma_steps=value)
 
 
-def test_gamma_steps__numpy_ints_are_accepted_and_var_list_is_refused(studentt):
+def test_gamma_steps__numpy_ints_are_accepted(studentt):
     from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
 
-    model, data = studentt
     assert validate_gamma_steps(np.int64(4)) == 4
-    with pytest.raises(InputError, match="not with var_list"):
-        check_natgrad(lambda: model.training_loss(data), var_list=[(model.q_mu, model.q_sqrt)], gamma_steps=2)
+
+
+def test_gamma_steps__var_list_form_measures_each_gamma_after_k_steps_as_gpflows_optimizer(studentt, oracle):
+    # The var_list form (any loss, any (q_mu, q_sqrt) pair: GPflux layers use it) takes its k steps eagerly on the
+    # pair itself, restored bit for bit; the oracle is GPflow's optimizer run k times on deep copies.
+    model, data = studentt
+    before = variables_of(model)
+    r = check_natgrad(lambda: model.training_loss(data), var_list=[(model.q_mu, model.q_sqrt)], gamma=1.0, mode="full", gamma_steps=K)
+    report = r.pairs[0]
+    assert report.gamma_steps == K and set(report.gamma_losses) == set(GAMMA_GRID)
+    for gamma, got in report.gamma_losses.items():
+        want, failed_at = oracle[gamma]
+        if failed_at is not None and failed_at <= K:
+            trial = next(t for t in report.gamma_trials if t.gamma == gamma)
+            assert got is None and trial.reason.startswith(f"step {failed_at} of {K}:"), (gamma, trial)
+        else:
+            assert got == pytest.approx(want[K - 1], rel=RTOL), gamma
+    assert report.suggested_gamma == _best({g: (w[K - 1] if f is None else None) for g, (w, f) in oracle.items()}, report.loss_before)
+    assert same_bits(before, variables_of(model))
 
 
 def test_monitor__passes_gamma_steps_to_its_check(studentt):

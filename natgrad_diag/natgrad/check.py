@@ -150,11 +150,11 @@ def check_natgrad(
     from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
     from natgrad_diag.progress import progress_bar
 
-    k = validate_gamma_steps(gamma_steps, var_list=var_list)
+    k = validate_gamma_steps(gamma_steps)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.natgrad.pairs_check
         from natgrad_diag.natgrad.pairs_check import check_pairs
 
-        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol)  # type: ignore[return-value]
+        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)  # type: ignore[return-value]
     validate_model(model)
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)

@@ -42,7 +42,7 @@ __all__ = ["MAX_GAMMA_STEPS", "RUNNERS", "GammaStepsRunner", "runner", "validate
 MAX_GAMMA_STEPS = 1000
 
 
-def validate_gamma_steps(gamma_steps: Any, *, var_list: Any = None) -> int:
+def validate_gamma_steps(gamma_steps: Any) -> int:
     """``gamma_steps`` as an int in [1, :data:`MAX_GAMMA_STEPS`]; an :class:`InputError` naming it otherwise.
 
     Examples:
@@ -70,12 +70,6 @@ def validate_gamma_steps(gamma_steps: Any, *, var_list: Any = None) -> int:
             f"gamma_steps must be an integer from 1 to {MAX_GAMMA_STEPS}{why}.",
             context=[("Argument", "gamma_steps"), ("Expected", expected), ("Got", repr(gamma_steps))],
             remedy=remedy,
-        )
-    if var_list is not None and int(gamma_steps) != 1:
-        raise InputError(
-            "gamma_steps > 1 is supported for SVGP and VGP models only (not with var_list or a GPflux DeepGP).",
-            context=[("Argument", "gamma_steps"), ("Expected", "1 with var_list"), ("Got", repr(gamma_steps))],
-            remedy="pass the SVGP or VGP model itself, or leave gamma_steps=1 with var_list.",
         )
     return int(gamma_steps)
 

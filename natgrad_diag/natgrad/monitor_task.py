@@ -93,8 +93,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.loss_increase = float(loss_increase)
         self.loss_fn = loss_fn
         self.var_list = var_list
-        pairs_form = var_list is not None or not hasattr(model, "q_mu")
-        self.gamma_steps = validate_gamma_steps(gamma_steps, var_list=True if pairs_form else None)
+        self.gamma_steps = validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
         self.log = None if log_dir is None else ScalarLog(log_dir)
@@ -182,7 +181,10 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             reports = [report]
         else:
             pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.variational_pairs()]
-            report = check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast")
+            report = check_natgrad(
+                lambda: self.loss_tensor(data), var_list=pairs, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast",
+                gamma_steps=self.gamma_steps,
+            )  # fmt: skip
             reports = list(report.pairs)
         reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
         suggested = [r.suggested_gamma for r in reports]

@@ -139,19 +139,47 @@ def _gpflow(ctx: Context, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> Gpflo
     return GpflowStep(mu, sq)
 
 
+def _pair_grads(loss: Callable[[], Any], q_mu: Any, q_sqrt: Any) -> tuple[Any, Any]:
+    """The loss's gradients w.r.t. the pair's unconstrained variables (GPflow's tape, as ``minimize``)."""
+    import tensorflow as tf
+
+    variables = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        value = loss()
+    g_mu, g_sq = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return g_mu, g_sq
+
+
 def _trial(
     ctx: Context, loss: Callable[[], Any], pair: Any, grads: Any, gamma: float, loss_before: float
 ) -> GammaTrial:
+    """The loss after ``ctx.gamma_steps`` = k steps with ``gamma`` from the pair's current value (restored after).
+
+    Each step is natgrad-diag's (:func:`_ours`) from the gradient at the previous step's q(u), the other pairs and
+    every other variable held; the trial fails at the first step that is unhealthy or leaves a non-finite loss,
+    and with k > 1 its reason names the step ("step 2 of 5: ...").
+    """
     _, q_mu, _, q_sqrt = pair
-    new_mu, new_sq, why = _ours(ctx, q_mu, q_sqrt, grads[0], grads[1], gamma)
-    ok, why_not, _ = health(new_mu, new_sq, ctx.np_dtype)
-    if not ok:
-        return GammaTrial(gamma, False, None, why or why_not)
+    k = ctx.gamma_steps
+    value: float | None = None
     with _restored([q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]):
-        value = _loss_after(loss, q_mu, q_sqrt, new_mu, new_sq)  # type: ignore[arg-type]
-    if value is None:
-        return GammaTrial(gamma, False, None, "the loss after the step is not finite")
-    return GammaTrial(gamma, True, value, "lowers the loss" if value < loss_before else "raises the loss")
+        g = grads
+        for j in range(1, k + 1):
+            at = f"step {j} of {k}: " if k > 1 else ""
+            if j > 1:
+                g = _pair_grads(loss, q_mu, q_sqrt)
+                if not (np.all(np.isfinite(g[0].numpy())) and np.all(np.isfinite(g[1].numpy()))):
+                    return GammaTrial(gamma, False, None, f"{at}the gradient of the loss before it is not finite", k)
+            new_mu, new_sq, why = _ours(ctx, q_mu, q_sqrt, g[0], g[1], gamma)
+            ok, why_not, _ = health(new_mu, new_sq, ctx.np_dtype)
+            if not ok:
+                return GammaTrial(gamma, False, None, at + (why or why_not), k)
+            value = _loss_after(loss, q_mu, q_sqrt, new_mu, new_sq)  # type: ignore[arg-type]
+            if value is None:
+                return GammaTrial(gamma, False, None, f"{at}the loss after the step is not finite", k)
+    assert value is not None  # k ≥ 1 steps, each returned early or set it
+    return GammaTrial(gamma, True, value, "lowers the loss" if value < loss_before else "raises the loss", k)
 
 
 def _check_pair(ctx: Context, loss: Callable[[], Any], pair: Any, grads: Any, loss_before: float) -> NatGradReport:
@@ -206,7 +234,7 @@ def _check_pair(ctx: Context, loss: Callable[[], Any], pair: Any, grads: Any, lo
 
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
-    mode: str = "auto", rtol: float | None = None, atol: float | None = None,
+    mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 1,
 ) -> NatGradPairsReport:  # fmt: skip
     """The checks of :mod:`natgrad_diag.natgrad.pairs_check` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
@@ -218,14 +246,18 @@ def check_pairs(
         gamma, xi_transform, rtol, atol: as :func:`natgrad_diag.check_natgrad`.
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
+        gamma_steps: k: each γ tried is measured by the loss after k steps of its pair (eager; validated by
+            :func:`~natgrad_diag.natgrad.gamma_steps.validate_gamma_steps`).
 
     Returns:
         A :class:`NatGradPairsReport`; the parameters are bit-identical afterwards.
     """
     import tensorflow as tf
 
+    from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
     from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
 
+    k = validate_gamma_steps(gamma_steps)
     if not callable(loss_fn):
         raise InputError(
             "with var_list, the first argument must be the loss function.",
@@ -265,7 +297,8 @@ def check_pairs(
             )
             tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
             ctx = Context(
-                model=None, data=None, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=False
-            )
+                model=None, data=None, xi=xi, gamma=g, mode=resolved, tol=tol, np_dtype=np_dtype, M=M, L=L, fisher=False,
+                gamma_steps=k,
+            )  # fmt: skip
             reports.append(_check_pair(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy())))
     return NatGradPairsReport(pairs=tuple(reports))
