@@ -231,7 +231,7 @@ def _fisher_stage(ctx: Context, step: Step, taken: _Taken, advance: Callable[...
         return Outcome(checks=(dataclasses.replace(c, detail=note),))
 
 
-def _xi_stage(ctx: Context, step: Step) -> Outcome:
+def _xi_stage(ctx: Context, step: Step, cond: Conditioning) -> Outcome:
     """The ``xi_forward_mode`` check (ξ ≠ θ only)."""
     from gpflow.optimizers import XiNat
 
@@ -239,7 +239,7 @@ def _xi_stage(ctx: Context, step: Step) -> Outcome:
         return Outcome()
     if step.nat_dL_xi1 is None:
         return Outcome(skipped=(("xi_forward_mode", "GPflow's product could not be computed (the step failed)"),))
-    return Outcome(checks=(check_xi_forward(ctx, step),))
+    return Outcome(checks=(check_xi_forward(ctx, step, cond.kappa_S),))
 
 
 def _conjugate_stage(ctx: Context, cond: Conditioning) -> Outcome:
@@ -301,7 +301,7 @@ def _run_checks(ctx: Context, advance: Callable[..., Any]) -> NatGradReport:
     found = Outcome(checks=(check_reproduction(ctx, step, taken.gp, cond), _loss_gradient(ctx, step, taken)))
     advance()
     step = fill_direction(ctx, step)
-    found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step)
+    found += _fisher_stage(ctx, step, taken, advance) + _xi_stage(ctx, step, cond)
     advance()
     cond = _with_measured_fisher(cond, found)
     found += Outcome(numbers=cond.numbers()) + _conjugate_stage(ctx, cond)

@@ -13,7 +13,7 @@ from natgrad_diag.report.records import Check, format_number, max_abs_diff
 __all__ = ["check_xi_forward"]
 
 
-def check_xi_forward(ctx: Context, step: Step) -> Check:
+def check_xi_forward(ctx: Context, step: Step, kappa_S: float | None = None) -> Check:
     """GPflow's (∂ξ/∂θ)·∇ηL (differentiating twice) against tf.autodiff.ForwardAccumulator, and in full mode
     against the explicit Jacobian ∂ξ/∂θ contracted with ∇ηL (in float64)."""
     import tensorflow as tf
@@ -49,10 +49,12 @@ def check_xi_forward(ctx: Context, step: Step) -> Check:
             err = max(err, err_j)
             wscale = max(wscale, scale(want_j))
     # ξ(θ) maps through S = (−2θ₂)⁻¹ (natural_to_meanvarsqrt): its derivatives carry ε·κ(S) of rounding.
-    from natgrad_diag.natgrad.conditioning import kappa
+    # κ(S) as the check's caller measured it (natgrad.conditioning), else measured here.
+    if kappa_S is None:
+        from natgrad_diag.natgrad.conditioning import measure_conditioning
 
-    q_sqrt = ctx.model.q_sqrt.numpy()
-    k_S = kappa(q_sqrt @ q_sqrt.swapaxes(-1, -2))[0]
+        kappa_S = measure_conditioning(None, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), None).kappa_S
+    k_S = kappa_S
     bound = natgrad_bound(ctx.np_dtype, condition=k_S, condition_name="κ(S)", scale=wscale, rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
     claim = (
         f"GPflow's forward-mode product (differentiating twice, for {type(ctx.xi).__name__}) equals a direct "
