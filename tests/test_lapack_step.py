@@ -32,6 +32,8 @@ from natgrad_diag.natgrad.maps import natgrad_map_jacobian
 from natgrad_diag.natgrad import trace as trace_module
 from natgrad_diag.natgrad.trace import natgrad_tensors
 from natgrad_diag.tolerance import rounding_bound
+from test_closed_form import make_grads  # ∂L/∂m and G with ‖P + Pᵀ‖₂ = 0.5: B stays well conditioned for γ ≤ 1
+from test_closed_form import make_q as _closed_form_make_q
 
 XIS = {"nat": XiNat, "sqrtmeanvar": XiSqrtMeanVar}
 KEYS = (
@@ -43,29 +45,9 @@ CASES = [(1, 1, 1.0), (2, 3, 4.0), (7, 2, 1e4), (20, 1, 1e8), (50, 3, 10.0), (50
 
 
 def make_q(M: int, L: int, seed: int, *, condition: float, signs: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """q_mu [M, L] ~ N(0, 1); q_sqrt [L, M, M] = chol(S)·D, S with eigenvalues log-spaced from 1 to 1/condition
-    and D flipping the signs of about half the columns (GPflow does not constrain q_sqrt's diagonal)."""
-    rng = np.random.default_rng(seed)
-    q_mu = rng.normal(size=(M, L))
-    q_sqrt = []
-    for _ in range(L):
-        Q, _ = np.linalg.qr(rng.normal(size=(M, M)))
-        S = (Q * np.logspace(0.0, -np.log10(condition), M)) @ Q.T
-        C = np.linalg.cholesky(0.5 * (S + S.T))
-        q_sqrt.append(C * np.where(rng.uniform(size=M) < 0.5, -1.0, 1.0) if signs else C)
-    return q_mu, np.stack(q_sqrt)
-
-
-def make_grads(q_sqrt: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """∂L/∂m ~ N(0, 1) and a lower-triangular G scaled so that ‖P + Pᵀ‖₂ = 0.5 (P = Φ(CᵀG)): B = I + γ(P + Pᵀ)
-    stays well conditioned for γ ≤ 1, so the step itself adds no condition number."""
-    L, M, _ = q_sqrt.shape
-    rng = np.random.default_rng(seed)
-    G = np.tril(rng.normal(size=(L, M, M)))
-    C = q_sqrt * np.sign(np.diagonal(q_sqrt, axis1=1, axis2=2))[:, None, :]
-    X = np.tril(np.swapaxes(C, 1, 2) @ G)
-    X = X + np.swapaxes(X, 1, 2) - np.stack([np.diag(np.diag(x)) for x in X])
-    return rng.normal(size=(M, L)), G * 0.5 / max(np.linalg.norm(X, 2, axis=(1, 2)).max(), 1e-300)
+    """test_closed_form's states (S with eigenvalues log-spaced from 1 to 1/condition), with the signs of about half
+    of q_sqrt's columns flipped by default (GPflow does not constrain q_sqrt's diagonal)."""
+    return _closed_form_make_q(M, L, seed, condition=condition, signs=signs)
 
 
 def kappa(q_mu: np.ndarray, q_sqrt: np.ndarray) -> float:
