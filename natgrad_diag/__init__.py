@@ -63,19 +63,19 @@ _LAZY = {
     "Check": "report.records",
     "Explanation": "lessons.explain",
     "GradientCheckReport": "gradcheck.api",
-    "NatGradMonitor": "natgrad.monitor",
-    "NatGradReport": "natgrad.check",
-    "NatGradTrace": "natgrad.trace",
-    "NaturalGradient": "natgrad.optimizer",
+    "NatGradMonitor": "training.monitor",
+    "NatGradReport": "checks.api",
+    "NatGradTrace": "step.trace",
+    "NaturalGradient": "step.optimizer",
     "OuterExample": "lessons.outer",
     "SeedScenario": "lessons.scenario",
     "assert_gradients": "gradcheck.api",
-    "assert_natgrad": "natgrad.check",
+    "assert_natgrad": "checks.api",
     "check_gradients": "gradcheck.api",
-    "check_natgrad": "natgrad.check",
+    "check_natgrad": "checks.api",
     "checked_gradient": "autodiff.seeded",
     "explain_output_gradients": "lessons.explain",
-    "natgrad_trace": "natgrad.trace",
+    "natgrad_trace": "step.trace",
     "outer_example": "lessons.outer",
     "seed_scenario": "lessons.scenario",
     "strict_gradients": "strict.context",
@@ -118,10 +118,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
     from natgrad_diag.lessons.outer import OuterExample, outer_example
     from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
-    from natgrad_diag.natgrad.check import NatGradReport, assert_natgrad, check_natgrad
-    from natgrad_diag.natgrad.monitor import NatGradMonitor
-    from natgrad_diag.natgrad.optimizer import NaturalGradient
-    from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
+    from natgrad_diag.checks.api import NatGradReport, assert_natgrad, check_natgrad
+    from natgrad_diag.training.monitor import NatGradMonitor
+    from natgrad_diag.step.optimizer import NaturalGradient
+    from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
     from natgrad_diag.report.files import write_report
     from natgrad_diag.report.records import Check
     from natgrad_diag.strict.context import strict_gradients

@@ -28,7 +28,7 @@ def _build() -> type:
     from gpflow.keras import tf_keras
 
     class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
-        """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.natgrad.monitor.NatGradMonitor`).
+        """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
 
         Args:
             monitor: the monitor whose model is the GPflux ``DeepGP`` (or whose ``var_list`` holds the layers' pairs).

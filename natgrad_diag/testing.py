@@ -178,7 +178,7 @@ def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
     atol=None, rtol=None)``: natgrad-diag's step on the model's own parameters is compared with the step
     ``gpflow.optimizers.NaturalGradient`` applies to a deep copy; the model is not changed.
 
-    A thin wrapper: the check lives in :mod:`natgrad_diag.natgrad.check` under the same name, and is
+    A thin wrapper: the check lives in :mod:`natgrad_diag.checks.api` under the same name, and is
     imported when called (it needs GPflow); arguments and return value are passed through unchanged.
 
     Raises:
@@ -187,7 +187,7 @@ def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
     __tracebackhide__ = True
     import importlib
 
-    # sys.modules' entry, not the package attribute (``from natgrad_diag.natgrad import check``), so that the
+    # sys.modules' entry, not the package attribute (``from natgrad_diag.checks import api``), so that the
     # module that is registered is the one called, whatever was imported before
-    natgrad_check = importlib.import_module("natgrad_diag.natgrad.check")
+    natgrad_check = importlib.import_module("natgrad_diag.checks.api")
     return natgrad_check.assert_natgrad_step_matches_gpflow(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""natgrad_diag.natgrad.closed_form against GPflow's step, a 40-digit oracle, autodiff and central differences.
+"""natgrad_diag.step.closed_form against GPflow's step, a 40-digit oracle, autodiff and central differences.
 
 Tolerances (float64 unless said otherwise), all of the form ``atol + rtol·max|want|`` plus a rounding term:
 
@@ -26,8 +26,8 @@ from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to
 
 from natgrad_diag import tolerance
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
-from natgrad_diag.natgrad import closed_form
-from natgrad_diag.natgrad.closed_form import (
+from natgrad_diag.step import closed_form
+from natgrad_diag.step.closed_form import (
     cholesky_jvp,
     cholesky_vjp,
     expectation_gradients,

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import natgrad_diag as nd
 from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError, SingularCovarianceError, StepFailedError
-from natgrad_diag.natgrad import trace as trace_module
-from natgrad_diag.natgrad.trace import trace_count
+from natgrad_diag.step import trace as trace_module
+from natgrad_diag.step.trace import trace_count
 from natgrad_diag.tolerance import rounding_bound
 from tests.conftest import random_q
 
@@ -202,7 +202,7 @@ def test_default_seed_gradient__closed_form_equals_tape_gradient_with_a_seed_of_
     """The compiled path's Jᵀ·1 against TensorFlow's own backward pass with output_gradients=None."""
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
-    from natgrad_diag.natgrad.closed_form import default_seed_gradient
+    from natgrad_diag.step.closed_form import default_seed_gradient
 
     q_mu, q_sqrt = random_q(M, L, seed=seed)
     eta1 = tf.constant(q_mu)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from natgrad_diag.natgrad.closed_form import natgrad_step_closed_form
-from natgrad_diag.natgrad.conditioning import factor_extremes, kappa, measure_conditioning
+from natgrad_diag.step.closed_form import natgrad_step_closed_form
+from natgrad_diag.checks.conditioning import factor_extremes, kappa, measure_conditioning
 from natgrad_diag.tolerance import rounding_bound
 
 
@@ -46,7 +46,7 @@ def _state_767(seed):
     import gpflow
 
     from natgrad_diag._gpflow import to_constrained
-    from natgrad_diag.natgrad.tensors import loss_and_grads
+    from natgrad_diag.checks.tensors import loss_and_grads
 
     rng = np.random.RandomState(0)
     X, Y = rng.randn(4, 1), rng.randn(4, 1)

@@ -8,7 +8,7 @@ import tensorflow as tf
 from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
 import natgrad_diag as nd
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import random_q
 
 

@@ -26,7 +26,7 @@ from _user_models import same_bits, variables_of
 from natgrad_diag import _compile, assert_natgrad, check_natgrad
 from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.natgrad.health import GAMMA_GRID
+from natgrad_diag.checks.health import GAMMA_GRID
 
 K = 3
 
@@ -186,7 +186,7 @@ def test_report__says_k_in_the_table_title_and_json(report_k):
 )
 def test_gamma_losses__other_xi_and_models_equal_gpflows_optimizer(kind, build, xi):
     """XiSqrtMeanVar (closed form; q_sqrt leaves the cone at step 1 for γ ≥ 0.2) and an XiNat subclass (natgrad_tensors)."""
-    from natgrad_diag.natgrad.gamma_steps import runner
+    from natgrad_diag.checks.gamma_steps import runner
 
     class MyXiNat(gpflow.optimizers.XiNat):
         """Not GPflow's exact class: the closed form does not apply, natgrad_tensors takes the step."""
@@ -219,7 +219,7 @@ def test_tracing__once_per_model_not_per_gamma_nor_per_call():
 
 
 def test_runner__does_not_keep_the_model_alive():
-    from natgrad_diag.natgrad.gamma_steps import RUNNERS, runner
+    from natgrad_diag.checks.gamma_steps import RUNNERS, runner
 
     demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=3)
     model = demo.model
@@ -260,7 +260,7 @@ def test_gamma_steps__bad_values_are_refused_naming_the_argument(studentt, value
 
 
 def test_gamma_steps__numpy_ints_are_accepted(studentt):
-    from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
+    from natgrad_diag.checks.gamma_steps import validate_gamma_steps
 
     assert validate_gamma_steps(np.int64(4)) == 4
 

@@ -12,8 +12,8 @@ from gpflow.optimizers import NaturalGradient
 
 from natgrad_diag import NatGradMonitor
 from natgrad_diag.exceptions import InputError, NatGradCheckError
-from natgrad_diag.natgrad.guard import lower_gamma
-from natgrad_diag.natgrad.monitor_record import GuardRecord
+from natgrad_diag.training.guard import lower_gamma
+from natgrad_diag.training.records import GuardRecord
 
 
 def _q_values(model) -> list[np.ndarray]:
@@ -201,7 +201,8 @@ def test_guard__natgrad_diags_own_optimizer_is_rolled_back_the_same_way():
 def test_guard__docstring_examples_run():
     import doctest
 
-    from natgrad_diag.natgrad import guard, health
+    from natgrad_diag.training import guard
+    from natgrad_diag.checks import health
 
     for module in (guard, health):
         result = doctest.testmod(module)

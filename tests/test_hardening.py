@@ -221,7 +221,7 @@ def _q(M=3, L=1, dtype=np.float64):
 
 
 def test_natgrad_trace__float16_is_refused():
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     with pytest.raises(DTypeMismatchError) as info:
         natgrad_trace(*_q(dtype=np.float16))
@@ -231,7 +231,7 @@ def test_natgrad_trace__float16_is_refused():
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_natgrad_trace__q_sqrt_above_diagonal(compiled):
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     q_mu, q_sqrt, g_mu, g_sq = _q()
     q_sqrt[0, 0, 2] = 0.5
@@ -244,7 +244,7 @@ def test_natgrad_trace__q_sqrt_above_diagonal(compiled):
 def test_natgrad_trace__q_sqrt_with_triangular_transform_is_accepted():
     import gpflow
 
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     q_mu, q_sqrt, _, _ = _q()
     sq = gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
@@ -255,7 +255,7 @@ def test_natgrad_trace__q_sqrt_with_triangular_transform_is_accepted():
 
 
 def test_natgrad_trace__inside_tf_function():
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     q = [tf.constant(a) for a in _q()]
 
@@ -272,7 +272,7 @@ def test_natgrad_trace__inside_tf_function():
 @pytest.mark.parametrize("M, L", [(0, 1), (3, 0)], ids=["M=0", "L=0"])
 def test_natgrad_trace__empty_q(M, L):
     from natgrad_diag.exceptions import ShapeMismatchError
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     with pytest.raises(ShapeMismatchError) as info:
         natgrad_trace(np.zeros((M, L)), np.zeros((L, M, M)), np.zeros((M, L)), np.zeros((L, M, M)))

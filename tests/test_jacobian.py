@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import natgrad_diag as nd
 from natgrad_diag.exceptions import MemoryLimitError, ShapeMismatchError
 from natgrad_diag.autodiff.memory import jacobian_nbytes
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 

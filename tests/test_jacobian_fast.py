@@ -17,7 +17,7 @@ from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchE
 from natgrad_diag.autodiff.blocks import vech_layout
 from natgrad_diag.autodiff.dense import trace_count
 from natgrad_diag.autodiff.memory import jacobian_nbytes
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 
@@ -253,7 +253,7 @@ def natgrad_map_point(M):
 _PEAK = _POINT + r"""
 import json, sys
 import numpy as np
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -316,7 +316,7 @@ def test_jacobian__bad_mode_or_chunk_size_is_refused(kwargs, fragment):
 _FLOAT32 = _POINT + r"""
 import numpy as np
 import tensorflow as tf
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 e1, e2 = natgrad_map_point(9)
 for sym in (True, False):
     J32 = natgrad_map_jacobian(tf.cast(e1, tf.float32), tf.cast(e2, tf.float32), symmetric=sym, chunk_size=16)

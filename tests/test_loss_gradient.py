@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from natgrad_diag.natgrad.check import check_natgrad
-from natgrad_diag.natgrad.conjugate import keeps_gaussian_maths
-from natgrad_diag.natgrad.loss_gradient import random_directions
+from natgrad_diag.checks.api import check_natgrad
+from natgrad_diag.checks.conjugate import keeps_gaussian_maths
+from natgrad_diag.checks.loss_gradient import random_directions
 
 
 class OffGaussian(gpflow.likelihoods.Gaussian):

@@ -15,7 +15,7 @@ from gpflow.optimizers import NaturalGradient
 from natgrad_diag import NatGradMonitor
 from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.demo import make_model
-from natgrad_diag.natgrad.monitor import NatGradRecord
+from natgrad_diag.training.records import NatGradRecord
 
 
 def _setup(likelihood: str = "gaussian", **kw):
@@ -92,10 +92,13 @@ def test_monitor__every_must_be_positive():
             NatGradMonitor(model, data, every=bad)
 
 
-def test_monitor__module_import_does_not_import_gpflow():
-    code = "import sys, natgrad_diag.natgrad.monitor; print('gpflow' in sys.modules, 'tensorflow' in sys.modules)"
+def test_monitor__records_import_no_gpflow_and_the_class_loads_on_first_access():
+    code = (
+        "import sys, natgrad_diag, natgrad_diag.training.records; a = 'gpflow' in sys.modules, 'tensorflow' in sys.modules; "
+        "cls = natgrad_diag.NatGradMonitor; print(*a, 'gpflow' in sys.modules, cls.__module__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
+    assert out == ["False", "False", "True", "natgrad_diag"]
 
 
 @pytest.mark.slow

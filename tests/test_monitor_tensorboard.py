@@ -11,7 +11,7 @@ from _user_models import multiclass_svgp
 from gpflow.optimizers import NaturalGradient
 
 from natgrad_diag import NatGradMonitor
-from natgrad_diag.natgrad.monitor_log import SCALARS
+from natgrad_diag.training.tensorboard import SCALARS
 
 
 def _read_scalars(log_dir: Path, plugins: set[str] | None = None) -> dict[str, list[tuple[int, float]]]:

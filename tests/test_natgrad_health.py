@@ -1,11 +1,11 @@
-"""natgrad_diag.natgrad.health.health: the verdict on a new q(u), on matrices whose answer is known by hand."""
+"""natgrad_diag.checks.health.health: the verdict on a new q(u), on matrices whose answer is known by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from natgrad_diag.natgrad.health import GAMMA_GRID, health
+from natgrad_diag.checks.health import GAMMA_GRID, health
 
 
 def _q(M: int = 3, L: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -60,8 +60,8 @@ def test_gamma_grid__is_decreasing_and_starts_at_one():
 
 
 def test_best_gamma__lowest_loss_wins_and_ties_go_to_the_smaller_gamma():
-    from natgrad_diag.natgrad.health import best_gamma
-    from natgrad_diag.natgrad.report import GammaTrial
+    from natgrad_diag.checks.health import best_gamma
+    from natgrad_diag.checks.report import GammaTrial
 
     trials = [GammaTrial(1.0, True, 9.0), GammaTrial(0.5, True, 3.0), GammaTrial(0.2, True, 3.0 * (1 + 1e-15)), GammaTrial(0.1, True, 4.0)]
     assert best_gamma(trials, 10.0, np.float64) == 0.2  # 0.5 and 0.2 tie within rounding

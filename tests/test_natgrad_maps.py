@@ -14,7 +14,7 @@ from natgrad_diag.exceptions import (
     ShapeMismatchError,
     SingularCovarianceError,
 )
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
 
 

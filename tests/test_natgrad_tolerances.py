@@ -1,12 +1,12 @@
-"""natgrad_diag.natgrad.tolerances: the checks' tolerances come from natgrad_diag.tolerance and did not move."""
+"""natgrad_diag.checks.tolerances: the checks' tolerances come from natgrad_diag.tolerance and did not move."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from natgrad_diag.natgrad.check import Tolerances, natgrad_tolerances
-from natgrad_diag.natgrad.tolerances import with_overrides
+from natgrad_diag.checks.api import Tolerances, natgrad_tolerances
+from natgrad_diag.checks.tolerances import with_overrides
 from natgrad_diag.tolerance import default_tolerance
 
 

@@ -22,8 +22,8 @@ from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvar
 
 import natgrad_diag
 from natgrad_diag import tolerance
-from natgrad_diag.natgrad import optimizer as optimizer_module
-from natgrad_diag.natgrad.optimizer import NaturalGradient
+from natgrad_diag.step import optimizer as optimizer_module
+from natgrad_diag.step.optimizer import NaturalGradient
 
 STEPS = 20
 GAMMAS = {"XiNat": (0.1, 1.0), "XiSqrtMeanVar": (0.001, 0.01)}

@@ -151,7 +151,7 @@ def _q_parts(draw):
 @FAST
 @given(parts=_q_parts(), gamma=st.one_of(st.floats(allow_nan=True), st.just("abc"), st.just(0.5)))
 def test_natgrad_trace__random_inputs_follow_the_rule(parts, gamma):
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     trace = _assert_rule(lambda: natgrad_trace(*parts, gamma=gamma, compiled=False))
     if trace is not None:

@@ -125,21 +125,21 @@ def test_assert_vjp_matches_jacobian__bad_cotangent_is_named() -> None:
 
 def test_assert_natgrad_step_matches_gpflow__forwards_to_natgrad_check(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    fake = types.ModuleType("natgrad_diag.natgrad.check")
+    fake = types.ModuleType("natgrad_diag.checks.api")
 
     def impl(*args: object, **kwargs: object) -> str:
         calls.append((args, kwargs))
         return "result"
 
     fake.assert_natgrad_step_matches_gpflow = impl  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "natgrad_diag.natgrad.check", fake)
+    monkeypatch.setitem(sys.modules, "natgrad_diag.checks.api", fake)
     monkeypatch.setattr(natgrad_diag, "natgrad_check", fake, raising=False)
     assert testing.assert_natgrad_step_matches_gpflow("model", "data", gamma=0.5) == "result"
     assert calls == [(("model", "data"), {"gamma": 0.5})]
 
 
 def test_assert_natgrad_step_matches_gpflow__real_model_passes_unchanged() -> None:
-    natgrad_check = pytest.importorskip("natgrad_diag.natgrad.check")
+    natgrad_check = pytest.importorskip("natgrad_diag.checks.api")
     if not hasattr(natgrad_check, "assert_natgrad_step_matches_gpflow"):
         pytest.skip("natgrad_check has no assert_natgrad_step_matches_gpflow yet")
     import gpflow

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from natgrad_diag.cli.app import main
-from natgrad_diag.natgrad.check import assert_natgrad, check_natgrad
-from natgrad_diag.natgrad.conditioning import fisher_condition_estimate, kappa
-from natgrad_diag.natgrad.report import NatGradReport
+from natgrad_diag.checks.api import assert_natgrad, check_natgrad
+from natgrad_diag.checks.conditioning import fisher_condition_estimate, kappa
+from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.html import to_html
 from natgrad_diag.report.markdown import to_markdown

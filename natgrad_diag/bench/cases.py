@@ -25,7 +25,7 @@ def bench_trace(sizes: Sequence[int], repeats: int, checks: list[Check]) -> list
     from gpflow.optimizers import NaturalGradient, XiNat
 
     from natgrad_diag._gpflow import natgrad_apply_gradients
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     rows = []
     worst = 0.0
@@ -93,7 +93,7 @@ def tape_jacobian(e1: Any, e2: Any) -> Any:
 def bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     import tensorflow as tf
 
-    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+    from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
     e1, e2 = natgrad_map_fixture(M)
     compiled_tape = tf.function(tape_jacobian)
@@ -119,7 +119,7 @@ def bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
 
 
 def bench_vech(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
-    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+    from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
     e1, e2 = natgrad_map_fixture(M)
     # the natgrad map's default method: closed-form JVP columns, so the cost follows the column count
@@ -147,7 +147,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from natgrad_diag.bench.cases import natgrad_map_fixture, tape_jacobian
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -234,7 +234,7 @@ def bench_check_natgrad(M: int, N: int, repeats: int, checks: list[Check] | None
 
     group = "fast-mode check_natgrad vs one compiled GPflow NaturalGradient step (SVGP)"
     try:
-        from natgrad_diag.natgrad.check import check_natgrad
+        from natgrad_diag.checks.api import check_natgrad
 
         has_fast = "mode" in inspect.signature(check_natgrad).parameters
     except ImportError:

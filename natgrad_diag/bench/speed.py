@@ -112,7 +112,7 @@ def bench_minimize(M: int, N: int, repeats: int, checks: list[Check], *, applies
 def bench_fill(sizes: Sequence[int], repeats: int, checks: list[Check], *, applies: bool) -> list[BenchRow]:
     """``natgrad_map_jacobian`` (closed form, vech) against ``np.ones`` of its stored array's shape and dtype."""
     from natgrad_diag.bench.cases import natgrad_map_fixture
-    from natgrad_diag.natgrad.maps import natgrad_map_jacobian
+    from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
     group = "the O(M⁴) closed-form Jacobian vs writing its array"
     rows = []

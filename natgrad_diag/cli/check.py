@@ -6,10 +6,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.natgrad.gamma_steps import MAX_GAMMA_STEPS
+from natgrad_diag.checks.gamma_steps import MAX_GAMMA_STEPS
 
 if TYPE_CHECKING:
-    from natgrad_diag.natgrad.report import NatGradReport
+    from natgrad_diag.checks.report import NatGradReport
 
 __all__ = ["check_natgrad_cli", "gamma_steps_arg"]
 
@@ -57,7 +57,7 @@ def check_natgrad_cli(
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     from natgrad_diag.demo import make_model
-    from natgrad_diag.natgrad.check import check_natgrad
+    from natgrad_diag.checks.api import check_natgrad
 
     if xi not in ("nat", "meanvar"):
         raise InputError(

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.autodiff.blocks import BlockJacobian
-from natgrad_diag.natgrad.maps import natgrad_map_jacobian
-from natgrad_diag.natgrad.trace import NatGradTrace, natgrad_trace
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
+from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
 from natgrad_diag.tolerance import default_tolerance, resolve

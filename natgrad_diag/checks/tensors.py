@@ -1,6 +1,6 @@
 """The TensorFlow maths of the checks, on tensors: loss and gradients, the step, ∂L/∂η, F·u, (∂ξ/∂θ)·u.
 
-Each function runs eagerly in full mode and inside a ``tf.function`` of :mod:`natgrad_diag.natgrad.engine` in fast
+Each function runs eagerly in full mode and inside a ``tf.function`` of :mod:`natgrad_diag.checks.engine` in fast
 mode. TensorFlow and GPflow are imported inside the functions.
 """
 
@@ -24,18 +24,18 @@ def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
 
 
 def step_tensors(model: Any, g_mu: Any, g_sq: Any, gamma: Any, xi: Any, *, closed_form: bool = False) -> dict[str, Any]:
-    """natgrad_diag.natgrad.trace.natgrad_tensors on the model's current q(u): the step, not assigned.
+    """natgrad_diag.step.trace.natgrad_tensors on the model's current q(u): the step, not assigned.
 
     ``closed_form=True`` (the fast engine) computes the same record by
-    :func:`~natgrad_diag.natgrad.closed_form.natgrad_tensors_closed_form` where it applies (GPflow's XiNat or
+    :func:`~natgrad_diag.step.closed_form.natgrad_tensors_closed_form` where it applies (GPflow's XiNat or
     XiSqrtMeanVar with a lower-triangular q_sqrt): the reproduction check then compares two different computations
     of the step, the closed form and GPflow's autodiff, instead of the same graph twice.
     """
     import tensorflow as tf
 
     from natgrad_diag._gpflow import to_constrained
-    from natgrad_diag.natgrad.closed_form import closed_form_name, natgrad_tensors_closed_form
-    from natgrad_diag.natgrad.trace import natgrad_tensors
+    from natgrad_diag.step.closed_form import closed_form_name, natgrad_tensors_closed_form
+    from natgrad_diag.step.trace import natgrad_tensors
 
     dL_dmean = to_constrained(g_mu, model.q_mu.transform)
     dL_dvarsqrt = to_constrained(g_sq, model.q_sqrt.transform)

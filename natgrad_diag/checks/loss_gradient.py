@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.step import Step
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.step import Step
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import default_tolerance, eps
 from natgrad_diag.typing import Array
@@ -76,7 +76,7 @@ def check_loss_gradient(ctx: Context, step: Step, engine: Any = None, *, num_dir
     to ‖∇L‖ itself, which bounds every directional derivative, the tolerance grows with √n: at M = 1000 it hid a
     gradient 1% off.) The analytic side's rounding, about √n·ε·‖∇L‖, is far below rtol·‖∇L‖/√n for n < 10¹⁰.
 
-    In fast mode ``engine`` (:class:`~natgrad_diag.natgrad.engine.FastEngine`) evaluates the loss compiled on its
+    In fast mode ``engine`` (:class:`~natgrad_diag.checks.engine.FastEngine`) evaluates the loss compiled on its
     scratch copy; otherwise the loss is evaluated eagerly on a deep copy. The model is never touched.
     """
     import gpflow

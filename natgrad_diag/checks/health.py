@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.natgrad.arrays import finite, maxabs
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.report import GammaTrial, Outcome
-from natgrad_diag.natgrad.step import Step
-from natgrad_diag.natgrad.tensors import loss_and_grads, step_tensors
+from natgrad_diag.checks.arrays import finite, maxabs
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.report import GammaTrial, Outcome
+from natgrad_diag.checks.step import Step
+from natgrad_diag.checks.tensors import loss_and_grads, step_tensors
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.typing import Array
 
@@ -131,8 +131,8 @@ def _own_trial(ctx: Context, step: Step, healthy: bool, loss_after: float | None
 
 
 def _trial_k(ctx: Context, gamma: float, step: Step) -> GammaTrial:
-    """One step length measured by the loss after ``ctx.gamma_steps`` steps (:mod:`natgrad_diag.natgrad.gamma_steps`)."""
-    from natgrad_diag.natgrad.gamma_steps import runner
+    """One step length measured by the loss after ``ctx.gamma_steps`` steps (:mod:`natgrad_diag.checks.gamma_steps`)."""
+    from natgrad_diag.checks.gamma_steps import runner
 
     k = ctx.gamma_steps
     run = runner(ctx.model, ctx.xi, ctx.data is not None)
@@ -152,7 +152,7 @@ def suggest(
     lowers the loss (one trial, nothing else computed) and otherwise measures every γ of the grid below γ (the trials
     then start with γ's own). With ``ctx.gamma_steps`` = k > 1, in both modes every γ tried (γ's own included) is
     measured by the loss after k steps from the current q(u), hyperparameters held fixed
-    (:mod:`natgrad_diag.natgrad.gamma_steps`); a trial fails if any of its k steps does (``why``: why the step at γ
+    (:mod:`natgrad_diag.checks.gamma_steps`); a trial fails if any of its k steps does (``why``: why the step at γ
     is unhealthy, for its trial's reason).
     """
     # γ's own trial: always in fast mode, in full mode only when γ is on the grid (k steps are not free)

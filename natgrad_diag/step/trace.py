@@ -21,9 +21,9 @@ import numpy as np
 from natgrad_diag import _compile
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
-from natgrad_diag.natgrad.closed_form import closed_form_name, default_seed_gradient
-from natgrad_diag.natgrad.lapack_step import natgrad_record_lapack
-from natgrad_diag.natgrad.trace_inputs import constrained_arrays, fast_parts, precheck, transform_key
+from natgrad_diag.step.closed_form import closed_form_name, default_seed_gradient
+from natgrad_diag.step.lapack import natgrad_record_lapack
+from natgrad_diag.step.trace_inputs import constrained_arrays, fast_parts, precheck, transform_key
 from natgrad_diag.typing import Array
 
 __all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
@@ -196,7 +196,7 @@ def natgrad_tensors(
 
 # --------------------------------------------------------------------------------------------------
 # The fast paths. XiNat and XiSqrtMeanVar with GPflow's triangular() q_sqrt: the closed-form record by
-# LAPACK (natgrad_diag.natgrad.lapack_step), no tracing. Any other ξ: natgrad_tensors in a tf.function,
+# LAPACK (natgrad_diag.step.lapack), no tracing. Any other ξ: natgrad_tensors in a tf.function,
 # traced once per (shapes, dtype, ξ transform, parameter transforms) and cached. The eager path below
 # stays the reference (and the source of every error message): whenever a fast path sees anything
 # unusual it defers to it.
@@ -367,8 +367,8 @@ def natgrad_trace(
       ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message
       comes from it, and ``natgrad-diag explain`` uses it;
     - XiNat and XiSqrtMeanVar with GPflow's ``triangular()`` q_sqrt: the closed-form record
-      (natgrad_diag.natgrad.closed_form) computed by LAPACK's triangular kernels on numpy arrays
-      (natgrad_diag.natgrad.lapack_step) — TensorFlow has no triangular inverse, ``lauum`` or triangular
+      (natgrad_diag.step.closed_form) computed by LAPACK's triangular kernels on numpy arrays
+      (natgrad_diag.step.lapack) — TensorFlow has no triangular inverse, ``lauum`` or triangular
       product, so this is faster than GPflow's compiled step itself; it traces nothing, so it runs from
       the first call;
     - any other ξ transform or q_sqrt transform: the eager path's operations in a ``tf.function`` traced once

@@ -1,15 +1,15 @@
 """The loss after k natural-gradient steps with one γ on a scratch copy, in one tf.function traced once per model.
 
-The γ search of :mod:`natgrad_diag.natgrad.health` measures each γ of the grid by the loss after one step; with
+The γ search of :mod:`natgrad_diag.checks.health` measures each γ of the grid by the loss after one step; with
 ``check_natgrad(..., gamma_steps=k)`` it measures the loss after k steps instead. From the current q(u)
 (m₀, L₀) and the gradient g₀ of the loss at it, with the hyperparameters held fixed,
 
     (m_j, L_j) = step_γ(m_{j−1}, L_{j−1}, g_{j−1}),   g_j = ∂L/∂(q_mu, q_sqrt) at (m_j, L_j),   j = 1 … k,
 
 where ``step_γ`` is GPflow's update (equation [10] of Salimbeni, Eleftheriadis and Hensman, "Natural Gradients in
-Practice", AISTATS 2018): :func:`natgrad_diag.natgrad.closed_form.natgrad_step_closed_form` where
-:func:`~natgrad_diag.natgrad.closed_form.closed_form_name` applies (XiNat, XiSqrtMeanVar with a lower-triangular
-q_sqrt), else :func:`natgrad_diag.natgrad.trace.natgrad_tensors`. The trial's value is L(m_k, L_k). A trial fails at
+Practice", AISTATS 2018): :func:`natgrad_diag.step.closed_form.natgrad_step_closed_form` where
+:func:`~natgrad_diag.step.closed_form.closed_form_name` applies (XiNat, XiSqrtMeanVar with a lower-triangular
+q_sqrt), else :func:`natgrad_diag.step.trace.natgrad_tensors`. The trial's value is L(m_k, L_k). A trial fails at
 the first step j whose Cholesky fails, whose new q(u) is unhealthy (the caller's test, e.g. q_sqrt leaves the
 positive-definite cone) or whose loss is not finite; the reason names j.
 
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, error_line
-from natgrad_diag.natgrad.tensors import loss_and_grads
+from natgrad_diag.checks.tensors import loss_and_grads
 
 __all__ = ["MAX_GAMMA_STEPS", "RUNNERS", "GammaStepsRunner", "runner", "validate_gamma_steps"]
 
@@ -81,7 +81,7 @@ def _all_finite(x: Any) -> Any:
 
 
 def _looks_healthy(new_q_mu: Any, new_q_sqrt: Any) -> Any:
-    """In the graph, health's cheap tests (:func:`natgrad_diag.natgrad.health.health`): finite, q_sqrt [L, M, M]
+    """In the graph, health's cheap tests (:func:`natgrad_diag.checks.health.health`): finite, q_sqrt [L, M, M]
     lower-triangular to 100·ε·max(max|q_sqrt|, 1) with a positive diagonal; a scalar bool tensor."""
     import tensorflow as tf
 
@@ -104,8 +104,8 @@ def _step_fn(scratch: Any, xi: Any, name: str | None, has_data: bool) -> Callabl
     import tensorflow as tf
 
     from natgrad_diag._gpflow import to_constrained
-    from natgrad_diag.natgrad.closed_form import natgrad_step_closed_form
-    from natgrad_diag.natgrad.trace import natgrad_tensors
+    from natgrad_diag.step.closed_form import natgrad_step_closed_form
+    from natgrad_diag.step.trace import natgrad_tensors
 
     def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
         q_mu, q_sqrt = tf.convert_to_tensor(scratch.q_mu), tf.convert_to_tensor(scratch.q_sqrt)
@@ -140,7 +140,7 @@ class GammaStepsRunner:
         import tensorflow as tf
 
         from natgrad_diag import _compile
-        from natgrad_diag.natgrad.closed_form import closed_form_name
+        from natgrad_diag.step.closed_form import closed_form_name
 
         self.scratch = gpflow.utilities.deepcopy(model)
         self.dtype = model.q_mu.dtype

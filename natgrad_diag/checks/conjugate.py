@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.natgrad.conditioning import Conditioning
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.report import Outcome
-from natgrad_diag.natgrad.tensors import loss_and_grads
-from natgrad_diag.natgrad.tolerances import Bound, bounded_check, natgrad_bound
+from natgrad_diag.checks.conditioning import Conditioning
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.checks.tensors import loss_and_grads
+from natgrad_diag.checks.tolerances import Bound, bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number
 
 __all__ = ["check_conjugate", "conjugate_applicable", "keeps_gaussian_maths"]
@@ -129,7 +129,7 @@ def _nat_step_on(ctx: Context, copy_: Any) -> None:
     """One XiNat step with γ = 1 (natgrad_trace, the core), assigned to ``copy_``."""
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     _, g_mu, g_sq = loss_and_grads(copy_, ctx.data)
     t = natgrad_trace(copy_.q_mu, copy_.q_sqrt, g_mu, g_sq, gamma=1.0, xi_transform=XiNat(), compiled=False)

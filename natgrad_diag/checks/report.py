@@ -88,7 +88,7 @@ class NatGradReport(Report):
         new_q_mu, new_q_sqrt: [M, L] and [L, M, M], the step natgrad-diag computed (None if it failed); not in
             ``to_dict()``.
         dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
-        causes: why checks failed or were inconclusive (:class:`natgrad_diag.natgrad.causes.Cause` records, one of
+        causes: why checks failed or were inconclusive (:class:`natgrad_diag.checks.causes.Cause` records, one of
             a documented set, each with evidence and fix); the reports show them first.
     """
 

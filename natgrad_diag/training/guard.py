@@ -11,10 +11,10 @@ unconstrained variables, bit for bit), reads γ from the optimizer and evaluates
 4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
 
 On a failure, ``on_failure="rollback"`` restores the snapshot bit for bit, lowers γ on the optimizer to the next
-value of :data:`~natgrad_diag.natgrad.health.GAMMA_GRID` below it (half of γ below the grid) and swallows the
+value of :data:`~natgrad_diag.checks.health.GAMMA_GRID` below it (half of γ below the grid) and swallows the
 step's error; ``"raise"`` raises :class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ;
 ``"warn"`` warns and leaves everything as the step left it. Each exit appends a
-:class:`~natgrad_diag.natgrad.monitor_record.GuardRecord` to ``monitor.guard_records``.
+:class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import NatGradCheckError, error_line
-from natgrad_diag.natgrad.health import GAMMA_GRID
-from natgrad_diag.natgrad.monitor_record import GuardRecord
+from natgrad_diag.checks.health import GAMMA_GRID
+from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
 from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients
-from natgrad_diag.natgrad.closed_form import natgrad_step_closed_form
+from natgrad_diag.step.closed_form import natgrad_step_closed_form
 
 __all__ = ["NaturalGradient", "closed_form_xi"]
 
@@ -48,7 +48,7 @@ def _constrained(grad: Any, transform: Any) -> Any:
 
 
 class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]  # untyped where GPflow is absent (nox typecheck)
-    """GPflow's ``NaturalGradient`` whose update is the closed form of :mod:`natgrad_diag.natgrad.closed_form`.
+    """GPflow's ``NaturalGradient`` whose update is the closed form of :mod:`natgrad_diag.step.closed_form`.
 
     A drop-in replacement: the same constructor ``NaturalGradient(gamma, xi_transform=XiNat(), name=None)``,
     the same ``minimize(loss_fn, var_list)`` with ``(q_mu, q_sqrt)`` or ``(q_mu, q_sqrt, xi)`` tuples, and it

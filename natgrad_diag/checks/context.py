@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, UnsupportedModelError
-from natgrad_diag.natgrad.tolerances import Tolerances
+from natgrad_diag.checks.tolerances import Tolerances
 
 __all__ = ["Context", "dtype_context", "float_dtype", "validate_data", "validate_model"]
 

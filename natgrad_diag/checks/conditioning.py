@@ -1,6 +1,6 @@
 """Condition numbers measured on the model: κ(S) before and after the step, κ(Kuu), κ(F) (measured or estimated).
 
-They set the rounding term of every natural-gradient check's bound (:mod:`natgrad_diag.natgrad.tolerances`):
+They set the rounding term of every natural-gradient check's bound (:mod:`natgrad_diag.checks.tolerances`):
 a backward-stable computation with condition number κ carries a forward error of order ε·κ relative to the
 scale of its result (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §1.6, §7.1, §10.1).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.natgrad.lapack_step import one_blas_thread
+from natgrad_diag.step.lapack import one_blas_thread
 from natgrad_diag.typing import Array
 
 __all__ = ["Conditioning", "factor_extremes", "fisher_condition_estimate", "kappa", "measure_conditioning"]

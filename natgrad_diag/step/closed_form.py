@@ -423,7 +423,7 @@ def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
 
 
 def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
-    """``natgrad_tensors`` (natgrad_diag.natgrad.trace) by the closed forms above (XiNat, XiSqrtMeanVar).
+    """``natgrad_tensors`` (natgrad_diag.step.trace) by the closed forms above (XiNat, XiSqrtMeanVar).
 
     The same record, without differentiating through ``expectation_to_meanvarsqrt``: ∂L/∂η by the
     Cholesky VJP (Murray 2016), the step by one Cholesky of a well-scaled matrix (XiNat) or none

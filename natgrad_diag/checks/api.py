@@ -40,19 +40,19 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, NatGradCheckError
-from natgrad_diag.natgrad.conditioning import Conditioning, measure_conditioning
-from natgrad_diag.natgrad.conjugate import check_conjugate, conjugate_applicable
-from natgrad_diag.natgrad.context import Context, dtype_context, validate_data, validate_model
-from natgrad_diag.natgrad.engine import FastEngine, fast_engine
-from natgrad_diag.natgrad.fisher import check_fisher_fast, check_fisher_full
-from natgrad_diag.natgrad.health import GAMMA_GRID, check_step_health
-from natgrad_diag.natgrad.loss_gradient import NUM_DIRECTIONS, NUM_DIRECTIONS_FAST, check_loss_gradient
-from natgrad_diag.natgrad.mapping import check_gradient_mapping
-from natgrad_diag.natgrad.report import GammaTrial, NatGradReport, Outcome
-from natgrad_diag.natgrad.reproduction import check_reproduction
-from natgrad_diag.natgrad.step import GpflowStep, Step, fill_direction, gpflow_step_full, take_step_fast, take_step_full
-from natgrad_diag.natgrad.tolerances import Tolerances, natgrad_tolerances, with_overrides
-from natgrad_diag.natgrad.xi_forward import check_xi_forward
+from natgrad_diag.checks.conditioning import Conditioning, measure_conditioning
+from natgrad_diag.checks.conjugate import check_conjugate, conjugate_applicable
+from natgrad_diag.checks.context import Context, dtype_context, validate_data, validate_model
+from natgrad_diag.checks.engine import FastEngine, fast_engine
+from natgrad_diag.checks.fisher import check_fisher_fast, check_fisher_full
+from natgrad_diag.checks.health import GAMMA_GRID, check_step_health
+from natgrad_diag.checks.loss_gradient import NUM_DIRECTIONS, NUM_DIRECTIONS_FAST, check_loss_gradient
+from natgrad_diag.checks.mapping import check_gradient_mapping
+from natgrad_diag.checks.report import GammaTrial, NatGradReport, Outcome
+from natgrad_diag.checks.reproduction import check_reproduction
+from natgrad_diag.checks.step import GpflowStep, Step, fill_direction, gpflow_step_full, take_step_fast, take_step_full
+from natgrad_diag.checks.tolerances import Tolerances, natgrad_tolerances, with_overrides
+from natgrad_diag.checks.xi_forward import check_xi_forward
 from natgrad_diag.report.records import Check, format_number
 
 __all__ = [
@@ -146,13 +146,13 @@ def check_natgrad(
         >>> check_natgrad(model, (X, Y), progress=False).passed
         True
     """
-    from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
-    from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
+    from natgrad_diag.checks.gamma_steps import validate_gamma_steps
+    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
     from natgrad_diag.progress import progress_bar
 
     k = validate_gamma_steps(gamma_steps)
-    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.natgrad.pairs_check
-        from natgrad_diag.natgrad.pairs_check import check_pairs
+    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs_check
+        from natgrad_diag.checks.pairs_check import check_pairs
 
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)  # type: ignore[return-value]
     validate_model(model)
@@ -264,7 +264,7 @@ def _convergence(ctx: Context, cond: Conditioning) -> Outcome:
     """The user's γ and ξ over k steps (γ < 1 or ξ ≠ XiNat only: one XiNat γ = 1 step is the conjugate check)."""
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.natgrad.convergence import check_convergence
+    from natgrad_diag.checks.convergence import check_convergence
 
     if isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0:
         return Outcome()
@@ -328,7 +328,7 @@ def _report(
 ) -> NatGradReport:  # fmt: skip
     import gpflow
 
-    from natgrad_diag.natgrad.causes import diagnose
+    from natgrad_diag.checks.causes import diagnose
 
     m = ctx.model
     if isinstance(m, gpflow.models.SVGP):
@@ -435,7 +435,7 @@ def assert_natgrad_step_matches_gpflow(
         NatGradCheckError: the steps differ, or only one of them fails.
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
-    from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
+    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 
     validate_model(model)
     xi = resolve_xi_transform(xi_transform)

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.natgrad.conditioning import Conditioning
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.report import Outcome
-from natgrad_diag.natgrad.tensors import loss_and_grads
-from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
+from natgrad_diag.checks.conditioning import Conditioning
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.checks.tensors import loss_and_grads
+from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.typing import Array
 
@@ -41,7 +41,7 @@ def natural_distance(a: Array, b: Array) -> float:
 
 
 def _step(ctx: Context, model: Any, gamma: float, xi: Any) -> None:
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     _, g_mu, g_sq = loss_and_grads(model, ctx.data)
     t = natgrad_trace(model.q_mu, model.q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=xi, compiled=False)

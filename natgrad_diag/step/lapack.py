@@ -1,6 +1,6 @@
 """The closed-form record of GPflow's natural-gradient step, computed by LAPACK's triangular kernels on numpy arrays.
 
-:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` (natgrad_diag.natgrad.closed_form)
+:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` (natgrad_diag.step.closed_form)
 returns, with the same maths — the derivations (Murray 2016's Cholesky VJP and JVP, the reversed
 Cholesky of B = I + γ(P + Pᵀ) for XiNat, the collapsed XiSqrtMeanVar step) are in that module's docstring,
 items 1-4 — but with the kernels TensorFlow lacks: a triangular inverse (``trtri``, M³/3 flops) and the
@@ -92,7 +92,7 @@ def one_blas_thread() -> Iterator[None]:
     """Run the body with every BLAS library of the process at one thread, one such body at a time.
 
     The numpy/scipy linear algebra of the checks (this record, the condition numbers of
-    :mod:`natgrad_diag.natgrad.conditioning`) runs in it: reproducible to the bit, and safe from OpenBLAS's
+    :mod:`natgrad_diag.checks.conditioning`) runs in it: reproducible to the bit, and safe from OpenBLAS's
     collapse on a busy machine (see the module docstring).
     """
     with _LOCK, _one_blas_thread():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from natgrad_diag.natgrad.tensors import fisher_matrix_free_tensors, loss_and_grads, step_tensors
+from natgrad_diag.checks.tensors import fisher_matrix_free_tensors, loss_and_grads, step_tensors
 
 __all__ = ["ENGINES", "FastEngine", "fast_engine"]
 
@@ -43,7 +43,7 @@ class FastEngine:
     (the closed form by LAPACK where it applies, else ``natgrad_tensors``), GPflow's own update (``natgrad_diag._gpflow.natgrad_apply_gradients``) applied with the
     same gradients to a scratch deep copy of the model, the loss after GPflow's step, and the matrix-free Fisher
     products. The scratch copy's variables are overwritten from the model's at every call; the model is only read.
-    When a Cholesky fails inside a piece, :func:`natgrad_diag.natgrad.step.take_step_fast` finds out which part failed.
+    When a Cholesky fails inside a piece, :func:`natgrad_diag.checks.step.take_step_fast` finds out which part failed.
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool, fisher: bool = True) -> None:
@@ -51,7 +51,7 @@ class FastEngine:
         import tensorflow as tf
 
         from natgrad_diag._gpflow import to_constrained
-        from natgrad_diag.natgrad.closed_form import closed_form_name
+        from natgrad_diag.step.closed_form import closed_form_name
 
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record (natgrad.lapack_step), else None
         self.lapack_xi = closed_form_name(xi, model.q_sqrt.transform)
@@ -93,10 +93,10 @@ class FastEngine:
         """Every piece on the model's current parameters, as numpy arrays: the loss and its gradients, both steps,
         the loss after GPflow's, F·∇ηL and ∇θL.
 
-        natgrad-diag's step is the closed form by LAPACK (:func:`~natgrad_diag.natgrad.lapack_step.natgrad_record_lapack`)
+        natgrad-diag's step is the closed form by LAPACK (:func:`~natgrad_diag.step.lapack.natgrad_record_lapack`)
         for XiNat and XiSqrtMeanVar, else the compiled ``natgrad_tensors``. When the LAPACK record refuses the step
         (γ too long, a singular q_sqrt) the compiled closed form runs instead, so that the failure is TensorFlow's
-        ``InvalidArgumentError``, which :func:`~natgrad_diag.natgrad.step.take_step_fast` explains piece by piece.
+        ``InvalidArgumentError``, which :func:`~natgrad_diag.checks.step.take_step_fast` explains piece by piece.
         """
         import tensorflow as tf
 
@@ -115,7 +115,7 @@ class FastEngine:
     def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
         """natgrad-diag's step from the gradients ``g`` (numpy), the keys of ``_KEEP``."""
         from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
-        from natgrad_diag.natgrad.lapack_step import natgrad_record_lapack
+        from natgrad_diag.step.lapack import natgrad_record_lapack
 
         if self.lapack_xi is not None:
             try:

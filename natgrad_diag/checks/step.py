@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.natgrad.arrays import finite
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.engine import FastEngine
-from natgrad_diag.natgrad.tensors import direction_tensors, loss_and_grads
+from natgrad_diag.checks.arrays import finite
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.engine import FastEngine
+from natgrad_diag.checks.tensors import direction_tensors, loss_and_grads
 from natgrad_diag.typing import Array
 
 __all__ = ["GpflowStep", "Step", "fill_direction", "gpflow_step_full", "take_step_fast", "take_step_full"]
@@ -82,7 +82,7 @@ def take_step_full(ctx: Context) -> Step:
     import tensorflow as tf
 
     from natgrad_diag.exceptions import StepFailedError
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     loss, g_mu, g_sq = loss_and_grads(ctx.model, ctx.data)
     step = _step_from_gradients(ctx, loss, g_mu, g_sq)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from natgrad_diag.natgrad.monitor_record import GuardRecord, NatGradRecord
+from natgrad_diag.training.records import GuardRecord, NatGradRecord
 
 __all__ = ["SCALARS", "ScalarLog"]
 

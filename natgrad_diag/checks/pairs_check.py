@@ -8,7 +8,7 @@ same, pair by pair, each pair's step with the others held fixed:
   (``NaturalGradient._natgrad_apply_gradients``) assigns to the pair;
 - ``step_health``: the new q_sqrt is finite, lower-triangular with a positive diagonal and S positive definite, and
   the loss after the step; the γ of the grid with the lowest loss after one step is suggested
-  (:func:`natgrad_diag.natgrad.health.best_gamma`).
+  (:func:`natgrad_diag.checks.health.best_gamma`).
 
 The loss closes over the user's parameters, so there is no copy to step on: GPflow's update and the losses after a
 step are computed on the parameters themselves, which are restored bit for bit (their unconstrained variables) before
@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, error_line
-from natgrad_diag.natgrad.conditioning import measure_conditioning
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.health import GAMMA_GRID, best_gamma, health
-from natgrad_diag.natgrad.pairs import variational_pairs
-from natgrad_diag.natgrad.report import GammaTrial, NatGradReport
-from natgrad_diag.natgrad.reproduction import check_reproduction
-from natgrad_diag.natgrad.step import GpflowStep, Step
-from natgrad_diag.natgrad.tolerances import natgrad_tolerances, with_overrides
+from natgrad_diag.checks.conditioning import measure_conditioning
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.health import GAMMA_GRID, best_gamma, health
+from natgrad_diag.checks.pairs import variational_pairs
+from natgrad_diag.checks.report import GammaTrial, NatGradReport
+from natgrad_diag.checks.reproduction import check_reproduction
+from natgrad_diag.checks.step import GpflowStep, Step
+from natgrad_diag.checks.tolerances import natgrad_tolerances, with_overrides
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section
 from natgrad_diag.typing import Array
@@ -111,7 +111,7 @@ def _ours(
     import tensorflow as tf
 
     from natgrad_diag.exceptions import StepFailedError
-    from natgrad_diag.natgrad.trace import natgrad_trace
+    from natgrad_diag.step.trace import natgrad_trace
 
     try:
         t = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=ctx.xi)
@@ -236,7 +236,7 @@ def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
     mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 1,
 ) -> NatGradPairsReport:  # fmt: skip
-    """The checks of :mod:`natgrad_diag.natgrad.pairs_check` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
+    """The checks of :mod:`natgrad_diag.checks.pairs_check` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
     Args:
         loss_fn: the loss ``NaturalGradient.minimize`` minimises: a zero-argument callable, or ``loss_fn(data)``
@@ -247,15 +247,15 @@ def check_pairs(
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
         gamma_steps: k: each γ tried is measured by the loss after k steps of its pair (eager; validated by
-            :func:`~natgrad_diag.natgrad.gamma_steps.validate_gamma_steps`).
+            :func:`~natgrad_diag.checks.gamma_steps.validate_gamma_steps`).
 
     Returns:
         A :class:`NatGradPairsReport`; the parameters are bit-identical afterwards.
     """
     import tensorflow as tf
 
-    from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
-    from natgrad_diag.natgrad.trace import _validate_gamma, resolve_xi_transform
+    from natgrad_diag.checks.gamma_steps import validate_gamma_steps
+    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 
     k = validate_gamma_steps(gamma_steps)
     if not callable(loss_fn):

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.natgrad.arrays import maxabs, scale
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.engine import FastEngine
-from natgrad_diag.natgrad.report import Outcome
-from natgrad_diag.natgrad.step import Step
-from natgrad_diag.natgrad.tensors import fisher_matrix_free_tensors
-from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
+from natgrad_diag.checks.arrays import maxabs, scale
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.engine import FastEngine
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.checks.step import Step
+from natgrad_diag.checks.tensors import fisher_matrix_free_tensors
+from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from natgrad_diag.natgrad.arrays import scale
-from natgrad_diag.natgrad.conditioning import Conditioning, measure_conditioning
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.step import GpflowStep, Step
-from natgrad_diag.natgrad.tolerances import bounded_check, natgrad_bound
+from natgrad_diag.checks.arrays import scale
+from natgrad_diag.checks.conditioning import Conditioning, measure_conditioning
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.step import GpflowStep, Step
+from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 
 __all__ = ["check_reproduction"]
@@ -16,11 +16,11 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
     """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
     In full mode both steps run eagerly (natgrad-diag's record follows GPflow's lines); in fast mode natgrad-diag's
-    step is the closed form computed by LAPACK (:mod:`natgrad_diag.natgrad.lapack_step`, where it applies) against GPflow's compiled
+    step is the closed form computed by LAPACK (:mod:`natgrad_diag.step.lapack`, where it applies) against GPflow's compiled
     step, two different computations of the same formula. They differ only in rounding, which GPflow's route
     amplifies by κ_η·κ(S_new)·cancellation
-    (:attr:`~natgrad_diag.natgrad.conditioning.Conditioning.step_condition`): the rounding term is
-    100·ε·that·s (:func:`~natgrad_diag.natgrad.tolerances.natgrad_bound`). When either step fails, the check
+    (:attr:`~natgrad_diag.checks.conditioning.Conditioning.step_condition`): the rounding term is
+    100·ε·that·s (:func:`~natgrad_diag.checks.tolerances.natgrad_bound`). When either step fails, the check
     passes only if both fail (they must agree on whether γ is too long).
     """
     tol = ctx.tol

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.natgrad.arrays import maxabs, scale
-from natgrad_diag.natgrad.context import Context
-from natgrad_diag.natgrad.report import Outcome
-from natgrad_diag.natgrad.step import Step
+from natgrad_diag.checks.arrays import maxabs, scale
+from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.checks.step import Step
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.typing import Array
 

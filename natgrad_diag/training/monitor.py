@@ -1,4 +1,23 @@
-"""The NatGradMonitor class, a ``gpflow.monitor.MonitorTask``; imports GPflow, so only natgrad.monitor's lazy lookup imports it."""
+"""``NatGradMonitor``: the cheap natural-gradient checks inside a training loop, as a GPflow monitor task.
+
+Every ``every`` steps it runs :func:`natgrad_diag.check_natgrad` in fast mode (compiled once, reused) on the
+current parameters and records whether the next natural-gradient step is healthy (finite, q_sqrt
+lower-triangular with a positive diagonal, S positive definite) and whether natgrad-diag's step reproduces
+what ``gpflow.optimizers.NaturalGradient`` would assign. The model is never changed.
+
+Use it as any ``gpflow.monitor.MonitorTask``::
+
+    monitor = NatGradMonitor(model, data, gamma=0.1, every=10)
+    for step in range(1000):
+        natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
+        adam.minimize(loss, hyperparameters)
+        monitor(step)
+    print(monitor.records[-1])
+
+or inside ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))`` (then leave ``every=1``).
+The class derives from ``gpflow.monitor.MonitorTask``, so this module imports GPflow: :mod:`natgrad_diag` imports it
+on first access to ``NatGradMonitor``.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +26,11 @@ from typing import Any
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.natgrad.gamma_steps import validate_gamma_steps
-from natgrad_diag.natgrad.guard import ON_FAILURE, StepGuard
-from natgrad_diag.natgrad.monitor_log import ScalarLog
-from natgrad_diag.natgrad.monitor_record import GuardRecord, NatGradRecord
-from natgrad_diag.natgrad.pairs import variational_pairs
+from natgrad_diag.checks.gamma_steps import validate_gamma_steps
+from natgrad_diag.training.guard import ON_FAILURE, StepGuard
+from natgrad_diag.training.tensorboard import ScalarLog
+from natgrad_diag.training.records import GuardRecord, NatGradRecord
+from natgrad_diag.checks.pairs import variational_pairs
 
 __all__ = ["NatGradMonitor"]
 
@@ -20,7 +39,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     """A ``gpflow.monitor.MonitorTask`` that records natural-gradient step health and reproduction every k steps.
 
     ``monitor(step)`` runs the periodic checks; ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards
-    the user's own step (see :mod:`natgrad_diag.natgrad.guard`)::
+    the user's own step (see :mod:`natgrad_diag.training.guard`)::
 
         monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
         for step in range(1000):
@@ -44,11 +63,11 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             ``loss_increase · max(|loss before|, 1)``; the default 0.5 lets a step raise the loss by half its size
             (minibatch noise, a first step from a poor q(u)) and catches blow-ups (50× and more on GPflow's
             heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and non-finite values.
-        log_dir: write the scalars of :data:`~natgrad_diag.natgrad.monitor_log.SCALARS` for TensorBoard there.
+        log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there.
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
             −ELBO for a GPflux DeepGP); needed with ``var_list``.
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
-            :func:`natgrad_diag.natgrad.pairs.variational_pairs`).
+            :func:`natgrad_diag.checks.pairs.variational_pairs`).
         gamma_steps: passed to :func:`~natgrad_diag.check_natgrad`: the suggested γ is the one with the lowest loss
             after this many steps (SVGP and VGP only; 1: after one step).
 
@@ -102,7 +121,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
 
     def guard(self, step: int, optimizer: Any) -> StepGuard:
-        """A context manager around the user's natural-gradient step with ``optimizer`` (see :mod:`~natgrad_diag.natgrad.guard`)."""
+        """A context manager around the user's natural-gradient step with ``optimizer`` (see :mod:`~natgrad_diag.training.guard`)."""
         return StepGuard(self, step, optimizer)
 
     @property
@@ -166,11 +185,11 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         """Run the cheap checks now and return the record (not appended).
 
         An SVGP or VGP gets :func:`~natgrad_diag.check_natgrad`'s fast checks; a GPflux DeepGP or a ``var_list``
-        gets the pair-by-pair checks (:mod:`natgrad_diag.natgrad.pairs_check`), folded into one record: the largest
+        gets the pair-by-pair checks (:mod:`natgrad_diag.checks.pairs_check`), folded into one record: the largest
         reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when there is one
         pair.
         """
-        from natgrad_diag.natgrad.check import check_natgrad
+        from natgrad_diag.checks.api import check_natgrad
 
         data = self.batch()
         report: Any
@@ -219,4 +238,4 @@ def _validate_options(on_failure: Any, loss_increase: Any) -> None:
         )
 
 
-NatGradMonitor.__module__ = "natgrad_diag.natgrad.monitor"  # where users import it from
+NatGradMonitor.__module__ = "natgrad_diag"  # where users import it from
