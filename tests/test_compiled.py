@@ -24,7 +24,7 @@ from tests.conftest import random_q
 
 
 class XiNatTF(XiNat):
-    """XiNat under another class: no closed form (closed_form_name is None), so the tf.function path runs."""
+    """XiNat under another class: no closed form (step_backend says autodiff), so the tf.function path runs."""
 
 
 class XiSqrtMeanVarTF(XiSqrtMeanVar):

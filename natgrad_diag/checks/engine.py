@@ -51,10 +51,11 @@ class FastEngine:
         import tensorflow as tf
 
         from natgrad_diag._gpflow import to_constrained
-        from natgrad_diag.step.closed_form import closed_form_name
+        from natgrad_diag.step.backend import step_backend
 
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record (natgrad.lapack_step), else None
-        self.lapack_xi = closed_form_name(xi, model.q_sqrt.transform)
+        backend = step_backend(xi, model.q_sqrt.transform, model.q_sqrt)
+        self.lapack_xi = backend.xi if backend.code == "lapack" else None
         # A weak reference: the engine lives in a WeakKeyDictionary keyed by the model, so it must not keep the
         # model alive (the compiled graphs hold the variables they read, not the model).
         self._model_ref = weakref.ref(model)

@@ -8,7 +8,7 @@ The γ search of :mod:`natgrad_diag.checks.health` measures each γ of the grid 
 
 where ``step_γ`` is GPflow's update (equation [10] of Salimbeni, Eleftheriadis and Hensman, "Natural Gradients in
 Practice", AISTATS 2018): :func:`natgrad_diag.step.closed_form.natgrad_step_closed_form` where
-:func:`~natgrad_diag.step.closed_form.closed_form_name` applies (XiNat, XiSqrtMeanVar with a lower-triangular
+:func:`~natgrad_diag.step.backend.step_backend` picks a closed form (XiNat, XiSqrtMeanVar with a lower-triangular
 q_sqrt), else :func:`natgrad_diag.step.trace.natgrad_tensors`. The trial's value is L(m_k, L_k). A trial fails at
 the first step j whose Cholesky fails, whose new q(u) is unhealthy (the caller's test, e.g. q_sqrt leaves the
 positive-definite cone) or whose loss is not finite; the reason names j.
@@ -140,11 +140,11 @@ class GammaStepsRunner:
         import tensorflow as tf
 
         from natgrad_diag import _compile
-        from natgrad_diag.step.closed_form import closed_form_name
+        from natgrad_diag.step.backend import step_backend
 
         self.scratch = gpflow.utilities.deepcopy(model)
         self.dtype = model.q_mu.dtype
-        name = closed_form_name(xi, self.scratch.q_sqrt.transform)
+        name = step_backend(xi, self.scratch.q_sqrt.transform).xi
         #: "closed form (nat)", "closed form (sqrtmeanvar)" or "natgrad_tensors": which maths the step uses.
         self.path = f"closed form ({name})" if name else "natgrad_tensors"
         step = _step_fn(self.scratch, xi, name, has_data)

@@ -34,13 +34,14 @@ def step_tensors(model: Any, g_mu: Any, g_sq: Any, gamma: Any, xi: Any, *, close
     import tensorflow as tf
 
     from natgrad_diag._gpflow import to_constrained
-    from natgrad_diag.step.closed_form import closed_form_name, natgrad_tensors_closed_form
+    from natgrad_diag.step.backend import step_backend
+    from natgrad_diag.step.closed_form import natgrad_tensors_closed_form
     from natgrad_diag.step.trace import natgrad_tensors
 
     dL_dmean = to_constrained(g_mu, model.q_mu.transform)
     dL_dvarsqrt = to_constrained(g_sq, model.q_sqrt.transform)
     q_mu, q_sqrt = tf.identity(tf.convert_to_tensor(model.q_mu)), tf.identity(tf.convert_to_tensor(model.q_sqrt))
-    name = closed_form_name(xi, model.q_sqrt.transform) if closed_form else None
+    name = step_backend(xi, model.q_sqrt.transform).xi if closed_form else None
     if name is not None:
         out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, name)
     else:

@@ -70,7 +70,6 @@ __all__ = [
     "XI_NAMES",
     "cholesky_jvp",
     "cholesky_vjp",
-    "closed_form_name",
     "default_seed_gradient",
     "expectation_gradients",
     "natgrad_step_closed_form",
@@ -448,15 +447,3 @@ def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsq
         xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2,
         new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
     )  # fmt: skip
-
-
-def closed_form_name(xi_transform: Any, q_sqrt_transform: Any) -> str | None:
-    """``"nat"``/``"sqrtmeanvar"`` when the closed form applies (GPflow's exact ξ class, a lower-triangular
-    q_sqrt transform), else ``None`` (the autodiff path)."""
-    import tensorflow_probability as tfp
-    from gpflow.optimizers import XiNat, XiSqrtMeanVar
-
-    lower = isinstance(q_sqrt_transform, tfp.bijectors.FillTriangular) and not q_sqrt_transform.parameters.get("upper", False)
-    if not lower:
-        return None
-    return {XiNat: "nat", XiSqrtMeanVar: "sqrtmeanvar"}.get(type(xi_transform))

@@ -6,40 +6,12 @@ from typing import Any
 
 import gpflow
 import tensorflow as tf
-from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
 from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients
+from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form
 
-__all__ = ["NaturalGradient", "closed_form_xi"]
-
-
-def closed_form_xi(xi_transform: Any, q_sqrt: Any) -> str | None:
-    """The closed form's name for ``xi_transform`` on this ``q_sqrt``, or ``None`` when GPflow's path must run.
-
-    The closed form covers exactly GPflow's ``XiNat`` and ``XiSqrtMeanVar`` (not subclasses, which may
-    override the maps) on a ``q_sqrt`` whose transform keeps it lower triangular (GPflow's
-    ``triangular()``, a lower ``FillTriangular``); anything else falls back to GPflow's step.
-
-    Examples:
-        >>> import gpflow, numpy as np
-        >>> q_sqrt = gpflow.Parameter(np.eye(2)[None], transform=gpflow.utilities.triangular())
-        >>> closed_form_xi(gpflow.optimizers.XiNat(), q_sqrt), closed_form_xi(gpflow.optimizers.XiSqrtMeanVar(), q_sqrt)
-        ('nat', 'sqrtmeanvar')
-        >>> closed_form_xi(gpflow.optimizers.XiNat(), gpflow.Parameter(np.eye(2)[None])) is None
-        True
-    """
-    import tensorflow_probability as tfp
-
-    transform = getattr(q_sqrt, "transform", None)
-    lower = isinstance(transform, tfp.bijectors.FillTriangular) and not transform.parameters.get("upper", False)
-    if not lower:
-        return None
-    if type(xi_transform) is XiNat:
-        return "nat"
-    if type(xi_transform) is XiSqrtMeanVar:
-        return "sqrtmeanvar"
-    return None
+__all__ = ["NaturalGradient"]
 
 
 def _constrained(grad: Any, transform: Any) -> Any:
@@ -92,7 +64,7 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
             xi_transform: the ξ transform (``self.xi_transform`` when ``None``).
         """
         xi_transform = self.xi_transform if xi_transform is None else xi_transform
-        xi = closed_form_xi(xi_transform, q_sqrt)
+        xi = step_backend(xi_transform, q_sqrt.transform, q_sqrt).xi
         if xi is None:
             natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
             return

@@ -21,7 +21,8 @@ import numpy as np
 from natgrad_diag import _compile
 from natgrad_diag._validate import param_parts, validate_grad, validate_q
 from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
-from natgrad_diag.step.closed_form import closed_form_name, default_seed_gradient
+from natgrad_diag.step.backend import step_backend
+from natgrad_diag.step.closed_form import default_seed_gradient
 from natgrad_diag.step.lapack import natgrad_record_lapack
 from natgrad_diag.step.trace_inputs import constrained_arrays, fast_parts, precheck, transform_key
 from natgrad_diag.typing import Array
@@ -282,9 +283,9 @@ def _natgrad_trace_compiled(
     shapes = [tuple(t.shape.as_list()) for t in tensors]
     if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
         return None
-    closed = closed_form_name(xi, t_sq)
-    if closed is not None:
-        return _natgrad_trace_lapack((mu_in, sq_in, g_mu, g_sq), t_mu, t_sq, g, xi, closed)
+    backend = step_backend(xi, t_sq, mu_in, sq_in)
+    if backend.code == "lapack" and backend.xi is not None:
+        return _natgrad_trace_lapack((mu_in, sq_in, g_mu, g_sq), t_mu, t_sq, g, xi, backend.xi)
     k_mu, k_sq = transform_key(t_mu), transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None

@@ -8,6 +8,7 @@ import numpy as np
 
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag.step.backend import is_lower_triangular_transform
 from natgrad_diag.typing import FloatArray
 
 __all__ = ["constrained_arrays", "fast_parts", "precheck", "require_lower_triangular", "transform_key"]
@@ -107,12 +108,6 @@ def fast_parts(x: Any) -> tuple[Any, Any] | None:
 _FILL_INDEX: dict[int, tuple[Any, Any, Any]] = {}  # M -> (rows, cols, source) of FillTriangular(upper=False)
 
 
-def _is_fill_lower(transform: Any) -> bool:
-    import tensorflow_probability as tfp
-
-    return type(transform) is tfp.bijectors.FillTriangular and not transform.parameters.get("upper", False)
-
-
 def _is_identity(transform: Any) -> bool:
     import tensorflow_probability as tfp
 
@@ -125,7 +120,7 @@ def _forward(x: Any, transform: Any) -> FloatArray:
     gives 1, 2, ..., n (learnt once per M); this skips TFP's bijector cache, which costs milliseconds a call.
     Any other transform runs in TensorFlow, eagerly."""
     a = x if _is_identity(transform) else None
-    if a is None and not _is_fill_lower(transform):
+    if a is None and not is_lower_triangular_transform(transform):
         a = transform.forward(x)
     if a is not None:
         return np.asarray(a.numpy() if hasattr(a, "numpy") else a)

@@ -1,0 +1,83 @@
+"""Which code computes the natural-gradient step: GPflow's autodiff, the TensorFlow closed form, or LAPACK.
+
+:func:`step_backend` is the one place this is decided; ``natgrad_trace``, the drop-in ``NaturalGradient``, the checks'
+evaluator and the k-step γ trials all ask it.
+
+* The closed form (:mod:`natgrad_diag.step.closed_form`) is GPflow's step written out by hand. It holds for GPflow's
+  own ``XiNat`` and ``XiSqrtMeanVar`` (their exact classes: a subclass may override the maps it relies on) on a
+  ``q_sqrt`` kept lower triangular by its transform: a lower ``tfp.bijectors.FillTriangular`` (GPflow's
+  ``triangular()``) or any subclass of it, tested by ``isinstance`` so that a subclass takes the same path as the
+  class. Anything else runs GPflow's own autodiff step.
+* Where the closed form holds, LAPACK (:mod:`natgrad_diag.step.lapack`) computes it on numpy arrays on the CPU. When
+  TensorFlow sees a GPU, or the tensors live on one, the TensorFlow closed form runs instead, where they are: the
+  LAPACK path would copy them to the host and run on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["StepBackend", "is_lower_triangular_transform", "step_backend"]
+
+Code = Literal["lapack", "closed_form", "autodiff"]
+
+
+@dataclass(frozen=True)
+class StepBackend:
+    """The step's code and, for the closed forms, which ξ (``"nat"`` or ``"sqrtmeanvar"``; None for autodiff)."""
+
+    code: Code
+    xi: str | None = None
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether the step is the closed form (by LAPACK or TensorFlow)."""
+        return self.xi is not None
+
+
+def is_lower_triangular_transform(transform: Any) -> bool:
+    """Whether ``transform`` is a lower ``tfp.bijectors.FillTriangular`` (GPflow's ``triangular()``), or a subclass.
+
+    Examples:
+        >>> import gpflow
+        >>> is_lower_triangular_transform(gpflow.utilities.triangular()), is_lower_triangular_transform(None)
+        (True, False)
+    """
+    import tensorflow_probability as tfp
+
+    return isinstance(transform, tfp.bijectors.FillTriangular) and not transform.parameters.get("upper", False)
+
+
+def _on_gpu(tensors: tuple[Any, ...]) -> bool:
+    """Whether TensorFlow sees a GPU, or one of ``tensors`` was placed on one."""
+    import tensorflow as tf
+
+    placed = " ".join(str(getattr(t, "device", "") or "") for t in tensors).upper()
+    return "GPU" in placed or bool(tf.config.list_logical_devices("GPU"))
+
+
+def step_backend(xi_transform: Any, q_sqrt_transform: Any, *tensors: Any) -> StepBackend:
+    """The code that computes the step for ``xi_transform`` on a ``q_sqrt`` with ``q_sqrt_transform``.
+
+    Args:
+        xi_transform: a ``gpflow.optimizers.XiTransform`` instance.
+        q_sqrt_transform: q_sqrt's transform (``q_sqrt.transform``; None for a plain tensor).
+        tensors: the step's tensors, whose device decides between LAPACK (CPU) and the TensorFlow closed form.
+
+    Returns:
+        ``StepBackend("lapack" | "closed_form", "nat" | "sqrtmeanvar")`` or ``StepBackend("autodiff")``.
+
+    Examples:
+        >>> import gpflow
+        >>> step_backend(gpflow.optimizers.XiNat(), gpflow.utilities.triangular())
+        StepBackend(code='lapack', xi='nat')
+        >>> step_backend(gpflow.optimizers.XiSqrtMeanVar(), None)
+        StepBackend(code='autodiff', xi=None)
+    """
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    xi = {XiNat: "nat", XiSqrtMeanVar: "sqrtmeanvar"}.get(type(xi_transform))
+    if xi is None or not is_lower_triangular_transform(q_sqrt_transform):
+        return StepBackend("autodiff")
+    return StepBackend("closed_form" if _on_gpu(tensors) else "lapack", xi)
