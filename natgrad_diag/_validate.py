@@ -497,3 +497,95 @@ def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
         inputs = ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs)
         raise InputError(f"{name}(*inputs) raised an error.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
                          remedy=f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e
+
+
+def validate_model(model: Any) -> None:
+    """An SVGP- or VGP-like GPflow model: q_mu [M, L] and q_sqrt [L, M, M] Parameters (not q_diag), float64 or float32."""
+    import gpflow
+
+    q_mu = getattr(model, "q_mu", None)
+    q_sqrt = getattr(model, "q_sqrt", None)
+    if not isinstance(model, gpflow.models.GPModel) or not isinstance(q_mu, gpflow.Parameter) or not isinstance(q_sqrt, gpflow.Parameter):
+        raise UnsupportedModelError(
+            "natural gradients need a GPflow model with a variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ).",
+            context=[("Argument", "model"), ("Expected", "gpflow.models.SVGP or gpflow.models.VGP (q_mu and q_sqrt Parameters)"), ("Got", type(model).__name__)],
+            remedy="pass an SVGP or VGP model; GPR and SGPR have no variational parameters to take natural steps on.",
+        )
+    if getattr(model, "q_diag", False) or len(q_sqrt.shape) == 2:
+        raise UnsupportedModelError(
+            "q_sqrt is diagonal (q_diag=True); GPflow's NaturalGradient supports only the full covariance "
+            "parametrisation q_sqrt [L, M, M].",
+            context=[("Argument", "model.q_sqrt"), ("Expected", "[L, M, M] (q_diag=False)"), ("Actual", f"{list(q_sqrt.shape)} (q_diag=True)")],
+            remedy="build the model with q_diag=False (the default) to use natural gradients.",
+        )
+    if len(q_mu.shape) != 2 or len(q_sqrt.shape) != 3 or tuple(q_sqrt.shape) != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
+        raise UnsupportedModelError(
+            "q_mu and q_sqrt do not have GPflow's shapes q_mu [M, L], q_sqrt [L, M, M].",
+            context=[("Argument", "model.q_mu / model.q_sqrt"), ("Expected", "[M, L] and [L, M, M]"), ("Actual", f"{list(q_mu.shape)} and {list(q_sqrt.shape)}")],
+            remedy="natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
+        )
+    if q_mu.dtype not in (np.float64, np.float32) and getattr(q_mu.dtype, "name", "") not in ("float64", "float32"):
+        raise InputError(
+            "the model's variational parameters must be float64 or float32.",
+            context=[("Argument", "model.q_mu"), ("Expected", "float64 (or float32)"), ("Got", str(q_mu.dtype))],
+            remedy="build the model under gpflow.config.set_default_float(np.float64).",
+        )
+
+
+def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
+    """``(X [N, D], Y [N, P])`` as tensors of ``dtype`` that fit ``model``, or None for a model that holds its data.
+
+    D comes from the inducing points Z [M, D] (or the model's own data), P is the number of latent GPs L (one
+    column for a multi-class likelihood). X and Y must be real numbers (integers are cast), finite, with N ≥ 1.
+
+    Raises:
+        InputError, ShapeMismatchError, DTypeMismatchError, NonFiniteError: naming ``data``'s X or Y.
+    """
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(model, gpflow.models.InternalDataTrainingLossMixin):
+        if data is not None:
+            raise input_error(f"{type(model).__name__} holds its own data; {name} must be None.", name,
+                              "None (the data are in model.data)", type(data).__name__, "call check_natgrad(model) without data.")  # fmt: skip
+        return None
+    if data is None:
+        raise input_error(f"{type(model).__name__}'s training loss needs data.", name, "a tuple (X [N, D], Y [N, P])", "None",
+                          "pass the full batch, check_natgrad(model, (X, Y)), as you pass it to model.training_loss.")  # fmt: skip
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        got = type(data).__name__ + (f" of length {len(data)}" if hasattr(data, "__len__") else "")
+        raise input_error(f"{name} must be a pair (X, Y).", name, "a tuple (X [N, D], Y [N, P])", got, f"pass {name}=(X, Y).")
+    X, Y = (np.asarray(getattr(v, "numpy", lambda v=v: v)()) for v in data)
+    for k, (part, a, dims) in enumerate((("X", X, "[N, D]"), ("Y", Y, "[N, P]"))):
+        arg = f"{name}[{k}] ({part})"
+        if a.dtype.kind not in "fiu":
+            raise DTypeMismatchError(f"{name}'s {part} must be real numbers.", context=[("Argument", arg), ("Expected", "float64 (or float32, or integers)"), ("Got", str(a.dtype))],
+                                     remedy=f"pass {part} as a real float array (a complex {part} would lose its imaginary part).")  # fmt: skip
+        if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+            raise ShapeMismatchError(f"{name}'s {part} must be a non-empty matrix {dims}.", context=[("Argument", arg), ("Expected", f"{dims} with N ≥ 1 and at least one column"), ("Actual", shape_str(a.shape))],
+                                     remedy=f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at least one data point.")  # fmt: skip
+    if X.shape[0] != Y.shape[0]:
+        raise ShapeMismatchError(f"{name}'s X and Y must have the same number of rows N.", context=[
+            ("Argument", name), ("Expected", "X [N, D] and Y [N, P] with one N"), ("Actual", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}")],
+            remedy="pass X and Y of the same data points.")  # fmt: skip
+    Z = getattr(getattr(model, "inducing_variable", None), "Z", None)
+    D = int(Z.shape[-1]) if Z is not None and len(Z.shape) == 2 else None
+    if D is not None and X.shape[1] != D:
+        raise ShapeMismatchError(f"{name}'s X has {X.shape[1]} input dimension(s) but the model has {D}.", context=[
+            ("Argument", f"{name}[0] (X)"), ("Expected", f"[N, {D}] (D from the model's inducing points)"), ("Actual", shape_str(X.shape))],
+            remedy="pass the X the model was built for (its inducing points Z [M, D] fix D).")  # fmt: skip
+    L = getattr(model, "num_latent_gps", None)
+    multi = any(k in type(getattr(model, "likelihood", None)).__name__ for k in ("MultiClass", "Softmax"))
+    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and not _likelihood_takes(model, Y.shape[1]):
+        raise ShapeMismatchError(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).", context=[
+            ("Argument", f"{name}[1] (Y)"), ("Expected", f"[N, {int(L)}]"), ("Actual", shape_str(Y.shape))],
+            remedy="pass one Y column per latent GP (GPflow would broadcast the others silently).")  # fmt: skip
+    for k, a in enumerate((X, Y)):
+        require_finite(a, f"{name}[{k}] ({'XY'[k]})")
+    return tf.constant(X.astype(dtype)), tf.constant(Y.astype(dtype))
+
+
+def _likelihood_takes(model: Any, P: int) -> bool:
+    """Whether the likelihood declares an observation dimension of ``P`` (e.g. a heteroscedastic likelihood)."""
+    dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)
+    return isinstance(dim, int) and dim == P

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from natgrad_diag.step.closed_form import natgrad_step_closed_form
-from natgrad_diag.checks.conditioning import factor_extremes, kappa, measure_conditioning
+from natgrad_diag.checks.bounds import factor_extremes, kappa, measure_conditioning
 from natgrad_diag.tolerance import rounding_bound
 
 

@@ -333,26 +333,33 @@ def _svgp(D=1, L=1):
     [
         ((np.zeros((5, 2)), np.zeros((5, 1))), "data[0] (X)"),
         ((np.zeros((5, 1)), np.zeros((5, 3))), "data[1] (Y)"),
+        ((np.zeros((5, 1)), np.zeros((5, 0))), "data[1] (Y)"),
+        ((np.zeros((0, 1)), np.zeros((0, 1))), "data[0] (X)"),
         ((np.zeros((5, 1)), np.zeros((4, 1))), "data"),
         ((np.zeros(5), np.zeros((5, 1))), "data[0] (X)"),
-        ((np.zeros((5, 1)), np.zeros((5, 1), np.float32)), "data[1] (Y)"),
+        ((np.zeros((5, 1), complex), np.zeros((5, 1))), "data[0] (X)"),
+        ((np.zeros((5, 1)), np.full((5, 1), np.nan)), "data[1] (Y)"),
         ((np.zeros((5, 1)),), "data"),
     ],
-    ids=["X_wrong_D", "Y_wrong_L", "N_differs", "X_not_matrix", "Y_float32", "not_a_pair"],
+    ids=["X_wrong_D", "Y_wrong_L", "Y_no_columns", "N_zero", "N_differs", "X_not_matrix", "X_complex", "Y_nan", "not_a_pair"],
 )
-def test_validate_data__data_does_not_fit_model(data, argument):
-    from natgrad_diag._validate_data import validate_data
+def test_check_natgrad__data_that_does_not_fit_the_model_is_refused_before_any_work(data, argument):
+    from natgrad_diag import check_natgrad
 
+    model = _svgp()
+    before = [v.numpy().copy() for v in model.variables]
     with pytest.raises(InputError) as info:
-        validate_data(_svgp(), data)
+        check_natgrad(model, data, progress=False)
     assert _argument(info.value) == argument
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, model.variables))
 
 
-def test_validate_data__fitting_data_is_returned():
-    from natgrad_diag._validate_data import validate_data
+def test_check_natgrad__fitting_data_of_another_real_dtype_is_cast_and_checked():
+    from natgrad_diag import check_natgrad
 
-    X, Y = validate_data(_svgp(D=2, L=2), (np.zeros((5, 2)), np.ones((5, 2))))
-    assert X.shape == (5, 2) and Y.shape == (5, 2)
+    X = np.linspace(0, 1, 5)[:, None] * np.ones((1, 2))
+    report = check_natgrad(_svgp(D=2, L=2), (X.astype(np.float32), np.ones((5, 2), dtype=np.int64)), progress=False, mode="fast")
+    assert report.num_data == 5 and report.checks
 
 
 # ---- 7. explain_output_gradients --------------------------------------------------------------------------

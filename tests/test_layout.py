@@ -1,4 +1,4 @@
-"""The package's shape, read from its source with ``ast``: one-way imports, module and function sizes, layering.
+"""The package's shape, read from its source with ``ast``: one-way imports, packages named after jobs, layering.
 
 Imports are collected everywhere (module level and inside functions), except under ``if TYPE_CHECKING:``,
 which never runs. An import of ``a.b.c`` also imports the packages ``a`` and ``a.b``.
@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "natgrad_diag"
 TESTS = ROOT / "tests"
 
-MAX_MODULE_LINES = 500
-MAX_FUNCTION_LINES = 80
+#: Sanity caps, not targets: past them a module or function is looked at again (cohesion decides, not size).
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 100
+#: A package folder past this many modules holds more than one job.
+MAX_PACKAGE_MODULES = 15
 
 
 def _module_name(path: Path) -> str:
@@ -180,11 +183,11 @@ def test_benchmark__is_imported_by_no_test_but_its_own():
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))
-def test_module__is_small_and_says_its_job(name):
+def test_module__says_its_job_within_the_sanity_cap(name):
     path = _modules()[name]
     source = path.read_text(encoding="utf-8")
     lines = source.count("\n")
-    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines > {MAX_MODULE_LINES}"
+    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines > {MAX_MODULE_LINES}: does it hold one job?"
     doc = ast.get_docstring(ast.parse(source))
     assert doc and doc.splitlines()[0].strip(), f"{name} has no module docstring"
 
@@ -206,5 +209,34 @@ def test_function_length__detector_counts_lines():
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))
-def test_functions__are_at_most_80_lines(name):
+def test_functions__are_within_the_sanity_cap(name):
     assert _long_functions(_modules()[name].read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()))
+def test_package__holds_at_most_15_modules(package):
+    modules = sorted(p.name for p in (PACKAGE / package).glob("*.py"))
+    assert len(modules) <= MAX_PACKAGE_MODULES, f"natgrad_diag/{package}/ holds {len(modules)} modules: {modules}"
+
+
+def test_packages__are_named_after_the_jobs():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert {"step", "checks", "training", "autodiff", "report", "cli"} <= packages
+    assert "natgrad" not in packages
+
+
+def _private_gpflow_uses(tree: ast.Module) -> list[str]:
+    """GPflow's private names a module reaches: ``from gpflow... import _x`` and ``obj._natgrad_*`` attributes."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpflow"):
+            found += [a.name for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Attribute) and node.attr in ("_natgrad_apply_gradients", "_natgrad_steps", "_to_constrained"):
+            found.append(node.attr)
+    return found
+
+
+def test_gpflows_private_names__are_used_in_one_module():
+    users = {n: _private_gpflow_uses(ast.parse(p.read_text(encoding="utf-8"))) for n, p in _modules().items()}
+    assert users["natgrad_diag._gpflow"]  # the detector sees the one module that does use them
+    assert {n: u for n, u in users.items() if u and n != "natgrad_diag._gpflow"} == {}

@@ -1,4 +1,4 @@
-"""natgrad_diag.checks.tolerances: the checks' tolerances come from natgrad_diag.tolerance and did not move."""
+"""natgrad_diag.checks.bounds: the checks' tolerances come from natgrad_diag.tolerance and did not move."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from natgrad_diag.checks.api import Tolerances, natgrad_tolerances
-from natgrad_diag.checks.tolerances import with_overrides
+from natgrad_diag.checks.bounds import with_overrides
 from natgrad_diag.tolerance import default_tolerance
 
 

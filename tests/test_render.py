@@ -541,7 +541,7 @@ def _strict_json(text):
 
 
 def test_cli__json_is_strict_for_non_finite_numbers(capsys, monkeypatch):
-    inf_check = Check(name="overflow", claim="a check whose error overflowed", passed=False, max_abs_error=float("inf"),
+    inf_check = Check(name="overflow", claim="a check whose error overflowed", status=False, max_abs_error=float("inf"),
                       tolerance=1e-12)  # fmt: skip
     monkeypatch.setattr(cli, "_run", lambda args: Demo(checks=(inf_check,)))
     assert cli.main(["check", "--json"]) == 1

@@ -4,6 +4,7 @@ N = 4, D = 2, noise 0.1, data from RandomState(42), q_sqrt = 1e-3·I for #767), 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gpflow
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 from natgrad_diag.cli.app import main
 from natgrad_diag.checks.api import assert_natgrad, check_natgrad
-from natgrad_diag.checks.conditioning import fisher_condition_estimate, kappa
+from natgrad_diag.checks.bounds import fisher_condition_estimate, kappa
 from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.html import to_html
@@ -58,20 +59,23 @@ def svgp_1e4_report() -> NatGradReport:
 # --- three outcomes ----------------------------------------------------------------------------------------
 
 
-def test_check__status_defaults_from_passed_and_passed_is_true_only_for_pass():
+def test_check__status_is_the_field_and_passed_is_true_only_for_pass():
     assert Check("a", "claim", True).status == "pass"
     assert Check("a", "claim", False, 1.0, 0.5).status == "fail"
-    warn = Check("a", "claim", True, status="warn")
+    warn = Check("a", "claim", "warn")
     assert (warn.status, warn.passed, warn.mark) == ("warn", False, "WARN")
-    assert Check("a", "claim", False, expect_difference=True).to_dict()["status"] == "fail"
+    assert Check("a", "claim", "fail", expect_difference=True).to_dict()["status"] == "fail"
+    assert dataclasses.replace(warn, status="fail").passed is False
     with pytest.raises(ValueError, match="status"):
-        Check("a", "claim", True, status="maybe")
+        Check("a", "claim", "maybe")
+    with pytest.raises(TypeError):
+        Check("a", "claim", True, status="fail")  # one field: a pass and a fail at once cannot be written
 
 
 class _R(Report):
     def __init__(self, *statuses):
         self.title = "t"
-        self.checks = tuple(Check(f"c{i}", "claim", s == "pass", status=s) for i, s in enumerate(statuses))
+        self.checks = tuple(Check(f"c{i}", "claim", s) for i, s in enumerate(statuses))
 
     def sections(self):
         return ()

@@ -14,7 +14,7 @@ import numpy as np
 from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.timing import cli_command, compare, make_row, random_q, subprocess_env, time_subprocess
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.report.records import Check
+from natgrad_diag.report.records import Check, status_of
 
 __all__ = ["bench_check_natgrad", "bench_cli", "bench_jacobian", "bench_memory", "bench_trace", "bench_vech"]
 
@@ -65,7 +65,7 @@ def bench_trace(sizes: Sequence[int], repeats: int, checks: list[Check]) -> list
     checks.append(Check(
         name="trace_matches_gpflow",
         claim="the timed natgrad_trace gives GPflow's new q_mu and q_sqrt (compiled, every M)",
-        passed=bool(worst <= 1e-8), max_abs_error=worst, tolerance=1e-8,
+        status=status_of(worst <= 1e-8), max_abs_error=worst, tolerance=1e-8,
     ))  # fmt: skip
     return rows
 
@@ -110,7 +110,7 @@ def bench_jacobian(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     checks.append(Check(
         name="jacobian_matches_tape",
         claim=f"the timed natgrad_map_jacobian (vech η₂, mapped back) equals tape.jacobian block by block at M = {M}",
-        passed=bool(err <= 1e-9), max_abs_error=err, tolerance=1e-9,
+        status=status_of(err <= 1e-9), max_abs_error=err, tolerance=1e-9,
     ))  # fmt: skip
     return [
         make_row(group, "natgrad_map_jacobian", M, t_ours, "tape.jacobian, compiled", t_comp, 1.2),
@@ -131,7 +131,7 @@ def bench_vech(M: int, repeats: int, checks: list[Check]) -> list[BenchRow]:
     checks.append(Check(
         name="vech_matches_general",
         claim=f"the vech Jacobian mapped back to general blocks equals the general one at M = {M}",
-        passed=bool(err <= 1e-9), max_abs_error=err, tolerance=1e-9,
+        status=status_of(err <= 1e-9), max_abs_error=err, tolerance=1e-9,
     ))  # fmt: skip
     group = "symmetric (vech) η₂ vs general η₂"
     return [
@@ -264,7 +264,7 @@ def bench_check_natgrad(M: int, N: int, repeats: int, checks: list[Check] | None
         checks.append(Check(
             name="fast_check_natgrad_passes",
             claim=f"the timed check_natgrad(mode='fast') finds the healthy SVGP (M = {M}, N = {N}) healthy, every call",
-            passed=bool(reports) and all(bool(r.passed) for r in reports),
+            status=status_of(status_of(reports) and all(bool(r.passed) for r in reports)),
         ))  # fmt: skip
     return [make_row(group, "check_natgrad(mode='fast')", M, t_ours, "NaturalGradient step", t_base, 1.6, note=f"N = {N}")]
 
@@ -277,7 +277,7 @@ def bench_cli(repeats: int, quick: bool, checks: list[Check]) -> list[BenchRow]:
     checks.append(Check(
         name="help_imports_no_tensorflow",
         claim="importing natgrad_diag.cli.app and building the parser does not import TensorFlow",
-        passed=not imported, detail=out.stderr.strip()[-200:] if out.returncode else "",
+        status=status_of(not imported), detail=out.stderr.strip()[-200:] if out.returncode else "",
     ))  # fmt: skip
     t_help = time_subprocess(cli_command() + ["--help"], max(3, min(repeats, 5)))
     t_py = time_subprocess([sys.executable, "-c", "pass"], max(3, min(repeats, 5)))

@@ -13,7 +13,7 @@ from natgrad_diag.bench.cases import svgp
 from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.timing import compare, make_row, random_q
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.report.records import Check
+from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
 
 __all__ = ["bench_apply", "bench_check_gradients_fast", "bench_fill", "bench_minimize", "not_applicable"]
@@ -68,7 +68,7 @@ def bench_apply(sizes: Sequence[int], repeats: int, checks: list[Check], *, appl
     checks.append(Check(
         name="apply_matches_gpflow",
         claim="the timed natgrad_diag.NaturalGradient.apply_natgrad gives GPflow's new q_mu and q_sqrt (compiled, every M)",
-        passed=bool(worst <= 1e-9), max_abs_error=worst, tolerance=1e-9,
+        status=status_of(worst <= 1e-9), max_abs_error=worst, tolerance=1e-9,
     ))  # fmt: skip
     return rows
 
@@ -100,7 +100,7 @@ def bench_minimize(M: int, N: int, repeats: int, checks: list[Check], *, applies
     checks.append(Check(
         name="minimize_matches_gpflow",
         claim=f"one step of natgrad_diag.NaturalGradient gives GPflow's q_mu and q_sqrt on the same SVGP (M = {M}, N = {N})",
-        passed=bool(err / scale <= 1e-9), max_abs_error=err / scale, tolerance=1e-9,
+        status=status_of(err / scale <= 1e-9), max_abs_error=err / scale, tolerance=1e-9,
     ))  # fmt: skip
     t_ours, t_base = compare(steps[0], steps[1], repeats)
     row = make_row(
@@ -129,7 +129,7 @@ def bench_fill(sizes: Sequence[int], repeats: int, checks: list[Check], *, appli
                 name="closed_form_jacobian_matches_autodiff",
                 claim=f"the timed closed-form natgrad_map_jacobian equals TensorFlow's (method='autodiff') at M = {M}, "
                 "and its array has the baseline's shape and dtype at every M",
-                passed=bool(err <= 1e-10), max_abs_error=err, tolerance=1e-10,
+                status=status_of(err <= 1e-10), max_abs_error=err, tolerance=1e-10,
             ))  # fmt: skip
         del J
         t_ours, t_base = compare(lambda: natgrad_map_jacobian(e1, e2), lambda: np.ones(shape, dtype), repeats)
@@ -195,7 +195,7 @@ def bench_check_gradients_fast(M: int, repeats: int, checks: list[Check], *, app
         name="fast_gradcheck_passes_on_gpflow",
         claim=f"the timed fast-mode check_gradients passes every block of GPflow's natural_to_meanvarsqrt at M = {M} "
         "(reverse mode agrees with central differences along each random direction)",
-        passed=bool(report is not None and report.passed and len(report.rows) == 4),
+        status=status_of(report is not None and report.passed and len(report.rows) == 4),
     ))  # fmt: skip
     t_ours = float(np.median([t[0] for t in times]))
     t_base = float(np.median([t[1] for t in times]))

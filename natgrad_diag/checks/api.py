@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError, NatGradCheckError
-from natgrad_diag.checks.conditioning import Conditioning, measure_conditioning
+from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.conjugate import check_conjugate, conjugate_applicable
-from natgrad_diag.checks.context import Context, dtype_context, validate_data, validate_model
+from natgrad_diag._validate import validate_data, validate_model
+from natgrad_diag.checks.context import Context, dtype_context
 from natgrad_diag.checks.engine import FastEngine, fast_engine
 from natgrad_diag.checks.fisher import check_fisher_fast, check_fisher_full
 from natgrad_diag.checks.health import GAMMA_GRID, check_step_health
@@ -51,7 +52,6 @@ from natgrad_diag.checks.mapping import check_gradient_mapping
 from natgrad_diag.checks.report import GammaTrial, NatGradReport, Outcome
 from natgrad_diag.checks.reproduction import check_reproduction
 from natgrad_diag.checks.step import GpflowStep, Step, fill_direction, gpflow_step_full, take_step_fast, take_step_full
-from natgrad_diag.checks.tolerances import Tolerances, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.xi_forward import check_xi_forward
 from natgrad_diag.report.records import Check, format_number
 
@@ -151,8 +151,8 @@ def check_natgrad(
     from natgrad_diag.progress import progress_bar
 
     k = validate_gamma_steps(gamma_steps)
-    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs_check
-        from natgrad_diag.checks.pairs_check import check_pairs
+    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
+        from natgrad_diag.checks.pairs import check_pairs
 
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)  # type: ignore[return-value]
     validate_model(model)
@@ -205,7 +205,7 @@ def _gradients_not_finite(ctx: Context, step: Step) -> NatGradReport:
         + (" — in float32 this is usually a failed Cholesky of K or Kuu (GPflow's jitter is too small for float32); "
            "use float64 or raise gpflow.config's jitter" if f32 else "; the model is already broken before any step")
     )  # fmt: skip
-    check = Check(name="finite_gradients", claim="the loss and its gradients are finite", passed=False, detail=msg)
+    check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
     return _report(ctx, step, Outcome(checks=(check,)), None, None, (), msg)
 
 
@@ -264,7 +264,7 @@ def _convergence(ctx: Context, cond: Conditioning) -> Outcome:
     """The user's γ and ξ over k steps (γ < 1 or ξ ≠ XiNat only: one XiNat γ = 1 step is the conjugate check)."""
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.checks.convergence import check_convergence
+    from natgrad_diag.checks.conjugate import check_convergence
 
     if isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0:
         return Outcome()

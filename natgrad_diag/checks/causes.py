@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from natgrad_diag.checks.conditioning import Conditioning
+from natgrad_diag.checks.bounds import Conditioning
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import eps
 

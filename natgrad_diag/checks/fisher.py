@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.checks.arrays import maxabs, scale
+from natgrad_diag.checks.bounds import bounded_check, maxabs, natgrad_bound, scale
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.engine import FastEngine
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.step import Step
 from natgrad_diag.checks.tensors import fisher_matrix_free_tensors
-from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
@@ -133,7 +132,7 @@ def check_fisher_fast(ctx: Context, step: Step, engine: FastEngine | None, out: 
         try:
             out = {k: v.numpy() for k, v in fn(*args).items()}
         except tf.errors.InvalidArgumentError as e:
-            return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", passed=False, detail=f"could not evaluate: {error_line(e)}")
+            return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", status="fail", detail=f"could not evaluate: {error_line(e)}")
     want = (out["grad_theta1"], out["grad_theta2"])
     err = max_abs_diff((out["F_u1"], out["F_u2"]), want)
     # matrix-free: no solve, only products of M×M matrices, whose rounding is M·ε of the size of their terms

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks.arrays import finite, maxabs
+from natgrad_diag.checks.bounds import finite, maxabs
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.report import GammaTrial, Outcome
 from natgrad_diag.checks.step import Step
 from natgrad_diag.checks.tensors import loss_and_grads, step_tensors
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
 __all__ = ["GAMMA_GRID", "HealthResult", "best_gamma", "check_step_health", "health", "loss_at", "suggest"]
@@ -213,7 +213,7 @@ def _health_check(ctx: Context, step: Step, healthy: bool, why: str, loss_after:
     else:
         claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid"
         detail = f"{why.rstrip('.')}.{f32_note}{hint}"
-    return Check(name="step_health", claim=claim, passed=bool(healthy), detail=detail)
+    return Check(name="step_health", claim=claim, status=status_of(healthy), detail=detail)
 
 
 def check_step_health(ctx: Context, step: Step, scratch: Any, loss_after: float | None, engine: Any, advance: Callable[..., Any]) -> HealthResult:

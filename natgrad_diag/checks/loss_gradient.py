@@ -15,7 +15,7 @@ import numpy as np
 
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.step import Step
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import default_tolerance, eps
 from natgrad_diag.typing import Array
 
@@ -106,7 +106,7 @@ def check_loss_gradient(ctx: Context, step: Step, engine: Any = None, *, num_dir
             f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
             f"{num_directions} random direction{'s' if num_directions != 1 else ''} (lower-triangular for q_sqrt)"
         ),
-        passed=bool(err <= bound),
+        status=status_of(err <= bound),
         max_abs_error=err,
         tolerance=bound,
         detail=(

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks.arrays import maxabs, scale
+from natgrad_diag.checks.bounds import maxabs, scale
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.step import Step
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
 __all__ = ["check_gradient_mapping", "is_isometric"]
@@ -134,7 +134,7 @@ def check_gradient_mapping(ctx: Context, step: Step) -> Outcome:
             "GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
             "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt"
         ),
-        passed=all(m.err <= m.bound for m in mapped),
+        status=status_of(all(m.err <= m.bound for m in mapped)),
         max_abs_error=worst.err if worst is not None else 0.0,
         tolerance=worst.bound if worst is not None and worst.bound else None,
         detail="; ".join(parts + details),

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from natgrad_diag.checks.arrays import scale
-from natgrad_diag.checks.conditioning import Conditioning, measure_conditioning
+from natgrad_diag.checks.bounds import Conditioning, bounded_check, measure_conditioning, natgrad_bound, scale
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.step import GpflowStep, Step
-from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
-from natgrad_diag.report.records import Check, format_number, max_abs_diff
+from natgrad_diag.report.records import Check, format_number, max_abs_diff, status_of
 
 __all__ = ["check_reproduction"]
 
@@ -19,8 +17,8 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
     step is the closed form computed by LAPACK (:mod:`natgrad_diag.step.lapack`, where it applies) against GPflow's compiled
     step, two different computations of the same formula. They differ only in rounding, which GPflow's route
     amplifies by κ_η·κ(S_new)·cancellation
-    (:attr:`~natgrad_diag.checks.conditioning.Conditioning.step_condition`): the rounding term is
-    100·ε·that·s (:func:`~natgrad_diag.checks.tolerances.natgrad_bound`). When either step fails, the check
+    (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`): the rounding term is
+    100·ε·that·s (:func:`~natgrad_diag.checks.bounds.natgrad_bound`). When either step fails, the check
     passes only if both fail (they must agree on whether γ is too long).
     """
     tol = ctx.tol
@@ -33,7 +31,7 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
                 "natgrad-diag and gpflow.optimizers.NaturalGradient both find that this step fails"
                 if agree else "natgrad-diag's step and GPflow's NaturalGradient agree on whether the step succeeds"
             ),
-            passed=agree,
+            status=status_of(agree),
             detail=f"natgrad-diag: {(step.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}.",
         )
     # Neither step failed: both hold their new q_mu and q_sqrt (the comparisons below rely on it).
@@ -44,7 +42,7 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
         "what gpflow.optimizers.NaturalGradient assigns to a copy of the model"
     )
     if step.new_q_mu.shape != gp.q_mu.shape or step.new_q_sqrt.shape != gp.q_sqrt.shape:
-        return Check(name="reproduction", claim=claim, passed=False, detail="the two steps' shapes differ")
+        return Check(name="reproduction", claim=claim, status="fail", detail="the two steps' shapes differ")
     if cond is None:
         cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
     err = max_abs_diff((step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt))

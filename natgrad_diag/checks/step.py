@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.checks.arrays import finite
+from natgrad_diag.checks.bounds import finite
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.engine import FastEngine
 from natgrad_diag.checks.tensors import direction_tensors, loss_and_grads

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.checks.arrays import scale
+from natgrad_diag.checks.bounds import bounded_check, natgrad_bound, scale
 from natgrad_diag.checks.context import Context
 from natgrad_diag.checks.step import Step
 from natgrad_diag.checks.tensors import xi_jvp_tensors
-from natgrad_diag.checks.tolerances import bounded_check, natgrad_bound
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 
 __all__ = ["check_xi_forward"]
@@ -24,7 +23,7 @@ def check_xi_forward(ctx: Context, step: Step, kappa_S: float | None = None) -> 
             tf.constant(step.dL_deta1), tf.constant(step.dL_deta2), ctx.xi,
         )  # fmt: skip
     except tf.errors.InvalidArgumentError as e:
-        return Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", passed=False, detail=f"could not evaluate: {error_line(e)}")
+        return Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", status="fail", detail=f"could not evaluate: {error_line(e)}")
     want = (j1.numpy(), j2.numpy())
     err = max_abs_diff((step.nat_dL_xi1, step.nat_dL_xi2), want)
     wscale = scale(want)
@@ -51,7 +50,7 @@ def check_xi_forward(ctx: Context, step: Step, kappa_S: float | None = None) -> 
     # ξ(θ) maps through S = (−2θ₂)⁻¹ (natural_to_meanvarsqrt): its derivatives carry ε·κ(S) of rounding.
     # κ(S) as the check's caller measured it (natgrad.conditioning), else measured here.
     if kappa_S is None:
-        from natgrad_diag.checks.conditioning import measure_conditioning
+        from natgrad_diag.checks.bounds import measure_conditioning
 
         kappa_S = measure_conditioning(None, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), None).kappa_S
     k_S = kappa_S

@@ -30,7 +30,7 @@ from natgrad_diag.gradcheck.structures import (
     infer_structure,
     resolve_structures,
 )
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import default_tolerance, validate_tolerance
 from natgrad_diag.typing import Array
 
@@ -237,7 +237,7 @@ def _check(r: GradientCheckRow) -> Check:
     return Check(
         name=f"d{r.output}/d{r.input}",
         claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",
-        passed=r.passed,
+        status=status_of(r.passed),
         max_abs_error=r.worst_abs_error,
         tolerance=r.worst_tolerance,
         detail=(

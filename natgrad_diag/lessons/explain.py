@@ -22,7 +22,7 @@ from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
 from natgrad_diag.tolerance import default_tolerance, resolve
 from natgrad_diag.typing import Array
 
@@ -225,7 +225,7 @@ def _counter_example(x: Array, v: Array, rtol: float, atol: float) -> tuple[Coun
         naive, vjp, rtol=rtol, atol=atol,
     )  # fmt: skip
     check = replace(
-        equal, passed=equal.passed and diag, detail="" if diag else "the Jacobian of sin was not diagonal"
+        equal, status=status_of(equal.passed and diag), detail="" if diag else "the Jacobian of sin was not diagonal"
     )
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
 
@@ -364,7 +364,7 @@ def _claims_a_to_c(
     naive_err = naive_vs_vjp.max_abs_error
     checks.append(replace(
         naive_vs_vjp,
-        passed=naive_vs_vjp.passed == j_diag,  # differs (not close) exactly when J is not diagonal
+        status=status_of(naive_vs_vjp.passed == j_diag),  # differs (not close) exactly when J is not diagonal
         detail=f"max |(Jᵀ·1)⊙v − Jᵀ·v| = {format_number(naive_err)}; the mean path alone equals dL/dmean to "
         f"{format_number(max_abs_diff(mean_path, trace.dL_dmean))}",
         expect_difference=not j_diag,

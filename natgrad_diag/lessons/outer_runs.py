@@ -10,7 +10,7 @@ import numpy as np
 from natgrad_diag._validate import shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.exceptions import MissingExtraError, OutputGradientsError, error_line
-from natgrad_diag.report.records import Check, close_check, format_number
+from natgrad_diag.report.records import Check, close_check, format_number, status_of
 from natgrad_diag.typing import FloatArray
 
 __all__ = ["ByHand", "TensorFlowRun", "by_hand", "first_line", "outer_checks", "tensorflow_run", "torch_checks", "torch_run"]
@@ -125,13 +125,13 @@ def outer_checks(xn: FloatArray, r: TensorFlowRun, h: ByHand, *, rtol: float, at
         Check(
             name="wrong_seed_caught",
             claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
-            passed=bool(r.wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in r.wrong_seed_error,
+            status=status_of(status_of(r.wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in r.wrong_seed_error),
             detail=f"plain tape.gradient: {r.tf_wrong}" if r.wrong_seed_error else f"no error for shapes {shapes_named}",
         ),
         Check(
             name="broadcast_seed_caught",
             claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
-            passed=bool(r.broadcast_error),
+            status=status_of(r.broadcast_error),
             detail=(
                 f"plain tape.gradient returned shape {shape_str(r.b_shape)} for a [{n}] source"
                 if r.b_shape is not None else "plain tape.gradient raised"
@@ -167,7 +167,7 @@ def torch_checks(t: Any, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: floa
         Check(
             name="torch_rejects_wrong_seed",
             claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
-            passed="Mismatch in shape" in t.wrong_seed_error,
+            status=status_of("Mismatch in shape" in t.wrong_seed_error),
             detail=f"torch: {first_line(t.wrong_seed_error) or '(no error)'}",
         ),
     ]  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "to_jsonable", "worst_status", "wrap"]
+__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "status_of", "to_jsonable", "worst_status", "wrap"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
@@ -91,6 +91,16 @@ def worst_status(statuses: Any) -> str:
     return max(statuses, key=STATUSES.index, default="pass")
 
 
+def status_of(ok: Any) -> str:
+    """ "pass" when ``ok`` is true, else "fail": the :attr:`Check.status` of a yes/no claim.
+
+    Examples:
+        >>> status_of(1e-12 <= 1e-10), status_of(False)
+        ('pass', 'fail')
+    """
+    return "pass" if bool(ok) else "fail"
+
+
 @dataclass(frozen=True)
 class Check:
     """One claim a report makes, with the numbers that decide it.
@@ -98,34 +108,35 @@ class Check:
     Attributes:
         name: short identifier, e.g. ``"vjp_equals_contraction"``.
         claim: the sentence the check establishes, written from the computed numbers.
-        passed: True only when ``status`` is "pass" (set from ``status`` when one is given).
+        status: "pass", "warn" (inconclusive at this precision) or "fail"; a bool is read as "pass"/"fail".
         max_abs_error: the largest absolute difference behind the verdict (``None`` if not numeric).
         tolerance: the bound ``max_abs_error`` was compared with (``None`` if not numeric).
         detail: further numbers or the reason a check failed.
-        status: "pass", "warn" (inconclusive at this precision) or "fail". Only "warn" is taken as given:
-            otherwise (None, the default, "pass" or "fail") it follows ``passed``, so ``Check(name, claim, True)``
-            and ``dataclasses.replace(check, passed=False)`` read as before.
+        expect_difference: the claim is that the two sides differ (the error is expected to exceed the tolerance).
 
     Examples:
-        >>> Check("c", "a claim", True).status, Check("c", "a claim", True, status="warn").passed
+        >>> Check("c", "a claim", True).status, Check("c", "a claim", "warn").passed
         ('pass', False)
     """
 
     name: str
     claim: str
-    passed: bool
+    status: str
     max_abs_error: float | None = None
     tolerance: float | None = None
     detail: str = ""
     expect_difference: bool = False
-    status: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status is not None and self.status not in STATUSES:
-            raise ValueError(f"Check status must be one of {STATUSES}, got {self.status!r} instead.")
-        if self.status != "warn":  # "pass"/"fail" follow ``passed`` (so dataclasses.replace(c, passed=...) works)
-            object.__setattr__(self, "status", "pass" if self.passed else "fail")
-        object.__setattr__(self, "passed", self.status == "pass")
+        if isinstance(self.status, (bool, np.bool_)):
+            object.__setattr__(self, "status", "pass" if self.status else "fail")
+        if self.status not in STATUSES:
+            raise ValueError(f"Check status must be one of {STATUSES} or a bool, got {self.status!r} instead.")
+
+    @property
+    def passed(self) -> bool:
+        """Whether the status is "pass" ("warn" is not a pass)."""
+        return self.status == "pass"
 
     @property
     def mark(self) -> str:
@@ -186,14 +197,14 @@ def close_check(name: str, claim: str, got: Any, want: Any, *, rtol: float, atol
         '1 array(s) against 2'
     """
     if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)) and len(got) != len(want):
-        return Check(name=name, claim=claim, passed=False, detail=f"{len(got)} array(s) against {len(want)}")
+        return Check(name=name, claim=claim, status="fail", detail=f"{len(got)} array(s) against {len(want)}")
     pairs = _pairs(got, want)
     for g, w in pairs:
         if g.shape != w.shape:
-            return Check(name=name, claim=claim, passed=False, detail=f"shapes differ: {list(g.shape)} vs {list(w.shape)}")
+            return Check(name=name, claim=claim, status="fail", detail=f"shapes differ: {list(g.shape)} vs {list(w.shape)}")
     err = max_abs_diff(got, want)
     tol = atol + rtol * max((float(np.max(np.abs(w), initial=0.0)) for _, w in pairs), default=0.0)
-    return Check(name=name, claim=claim, passed=bool(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
+    return Check(name=name, claim=claim, status=status_of(err <= tol), max_abs_error=err, tolerance=tol, detail=detail)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def one_blas_thread() -> Iterator[None]:
     """Run the body with every BLAS library of the process at one thread, one such body at a time.
 
     The numpy/scipy linear algebra of the checks (this record, the condition numbers of
-    :mod:`natgrad_diag.checks.conditioning`) runs in it: reproducible to the bit, and safe from OpenBLAS's
+    :mod:`natgrad_diag.checks.bounds`) runs in it: reproducible to the bit, and safe from OpenBLAS's
     collapse on a busy machine (see the module docstring).
     """
     with _LOCK, _one_blas_thread():

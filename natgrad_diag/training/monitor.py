@@ -185,7 +185,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         """Run the cheap checks now and return the record (not appended).
 
         An SVGP or VGP gets :func:`~natgrad_diag.check_natgrad`'s fast checks; a GPflux DeepGP or a ``var_list``
-        gets the pair-by-pair checks (:mod:`natgrad_diag.checks.pairs_check`), folded into one record: the largest
+        gets the pair-by-pair checks (:mod:`natgrad_diag.checks.pairs`), folded into one record: the largest
         reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when there is one
         pair.
         """
