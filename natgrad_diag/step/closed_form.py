@@ -1,62 +1,43 @@
-"""GPflow's natural-gradient step in closed form: no autodiff, one Cholesky for XiNat and none for XiSqrtMeanVar.
+"""GPflow's natural-gradient step in closed form, in TensorFlow: one Cholesky for XiNat and none for XiSqrtMeanVar.
 
-GPflow's ``NaturalGradient._natgrad_apply_gradients`` (GPflow 2.11, ``gpflow/optimizers/natgrad.py``)
-implements equation [10] of Salimbeni, Eleftheriadis & Hensman, "Natural Gradients in Practice:
-Non-Conjugate Variational Inference in Gaussian Process Models", AISTATS 2018:
-
-    ξ_new = ξ − γ · (∂ξ/∂θ) · ∂L/∂η,
-
-with m = q_mu [M, L], L_S = q_sqrt [L, M, M], S = L_S L_Sᵀ, the expectation parameters
-η = (η₁, η₂) = (m, S + m mᵀ) and the natural parameters θ = (θ₁, θ₂) = (S⁻¹m, −½S⁻¹). It gets ∂L/∂η by
-autodiff through ``expectation_to_meanvarsqrt`` (a Cholesky it already has), the XiSqrtMeanVar factor
-(∂ξ/∂θ)·v by a double-backward JVP, and maps θ back with two Choleskys. Every piece has a closed form.
-
-**Notation.** Φ(X) is the lower triangle of X with its diagonal halved; G = ∂L/∂L_S; C = chol(S), the
-Cholesky factor with a positive diagonal. GPflow recomputes C = chol(η₂ − η₁η₁ᵀ); q_sqrt may have
-negative diagonal entries (GPflow does not constrain them), and then C = L_S·D with D = diag(sign L_S,ii),
-which is what :func:`natgrad_step_closed_form` uses wherever GPflow's step uses C.
+In the notation of :mod:`natgrad_diag.step`. GPflow gets ∂L/∂η by autodiff through ``expectation_to_meanvarsqrt``
+(recomputing C = chol(η₂ − η₁η₁ᵀ)), XiSqrtMeanVar's (∂ξ/∂θ)·v by a double-backward JVP, and maps θ back with two
+Choleskys. Every piece has a closed form:
 
 **1. The VJP through the Cholesky** (Murray 2016, "Differentiation of the Cholesky decomposition",
-arXiv:1602.07527, §3; TensorFlow's registered ``Cholesky`` gradient, ``linalg_grad._CholeskyGrad``):
-
-    P = Φ(Cᵀ G),    ∂L/∂S = ½ · C⁻ᵀ (P + Pᵀ) C⁻¹.
-
+arXiv:1602.07527, §3; TensorFlow's ``linalg_grad._CholeskyGrad``): P = Φ(CᵀG), ∂L/∂S = ½ C⁻ᵀ(P + Pᵀ)C⁻¹.
 Only the lower triangle of G enters P (for i ≥ j, (CᵀG)_ij = Σ_{k≥i} C_ki G_kj reads G_kj with k ≥ j), so
 entries of ∂L/∂L_S above the diagonal are ignored, exactly as in GPflow (:func:`cholesky_vjp`).
 
-**2. The expectation-parameter gradient.** S = η₂ − η₁η₁ᵀ and mean = η₁, so by the chain rule
+**2. The expectation-parameter gradient.** S = η₂ − η₁η₁ᵀ and m = η₁, so ∂L/∂η₂ = ∂L/∂S and
+∂L/∂η₁ = ∂L/∂m − 2 · ∂L/∂S · m (:func:`expectation_gradients`).
 
-    ∂L/∂η₂ = ∂L/∂S,    ∂L/∂η₁ = ∂L/∂m − 2 · ∂L/∂S · m         (:func:`expectation_gradients`).
-
-**3. XiNat** (ξ = θ, the natural gradient is ∂L/∂η). With V = ∂L/∂η₂ and Λ = S⁻¹ = C⁻ᵀC⁻¹, the new
-precision is −2θ₂_new = Λ + 2γV = C⁻ᵀ B C⁻¹ with B = I + γ(P + Pᵀ) [M, M]. Write B = U Uᵀ with U upper
-triangular: U = J K J for K = chol(J B J), J the exchange (reversal) matrix. Then
-S_new = C B⁻¹ Cᵀ = (C U⁻ᵀ)(C U⁻ᵀ)ᵀ and C U⁻ᵀ is lower triangular with a positive diagonal, so
+**3. XiNat** (the natural gradient is ∂L/∂η). With V = ∂L/∂η₂ and Λ = S⁻¹ = C⁻ᵀC⁻¹, the new precision is
+−2θ₂_new = Λ + 2γV = C⁻ᵀ B C⁻¹ with B = I + γ(P + Pᵀ). Write B = U Uᵀ with U = J·chol(JBJ)·J upper triangular;
+then S_new = C B⁻¹ Cᵀ = (C U⁻ᵀ)(C U⁻ᵀ)ᵀ with C U⁻ᵀ lower triangular with a positive diagonal, so
 
     q_sqrt_new = C U⁻ᵀ,    q_mu_new = S_new θ₁_new = m − γ · S_new · ∂L/∂m,
 
-the last because θ₁_new = Λm − γ(∂L/∂m − 2Vm) = (Λ + 2γV)m − γ∂L/∂m. One Cholesky of an M×M matrix
-and one triangular solve, against GPflow's three Choleskys and three triangular inverses. The same
-reversed Cholesky maps any natural parameters back (:func:`natural_to_meanvarsqrt_closed_form`):
-with Λ = −2θ₂ and K = chol(JΛJ), the lower factor of S = Λ⁻¹ is J K⁻ᵀ J.
+the last because θ₁_new = Λm − γ(∂L/∂m − 2Vm) = (Λ + 2γV)m − γ∂L/∂m. One Cholesky of an M×M matrix and one
+triangular solve, against GPflow's three Choleskys and three triangular inverses.
 
-**4. XiSqrtMeanVar** (ξ = (m, L_S)). The JVP of θ ↦ (m, chol(S)) in the direction (v₁, V) uses
-dS = −S dΛ S = 2 S V S and the Cholesky derivative dC = C Φ(C⁻¹ dS C⁻ᵀ) (Murray 2016, eq. 10):
-
-    dm = S (v₁ + 2 V m),    dL_S = 2 C Φ(Cᵀ V C)                (:func:`natural_to_meanvarsqrt_jvp`).
-
-At (v₁, V) = ∂L/∂η these collapse: v₁ + 2Vm = ∂L/∂m and Cᵀ V C = ½(P + Pᵀ), whose Φ is ½P, so the
-natural gradient in ξ coordinates is (S·∂L/∂m, C·Φ(CᵀG)) = (L_S L_Sᵀ ∂L/∂m, L_S Φ(L_Sᵀ G)) (the signs D
-cancel) and
+**4. XiSqrtMeanVar** (ξ = (m, L_S)). The JVP of θ ↦ (m, chol(S)) in the direction (v₁, V) is, with
+dS = −S dΛ S = 2SVS and dC = C Φ(C⁻¹ dS C⁻ᵀ) (Murray 2016, eq. 10), dm = S(v₁ + 2Vm), dL_S = 2C Φ(CᵀVC).
+At (v₁, V) = ∂L/∂η, v₁ + 2Vm = ∂L/∂m and CᵀVC = ½(P + Pᵀ), whose Φ is ½P, so the natural gradient in ξ is
+(S·∂L/∂m, L_S Φ(L_Sᵀ G)) (the signs D cancel) and
 
     q_mu_new = m − γ · S · ∂L/∂m,    q_sqrt_new = L_S − γ · L_S Φ(L_Sᵀ G):
 
 two triangular products, no Cholesky and no inverse.
 
-**Rounding.** GPflow forms S⁻¹ through triangular inverses and recovers S as η₂ − η₁η₁ᵀ, so its step
-carries an error of order ε·κ(S) relative to the result; the closed forms above invert nothing for
-XiSqrtMeanVar and only the well-scaled B for XiNat, so they agree with GPflow to that bound and are at
-least as accurate.
+**5. The default seed** Jᵀ·1 (``tape.gradient(meanvarsqrt, [eta1, eta2])``, :func:`default_seed_gradient`): item 1
+with Ḡ = ones, where Cᵀ Ḡ = s 1ᵀ (s the column sums of C), so Φ(s 1ᵀ) C⁻¹ = diag(s)(cumsum₋(C⁻¹) + ½C⁻¹) (an
+exclusive cumulative sum over rows): Σ̄ = sym(C⁻ᵀ diag(s)(cumsum₋(C⁻¹) + ½C⁻¹)), sym(A) = ½(A + Aᵀ); then
+∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2Σ̄η₁. One matrix product instead of a second backward pass.
+
+**Rounding.** GPflow forms S⁻¹ through triangular inverses and recovers S as η₂ − η₁η₁ᵀ, so its step carries an
+error of order ε·κ(S) relative to the result; the closed forms invert nothing for XiSqrtMeanVar and only the
+well-scaled B for XiNat, so they agree with GPflow to that bound and are at least as accurate.
 """
 
 from __future__ import annotations
@@ -68,24 +49,16 @@ from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatc
 
 __all__ = [
     "XI_NAMES",
-    "cholesky_jvp",
     "cholesky_vjp",
     "default_seed_gradient",
     "expectation_gradients",
     "natgrad_step_closed_form",
-    "natural_gradient_xi",
-    "natural_to_meanvarsqrt_closed_form",
     "natgrad_tensors_closed_form",
-    "natural_to_meanvarsqrt_jvp",
+    "natural_gradient_xi",
 ]
 
 #: The ξ transforms with a closed form: ``"nat"`` (GPflow's XiNat) and ``"sqrtmeanvar"`` (XiSqrtMeanVar).
 XI_NAMES = ("nat", "sqrtmeanvar")
-
-
-# ------------------------------------------------------------------------------------------------
-# small matrix helpers, batched over leading dimensions
-# ------------------------------------------------------------------------------------------------
 
 
 def _phi(x: Any) -> Any:
@@ -149,7 +122,7 @@ def _check(q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> None:
             remedy="pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).",
         )
     for name, value in others.items():
-        like, like_name = (q_mu, "q_mu") if name in ("dL_dmean", "dnat1") else (q_sqrt, "q_sqrt")
+        like, like_name = (q_mu, "q_mu") if name == "dL_dmean" else (q_sqrt, "q_sqrt")
         if not value.shape.is_compatible_with(like.shape):
             raise ShapeMismatchError(
                 f"{name} must have the shape of {like_name}.",
@@ -177,17 +150,8 @@ def _tensors(**named: Any) -> list[Any]:
     return [v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in named.values()]
 
 
-# ------------------------------------------------------------------------------------------------
-# the pieces
-# ------------------------------------------------------------------------------------------------
-
-
 def cholesky_vjp(chol: Any, grad: Any) -> Any:
-    """∂L/∂S from ∂L/∂C for C = chol(S): TensorFlow's registered Cholesky gradient, by triangular solves.
-
-    ∂L/∂S = ½ · C⁻ᵀ (P + Pᵀ) C⁻¹ with P = Φ(Cᵀ G), Φ = lower triangle with halved diagonal (Murray 2016,
-    arXiv:1602.07527, §3; ``tensorflow/python/ops/linalg_grad.py``, ``_CholeskyGrad``). Symmetric; the
-    entries of G above the diagonal do not enter.
+    """∂L/∂S = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from G = ∂L/∂C for C = chol(S) (item 1): TensorFlow's Cholesky gradient.
 
     Args:
         chol: [..., M, M], lower-triangular C with a positive diagonal.
@@ -215,28 +179,8 @@ def cholesky_vjp(chol: Any, grad: Any) -> Any:
     return _sym(x)  # exactly symmetric, as TensorFlow's (X + Xᵀ)/2
 
 
-def cholesky_jvp(chol: Any, tangent: Any) -> Any:
-    """dC for C = chol(S) in the symmetric direction dS: dC = C · Φ(C⁻¹ dS C⁻ᵀ) (Murray 2016, eq. 10).
-
-    Args:
-        chol: [..., M, M], lower-triangular C with a positive diagonal.
-        tangent: [..., M, M], dS (symmetrised first, as TensorFlow's Cholesky reads a symmetric input).
-
-    Returns:
-        [..., M, M], dC, lower triangular.
-    """
-    import tensorflow as tf
-
-    x = tf.linalg.triangular_solve(chol, _sym(tangent), lower=True)  # C⁻¹ dS
-    x = tf.linalg.triangular_solve(chol, tf.linalg.matrix_transpose(x), lower=True)  # C⁻¹ (C⁻¹ dS)ᵀ = C⁻¹ dS C⁻ᵀ
-    return tf.linalg.matmul(chol, _phi(x))
-
-
 def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> tuple[Any, Any]:
-    """∂L/∂η from ∂L/∂(m, L_S): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=...)``.
-
-    ∂L/∂η₂ = ∂L/∂S = ``cholesky_vjp(C, G)`` and ∂L/∂η₁ = ∂L/∂m − 2 · ∂L/∂S · m, with C = chol(S) = L_S·D
-    (the module docstring derives both).
+    """∂L/∂η from ∂L/∂(m, L_S) (item 2): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=...)``.
 
     Args:
         q_mu: [M, L], m.
@@ -256,60 +200,6 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     return _rows(dL_deta1), dL_dS
 
 
-def natural_to_meanvarsqrt_closed_form(nat1: Any, nat2: Any) -> tuple[Any, Any]:
-    """(m, L_S) from the natural parameters θ₁ = S⁻¹m [M, L], θ₂ = −½S⁻¹ [L, M, M], with one Cholesky.
-
-    With Λ = −2θ₂ and K = chol(JΛJ) (J reverses rows and columns), Λ = (JKJ)(JKJ)ᵀ with JKJ upper
-    triangular, so S = Λ⁻¹ = (J K⁻ᵀ J)(J K⁻ᵀ J)ᵀ and L_S = J K⁻ᵀ J is the lower factor with a positive
-    diagonal; m = S θ₁ by two triangular solves. GPflow's ``natural_to_meanvarsqrt`` needs two Choleskys.
-
-    Returns:
-        (mean [M, L], varsqrt [L, M, M]), varsqrt lower triangular.
-
-    Raises:
-        tf.errors.InvalidArgumentError: when −2θ₂ is not positive definite (as GPflow's function does).
-    """
-    nat1, nat2 = _tensors(nat1=nat1, nat2=nat2)
-    _check(nat1, nat2, {})
-    import tensorflow as tf
-
-    k = tf.linalg.cholesky(tf.reverse(-2.0 * nat2, axis=[-2, -1]))  # JΛJ = K Kᵀ
-    eye = tf.eye(tf.shape(k)[-1], batch_shape=tf.shape(k)[:-2], dtype=k.dtype)
-    varsqrt = tf.reverse(tf.linalg.triangular_solve(k, eye, lower=True, adjoint=True), axis=[-2, -1])  # J K⁻ᵀ J
-    varsqrt = tf.linalg.band_part(varsqrt, -1, 0)
-    j_nat1 = tf.reverse(_columns(nat1), axis=[-2])
-    x = tf.linalg.triangular_solve(k, j_nat1, lower=True)  # K⁻¹ J θ₁
-    mean = tf.reverse(tf.linalg.triangular_solve(k, x, lower=True, adjoint=True), axis=[-2])  # J K⁻ᵀ K⁻¹ J θ₁ = Λ⁻¹θ₁
-    return _rows(mean), varsqrt
-
-
-def natural_to_meanvarsqrt_jvp(q_mu: Any, q_sqrt: Any, dnat1: Any, dnat2: Any) -> tuple[Any, Any]:
-    """The JVP of θ ↦ (m, chol(S)) at θ = θ(q_mu, q_sqrt), in the direction (dθ₁, dθ₂).
-
-    dm = S (dθ₁ + 2 dθ₂ m), dL_S = 2 C Φ(Cᵀ dθ₂ C), C = chol(S) = L_S·D (module docstring, item 4). This is
-    what GPflow's XiSqrtMeanVar step gets from ``naturals_to_xi`` by a double-backward JVP; dθ₂ is
-    symmetrised first, as TensorFlow's Cholesky gradient is.
-
-    Args:
-        q_mu: [M, L], m at which the JVP is taken.
-        q_sqrt: [L, M, M], L_S at which the JVP is taken, lower triangular.
-        dnat1: [M, L], dθ₁.
-        dnat2: [L, M, M], dθ₂.
-
-    Returns:
-        (dmean [M, L], dvarsqrt [L, M, M]), dvarsqrt lower triangular.
-    """
-    q_mu, q_sqrt, dnat1, dnat2 = _tensors(q_mu=q_mu, q_sqrt=q_sqrt, dnat1=dnat1, dnat2=dnat2)
-    _check(q_mu, q_sqrt, {"dnat1": dnat1, "dnat2": dnat2})
-    import tensorflow as tf
-
-    c = _positive_diagonal(q_sqrt)
-    v = _sym(dnat2)
-    dmean = _cov_times(q_sqrt, _columns(dnat1) + 2.0 * tf.linalg.matmul(v, _columns(q_mu)))
-    ctvc = tf.linalg.matmul(c, tf.linalg.matmul(v, c), transpose_a=True)
-    return _rows(dmean), 2.0 * tf.linalg.matmul(c, _phi(ctvc))
-
-
 def _xi_name(xi: Any) -> str:
     if xi not in XI_NAMES:
         raise InputError(
@@ -321,9 +211,7 @@ def _xi_name(xi: Any) -> str:
 
 
 def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, xi: str = "nat") -> tuple[Any, Any]:
-    """The natural gradient in ξ coordinates, GPflow's ``(nat_dL_xi1, nat_dL_xi2)``.
-
-    ``"nat"``: ∂L/∂η (:func:`expectation_gradients`). ``"sqrtmeanvar"``: (S·∂L/∂m, L_S Φ(L_Sᵀ G)).
+    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1, nat_dL_xi2)``: ∂L/∂η for ``"nat"``, item 4 for ``"sqrtmeanvar"``.
 
     Returns:
         ([M, L], [L, M, M]).
@@ -341,17 +229,14 @@ def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any,
 def natgrad_step_closed_form(
     q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi: str = "nat"
 ) -> tuple[Any, Any]:
-    """The (q_mu, q_sqrt) that GPflow's natural-gradient step assigns, in closed form.
+    """The (q_mu, q_sqrt) that GPflow's natural-gradient step assigns, in closed form (items 3 and 4).
 
-    ``"nat"`` (XiNat): P = Φ(CᵀG), B = I + γ(P + Pᵀ), U = J·chol(JBJ)·J (B = UUᵀ),
-    q_sqrt_new = C U⁻ᵀ, q_mu_new = m − γ·q_sqrt_new q_sqrt_newᵀ·∂L/∂m. ``"sqrtmeanvar"`` (XiSqrtMeanVar):
-    q_mu_new = m − γ·S·∂L/∂m, q_sqrt_new = L_S − γ·L_S Φ(L_Sᵀ G). The module docstring derives both.
     Works eagerly and inside ``tf.function``; batched over the L latent GPs.
 
     Args:
         q_mu: [M, L], m.
         q_sqrt: [L, M, M], L_S, lower triangular (GPflow's ``triangular()`` parameter).
-        dL_dmean: [M, L], ∂L/∂m (GPflow's ``_to_constrained(q_mu_grad, q_mu.transform)``).
+        dL_dmean: [M, L], ∂L/∂m (``to_constrained(q_mu_grad, q_mu.transform)``).
         dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S; only its lower triangle enters, as in GPflow.
         gamma: the step length γ (a float or a scalar tensor or variable).
         xi: ``"nat"`` or ``"sqrtmeanvar"``.
@@ -392,14 +277,7 @@ def natgrad_step_closed_form(
 
 
 def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
-    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form: TensorFlow's gradient for a seed of ones.
-
-    With Σ = η₂ − η₁η₁ᵀ = L_S L_Sᵀ (per latent GP), TensorFlow's Cholesky gradient for a seed Ḡ is
-    ``Σ̄ = sym(L⁻ᵀ Φ(L_Sᵀ Ḡ) L⁻¹)`` (Φ: lower triangle, halved diagonal; sym(A) = ½(A + Aᵀ); Murray 2016,
-    "Differentiation of the Cholesky decomposition", and TF's ``_CholeskyGrad``). For Ḡ = ones,
-    L_Sᵀ Ḡ = s 1ᵀ with s the column sums of L_S, so Φ(s 1ᵀ) L⁻¹ = diag(s) (cumsum₋(L⁻¹) + ½L⁻¹)
-    (an exclusive cumulative sum over rows): one matrix product instead of three. Then
-    ∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2 Σ̄ η₁ (the mean path seeded with ones plus the path through Σ).
+    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form (item 5): TensorFlow's gradient for a seed of ones.
 
     Args:
         eta1: [M, L]; varsqrt: [L, M, M], the Cholesky factor of η₂ − η₁η₁ᵀ.
@@ -422,22 +300,16 @@ def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
 
 
 def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
-    """``natgrad_tensors`` (natgrad_diag.step.trace) by the closed forms above (XiNat, XiSqrtMeanVar).
+    """``natgrad_tensors`` (:mod:`natgrad_diag.step.trace`) by items 1-5: the same record, no autodiff.
 
-    The same record, without differentiating through ``expectation_to_meanvarsqrt``: ∂L/∂η by the
-    Cholesky VJP (Murray 2016), the step by one Cholesky of a well-scaled matrix (XiNat) or none
-    (XiSqrtMeanVar), Jᵀ·1 by :func:`default_seed_gradient`. ``q_sqrt`` must be lower triangular (the
-    compiled path uses this only behind GPflow's ``triangular()`` transform). Equal to the autodiff
-    record to rounding, ε·κ(S) (tested against GPflow's step and the autodiff path).
+    ``q_sqrt`` must be lower triangular (behind GPflow's ``triangular()`` transform). Equal to the autodiff record
+    to rounding, ε·κ(S) (tested against GPflow's step and the autodiff path).
     """
-    import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_expectation
 
     eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
     dL_deta1, dL_deta2 = expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
-    diag = tf.linalg.diag_part(q_sqrt)
-    chol = q_sqrt * tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))[..., None, :]  # chol(S) = q_sqrt·D
-    dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, chol)
+    dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, _positive_diagonal(q_sqrt))
     nat_dL_xi1, nat_dL_xi2 = natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, xi)
     xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
     new_q_mu, new_q_sqrt = natgrad_step_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
