@@ -30,7 +30,7 @@ from natgrad_diag.exceptions import StepFailedError
 from natgrad_diag.step.lapack import natgrad_record_lapack
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step import trace as trace_module
-from natgrad_diag.step.trace import natgrad_tensors
+from natgrad_diag.step.trace import constrained_arrays, natgrad_tensors
 from natgrad_diag.tolerance import rounding_bound
 from test_closed_form import make_grads  # ∂L/∂m and G with ‖P + Pᵀ‖₂ = 0.5: B stays well conditioned for γ ≤ 1
 from test_closed_form import make_q as _closed_form_make_q
@@ -258,8 +258,6 @@ def test_natgrad_record_lapack__property__equals_the_autodiff_record(M, L, seed,
 def test_constrained_arrays__are_gpflows_transforms_bit_for_bit(M, L, dtype):
     """The fast path's numpy gather for triangular() (and the identity) against TFP's own forward, which the eager
     path runs (param.numpy(), gpflow.base._to_constrained)."""
-    from natgrad_diag.step.trace_inputs import constrained_arrays
-
     q_mu, q_sqrt = (x.astype(dtype) for x in make_q(M, L, seed=M, condition=10.0))
     p_mu, p_sq = gpflow.Parameter(q_mu), gpflow.Parameter(q_sqrt, transform=gpflow.utilities.triangular())
     rng = np.random.default_rng(M)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["StepBackend", "is_lower_triangular_transform", "step_backend"]
+__all__ = ["StepBackend", "closed_form_xi", "is_lower_triangular_transform", "step_backend"]
 
 Code = Literal["lapack", "closed_form", "autodiff"]
 
@@ -49,8 +49,21 @@ def is_lower_triangular_transform(transform: Any) -> bool:
     return isinstance(transform, tfp.bijectors.FillTriangular) and not transform.parameters.get("upper", False)
 
 
+def closed_form_xi(xi_transform: Any) -> str | None:
+    """``"nat"`` for GPflow's ``XiNat``, ``"sqrtmeanvar"`` for ``XiSqrtMeanVar`` (the exact classes), else None.
+
+    Examples:
+        >>> import gpflow
+        >>> closed_form_xi(gpflow.optimizers.XiNat()), closed_form_xi(None)
+        ('nat', None)
+    """
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    return {XiNat: "nat", XiSqrtMeanVar: "sqrtmeanvar"}.get(type(xi_transform))
+
+
 def _on_gpu(tensors: tuple[Any, ...]) -> bool:
-    """Whether TensorFlow sees a GPU, or one of ``tensors`` was placed on one."""
+    """Whether TensorFlow sees a GPU, or one of ``tensors`` was placed on one (its ``device`` string names it)."""
     import tensorflow as tf
 
     placed = " ".join(str(getattr(t, "device", "") or "") for t in tensors).upper()
@@ -75,9 +88,7 @@ def step_backend(xi_transform: Any, q_sqrt_transform: Any, *tensors: Any) -> Ste
         >>> step_backend(gpflow.optimizers.XiSqrtMeanVar(), None)
         StepBackend(code='autodiff', xi=None)
     """
-    from gpflow.optimizers import XiNat, XiSqrtMeanVar
-
-    xi = {XiNat: "nat", XiSqrtMeanVar: "sqrtmeanvar"}.get(type(xi_transform))
+    xi = closed_form_xi(xi_transform)
     if xi is None or not is_lower_triangular_transform(q_sqrt_transform):
         return StepBackend("autodiff")
     return StepBackend("closed_form" if _on_gpu(tensors) else "lapack", xi)

@@ -1,39 +1,27 @@
 """The closed-form record of GPflow's natural-gradient step, computed by LAPACK's triangular kernels on numpy arrays.
 
-:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` (natgrad_diag.step.closed_form)
-returns, with the same maths — the derivations (Murray 2016's Cholesky VJP and JVP, the reversed
-Cholesky of B = I + γ(P + Pᵀ) for XiNat, the collapsed XiSqrtMeanVar step) are in that module's docstring,
-items 1-4 — but with the kernels TensorFlow lacks: a triangular inverse (``trtri``, M³/3 flops) and the
-product of a triangle with its transpose (``lauum``, M³/3), against 2M³ for a dense product; triangle × matrix
-products (``trmm``, M³) and U·A·Uᵀ for a triangular U and a symmetric A (``sygst``, M³). TensorFlow's matmul, ``triangular_solve`` with an M×M right-hand side and Cholesky treat
-every triangle as a full matrix, so the record by LAPACK costs a fraction of the tf.function's time.
+:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` returns, by the maths of
+:mod:`natgrad_diag.step.closed_form` (items 1-5; notation of :mod:`natgrad_diag.step`), on the kernels TensorFlow
+lacks: a triangular inverse (``trtri``, M³/3 flops) and a triangle times its transpose (``lauum``, M³/3) against
+2M³ for a dense product, triangle × matrix (``trmm``, M³) and U·A·Uᵀ for a triangular U and a symmetric A
+(``sygst``, M³). Per latent GP:
 
-Per latent GP, with C = L_S·D (D = diag(sign L_S,ii), the Cholesky factor of S with a positive diagonal),
-J the exchange matrix (it reverses rows and columns; J·upper·J is lower) and Φ the lower triangle with its
-diagonal halved:
+    C⁻¹ = trtri(C), once;  Λ = C⁻ᵀC⁻¹ = lauum(C⁻¹);  S = CCᵀ = J·lauum(JCᵀJ)·J;  P = Φ(CᵀG) by trmm
+    ∂L/∂S = ½C⁻ᵀ(P + Pᵀ)C⁻¹ by sygst;  Jᵀ·1 by one trmm;  XiSqrtMeanVar's L_S Φ(L_Sᵀ G) = C P by trmm
+    XiNat: K = potrf(JBJ), U = JKJ, q_sqrt_new = C U⁻ᵀ by trsm
 
-    C⁻¹ = trtri(C)                     once, reused everywhere below
-    Λ = S⁻¹ = C⁻ᵀC⁻¹ = lauum(C⁻¹)      (XiNat's ξ = (Λm, −½Λ))
-    S = C Cᵀ = J·lauum(JCᵀJ)·J          (η₂ = S + m mᵀ; lauum of a lower L is LᵀL)
-    P = Φ(Cᵀ G)                        one trmm
-    ∂L/∂S = ½ C⁻ᵀ (P + Pᵀ) C⁻¹         sygst (U·A·Uᵀ for a triangular U, symmetric A); ∂L/∂η₁ = ∂L/∂m − 2 ∂L/∂S m
-    Jᵀ·1 = sym(C⁻ᵀ diag(s) (cumsum₋(C⁻¹) + ½C⁻¹)), s = column sums of C   (``default_seed_gradient``)
-    XiNat:          K = potrf(JBJ), U = JKJ (B = UUᵀ), q_sqrt_new = C U⁻ᵀ (trsm), q_mu_new = m − γ S_new ∂L/∂m
-    XiSqrtMeanVar:  L_S Φ(L_Sᵀ G) = C P (the signs D cancel, one trmm), q_mu_new = m − γ S ∂L/∂m
+**Layout.** LAPACK reads Fortran-ordered matrices, and a C-ordered q_sqrt[l] *is* the Fortran array L_Sᵀ. So the
+record works with transposes (U = Cᵀ, V = C⁻ᵀ = trtri(U), Pᵀ, Gᵀ, (C U⁻ᵀ)ᵀ), the triangle flags flipped: no
+matrix is copied to be transposed (such a copy costs as much as a small kernel at M = 1000); reversals (J·X·J)
+are cheap copies. ``overwrite_*`` is set only on this module's own temporaries (never on a view of an input: a
+1×1 array is both C- and Fortran-ordered).
 
-**Layout.** LAPACK reads Fortran-ordered matrices, and a C-ordered q_sqrt[l] *is* the Fortran array L_Sᵀ.
-So the record works with transposes — U = Cᵀ, V = C⁻ᵀ = trtri(U), Pᵀ, Gᵀ, (C U⁻ᵀ)ᵀ — each formula above
-transposed, the triangle flags flipped: no matrix is ever copied to be transposed (such a copy costs as much
-as a small kernel at M = 1000). Reversals (J·X·J) are cheap copies. A triangular output's transpose, or a
-symmetric output (exactly symmetric, as TensorFlow's), is then C-ordered as it stands. ``overwrite_*`` is
-set only on this module's own temporaries (never on a view of an input: a 1×1 array is both C- and
-Fortran-ordered).
-
-**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards).
-The record is then the same to the bit whatever the machine's load or thread count, and on a busy machine
-(more runnable processes than cores) OpenBLAS's multi-threaded LAPACK collapses: on 2 cores at load 3,
-M = 1000, ``trtri`` took 194 ms against 12 ms in one thread, ``lauum`` 358 against 10, ``potrf`` 163
-against 8; a second core can at best halve the one-thread time.
+**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards), so the
+record is the same to the bit whatever the machine's load or core count. On a busy machine (more runnable
+processes than cores) OpenBLAS's multi-threaded LAPACK collapses: on 2 cores at load 3, M = 1000, ``trtri`` took
+194 ms against 12 ms in one thread, ``lauum`` 358 against 10, ``potrf`` 163 against 8. On a quiet machine with
+many cores, threads would win at large M: ``natgrad-diag bench`` shows the ratio on yours
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -49,9 +37,10 @@ import numpy as np
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
 from natgrad_diag.typing import FloatArray
 
-__all__ = ["natgrad_record_lapack", "one_blas_thread"]
+__all__ = ["RECORD_KEYS", "natgrad_record_lapack", "one_blas_thread"]
 
-_KEYS = (
+#: The keys of the step's record (NatGradTrace's arrays besides the inputs), in order.
+RECORD_KEYS = (
     "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
     "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
 )  # fmt: skip
@@ -88,14 +77,14 @@ def _one_blas_thread() -> Any:
 
 
 @contextlib.contextmanager
-def one_blas_thread() -> Iterator[None]:
+def one_blas_thread(*, limit: bool = True) -> Iterator[None]:
     """Run the body with every BLAS library of the process at one thread, one such body at a time.
 
     The numpy/scipy linear algebra of the checks (this record, the condition numbers of
     :mod:`natgrad_diag.checks.bounds`) runs in it: reproducible to the bit, and safe from OpenBLAS's
-    collapse on a busy machine (see the module docstring).
+    collapse on a busy machine (see the module docstring). ``limit=False`` leaves the thread counts as they are.
     """
-    with _LOCK, _one_blas_thread():
+    with _LOCK, (_one_blas_thread() if limit else contextlib.nullcontext()):
         yield
 
 
@@ -216,7 +205,8 @@ def _latent(
 
 
 def natgrad_record_lapack(
-    q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str, *, full: bool = True
+    q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str, *, full: bool = True,
+    one_thread: bool = True,
 ) -> dict[str, FloatArray]:
     """``natgrad_tensors_closed_form``'s record (η, ∂L/∂η, Jᵀ·1, ξ, the natural gradient in ξ, the new q(u))
     by LAPACK, one latent GP at a time (the module docstring lists the kernels).
@@ -231,6 +221,8 @@ def natgrad_record_lapack(
         xi: ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
         full: ``False`` computes only ∂L/∂η, the natural gradient in ξ and the new q(u) (the fast check's needs),
             leaving out η, Jᵀ·1 and ξ.
+        one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's
+            comparison; the last bits may then vary between calls).
 
     Returns:
         A dict with the keys of ``natgrad_tensors_closed_form``: ``eta1``, ``eta2``, ``dL_deta1``, ``dL_deta2``,
@@ -262,13 +254,13 @@ def natgrad_record_lapack(
     M, L = q_mu.shape
     k = _kernels(dtype)
     g = dtype.type(gamma)
-    with one_blas_thread():
+    with one_blas_thread(limit=one_thread):
         per = [
             _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full)
             for j in range(L)
         ]
     out: dict[str, FloatArray] = {}
-    for key in (kk for kk in _KEYS if kk in per[0]):
+    for key in (kk for kk in RECORD_KEYS if kk in per[0]):
         if key in _MATRIX_KEYS:
             arr = np.empty((L, M, M), dtype=dtype)
             for j in range(L):

@@ -7,16 +7,11 @@ from typing import Any
 import gpflow
 import tensorflow as tf
 
-from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients
+from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients, to_constrained
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form
 
 __all__ = ["NaturalGradient"]
-
-
-def _constrained(grad: Any, transform: Any) -> Any:
-    """GPflow's map of an unconstrained gradient to the constrained parameter: ``transform.forward(grad)``."""
-    return grad if transform is None else transform.forward(grad)
 
 
 class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]  # untyped where GPflow is absent (nox typecheck)
@@ -54,7 +49,7 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
         The public form of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which
         this class routes here: ``q_mu_grad`` and ``q_sqrt_grad`` are the loss gradients with respect to the
         unconstrained variables (as ``tape.gradient`` returns them), mapped to the constrained parameters as
-        GPflow maps them, ``transform.forward(grad)``.
+        GPflow maps them (:func:`natgrad_diag._gpflow.to_constrained`).
 
         Args:
             q_mu_grad: [M, L], ∂L/∂(q_mu's unconstrained variable).
@@ -72,8 +67,8 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
             new_q_mu, new_q_sqrt = natgrad_step_closed_form(
                 tf.convert_to_tensor(q_mu),
                 tf.convert_to_tensor(q_sqrt),
-                _constrained(q_mu_grad, q_mu.transform),
-                _constrained(q_sqrt_grad, q_sqrt.transform),
+                to_constrained(q_mu_grad, q_mu.transform),
+                to_constrained(q_sqrt_grad, q_sqrt.transform),
                 self.gamma,
                 xi,
             )

@@ -1,14 +1,10 @@
-"""GPflow's natural-gradient step, reproduced step by step and recorded, without assigning anything.
+"""``natgrad_trace``: GPflow's natural-gradient step reproduced line by line and recorded, without assigning anything.
 
-Implements the flow of ``gpflow.optimizers.NaturalGradient._natgrad_apply_gradients`` (GPflow 2.11),
-which is equation [10] of Salimbeni, Eleftheriadis and Hensman, "Natural Gradients in Practice:
-Non-Conjugate Variational Inference in Gaussian Process Models", AISTATS 2018:
-
-    ∂L/∂η = (∂[m, L_S]/∂η)ᵀ · ∂L/∂[m, L_S]              (a vector-Jacobian product, Jᵀ·v)
-    ξ_new = ξ − γ · (∂ξ/∂θ) · ∂L/∂η                     (∂ξ/∂θ = I for ξ = θ, XiNat)
-
-where η = (η₁, η₂) = (m, S + m mᵀ) are the expectation parameters, θ = (S⁻¹m, −½S⁻¹) the natural
-parameters, m = q_mu [M, L] and L_S = q_sqrt [L, M, M] (S = L_S L_Sᵀ).
+The maths is stated in :mod:`natgrad_diag.step`. ``natgrad_trace`` checks its inputs, then takes the path
+:func:`~natgrad_diag.step.backend.step_backend` picks: the closed-form record by LAPACK (XiNat and XiSqrtMeanVar with
+GPflow's ``triangular()`` q_sqrt, on the CPU), no tracing; the TensorFlow closed form (the same ξ, tensors on a GPU) or
+the eager path's operations (any other ξ or q_sqrt transform) in a ``tf.function`` traced once per key and cached.
+The eager reference path stays the source of every error message: a fast path that sees anything unusual defers to it.
 """
 
 from __future__ import annotations
@@ -19,15 +15,22 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._validate import param_parts, validate_grad, validate_q
-from natgrad_diag.exceptions import InputError, NatGradDiagError, StepFailedError, error_line
-from natgrad_diag.step.backend import step_backend
-from natgrad_diag.step.closed_form import default_seed_gradient
+from natgrad_diag._gpflow import to_constrained
+from natgrad_diag._validate import dtype_name, input_error, param_parts, shape_str, validate_grad, validate_q
+from natgrad_diag.exceptions import (
+    DTypeMismatchError,
+    InputError,
+    NatGradDiagError,
+    ShapeMismatchError,
+    StepFailedError,
+    error_line,
+)
+from natgrad_diag.step.backend import StepBackend, closed_form_xi, is_lower_triangular_transform, step_backend
+from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
-from natgrad_diag.step.trace_inputs import constrained_arrays, fast_parts, precheck, transform_key
-from natgrad_diag.typing import Array
+from natgrad_diag.typing import Array, FloatArray
 
-__all__ = ["NatGradTrace", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
+__all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,61 @@ def _validate_gamma(gamma: Any) -> float:
     return g
 
 
+def _precheck(q_mu: Any, q_sqrt: Any) -> None:
+    """What every path needs before any work: eager mode, float32/float64, M ≥ 1 and L ≥ 1, a lower-triangular
+    q_sqrt (or a lower-triangular transform, which makes it one)."""
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        raise input_error(
+            "natgrad_trace was called inside a tf.function (or a graph): it records numpy values, which need eager mode.",
+            "q_mu", "eager tensors (natgrad_trace called outside tf.function)", "symbolic tensors",
+            "call natgrad_trace eagerly, outside tf.function; it compiles its own step from the second call.",
+        )  # fmt: skip
+    for name, x in (("q_mu", q_mu), ("q_sqrt", q_sqrt)):
+        if dtype_name(x) in ("float16", "bfloat16"):
+            raise DTypeMismatchError(
+                f"{name} is {dtype_name(x)}: GPflow's natural-gradient step needs float32 or float64 "
+                "(its Cholesky and triangular solves have no half-precision kernels).",
+                context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", dtype_name(x))],
+                remedy="build the model in float64 (GPflow's default: gpflow.config.set_default_float(np.float64)).",
+            )
+    for name, x, dims in (("q_mu", q_mu, "[M, L]"), ("q_sqrt", q_sqrt, "[L, M, M]")):
+        shape = getattr(x, "shape", None)
+        if shape is not None and 0 in tuple(shape):
+            raise ShapeMismatchError(
+                f"{name} is empty (M = 0 inducing points or L = 0 latent GPs): there is no step to trace.",
+                context=[("Argument", name), ("Expected", f"{dims} with M ≥ 1 and L ≥ 1"), ("Actual", shape_str(shape))],
+                remedy="pass the q_mu and q_sqrt of a model with at least one inducing point and one latent GP.",
+            )
+    _require_lower_triangular(q_sqrt)
+
+
+def _require_lower_triangular(q_sqrt: Any) -> None:
+    """A q_sqrt without a lower-triangular transform must be lower-triangular: GPflow's step reads the full matrix
+    in one place and its lower triangle in another, so entries above the diagonal make it mix two matrices."""
+    import gpflow
+
+    if isinstance(q_sqrt, gpflow.Parameter) and is_lower_triangular_transform(q_sqrt.transform):
+        return
+    try:
+        a = np.asarray(q_sqrt.numpy() if hasattr(q_sqrt, "numpy") else q_sqrt)
+    except (TypeError, ValueError):
+        return  # param_parts names what is wrong with it
+    if a.ndim != 3 or a.shape[-1] != a.shape[-2] or a.dtype.kind != "f":
+        return  # validate_q names the shape or dtype
+    upper = np.triu(a, 1)
+    if np.any(upper != 0):
+        l_idx, i, j = (int(k) for k in np.argwhere(upper != 0)[0])
+        raise InputError(
+            "q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
+            "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).",
+            context=[("Argument", "q_sqrt"), ("Expected", "lower-triangular [L, M, M] (zeros above the diagonal)"),
+                     ("Got", f"{shape_str(a.shape)} with q_sqrt[{l_idx}, {i}, {j}] = {a[l_idx, i, j]:.6g}")],
+            remedy="pass np.tril(q_sqrt) (the Cholesky factor), or a gpflow.Parameter with transform=gpflow.utilities.triangular().",
+        )
+
+
 def natgrad_tensors(
     q_mu: Any,
     q_sqrt: Any,
@@ -195,17 +253,7 @@ def natgrad_tensors(
     )  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------------
-# The fast paths. XiNat and XiSqrtMeanVar with GPflow's triangular() q_sqrt: the closed-form record by
-# LAPACK (natgrad_diag.step.lapack), no tracing. Any other ξ: natgrad_tensors in a tf.function,
-# traced once per (shapes, dtype, ξ transform, parameter transforms) and cached. The eager path below
-# stays the reference (and the source of every error message): whenever a fast path sees anything
-# unusual it defers to it.
-
-_OUT_KEYS = (
-    "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
-    "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
-)  # fmt: skip
+# ---- the fast paths ------------------------------------------------------------------------------
 
 
 def trace_count() -> int:
@@ -213,36 +261,66 @@ def trace_count() -> int:
     return _compile.trace_count("natgrad_tensors")
 
 
-def _xi_key(xi: Any) -> Any:
-    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+def _transform_key(transform: Any) -> Any:
+    """A hashable key for a parameter transform that depends only on what it computes (``"identity"`` for None, or a
+    TFP bijector's class and its plain-valued constructor parameters), or None when it cannot be keyed."""
+    if transform is None:
+        return "identity"
+    params = getattr(transform, "parameters", None)
+    if not isinstance(params, dict):
+        return None
+    items = []
+    for k, v in sorted(params.items()):
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return None
+        items.append((k, v))
+    return (type(transform), tuple(items))
 
-    if type(xi) in (XiNat, XiSqrtMeanVar):  # stateless: the class decides
-        return type(xi)
-    return (type(xi), id(xi))  # the entry keeps xi alive, so the id is not reused
+
+def _fast_parts(x: Any) -> tuple[Any, Any] | None:
+    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+    import gpflow
+    import tensorflow as tf
+
+    if isinstance(x, gpflow.Parameter):
+        return x.unconstrained_variable, x.transform
+    if isinstance(x, (tf.Variable, tf.Tensor)):
+        return x, None
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return tf.convert_to_tensor(x), None
+    return None
 
 
-def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
+def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
+    """The frozen trace from a record: RECORD_KEYS and the inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
+    arrays = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
+    _check_finite_step(arrays, g, xi)
+    return NatGradTrace(gamma=g, xi_transform=type(xi).__name__, **arrays)
+
+
+def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
     """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false.
 
     The first call with a key only records it (:func:`natgrad_diag._compile.remember`) and runs eagerly;
-    the second compiles (one trace per key, in the package's one compile cache).
+    the second compiles (one trace per key, in the package's one compile cache). The step is
+    ``natgrad_tensors_closed_form`` where ``backend`` is a closed form, else ``natgrad_tensors``.
     """
     import tensorflow as tf
 
-    ckey = ("natgrad_tensors", key)
+    ckey, keep = ("natgrad_tensors", key), (xi, t_mu, t_sq)
     if not build and _compile.recall(ckey) is None:
-        _compile.remember(ckey, True, keep=(xi, t_mu, t_sq))  # the next call with this key compiles
+        _compile.remember(ckey, True, keep=keep)  # the next call with this key compiles
         return None
 
     def make() -> Any:
         def step(mu_in: Any, sq_in: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             _compile.note_trace("natgrad_tensors")
-            # the same operations as param_parts / to_constrained on the eager path
-            q_mu = mu_in if t_mu is None else t_mu.forward(mu_in)
-            q_sqrt = sq_in if t_sq is None else t_sq.forward(sq_in)
-            dL_dmean = g_mu if t_mu is None else t_mu.forward(g_mu)
-            dL_dvarsqrt = g_sq if t_sq is None else t_sq.forward(g_sq)
-            out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
+            q_mu, q_sqrt = to_constrained(mu_in, t_mu), to_constrained(sq_in, t_sq)  # the eager path's maps
+            dL_dmean, dL_dvarsqrt = to_constrained(g_mu, t_mu), to_constrained(g_sq, t_sq)
+            if backend.xi is not None:
+                out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, backend.xi)
+            else:
+                out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
             out.update(
@@ -256,26 +334,23 @@ def _compiled_step(key: Any, xi: Any, t_mu: Any, t_sq: Any, *, build: bool) -> A
         signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
         return tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
 
-    _compile.remember(ckey, True, keep=(xi, t_mu, t_sq))  # so that a later build=False call finds it
-    return _compile.compiled(ckey, make, keep=(xi, t_mu, t_sq))
+    _compile.remember(ckey, True, keep=keep)  # so that a later build=False call finds it
+    return _compile.compiled(ckey, make, keep=keep)
 
 
 def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
-    """A fast path's trace, or ``None`` when the eager reference path must decide (any unusual input,
-    a failed in-graph check, a failed Cholesky: it then raises the same error it always did), or,
-    with ``build=False``, when the tf.function for this key has not been compiled yet (a first call
-    runs eagerly). The closed-form ξ (XiNat, XiSqrtMeanVar with a triangular q_sqrt) take the LAPACK
-    record whatever ``build`` is: it has no tracing to pay."""
+    """A fast path's trace, or ``None`` when the eager reference path must decide (any unusual input, a failed
+    in-graph check, a failed Cholesky: it then raises the same error it always did), or, with ``build=False``,
+    when the tf.function for this key has not been compiled yet (a first call runs eagerly). The LAPACK record
+    runs whatever ``build`` is: it has no tracing to pay."""
     import tensorflow as tf
 
-    p_mu, p_sq = fast_parts(q_mu), fast_parts(q_sqrt)
-    gr_mu, gr_sq = fast_parts(q_mu_grad), fast_parts(q_sqrt_grad)
+    p_mu, p_sq, gr_mu, gr_sq = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
     if p_mu is None or p_sq is None or gr_mu is None or gr_sq is None or gr_mu[1] is not None or gr_sq[1] is not None:
         return None
-    (mu_in, t_mu), (sq_in, t_sq) = p_mu, p_sq
-    g_mu, g_sq = gr_mu[0], gr_sq[0]
+    (mu_in, t_mu), (sq_in, t_sq), g_mu, g_sq = p_mu, p_sq, gr_mu[0], gr_sq[0]
     tensors = (mu_in, sq_in, g_mu, g_sq)
     dtype = mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
@@ -284,41 +359,53 @@ def _natgrad_trace_compiled(
     if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
         return None
     backend = step_backend(xi, t_sq, mu_in, sq_in)
-    if backend.code == "lapack" and backend.xi is not None:
-        return _natgrad_trace_lapack((mu_in, sq_in, g_mu, g_sq), t_mu, t_sq, g, xi, backend.xi)
-    k_mu, k_sq = transform_key(t_mu), transform_key(t_sq)
+    if backend.code == "lapack":
+        return _natgrad_trace_lapack(tensors, t_mu, t_sq, g, xi, str(backend.xi))
+    k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
-    key = (tuple(shapes), dtype.name, _xi_key(xi), k_mu, k_sq)
+    # GPflow's own ξ classes are stateless, so the class decides; another ξ is keyed by its object (kept alive)
+    key = (tuple(shapes), dtype.name, backend, closed_form_xi(xi) or (type(xi), id(xi)), k_mu, k_sq)
     try:
-        fn = _compiled_step(key, xi, t_mu, t_sq, build=build)
+        fn = _compiled_step(key, xi, backend, t_mu, t_sq, build=build)
         if fn is None:
             return None
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
     except Exception:  # noqa: BLE001 - the eager reference path re-raises what is genuine
         return None  # a shape the step cannot trace, or a failed Cholesky: the eager path says which
-    if not bool(out["inputs_ok"]):
+    if not bool(out.pop("inputs_ok")):
         return None
     mu_shape, sq_shape = tuple(out["q_mu"].shape), tuple(out["q_sqrt"].shape)
     if len(mu_shape) != 2 or sq_shape != (mu_shape[1], mu_shape[0], mu_shape[0]):
         return None
-    arrays = {k: out[k].numpy() for k in _OUT_KEYS}
-    _check_finite_step(arrays, g, xi)
-    return NatGradTrace(
-        dL_dmean=out["dL_dmean"].numpy(),
-        dL_dvarsqrt=out["dL_dvarsqrt"].numpy(),
-        gamma=g,
-        xi_transform=type(xi).__name__,
-        q_mu=out["q_mu"].numpy(),
-        q_sqrt=out["q_sqrt"].numpy(),
-        **arrays,
+    return _record(out, g, xi)
+
+
+def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[FloatArray, ...] | None:
+    """(q_mu [M, L], q_sqrt [L, M, M], ∂L/∂m, ∂L/∂L_S) as numpy arrays for the LAPACK path, from ``tensors`` =
+    (the unconstrained q_mu, q_sqrt and their gradients) and the parameters' transforms, bit for bit the eager
+    path's (:func:`natgrad_diag._gpflow.to_constrained`). ``None`` when the eager reference path must decide (and
+    name the problem): an input that is not finite, a zero on q_sqrt's diagonal, shapes that do not fit.
+    """
+    mu_in, sq_in, g_mu, g_sq = tensors
+    q_mu, q_sqrt, d_mu, d_sq = (
+        to_constrained(x, t, as_array=True) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))
     )
+    if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
+        return None
+    if d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
+        return None
+    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
+    if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
+        return None
+    if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
+        return None
+    return q_mu, q_sqrt, d_mu, d_sq
 
 
 def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: float, xi: Any, closed: str) -> NatGradTrace | None:
-    """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or
-    ``None`` for the eager path to decide: an input that is not finite or singular, a non-PD B (γ too
-    long), a step with NaN or Inf."""
+    """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or ``None`` for
+    the eager path to decide: an input that is not finite or singular, a non-PD B (γ too long), NaN or Inf."""
     try:
         arrays = constrained_arrays(tensors, t_mu, t_sq)
     except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
@@ -360,21 +447,18 @@ def natgrad_trace(
 ) -> NatGradTrace:
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
-    Nothing is assigned: the parameters are bit-identical afterwards.
-
-    Three paths give the same numbers (to rounding, ε·κ(S); tested against each other and GPflow's optimizer):
+    Nothing is assigned: the parameters are bit-identical afterwards. Three paths give the same numbers (to
+    rounding, ε·κ(S); tested against each other and GPflow's optimizer):
 
     - the eager reference: the user's lines as written, ``tape.gradient`` included (the default-seed
-      ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message
-      comes from it, and ``natgrad-diag explain`` uses it;
-    - XiNat and XiSqrtMeanVar with GPflow's ``triangular()`` q_sqrt: the closed-form record
-      (natgrad_diag.step.closed_form) computed by LAPACK's triangular kernels on numpy arrays
-      (natgrad_diag.step.lapack) — TensorFlow has no triangular inverse, ``lauum`` or triangular
-      product, so this is faster than GPflow's compiled step itself; it traces nothing, so it runs from
-      the first call;
-    - any other ξ transform or q_sqrt transform: the eager path's operations in a ``tf.function`` traced once
-      per (shapes, dtype, ξ transform, parameter transforms) and cached, from the second call with a key
-      (a single call pays no tracing).
+      ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message comes
+      from it, and ``natgrad-diag explain`` uses it;
+    - XiNat and XiSqrtMeanVar with GPflow's ``triangular()`` q_sqrt, on the CPU: the closed-form record by
+      LAPACK's triangular kernels (:mod:`natgrad_diag.step.lapack`), faster than GPflow's compiled step (TensorFlow
+      has no triangular kernels); it traces nothing, so it runs from the first call;
+    - otherwise a ``tf.function`` (the TensorFlow closed form where the tensors are on a GPU, else the eager
+      path's operations), traced once per (shapes, dtype, ξ transform, parameter transforms) and cached, from the
+      second call with a key (a single call pays no tracing).
 
     Args:
         q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
@@ -384,8 +468,8 @@ def natgrad_trace(
         gamma: the step length γ > 0.
         xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
         compiled: ``True``: a fast path (LAPACK, or the cached ``tf.function``, tracing on a first call);
-            ``False``: always the eager reference path; ``None`` (default): LAPACK from the first call for
-            XiNat/XiSqrtMeanVar, else eager on the first call of a key and the ``tf.function`` after.
+            ``False``: always the eager reference path; ``None`` (default): LAPACK from the first call where it
+            applies, else eager on the first call of a key and the ``tf.function`` after.
 
     Returns:
         A frozen :class:`NatGradTrace`.
@@ -403,7 +487,7 @@ def natgrad_trace(
         (5, 1)
     """
     try:
-        precheck(q_mu, q_sqrt)
+        _precheck(q_mu, q_sqrt)
     except NatGradDiagError as e:
         e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
         raise
@@ -420,18 +504,13 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
     """The reference path: validate every input (the errors), then the step eagerly."""
     import tensorflow as tf
 
-    from natgrad_diag._gpflow import to_constrained
-
     mu_p = param_parts(q_mu, "q_mu")
     sq_p = param_parts(q_sqrt, "q_sqrt")
     validate_q(mu_p, sq_p)
     g_mu = validate_grad(q_mu_grad, mu_p, "q_mu_grad", "q_mu")
     g_sq = validate_grad(q_sqrt_grad, sq_p, "q_sqrt_grad", "q_sqrt")
-
-    dL_dmean = to_constrained(g_mu, mu_p.transform)
-    dL_dvarsqrt = to_constrained(g_sq, sq_p.transform)
-    mu_t = tf.identity(mu_p.value)
-    sq_t = tf.identity(sq_p.value)
+    dL_dmean, dL_dvarsqrt = to_constrained(g_mu, mu_p.transform), to_constrained(g_sq, sq_p.transform)
+    mu_t, sq_t = tf.identity(mu_p.value), tf.identity(sq_p.value)
     try:
         out = natgrad_tensors(mu_t, sq_t, dL_dmean, dL_dvarsqrt, tf.constant(g, mu_t.dtype), xi)
     except tf.errors.InvalidArgumentError as e:
@@ -440,17 +519,7 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
             context=[("gamma", g), ("xi_transform", type(xi).__name__), ("TensorFlow said", error_line(e))],
             remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
         ) from None
-    arrays = {k: v.numpy() for k, v in out.items()}
-    _check_finite_step(arrays, g, xi)
-    return NatGradTrace(
-        dL_dmean=dL_dmean.numpy(),
-        dL_dvarsqrt=dL_dvarsqrt.numpy(),
-        gamma=g,
-        xi_transform=type(xi).__name__,
-        q_mu=mu_t.numpy(),
-        q_sqrt=sq_t.numpy(),
-        **arrays,
-    )
+    return _record(dict(out, q_mu=mu_t, q_sqrt=sq_t, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
 # Inside tf.function AutoGraph must call natgrad_trace as it is, so that its "call it eagerly" error is not
