@@ -22,7 +22,6 @@ where ∂L/∂(m, L_S) are the loss gradients mapped to the constrained paramete
 with D = diag(sign L_S,ii) (GPflow does not constrain the signs of q_sqrt's diagonal); Φ(X) is the lower triangle
 of X with its diagonal halved; J is the exchange matrix (it reverses rows and columns).
 
-Modules: ``trace`` (``natgrad_trace`` and its record ``NatGradTrace``), ``closed_form`` (the step derived in closed
-form, in TensorFlow), ``lapack`` (the same record on LAPACK's triangular kernels), ``optimizer`` (the drop-in
-``NaturalGradient``), ``backend`` (which of these runs), ``jacobian`` (the Jacobian of the map back).
+Modules: ``trace`` (``natgrad_trace``, ``NatGradTrace``), ``closed_form`` (in TensorFlow), ``lapack`` (the same record
+by LAPACK), ``optimizer`` (the drop-in ``NaturalGradient``), ``backend`` (which runs), ``jacobian`` (of the map back).
 """

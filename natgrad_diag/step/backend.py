@@ -3,14 +3,11 @@
 :func:`step_backend` is the one place this is decided; ``natgrad_trace``, the drop-in ``NaturalGradient``, the checks'
 evaluator and the k-step γ trials all ask it.
 
-* The closed form (:mod:`natgrad_diag.step.closed_form`) is GPflow's step written out by hand. It holds for GPflow's
-  own ``XiNat`` and ``XiSqrtMeanVar`` (their exact classes: a subclass may override the maps it relies on) on a
-  ``q_sqrt`` kept lower triangular by its transform: a lower ``tfp.bijectors.FillTriangular`` (GPflow's
-  ``triangular()``) or any subclass of it, tested by ``isinstance`` so that a subclass takes the same path as the
-  class. Anything else runs GPflow's own autodiff step.
-* Where the closed form holds, LAPACK (:mod:`natgrad_diag.step.lapack`) computes it on numpy arrays on the CPU. When
-  TensorFlow sees a GPU, or the tensors live on one, the TensorFlow closed form runs instead, where they are: the
-  LAPACK path would copy them to the host and run on the CPU.
+* The closed form holds for GPflow's own ``XiNat`` and ``XiSqrtMeanVar`` (the exact classes: a subclass may override
+  the maps it relies on) on a ``q_sqrt`` kept lower triangular by a lower ``tfp.bijectors.FillTriangular`` (GPflow's
+  ``triangular()``) or any subclass of it (``isinstance``: a subclass takes the class's path). Else: GPflow's autodiff.
+* There LAPACK computes it on the CPU; when TensorFlow sees a GPU, or the tensors live on one, the TensorFlow closed
+  form runs instead, where they are (LAPACK would copy them to the host).
 """
 
 from __future__ import annotations
@@ -20,20 +17,12 @@ from typing import Any, Literal
 
 __all__ = ["StepBackend", "closed_form_xi", "is_lower_triangular_transform", "step_backend"]
 
-Code = Literal["lapack", "closed_form", "autodiff"]
-
-
 @dataclass(frozen=True)
 class StepBackend:
     """The step's code and, for the closed forms, which ξ (``"nat"`` or ``"sqrtmeanvar"``; None for autodiff)."""
 
-    code: Code
+    code: Literal["lapack", "closed_form", "autodiff"]
     xi: str | None = None
-
-    @property
-    def closed_form(self) -> bool:
-        """Whether the step is the closed form (by LAPACK or TensorFlow)."""
-        return self.xi is not None
 
 
 def is_lower_triangular_transform(transform: Any) -> bool:

@@ -48,7 +48,6 @@ from natgrad_diag._validate import shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
 
 __all__ = [
-    "XI_NAMES",
     "cholesky_vjp",
     "default_seed_gradient",
     "expectation_gradients",
@@ -56,10 +55,6 @@ __all__ = [
     "natgrad_tensors_closed_form",
     "natural_gradient_xi",
 ]
-
-#: The ξ transforms with a closed form: ``"nat"`` (GPflow's XiNat) and ``"sqrtmeanvar"`` (XiSqrtMeanVar).
-XI_NAMES = ("nat", "sqrtmeanvar")
-
 
 def _phi(x: Any) -> Any:
     """Φ(X): the lower triangle of X with its diagonal halved."""
@@ -104,8 +99,16 @@ def _sym(x: Any) -> Any:
     return 0.5 * (x + tf.linalg.matrix_transpose(x))
 
 
-def _check(q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> None:
-    """Static shape and dtype checks: q_mu [M, L], q_sqrt [L, M, M], each other argument like its partner."""
+def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any]:
+    """The four inputs as tensors, after static shape and dtype checks: q_mu [M, L], q_sqrt [L, M, M], each
+    gradient like its parameter."""
+    import tensorflow as tf
+
+    named = {"q_mu": q_mu, "q_sqrt": q_sqrt, "dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = tensors = [
+        v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in named.values()
+    ]
+    others = {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
     qm, qs = q_mu.shape, q_sqrt.shape
     if qm.rank != 2 or qs.rank != 3:
         bad, want, got = ("q_mu", "[M, L]", qm) if qm.rank != 2 else ("q_sqrt", "[L, M, M]", qs)
@@ -142,20 +145,14 @@ def _check(q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> None:
             context=[("Argument", "q_mu"), ("Expected", "float64 (or float32)"), ("Got", q_mu.dtype.name)],
             remedy="cast the inputs with tf.cast(x, tf.float64) (GPflow's default float).",
         )
-
-
-def _tensors(**named: Any) -> list[Any]:
-    import tensorflow as tf
-
-    return [v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in named.values()]
+    return tensors
 
 
 def cholesky_vjp(chol: Any, grad: Any) -> Any:
     """∂L/∂S = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from G = ∂L/∂C for C = chol(S) (item 1): TensorFlow's Cholesky gradient.
 
     Args:
-        chol: [..., M, M], lower-triangular C with a positive diagonal.
-        grad: [..., M, M], G = ∂L/∂C.
+        chol: [..., M, M], lower-triangular C with a positive diagonal; grad: [..., M, M], G = ∂L/∂C.
 
     Returns:
         [..., M, M], ∂L/∂S, symmetric.
@@ -191,8 +188,7 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     Returns:
         (dL_deta1 [M, L], dL_deta2 [L, M, M]).
     """
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _tensors(q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt)
-    _check(q_mu, q_sqrt, {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt})
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
     dL_dS = cholesky_vjp(_positive_diagonal(q_sqrt), dL_dvarsqrt)
@@ -201,10 +197,10 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
 
 
 def _xi_name(xi: Any) -> str:
-    if xi not in XI_NAMES:
+    if xi not in ("nat", "sqrtmeanvar"):  # GPflow's XiNat, XiSqrtMeanVar
         raise InputError(
             "No closed form for this ξ transform.",
-            context=[("Argument", "xi"), ("Expected", " or ".join(repr(n) for n in XI_NAMES)), ("Got", repr(xi))],
+            context=[("Argument", "xi"), ("Expected", "'nat' or 'sqrtmeanvar'"), ("Got", repr(xi))],
             remedy="use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) for other ξ.",
         )
     return str(xi)
@@ -218,8 +214,7 @@ def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any,
     """
     if _xi_name(xi) == "nat":
         return expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _tensors(q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt)
-    _check(q_mu, q_sqrt, {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt})
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
     nat_dL_xi2 = tf.linalg.matmul(q_sqrt, _phi(tf.linalg.matmul(q_sqrt, dL_dvarsqrt, transpose_a=True)))
@@ -257,8 +252,7 @@ def natgrad_step_closed_form(
         >>> new_sqrt.shape, bool(new_sqrt[0, 0, 1] == 0.0)
         (TensorShape([1, 2, 2]), True)
     """
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _tensors(q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt)
-    _check(q_mu, q_sqrt, {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt})
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
     gamma = tf.cast(tf.convert_to_tensor(gamma, dtype_hint=q_mu.dtype), q_mu.dtype)  # a float stays float64

@@ -17,13 +17,6 @@ from natgrad_diag.typing import Array
 __all__ = ["natgrad_map_jacobian"]
 
 
-def _natgrad_map(eta1: Any, eta2: Any) -> Any:
-    """GPflow's ``expectation_to_meanvarsqrt`` (one function object, so the compiled Jacobian is cached)."""
-    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
-
-    return expectation_to_meanvarsqrt(eta1, eta2)
-
-
 def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
 
@@ -43,11 +36,8 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     if e2.shape != (L, M, M):
         raise ShapeMismatchError(
             "eta2 does not match eta1.",
-            context=[
-                ("Argument", "eta2"),
-                ("Expected", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = [{M}, {L}])"),
-                ("Actual", shape_str(e2.shape)),
-            ],
+            context=[("Argument", "eta2"), ("Expected", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = [{M}, {L}])"),
+                     ("Actual", shape_str(e2.shape))],
             remedy="pass the eta1 [M, L] and eta2 [L, M, M] of the same q(u) (note GPflow's [M, L] / [L, M, M] order).",
         )
     floats = (np.float32, np.float64)
@@ -67,11 +57,8 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
         l, a, b = (int(i) for i in np.unravel_index(np.argmax(np.abs(e2 - np.swapaxes(e2, -1, -2))), e2.shape))
         raise InputError(
             "eta2 is not symmetric.",
-            context=[
-                ("Argument", "eta2"),
-                ("Expected", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of forming it)"),
-                ("Got", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}"),
-            ],
+            context=[("Argument", "eta2"), ("Expected", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of forming it)"),
+                     ("Got", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}")],
             remedy="pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).",
         )
     for l in range(L):
@@ -82,37 +69,23 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
 def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_bytes: int) -> BlockJacobian:
     """J of ``expectation_to_meanvarsqrt`` in closed form: O(M²) per column, O(M⁴) in all, written in place.
 
-    mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt_l = C = chol(S) with
-    S = η₂,l − η₁,l η₁,lᵀ, and the derivative of a Cholesky factor along a symmetric dS is
-    (Murray 2016, "Differentiation of the Cholesky decomposition", arXiv:1602.07527, eq. 10)
+    mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt = C = chol(S), S = η₂ − η₁η₁ᵀ, moves
+    along a symmetric dS by dC = C·Φ(C⁻¹ dS C⁻ᵀ) (Murray 2016, arXiv:1602.07527, eq. 10). **Every tangent is rank 2**,
+    dS = s(e_a e_bᵀ + e_b e_aᵀ) or like it:
 
-        dC = C·Φ(C⁻¹ dS C⁻ᵀ),    Φ(X) = the lower triangle of X with its diagonal halved.
+        η₂ vech (a, b), a > b:  dS = E_ab + E_ba (s = 1);    η₂ vech (a, a):  dS = E_aa (s = ½)
+        η₂ general (a, b):      dS = ½(E_ab + E_ba) (s = ½, TensorFlow's symmetrised gradient)
+        η₁[m, l]:               dS = −(e_m η₁,lᵀ + η₁,l e_mᵀ) (s = −1)
 
-    **Every tangent is rank 2.** Each stored column is dS = s(e_a e_bᵀ + e_b e_aᵀ) or a like form:
+    so with p = C⁻¹e_a, q = C⁻¹e_b (or w = C⁻¹η₁,l for η₁), C⁻¹ dS C⁻ᵀ = s(p qᵀ + q pᵀ), and **C times Φ of a rank-2
+    matrix is a suffix sum**: dC_ik = s·[q_k Σ_{j≥k} C_ij p_j + p_k Σ_{j≥k} C_ij q_j − C_ik p_k q_k] (the last term
+    takes back half of the diagonal j = k). With T[i, k, a] = Σ_{j≥k} C_ij (C⁻¹)_ja, T' = T − C_ik (C⁻¹)_ka (one
+    [M, M, M] reverse cumulative sum) and U[i, k] = Σ_{j≥k} C_ij w_j, the columns are
 
-        η₂ vech (a, b), a > b:  dS = E_ab + E_ba                 (s = 1)
-        η₂ vech (a, a):         dS = E_aa = ½(e_a e_aᵀ + e_a e_aᵀ)  (s = ½)
-        η₂ general (a, b):      dS = ½(E_ab + E_ba)              (s = ½, TensorFlow's symmetrised gradient)
-        η₁[m, l]:               dS = −(e_m η₁,lᵀ + η₁,l e_mᵀ)     (s = −1)
+        η₂ (a, b):  dC_ik = s·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka],    η₁ m:  dC_ik = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km]
 
-    so with p = C⁻¹e_a = w_a (column a of C⁻¹) and q = w_b (or q = w = C⁻¹η₁,l for η₁),
-    C⁻¹ dS C⁻ᵀ = s(p qᵀ + q pᵀ). **Φ of a rank-2 matrix times C is a suffix sum:**
-
-        dC_ik = Σ_j C_ij Φ(X)_jk = s·[q_k Σ_{j≥k} C_ij p_j + p_k Σ_{j≥k} C_ij q_j − C_ik p_k q_k],
-
-    the last term taking back half of the diagonal (j = k) that the two sums count in full. With the
-    suffix sums T[i, k, a] = Σ_{j≥k} C_ij (C⁻¹)_ja and T'[i, k, a] = Σ_{j>k} C_ij (C⁻¹)_ja (one
-    [M, M, M] reverse cumulative sum for every a; T' = T − C_ik (C⁻¹)_ka absorbs the last term) and
-    U[i, k] = Σ_{j≥k} C_ij w_j, the columns are
-
-        η₂ (a, b):  dC_ik = s·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka]
-        η₁ m:       dC_ik = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km]
-
-    two products per entry, no M×M product per column: O(M²) per column and O(M⁴) for the whole
-    Jacobian, the size of its output. dC_ik = 0 for k > i (C lower triangular), so only the rows
-    k ≤ i, and only the columns with a ≤ i (m ≤ i for η₁; the others vanish, see the writers), are
-    written, one i at a time (rows i·M .. i·M + i of the latent GP's block), straight into the
-    preallocated array. ``.block(i, j)`` equals ``tape.jacobian``'s.
+    two products per entry. dC_ik = 0 for k > i, so only rows k ≤ i and columns with a ≤ i (m ≤ i) are written, one i
+    at a time, straight into the preallocated array. ``.block(i, j)`` equals ``tape.jacobian``'s.
     """
     dtype = eta1.dtype
     M, L = eta1.shape
@@ -209,19 +182,14 @@ def natgrad_map_jacobian(
     chunk_size: int | None = None,
     method: str = "closed_form",
 ) -> BlockJacobian:
-    """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁, η₂).
+    """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁ [M, L], η₂ [L, M, M]).
 
-    mean = η₁ and varsqrt = chol(η₂ − η₁η₁ᵀ). eta1 is [M, L], eta2 is [L, M, M]; the blocks are
-    labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
-    symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time
-    and memory); ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals
-    ``tape.jacobian``'s block, because TensorFlow's Cholesky gradient is symmetrised.
-
-    ``method="closed_form"`` (default) computes each column in closed form in O(M²) (Murray 2016's
-    Cholesky derivative of a rank-2 tangent is a suffix sum; derivation in ``_natgrad_map_closed_form``),
-    O(M⁴) in all, the size of the output, written straight into one preallocated array;
-    ``method="autodiff"`` builds the same matrix with TensorFlow through
-    :func:`natgrad_diag.autodiff.dense.jacobian` (``chunk_size`` applies to it only).
+    The blocks are labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
+    symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time and memory);
+    ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals ``tape.jacobian``'s block, because
+    TensorFlow's Cholesky gradient is symmetrised. ``method="closed_form"`` (default) computes each column in closed
+    form in O(M²), O(M⁴) in all (``_natgrad_map_closed_form``), into one preallocated array; ``method="autodiff"``
+    builds the same matrix by :func:`natgrad_diag.autodiff.dense.jacobian` (``chunk_size`` applies to it only).
 
     Raises:
         ShapeMismatchError: eta1 is not [M, L] or eta2 is not [L, M, M] with eta1's M and L.
@@ -251,8 +219,10 @@ def natgrad_map_jacobian(
     e1, e2 = _validated(eta1, eta2)
     if method == "closed_form":
         return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+
     return jacobian(
-        _natgrad_map,
+        expectation_to_meanvarsqrt,  # one function object, so the compiled Jacobian is cached
         [e1, e2],
         input_names=("eta1", "eta2"),
         output_names=("mean", "varsqrt"),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -47,33 +47,10 @@ RECORD_KEYS = (
 _MATRIX_KEYS = ("eta2", "dL_deta2", "dtheta_deta2", "xi2", "nat_dL_xi2", "new_q_sqrt")
 
 
-@dataclass(frozen=True)
-class _Kernels:
-    """BLAS/LAPACK routines of one precision (``d``/``s`` prefix chosen by scipy from the dtype)."""
-
-    trmm: Any
-    trsm: Any
-    trmv: Any
-    gemv: Any
-    trtri: Any
-    lauum: Any
-    potrf: Any
-    sygst: Any
-
-
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
 # One record at a time: two threads setting and restoring the BLAS limit in interleaved order would leave the
 # process at one thread. The kernels run in one thread anyway, so serialising costs no parallelism.
 _LOCK = threading.Lock()
-
-
-def _one_blas_thread() -> Any:
-    """A context in which every BLAS library of the process runs one thread (the previous limits come back)."""
-    from threadpoolctl import ThreadpoolController
-
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 @contextlib.contextmanager
@@ -84,17 +61,21 @@ def one_blas_thread(*, limit: bool = True) -> Iterator[None]:
     :mod:`natgrad_diag.checks.bounds`) runs in it: reproducible to the bit, and safe from OpenBLAS's
     collapse on a busy machine (see the module docstring). ``limit=False`` leaves the thread counts as they are.
     """
-    with _LOCK, (_one_blas_thread() if limit else contextlib.nullcontext()):
-        yield
+    from threadpoolctl import ThreadpoolController
+
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    with _LOCK, (_CONTROLLER[0].limit(limits=1, user_api="blas") if limit else contextlib.nullcontext()):
+        yield  # the previous limits come back on exit
 
 
-def _kernels(dtype: Any) -> _Kernels:
+def _kernels(dtype: Any) -> Any:
+    """The BLAS/LAPACK routines of one precision (scipy picks the ``d``/``s`` prefix from the dtype) as attributes."""
     from scipy.linalg import get_blas_funcs, get_lapack_funcs
 
-    probe = np.zeros((1, 1), dtype=dtype, order="F")
-    trmm, trsm, trmv, gemv = get_blas_funcs(("trmm", "trsm", "trmv", "gemv"), (probe,))
-    trtri, lauum, potrf, sygst = get_lapack_funcs(("trtri", "lauum", "potrf", "sygst"), (probe,))
-    return _Kernels(trmm=trmm, trsm=trsm, trmv=trmv, gemv=gemv, trtri=trtri, lauum=lauum, potrf=potrf, sygst=sygst)
+    probe = [np.zeros((1, 1), dtype=dtype, order="F")]
+    blas, lapack = ("trmm", "trsm", "trmv", "gemv"), ("trtri", "lauum", "potrf", "sygst")
+    return SimpleNamespace(**dict(zip(blas + lapack, get_blas_funcs(blas, probe) + get_lapack_funcs(lapack, probe))))
 
 
 def _require(info: int, routine: str) -> None:
@@ -121,7 +102,7 @@ def _c_layout(x: FloatArray) -> FloatArray:
     return x.T if x.flags.f_contiguous and not x.flags.c_contiguous else x
 
 
-def _times(k: _Kernels, a: FloatArray, v: FloatArray) -> FloatArray:
+def _times(k: Any, a: FloatArray, v: FloatArray) -> FloatArray:
     """a v by scipy's BLAS (never numpy's own OpenBLAS: one BLAS library, one thread limit); a C-ordered a
     is passed as the Fortran array aᵀ with trans=1, so f2py copies nothing."""
     if a.flags.f_contiguous:
@@ -129,7 +110,7 @@ def _times(k: _Kernels, a: FloatArray, v: FloatArray) -> FloatArray:
     return np.asarray(k.gemv(1.0, a.T, v, trans=1))
 
 
-def _default_seed(k: _Kernels, u: FloatArray, v: FloatArray, m: FloatArray) -> tuple[FloatArray, FloatArray]:
+def _default_seed(k: Any, u: FloatArray, v: FloatArray, m: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Jᵀ·1 (closed_form.default_seed_gradient) from U = Cᵀ and V = C⁻ᵀ: Σ̄ = sym(Aᵀ) with
     Aᵀ = (cumsum₋(C⁻¹) + ½C⁻¹)ᵀ diag(s) C⁻¹ = (cumsum₋ over the columns of V + ½V) diag(s) Vᵀ, one trmm."""
     s = u.sum(axis=1)  # the column sums of C
@@ -142,7 +123,7 @@ def _default_seed(k: _Kernels, u: FloatArray, v: FloatArray, m: FloatArray) -> t
     return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
-def _xinat_step(k: _Kernels, u: FloatArray, x: FloatArray, m: FloatArray, dm: FloatArray, gamma: Any) -> tuple[FloatArray, FloatArray]:
+def _xinat_step(k: Any, u: FloatArray, x: FloatArray, m: FloatArray, dm: FloatArray, gamma: Any) -> tuple[FloatArray, FloatArray]:
     """XiNat's new (q_mu, q_sqrtᵀ): B = I + γ(P + Pᵀ) = U_B U_Bᵀ with U_B = JKJ, K = potrf(JBJ);
     q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv). x is the
     upper triangle of P + Pᵀ: potrf of the lower triangle of JBJ reads B's upper triangle only."""
@@ -161,12 +142,10 @@ def _xinat_step(k: _Kernels, u: FloatArray, x: FloatArray, m: FloatArray, dm: Fl
 
 
 def _latent(
-    k: _Kernels, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: FloatArray, gamma: Any, xi: str, full: bool = True
+    k: Any, m: FloatArray, ls_t: FloatArray, dm: FloatArray, g_t: FloatArray, gamma: Any, xi: str, full: bool = True
 ) -> dict[str, FloatArray]:
-    """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered
-    inputs (no copy). Working with transposes keeps every matrix Fortran-ordered without a transposing copy;
-    each output matrix is returned as a C-ordered view (the transpose of a Fortran result, or a symmetric one).
-    ``full=False`` leaves out η, Jᵀ·1 and ξ (the step and ∂L/∂η only)."""
+    """The record for one latent GP: m, dm [M]; ls_t = L_Sᵀ, g_t = Gᵀ [M, M], Fortran views of the C-ordered inputs
+    (module docstring, Layout); each output matrix is a C-ordered view. ``full=False``: the step and ∂L/∂η only."""
     u = np.multiply(ls_t, np.where(np.diagonal(ls_t) < 0, -1.0, 1.0).astype(ls_t.dtype)[:, None], order="F")  # U = Cᵀ = D L_Sᵀ
     v, info = k.trtri(u, lower=0, overwrite_c=0)  # V = C⁻ᵀ, upper, computed once
     _require(info, "trtri")
@@ -208,8 +187,7 @@ def natgrad_record_lapack(
     q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str, *, full: bool = True,
     one_thread: bool = True,
 ) -> dict[str, FloatArray]:
-    """``natgrad_tensors_closed_form``'s record (η, ∂L/∂η, Jᵀ·1, ξ, the natural gradient in ξ, the new q(u))
-    by LAPACK, one latent GP at a time (the module docstring lists the kernels).
+    """``natgrad_tensors_closed_form``'s record by LAPACK, one latent GP at a time (the module docstring lists the kernels).
 
     Args:
         q_mu: [M, L], m.
@@ -225,14 +203,11 @@ def natgrad_record_lapack(
             comparison; the last bits may then vary between calls).
 
     Returns:
-        A dict with the keys of ``natgrad_tensors_closed_form``: ``eta1``, ``eta2``, ``dL_deta1``, ``dL_deta2``,
-        ``dtheta_deta1``, ``dtheta_deta2``, ``xi1``, ``xi2``, ``nat_dL_xi1``, ``nat_dL_xi2``, ``new_q_mu``,
-        ``new_q_sqrt`` ([M, L] or [L, M, M] numpy arrays of the inputs' dtype, float32 or float64).
+        ``{key: array}`` for the :data:`RECORD_KEYS` ([M, L] or [L, M, M], the inputs' dtype, float32 or float64).
 
     Raises:
         SingularCovarianceError: a zero on q_sqrt's diagonal.
-        StepFailedError: XiNat, when B = I + γ(P + Pᵀ) is not positive definite (γ too long; GPflow's
-            step fails there too). natgrad_trace then runs its eager reference path, whose message it shows.
+        StepFailedError: XiNat, when B = I + γ(P + Pᵀ) is not positive definite (γ too long; GPflow fails too).
         ValueError: xi is neither ``"nat"`` nor ``"sqrtmeanvar"``.
 
     Examples:
@@ -251,21 +226,11 @@ def natgrad_record_lapack(
     dtype = np.asarray(q_mu).dtype
     q_mu, dL_dmean = (np.asarray(x, dtype=dtype) for x in (q_mu, dL_dmean))
     q_sqrt, dL_dvarsqrt = (np.ascontiguousarray(x, dtype=dtype) for x in (q_sqrt, dL_dvarsqrt))  # so that [j].T is Fortran
-    M, L = q_mu.shape
-    k = _kernels(dtype)
-    g = dtype.type(gamma)
+    k, g = _kernels(dtype), dtype.type(gamma)
     with one_blas_thread(limit=one_thread):
-        per = [
-            _latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full)
-            for j in range(L)
-        ]
-    out: dict[str, FloatArray] = {}
-    for key in (kk for kk in RECORD_KEYS if kk in per[0]):
-        if key in _MATRIX_KEYS:
-            arr = np.empty((L, M, M), dtype=dtype)
-            for j in range(L):
-                arr[j] = per[j][key]
-        else:
-            arr = np.stack([per[j][key] for j in range(L)], axis=1).astype(dtype, copy=False)
-        out[key] = arr
-    return out
+        per = [_latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full) for j in range(q_mu.shape[1])]
+    return {  # [L, M, M] matrices, [M, L] vectors, of the inputs' dtype
+        key: np.stack([p[key] for p in per], axis=0 if key in _MATRIX_KEYS else 1).astype(dtype, copy=False)
+        for key in RECORD_KEYS
+        if key in per[0]
+    }

@@ -17,17 +17,13 @@ __all__ = ["NaturalGradient"]
 class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]  # untyped where GPflow is absent (nox typecheck)
     """GPflow's ``NaturalGradient`` whose update is the closed form of :mod:`natgrad_diag.step.closed_form`.
 
-    A drop-in replacement: the same constructor ``NaturalGradient(gamma, xi_transform=XiNat(), name=None)``,
-    the same ``minimize(loss_fn, var_list)`` with ``(q_mu, q_sqrt)`` or ``(q_mu, q_sqrt, xi)`` tuples, and it
-    works eagerly and inside ``tf.function``. GPflow's ``minimize`` computes the loss gradients as before;
-    each (q_mu, q_sqrt) pair is then updated by :meth:`apply_natgrad`: for ``XiNat`` one Cholesky of an
-    M×M matrix and one triangular solve, for ``XiSqrtMeanVar`` two triangular products, instead of
-    GPflow's autodiff through three Choleskys (equation [10] of Salimbeni, Eleftheriadis & Hensman,
-    AISTATS 2018, unchanged). Other ξ transforms, subclasses of GPflow's two, and a ``q_sqrt`` without
-    GPflow's lower-triangular transform run GPflow's own update.
-
-    The new parameters equal GPflow's to rounding: their difference is of order ε·κ(S) relative to the
-    parameters (GPflow's path inverts S; the closed form does not), below 1e-10 for κ(S) ≲ 10⁵ in float64.
+    A drop-in replacement: the same constructor ``NaturalGradient(gamma, xi_transform=XiNat(), name=None)``, the
+    same ``minimize(loss_fn, var_list)`` with ``(q_mu, q_sqrt)`` or ``(q_mu, q_sqrt, xi)`` tuples, eagerly and inside
+    ``tf.function``. GPflow's ``minimize`` computes the loss gradients; each pair is then updated by
+    :meth:`apply_natgrad`: for ``XiNat`` one Cholesky and one triangular solve, for ``XiSqrtMeanVar`` two triangular
+    products, instead of GPflow's autodiff through three Choleskys. Where
+    :func:`~natgrad_diag.step.backend.step_backend` finds no closed form, GPflow's own update runs. The new
+    parameters equal GPflow's to ε·κ(S) relative (GPflow's path inverts S), below 1e-10 for κ(S) ≲ 10⁵ in float64.
 
     Examples:
         >>> import gpflow, numpy as np, tensorflow as tf
@@ -41,15 +37,11 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
         TensorShape([1, 5, 5])
     """
 
-    def apply_natgrad(
-        self, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi_transform: Any = None
-    ) -> None:
+    def apply_natgrad(self, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi_transform: Any = None) -> None:
         """One natural-gradient update of ``q_mu`` [M, L] and ``q_sqrt`` [L, M, M], assigned in place.
 
-        The public form of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which
-        this class routes here: ``q_mu_grad`` and ``q_sqrt_grad`` are the loss gradients with respect to the
-        unconstrained variables (as ``tape.gradient`` returns them), mapped to the constrained parameters as
-        GPflow maps them (:func:`natgrad_diag._gpflow.to_constrained`).
+        The public form of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which this
+        class routes here; the gradients are mapped to the constrained parameters as GPflow maps them.
 
         Args:
             q_mu_grad: [M, L], ∂L/∂(q_mu's unconstrained variable).

@@ -17,14 +17,8 @@ import numpy as np
 from natgrad_diag import _compile
 from natgrad_diag._gpflow import to_constrained
 from natgrad_diag._validate import dtype_name, input_error, param_parts, shape_str, validate_grad, validate_q
-from natgrad_diag.exceptions import (
-    DTypeMismatchError,
-    InputError,
-    NatGradDiagError,
-    ShapeMismatchError,
-    StepFailedError,
-    error_line,
-)
+from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, ShapeMismatchError, StepFailedError
+from natgrad_diag.exceptions import error_line
 from natgrad_diag.step.backend import StepBackend, closed_form_xi, is_lower_triangular_transform, step_backend
 from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
@@ -110,14 +104,13 @@ def resolve_xi_transform(xi_transform: Any) -> Any:
             context=[("Argument", "xi_transform"), ("Expected", "an instance such as XiNat()"), ("Got", f"the class {xi_transform.__name__}")],
             remedy=f"pass xi_transform={xi_transform.__name__}().",
         )
-    if not isinstance(xi_transform, XiTransform):
-        needed = ("meanvarsqrt_to_xi", "xi_to_meanvarsqrt", "naturals_to_xi")
-        if not all(callable(getattr(xi_transform, n, None)) for n in needed):
-            raise InputError(
-                "xi_transform is not a gpflow XiTransform.",
-                context=[("Argument", "xi_transform"), ("Expected", "gpflow.optimizers.XiTransform"), ("Got", type(xi_transform).__name__)],
-                remedy="pass XiNat(), XiSqrtMeanVar() or a subclass of gpflow.optimizers.XiTransform.",
-            )
+    needed = ("meanvarsqrt_to_xi", "xi_to_meanvarsqrt", "naturals_to_xi")
+    if not isinstance(xi_transform, XiTransform) and not all(callable(getattr(xi_transform, n, None)) for n in needed):
+        raise InputError(
+            "xi_transform is not a gpflow XiTransform.",
+            context=[("Argument", "xi_transform"), ("Expected", "gpflow.optimizers.XiTransform"), ("Got", type(xi_transform).__name__)],
+            remedy="pass XiNat(), XiSqrtMeanVar() or a subclass of gpflow.optimizers.XiTransform.",
+        )
     return xi_transform
 
 
@@ -195,29 +188,16 @@ def _require_lower_triangular(q_sqrt: Any) -> None:
 
 
 def natgrad_tensors(
-    q_mu: Any,
-    q_sqrt: Any,
-    dL_dmean: Any,
-    dL_dvarsqrt: Any,
-    gamma: Any,
-    xi_transform: Any,
-    *,
-    default_seed: str = "tape",
+    q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, *, default_seed: str = "tape"
 ) -> dict[str, Any]:
-    """The TensorFlow part of the step on constrained tensors; no checks, no numpy (tf.function-able).
+    """GPflow's ``_natgrad_apply_gradients`` line by line on constrained tensors, recorded; no checks (tf.function-able).
 
-    Follows ``NaturalGradient._natgrad_apply_gradients`` line by line, and also records the default-seed
-    gradient ``dtheta_deta = tape.gradient(meanvarsqrt, [eta1, eta2])`` (``default_seed="tape"``, the
-    user's line as written) or the same quantity by :func:`default_seed_gradient`
-    (``"closed_form"``: one matrix product instead of a second backward pass; the compiled path).
+    Also records the default-seed gradient ``dtheta_deta = tape.gradient(meanvarsqrt, [eta1, eta2])``
+    (``default_seed="tape"``, the user's line) or the same by :func:`default_seed_gradient` (``"closed_form"``).
     """
     import tensorflow as tf
     from gpflow.optimizers import XiNat
-    from gpflow.optimizers.natgrad import (
-        expectation_to_meanvarsqrt,
-        meanvarsqrt_to_expectation,
-        meanvarsqrt_to_natural,
-    )
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation, meanvarsqrt_to_natural
 
     is_nat = isinstance(xi_transform, XiNat)
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
@@ -267,14 +247,9 @@ def _transform_key(transform: Any) -> Any:
     if transform is None:
         return "identity"
     params = getattr(transform, "parameters", None)
-    if not isinstance(params, dict):
+    if not isinstance(params, dict) or any(v is not None and not isinstance(v, (bool, int, float, str)) for v in params.values()):
         return None
-    items = []
-    for k, v in sorted(params.items()):
-        if v is not None and not isinstance(v, (bool, int, float, str)):
-            return None
-        items.append((k, v))
-    return (type(transform), tuple(items))
+    return (type(transform), tuple(sorted(params.items())))
 
 
 def _fast_parts(x: Any) -> tuple[Any, Any] | None:
@@ -342,9 +317,8 @@ def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
     """A fast path's trace, or ``None`` when the eager reference path must decide (any unusual input, a failed
-    in-graph check, a failed Cholesky: it then raises the same error it always did), or, with ``build=False``,
-    when the tf.function for this key has not been compiled yet (a first call runs eagerly). The LAPACK record
-    runs whatever ``build`` is: it has no tracing to pay."""
+    in-graph check, a failed Cholesky: it then raises its error), or, with ``build=False``, when the tf.function
+    for this key is not compiled yet (a first call runs eagerly; LAPACK runs whatever ``build`` is)."""
     import tensorflow as tf
 
     p_mu, p_sq, gr_mu, gr_sq = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
@@ -391,9 +365,8 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     q_mu, q_sqrt, d_mu, d_sq = (
         to_constrained(x, t, as_array=True) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))
     )
-    if q_mu.ndim != 2 or q_sqrt.shape != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
-        return None
-    if d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
+    M, L = q_mu.shape if q_mu.ndim == 2 else (0, 0)
+    if q_mu.ndim != 2 or q_sqrt.shape != (L, M, M) or d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
         return None
     raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
     if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
@@ -419,10 +392,7 @@ def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: flo
         return None
     if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
         return None
-    return NatGradTrace(
-        dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt, gamma=g, xi_transform=type(xi).__name__,
-        q_mu=q_mu, q_sqrt=q_sqrt, **record,
-    )  # fmt: skip
+    return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
 def _check_finite_step(arrays: dict[str, Array], g: float, xi: Any) -> None:
@@ -436,29 +406,17 @@ def _check_finite_step(arrays: dict[str, Array], g: float, xi: Any) -> None:
 
 
 def natgrad_trace(
-    q_mu: Any,
-    q_sqrt: Any,
-    q_mu_grad: Any,
-    q_sqrt_grad: Any,
-    *,
-    gamma: float = 1.0,
-    xi_transform: Any = None,
-    compiled: bool | None = None,
-) -> NatGradTrace:
+    q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, *,
+    gamma: float = 1.0, xi_transform: Any = None, compiled: bool | None = None,
+) -> NatGradTrace:  # fmt: skip
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
-    Nothing is assigned: the parameters are bit-identical afterwards. Three paths give the same numbers (to
-    rounding, ε·κ(S); tested against each other and GPflow's optimizer):
-
-    - the eager reference: the user's lines as written, ``tape.gradient`` included (the default-seed
-      ``dtheta_deta`` is the literal ``tape.gradient(meanvarsqrt, [eta1, eta2])``); every error message comes
-      from it, and ``natgrad-diag explain`` uses it;
-    - XiNat and XiSqrtMeanVar with GPflow's ``triangular()`` q_sqrt, on the CPU: the closed-form record by
-      LAPACK's triangular kernels (:mod:`natgrad_diag.step.lapack`), faster than GPflow's compiled step (TensorFlow
-      has no triangular kernels); it traces nothing, so it runs from the first call;
-    - otherwise a ``tf.function`` (the TensorFlow closed form where the tensors are on a GPU, else the eager
-      path's operations), traced once per (shapes, dtype, ξ transform, parameter transforms) and cached, from the
-      second call with a key (a single call pays no tracing).
+    Nothing is assigned: the parameters are bit-identical afterwards. The paths (module docstring) give the same
+    numbers to rounding, ε·κ(S), tested against each other and GPflow's optimizer. The eager reference runs the
+    user's lines as written, the default-seed ``dtheta_deta`` as the literal ``tape.gradient(meanvarsqrt, [eta1,
+    eta2])`` (``natgrad-diag explain`` uses it); the LAPACK record traces nothing and is faster than GPflow's
+    compiled step (TensorFlow has no triangular kernels); a ``tf.function`` is traced once per (shapes, dtype,
+    ξ transform, parameter transforms), from the second call with that key.
 
     Args:
         q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
