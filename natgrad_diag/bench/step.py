@@ -1,0 +1,154 @@
+"""The benchmark's rows for the natural-gradient step (natgrad_trace, BLAS threads, the drop-in optimizer, fast check)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag.bench.report import BenchRow
+from natgrad_diag.bench.timing import Run, compare, max_diff, random_q
+from natgrad_diag.report.records import Check, status_of
+
+__all__ = ["bench_apply", "bench_check_natgrad", "bench_minimize", "bench_threads", "bench_trace"]
+
+
+def _problem(M: int, seed: int) -> tuple[Any, ...]:
+    """(q_mu, q_sqrt) as Parameters (``triangular()``), their arrays, and gradients w.r.t. the unconstrained variables."""
+    import gpflow
+    import tensorflow as tf
+
+    mu, sq = random_q(M, seed=seed)
+    q_mu, q_sqrt = gpflow.Parameter(mu), gpflow.Parameter(sq, transform=gpflow.utilities.triangular())
+    rng = np.random.default_rng(seed + 1)
+    g_mu, g_sq = (tf.constant(0.01 * rng.normal(size=shape)) for shape in (mu.shape, q_sqrt.unconstrained_variable.shape))
+    return q_mu, q_sqrt, mu, sq, g_mu, g_sq
+
+
+def bench_trace(run: Run) -> list[BenchRow]:
+    """natgrad_trace (the LAPACK record) against GPflow's compiled ``_natgrad_apply_gradients`` on a copy, each M."""
+    import tensorflow as tf
+    from gpflow.optimizers import NaturalGradient, XiNat
+
+    from natgrad_diag._gpflow import natgrad_apply_gradients
+    from natgrad_diag.step.trace import natgrad_trace
+
+    rows, worst = [], 0.0
+    for M in run.sizes:
+        q_mu, q_sqrt, mu, sq, g_mu, g_sq = _problem(M, seed=M)
+        c_mu, c_sq = _problem(M, seed=M)[:2]  # GPflow's step assigns: a copy
+        opt, xi = NaturalGradient(gamma=0.1), XiNat()
+        base = tf.function(lambda: natgrad_apply_gradients(opt, g_mu, g_sq, c_mu, c_sq, xi))  # called in this pass only
+        trace = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True)
+        base()
+        worst = max(worst, max_diff((trace.new_q_mu, trace.new_q_sqrt), (c_mu, c_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        t_ours, t_base = compare(lambda: natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True), base, run.repeats)
+        rows.append(run.row("natgrad_trace (LAPACK record) vs GPflow's compiled step", "natgrad_trace", M, t_ours,
+                            "_natgrad_apply_gradients", t_base, 0.7 if M >= 1000 else 1.3))  # fmt: skip
+    run.agree("trace_matches_gpflow", "the timed natgrad_trace gives GPflow's new q_mu and q_sqrt (compiled, every M)", worst, 1e-8)
+    return rows
+
+
+def bench_threads(run: Run) -> list[BenchRow]:
+    """The LAPACK record (natgrad_trace's path) in one BLAS thread, as it runs, against the BLAS default; M = 1000."""
+    from threadpoolctl import threadpool_info
+
+    from natgrad_diag.step.lapack import natgrad_record_lapack
+
+    M = run.size(1000, 30)
+    mu, sq = random_q(M, seed=M)
+    rng = np.random.default_rng(M + 1)
+    d_mu, G = 0.01 * rng.normal(size=mu.shape), np.tril(0.01 * rng.normal(size=sq.shape))
+
+    def record(one_thread: bool) -> dict[str, Any]:
+        return natgrad_record_lapack(mu, sq, d_mu, G, 0.1, "nat", one_thread=one_thread)
+
+    one, default = record(True), record(False)
+    threads = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1)
+    scale = max(1.0, max(float(np.max(np.abs(v))) for v in one.values()))
+    run.agree("blas_threads_agree", f"the LAPACK record at M = {M} in one BLAS thread equals the record at the BLAS "
+              f"default ({threads} threads), every key", max_diff(list(one.values()), list(default.values())) / scale, 1e-10)  # fmt: skip
+    t_one, t_default = compare(lambda: record(True), lambda: record(False), run.repeats)
+    return [run.row("the LAPACK record's BLAS threads (natgrad_trace's path, XiNat)", "LAPACK record, 1 BLAS thread", M,
+                    t_one, "BLAS default threads", t_default, None, note=f"default here = {threads} threads")]  # fmt: skip
+
+
+def bench_apply(run: Run) -> list[BenchRow]:
+    """``natgrad_diag.NaturalGradient.apply_natgrad`` against GPflow's ``_natgrad_apply_gradients`` on a plain
+    ``gpflow.optimizers.NaturalGradient``: the apply part alone, same gradients, both compiled, XiNat; M = 200, 1000."""
+    import gpflow
+    import tensorflow as tf
+
+    import natgrad_diag
+    from natgrad_diag._gpflow import natgrad_apply_gradients
+
+    rows, worst = [], 0.0
+    for M in run.size((200, 1000), (10, 30)):
+        o_mu, o_sq, _, sq, g_mu, g_sq = _problem(M, seed=M)
+        b_mu, b_sq = _problem(M, seed=M)[:2]
+        xi, opt, gp = gpflow.optimizers.XiNat(), natgrad_diag.NaturalGradient(gamma=0.1), gpflow.optimizers.NaturalGradient(gamma=0.1)
+        ours = tf.function(lambda: opt.apply_natgrad(g_mu, g_sq, o_mu, o_sq, xi))  # called in this pass only
+        base = tf.function(lambda: natgrad_apply_gradients(gp, g_mu, g_sq, b_mu, b_sq, xi))
+        ours(), base()
+        worst = max(worst, max_diff((o_mu, o_sq), (b_mu, b_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        t_ours, t_base = compare(ours, base, run.repeats)
+        rows.append(run.row("the natural-gradient apply step alone (same gradients, both compiled, XiNat)",
+                            "NaturalGradient apply (natgrad_diag)", M, t_ours, "_natgrad_apply_gradients", t_base, 0.6))  # fmt: skip
+    run.agree("apply_matches_gpflow", "the timed natgrad_diag.NaturalGradient.apply_natgrad gives GPflow's new q_mu and "
+              "q_sqrt (compiled, every M)", worst, 1e-9)  # fmt: skip
+    return rows
+
+
+def svgp(M: int, N: int, seed: int = 0) -> tuple[Any, Any]:
+    """An SVGP with M inducing points on N points in 3-d, only q(u) trainable, and its data."""
+    import gpflow
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, size=(N, 3))
+    Y = np.sin(X[:, :1]) + np.cos(X[:, 1:2]) + 0.1 * rng.normal(size=(N, 1))
+    Z = X[rng.choice(N, size=M, replace=False)].copy() if M <= N else rng.uniform(0, 10, size=(M, 3))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=1.0), gpflow.likelihoods.Gaussian(variance=0.1),
+                               inducing_variable=Z, num_data=N)  # fmt: skip
+    for part in (model.kernel, model.likelihood, model.inducing_variable):
+        gpflow.set_trainable(part, False)
+    return model, (tf.constant(X), tf.constant(Y))
+
+
+def bench_minimize(run: Run) -> list[BenchRow]:
+    """One whole compiled ``minimize`` step of natgrad_diag.NaturalGradient against GPflow's on an SVGP, M = 1000."""
+    import gpflow
+    import tensorflow as tf
+
+    import natgrad_diag
+
+    M, N = run.size((1000, 2000), (50, 200))
+    (a, data), (b, _) = svgp(M, N), svgp(M, N)
+    steps = [tf.function(lambda opt=opt, m=m: opt.minimize(m.training_loss_closure(data, compile=False), [(m.q_mu, m.q_sqrt)]))
+             for opt, m in ((natgrad_diag.NaturalGradient(gamma=0.1), a), (gpflow.optimizers.NaturalGradient(gamma=0.1), b))]  # fmt: skip
+    steps[0](), steps[1]()
+    scale = max(1.0, float(np.max(np.abs(b.q_sqrt.numpy()))), float(np.max(np.abs(b.q_mu.numpy()))))
+    run.agree("minimize_matches_gpflow", f"one step of natgrad_diag.NaturalGradient gives GPflow's q_mu and q_sqrt on "
+              f"the same SVGP (M = {M}, N = {N})", max_diff((a.q_mu, a.q_sqrt), (b.q_mu, b.q_sqrt)) / scale, 1e-9)  # fmt: skip
+    t_ours, t_base = compare(steps[0], steps[1], run.few)
+    return [run.row("one whole compiled NaturalGradient.minimize step (SVGP, XiNat)", "NaturalGradient (natgrad_diag)",
+                    M, t_ours, "NaturalGradient (gpflow)", t_base, 0.8, note=f"N = {N}")]  # fmt: skip
+
+
+def bench_check_natgrad(run: Run) -> list[BenchRow]:
+    """check_natgrad(mode="fast") against one compiled GPflow ``NaturalGradient`` step on the same SVGP (M = 1000)."""
+    import tensorflow as tf
+    from gpflow.optimizers import NaturalGradient
+
+    from natgrad_diag.checks.api import check_natgrad
+
+    M, N = run.size((1000, 2000), (50, 200))
+    (model, data), (base_model, _) = svgp(M, N), svgp(M, N)
+    opt, loss = NaturalGradient(gamma=0.1), base_model.training_loss_closure(data, compile=False)
+    step = tf.function(lambda: opt.minimize(loss, [(base_model.q_mu, base_model.q_sqrt)]))
+    reports: list[Any] = []
+    t_ours, t_base = compare(lambda: reports.append(check_natgrad(model, data, gamma=0.1, mode="fast", progress=False)), step, run.few)
+    run.checks.append(Check("fast_check_natgrad_passes", f"the timed check_natgrad(mode='fast') finds the healthy SVGP "
+                            f"(M = {M}, N = {N}) healthy, every call", status_of(reports and all(r.passed for r in reports))))  # fmt: skip
+    return [run.row("fast-mode check_natgrad vs one compiled GPflow NaturalGradient step (SVGP)", "check_natgrad(mode='fast')",
+                    M, t_ours, "NaturalGradient step", t_base, 2.3, note=f"N = {N}")]  # fmt: skip
