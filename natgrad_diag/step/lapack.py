@@ -16,12 +16,10 @@ matrix is copied to be transposed (such a copy costs as much as a small kernel a
 are cheap copies. ``overwrite_*`` is set only on this module's own temporaries (never on a view of an input: a
 1×1 array is both C- and Fortran-ordered).
 
-**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards), so the
-record is the same to the bit whatever the machine's load or core count. On a busy machine (more runnable
-processes than cores) OpenBLAS's multi-threaded LAPACK collapses: on 2 cores at load 3, M = 1000, ``trtri`` took
-194 ms against 12 ms in one thread, ``lauum`` 358 against 10, ``potrf`` 163 against 8. On a quiet machine with
-many cores, threads would win at large M: ``natgrad-diag bench`` shows the ratio on yours
-(docs/performance.md).
+**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards): the record
+is the same to the bit whatever the load or core count, and OpenBLAS's multi-threaded LAPACK collapses on a busy
+machine (at load 3 on 2 cores, M = 1000: ``trtri`` 194 ms against 12 ms in one thread). docs/performance.md says why
+one thread, and ``natgrad-diag bench`` shows the ratio to the BLAS default on your machine.
 """
 
 from __future__ import annotations
