@@ -22,7 +22,6 @@ from natgrad_diag.tolerance import rounding_bound
 from tests.conftest import random_q
 
 
-
 class XiNatTF(XiNat):
     """XiNat under another class: no closed form (step_backend says autodiff), so the tf.function path runs."""
 
