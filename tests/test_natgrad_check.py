@@ -20,10 +20,9 @@ from natgrad_diag.cli.check import check_natgrad_cli
 from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError
 from natgrad_diag.checks import api as nc
-from natgrad_diag.checks.context import Context, dtype_context
-from natgrad_diag.checks.engine import ENGINES
-from natgrad_diag.checks.fisher import check_fisher_fast, check_fisher_full
-from natgrad_diag.checks.step import take_step_full
+from natgrad_diag import _compile
+from natgrad_diag.checks.evaluator import Context, dtype_context, evaluator
+from natgrad_diag.checks.fisher import check_fisher_explicit, check_fisher_matrix_free
 
 XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
 
@@ -144,12 +143,13 @@ def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likeli
 def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=6, seed=1)
     with dtype_context(np.float64):
-        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1, mode=mode,
+        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1,
                       tol=nc.natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)  # fmt: skip
-        step = take_step_full(ctx)
+        ev = evaluator(ctx, compiled=mode == "fast")
+        step, _ = ev.take()
 
         def fisher_check(s):
-            return check_fisher_full(ctx, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_fast(ctx, s, None, {})
+            return check_fisher_explicit(ev, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_matrix_free(ev, s)
 
         good = fisher_check(step)
         bad = fisher_check(dataclasses.replace(step, dL_deta1=step.dL_deta1 * (1 + 1e-4)))
@@ -495,12 +495,13 @@ def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
     import weakref
 
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
+    before = _compile.model_entries()
     nc.check_natgrad(model, data, mode="fast")
-    assert model in ENGINES
+    assert _compile.model_entries(model) == 1
     ref = weakref.ref(model)
     del model
     gc.collect()
-    assert ref() is None
+    assert ref() is None and _compile.model_entries() == before
 
 
 def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():

@@ -7,22 +7,44 @@ Hensman 2018, equation [10]).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from natgrad_diag.exceptions import error_line
 from natgrad_diag.checks.bounds import bounded_check, maxabs, natgrad_bound, scale
-from natgrad_diag.checks.context import Context
-from natgrad_diag.checks.engine import FastEngine
+from natgrad_diag.checks.evaluator import Evaluator, Run, Step
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.checks.step import Step
-from natgrad_diag.checks.tensors import fisher_matrix_free_tensors
+from natgrad_diag.exceptions import error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
-__all__ = ["check_fisher_fast", "check_fisher_full", "theta2_of_vech", "vech_maps"]
+__all__ = ["check_fisher_explicit", "check_fisher_matrix_free", "stage", "ticks", "vech_maps"]
+
+
+def ticks(ev: Evaluator) -> int:
+    """Progress-bar ticks of this stage beyond its own: the two explicit Jacobians."""
+    return 2 if ev.explicit_jacobians else 0
+
+
+def stage(run: Run) -> Outcome:
+    """``fisher_identity``: explicit Jacobians when the evaluator forms them (matrix-free when F would exceed the
+    memory limit), else matrix-free; or why it was skipped."""
+    from natgrad_diag.exceptions import MemoryLimitError
+
+    ev, step = run.ev, run.step
+    why = ev.ctx.skipped("fisher_identity")
+    if why or step.dL_deta1 is None:
+        return Outcome(skipped=(("fisher_identity", why or "∂L/∂η could not be computed at the current q(u)"),))
+    if not ev.explicit_jacobians:
+        return Outcome(checks=(check_fisher_matrix_free(ev, step),))
+    try:
+        return check_fisher_explicit(ev, step, run.advance)
+    except MemoryLimitError as e:
+        c = check_fisher_matrix_free(ev, step)
+        note = f"the explicit F would exceed the memory limit ({e.detail}); checked matrix-free instead; {c.detail}"
+        return Outcome(checks=(dataclasses.replace(c, detail=note),))
 
 
 def vech_maps(M: int) -> tuple[Array, Array, Array]:
@@ -42,7 +64,7 @@ def vech_maps(M: int) -> tuple[Array, Array, Array]:
     return pos.ravel(), rows * M + cols, np.where(rows == cols, 1.0, 2.0)
 
 
-def theta2_of_vech(b: Any) -> Any:
+def _theta2_of_vech(b: Any) -> Any:
     """θ₂ [L, M, M] symmetric from its vech b [L, P]."""
     import tensorflow as tf
 
@@ -59,7 +81,7 @@ def _fisher_eta_of_theta(a: Any, b: Any) -> tuple[Any, Any]:
 
     M = int(a.shape[0])
     _, lower_flat, weights = vech_maps(M)
-    e1, e2 = natural_to_expectation(a, theta2_of_vech(b))
+    e1, e2 = natural_to_expectation(a, _theta2_of_vech(b))
     return e1, tf.gather(tf.reshape(e2, [-1, M * M]), lower_flat, axis=1) * tf.constant(weights, e2.dtype)
 
 
@@ -67,11 +89,11 @@ def _fisher_msqrt_of_theta(a: Any, b: Any) -> tuple[Any, Any]:
     """(θ₁ [M, L], vech θ₂ [L, P]) ↦ (m [M, L], L_S [L, M, M]) by GPflow's natural_to_meanvarsqrt."""
     from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
 
-    mean_varsqrt: tuple[Any, Any] = natural_to_meanvarsqrt(a, theta2_of_vech(b))
+    mean_varsqrt: tuple[Any, Any] = natural_to_meanvarsqrt(a, _theta2_of_vech(b))
     return mean_varsqrt
 
 
-def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> Outcome:
+def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]) -> Outcome:
     """F⁻¹·∇θL = ∇ηL with explicit Jacobians, in coordinates where F is a true (symmetric) Fisher matrix.
 
     θ = (θ₁, vech θ₂) (lower triangle of the symmetric θ₂) and η' = (η₁, dual-vech η₂) (diagonal, and twice the
@@ -83,8 +105,9 @@ def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> 
 
     from natgrad_diag.autodiff.dense import jacobian
 
+    ctx = ev.ctx
     M, L = ctx.M, ctx.L
-    nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
+    nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
     _, lower_flat, _ = vech_maps(M)
     # The oracle runs in float64 whatever the model's dtype (float32 is compared with float32 tolerances).
     w1 = tf.cast(nat1, tf.float64)
@@ -93,7 +116,7 @@ def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> 
     advance()
     K = jacobian(_fisher_msqrt_of_theta, [w1, w2], input_names=("theta1", "vech_theta2"), output_names=("mean", "varsqrt"))
     advance()
-    # check_natgrad's _fisher_stage calls this only when the step computed ∂L/∂η (dL_deta1 and dL_deta2)
+    # the stage calls this only when the step computed ∂L/∂η (dL_deta1 and dL_deta2)
     assert step.dL_deta1 is not None and step.dL_deta2 is not None
     grad_theta = np.concatenate([np.ravel(g) for g in K.vjp([step.dL_dmean, step.dL_dvarsqrt])])
     want = np.concatenate([np.ravel(step.dL_deta1), np.ravel(step.dL_deta2.reshape(L, M * M)[:, lower_flat])])
@@ -119,20 +142,15 @@ def check_fisher_full(ctx: Context, step: Step, advance: Callable[..., Any]) -> 
     return Outcome(checks=(check,), numbers=(("cond(F)", cond), ("max |F − Fᵀ| / max |F|", sym)))
 
 
-def check_fisher_fast(ctx: Context, step: Step, engine: FastEngine | None, out: dict[str, Any]) -> Check:
-    """F·∇ηL = ∇θL matrix-free: one forward-mode product and one vector-Jacobian product."""
+def check_fisher_matrix_free(ev: Evaluator, step: Step) -> Check:
+    """F·∇ηL = ∇θL matrix-free: one closed-form product with F and one vector-Jacobian product."""
     import tensorflow as tf
 
-    if "F_u1" not in out:
-        args = [
-            tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
-            tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt), tf.constant(step.dL_deta1), tf.constant(step.dL_deta2),
-        ]  # fmt: skip
-        fn = engine.fisher if engine is not None else fisher_matrix_free_tensors
-        try:
-            out = {k: v.numpy() for k, v in fn(*args).items()}
-        except tf.errors.InvalidArgumentError as e:
-            return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", status="fail", detail=f"could not evaluate: {error_line(e)}")
+    ctx = ev.ctx
+    try:
+        out = ev.fisher_products(step)
+    except tf.errors.InvalidArgumentError as e:
+        return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", status="fail", detail=f"could not evaluate: {error_line(e)}")
     want = (out["grad_theta1"], out["grad_theta2"])
     err = max_abs_diff((out["F_u1"], out["F_u2"]), want)
     # matrix-free: no solve, only products of M×M matrices, whose rounding is M·ε of the size of their terms
