@@ -539,3 +539,20 @@ def test_layout__natgrad_modules_do_not_import_the_demo_models():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}:{node.lineno}" for n in names if n == "natgrad_diag.demo"]
     assert found == []
+
+
+def test_mode__is_read_in_one_place():
+    """The mode picks the evaluator once (checks.api); no oracle module reads a mode, they ask the evaluator."""
+    import ast
+    import importlib
+    import inspect
+
+    from natgrad_diag.checks.evaluator import Context
+
+    oracles = {stage.run.__module__ for stage in nc.STAGES} - {nc.__name__}
+    assert {m.rsplit(".", 1)[1] for m in oracles} == {"reproduction", "loss_gradient", "fisher", "xi_forward", "conjugate", "health", "mapping"}
+    for name in sorted(oracles):
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        read = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("mode", "requested_mode")]
+        assert read == [], f"{name} reads a mode at lines {read}"
+    assert not {"mode", "requested_mode"} & set(Context.__dataclass_fields__)
