@@ -199,18 +199,6 @@ def _step_from_gradients(q_mu: Any, q_sqrt: Any, loss: Any, g_mu: Any, g_sq: Any
     return Step(loss=float(loss.numpy()), g_mu=g_mu.numpy(), g_sq=g_sq.numpy(), dL_dmean=d_mean.numpy(), dL_dvarsqrt=d_varsqrt.numpy())
 
 
-def _new_q(q_mu: Any, q_sqrt: Any, d_mean: Any, d_varsqrt: Any, gamma: Any, xi: Any, name: str | None) -> tuple[Any, Any]:
-    """The new (q_mu, q_sqrt): the closed form for ``name`` ("nat" or "sqrtmeanvar"), else GPflow's autodiff."""
-    from natgrad_diag.step.closed_form import natgrad_step_closed_form
-    from natgrad_diag.step.trace import natgrad_tensors
-
-    if name is not None:
-        new: tuple[Any, Any] = natgrad_step_closed_form(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, name)
-        return new
-    out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
-    return out["new_q_mu"], out["new_q_sqrt"]
-
-
 def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_deta1: Any, dL_deta2: Any) -> dict[str, Any]:
     """F·∇ηL in closed form and ∇θL by reverse mode through GPflow's natural_to_meanvarsqrt, at the current q(u).
 
@@ -272,14 +260,20 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Cal
     loss_ok and g_ok.
     """
     from natgrad_diag.step.backend import step_backend
+    from natgrad_diag.step.closed_form import natgrad_step_closed_form
+    from natgrad_diag.step.trace import natgrad_tensors
 
     name = step_backend(xi, q_sqrt.transform).xi
 
     def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
         import tensorflow as tf
 
-        mu, sq = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
-        new_mu, new_sq = _new_q(mu, sq, *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma, xi, name)
+        args = (tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma)
+        if name is not None:
+            new_mu, new_sq = natgrad_step_closed_form(*args, name)
+        else:
+            out = natgrad_tensors(*args, xi)
+            new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
         _assign(q_mu, new_mu)
         _assign(q_sqrt, new_sq)
         value, g_mu_new, g_sq_new = _grads(lambda: loss(data), q_mu, q_sqrt)
@@ -328,7 +322,7 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
 
 
 class Evaluator:
-    """The checks' computations on ``ctx.model``, eagerly (full mode); the model is only read.
+    """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
 
     Capabilities, decided once with the evaluator (the oracles ask them instead of the mode):
 
@@ -345,10 +339,14 @@ class Evaluator:
     whole_grid = True
     compares = "both eager"
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, scratch: Any = None) -> None:
+        import gpflow
+
         self.ctx = ctx
-        self._scratch: Any = None
-        self._step_fn: Callable[..., dict[str, Any]] | None = None
+        self.scratch = scratch if scratch is not None or ctx.model is None else gpflow.utilities.deepcopy(ctx.model)
+        s = self.scratch
+        self._step = one_step(s.q_mu, s.q_sqrt, ctx.xi, lambda data: ctx.loss(s)) if s is not None else None
+        self._fisher: Callable[..., dict[str, Any]] = fisher_products
 
     @property
     def data(self) -> Any:
@@ -356,75 +354,62 @@ class Evaluator:
         return self.ctx.data if self.ctx.data is not None else ()
 
     def sync(self) -> Any:
-        """The scratch copy (a deep copy of the model, made once), with every variable set to the model's."""
-        import gpflow
-
-        if self._scratch is None:
-            self._scratch = gpflow.utilities.deepcopy(self.ctx.model)
-            return self._scratch
-        for src, dst in zip(self.ctx.model.variables, self._scratch.variables):
+        """The scratch copy, with every variable set to the model's."""
+        for src, dst in zip(self.ctx.model.variables, self.scratch.variables):
             dst.assign(src)
-        return self._scratch
+        return self.scratch
+
+    def q_tensors(self) -> tuple[Any, Any]:
+        """The model's q_mu [M, L] and q_sqrt [L, M, M] as tensors."""
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
 
     def take(self) -> tuple[Step, GpflowStep]:
         """The loss, its gradients and natgrad-diag's step (``natgrad_trace(..., compiled=False)``) on the model's
-        q(u); GPflow's update with the same gradients on the scratch copy, and the loss after it."""
+        q(u); GPflow's update with the same gradients on the scratch copy, as ``minimize`` applies it, and the loss
+        after it."""
+        import gpflow
         import tensorflow as tf
 
+        from natgrad_diag._gpflow import natgrad_apply_gradients
         from natgrad_diag.exceptions import StepFailedError
         from natgrad_diag.step.trace import natgrad_trace
 
-        ctx = self.ctx
-        model = ctx.model
-        loss, g_mu, g_sq = loss_and_grads(model, ctx.data)
-        step = _step_from_gradients(model.q_mu, model.q_sqrt, loss, g_mu, g_sq)
+        ctx, m = self.ctx, self.ctx.model
+        loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
+        step = _step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq)
         try:
-            t = natgrad_trace(model.q_mu, model.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=False)
+            t = natgrad_trace(m.q_mu, m.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=False)
         except StepFailedError as e:
             step = dataclasses.replace(step, error=e.detail)
         except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step
             step = dataclasses.replace(step, error=error_line(e))
         else:
-            step = dataclasses.replace(
-                step, dL_deta1=t.dL_deta1, dL_deta2=t.dL_deta2, nat_dL_xi1=t.nat_dL_xi1, nat_dL_xi2=t.nat_dL_xi2,
-                new_q_mu=t.new_q_mu, new_q_sqrt=t.new_q_sqrt,
-            )  # fmt: skip
-        return step, self._gpflow_step(g_mu, g_sq)
-
-    def _gpflow_step(self, g_mu: Any, g_sq: Any) -> GpflowStep:
-        """GPflow's update (as ``NaturalGradient.minimize`` applies it) on the scratch copy, and the loss after it."""
-        import gpflow
-        import tensorflow as tf
-
-        from natgrad_diag._gpflow import natgrad_apply_gradients
-
+            step = dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
         scratch = self.sync()
-        opt = gpflow.optimizers.NaturalGradient(gamma=self.ctx.gamma, xi_transform=self.ctx.xi)
         try:
-            natgrad_apply_gradients(opt, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, self.ctx.xi)
+            natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, ctx.xi)
         except tf.errors.InvalidArgumentError as e:
-            return GpflowStep(None, None, error_line(e))
+            return step, GpflowStep(None, None, error_line(e))
         mu, sq = scratch.q_mu.numpy(), scratch.q_sqrt.numpy()
-        if not finite(mu, sq):
-            return GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt")
-        return GpflowStep(mu, sq, "", self.loss_at(mu, sq))
+        return step, _gpflow_step(mu, sq, self.loss_at(mu, sq) if finite(mu, sq) else None)
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
-        """The training loss with q(u) = (q_mu [M, L], q_sqrt [L, M, M]) and the model's other variables (None if
-        it is not finite or cannot be evaluated)."""
+        """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]) with the model's other variables (as the scratch
+        copy holds them after :meth:`take` or :meth:`sync`); None if it is not finite or cannot be evaluated."""
         import tensorflow as tf
 
-        scratch = self._scratch if self._scratch is not None else self.sync()
         try:
-            value = float(self._loss_at(scratch, q_mu, q_sqrt))
+            value = float(self._loss_at(q_mu, q_sqrt))
         except (tf.errors.InvalidArgumentError, ValueError):
             return None
         return value if np.isfinite(value) else None
 
-    def _loss_at(self, scratch: Any, q_mu: Array, q_sqrt: Array) -> Any:
-        scratch.q_mu.assign(q_mu)
-        scratch.q_sqrt.assign(q_sqrt)
-        return self.ctx.loss(scratch).numpy()
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        self.scratch.q_mu.assign(q_mu)
+        self.scratch.q_sqrt.assign(q_sqrt)
+        return self.ctx.loss(self.scratch).numpy()
 
     def fill_direction(self, step: Step) -> Step:
         """``step`` with ∂L/∂η computed when the step itself failed (the direction does not depend on γ): the
@@ -447,20 +432,12 @@ class Evaluator:
         nat = (d1, d2) if isinstance(self.ctx.xi, XiNat) else (step.nat_dL_xi1, step.nat_dL_xi2)
         return dataclasses.replace(step, dL_deta1=d1, dL_deta2=d2, nat_dL_xi1=nat[0], nat_dL_xi2=nat[1])
 
-    def q_tensors(self) -> tuple[Any, Any]:
-        import tensorflow as tf
-
-        return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
-
     def fisher_products(self, step: Step) -> dict[str, Array]:
         """F·∇ηL as F_u1 [M, L], F_u2 [L, M, M] and ∇θL as grad_theta1, grad_theta2 (:func:`fisher_products`)."""
         import tensorflow as tf
 
         args = [tf.constant(a) for a in (step.dL_dmean, step.dL_dvarsqrt, step.dL_deta1, step.dL_deta2)]
-        return {k: v.numpy() for k, v in self._fisher_fn()(*self.q_tensors(), *args).items()}
-
-    def _fisher_fn(self) -> Callable[..., dict[str, Any]]:
-        return fisher_products
+        return {k: v.numpy() for k, v in self._fisher(*self.q_tensors(), *args).items()}
 
     def xi_product(self, step: Step) -> tuple[Array, Array]:
         """(∂ξ/∂θ)·∇ηL [M, L], [L, M, M] by forward mode (tf.autodiff.ForwardAccumulator) through xi.naturals_to_xi."""
@@ -488,13 +465,12 @@ class Evaluator:
             yield scratch
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
-        """The loss after k steps with ``gamma`` from the model's q(u) on the scratch copy, or (None, why).
+        """The loss after k steps (:func:`one_step`) with ``gamma`` from the model's q(u), hyperparameters held fixed.
 
         Args:
             g_mu, g_sq: the gradient of the loss at the current q(u) w.r.t. q_mu's and q_sqrt's unconstrained
                 variables (the checked step's).
-            gamma: the step length γ.
-            k: the number of steps (:func:`one_step` each).
+            gamma, k: the step length γ and the number of steps.
             healthy: the full health test (numpy Cholesky of S included), applied to the last step's q(u) and to a
                 step the graph's cheaper test failed.
 
@@ -505,32 +481,34 @@ class Evaluator:
 
         if not finite(g_mu, g_sq):
             return None, f"step 1 of {k}: the gradient of the loss before it is not finite"
-        self.sync()  # the current q(u) and hyperparameters, held fixed during the k steps
+        self.sync()
         dtype = self.ctx.model.q_mu.dtype
-        args = (self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
-        return self._trial(args, k, healthy)
+        return self._trial((self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
-        return stepwise(self._eager_step(), args, k, healthy)
-
-    def _eager_step(self) -> Callable[..., dict[str, Any]]:
-        if self._step_fn is None:
-            s = self._scratch
-            self._step_fn = one_step(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
-        return self._step_fn
+        assert self._step is not None  # a model's evaluator has a scratch copy
+        return stepwise(self._step, args, k, healthy)
 
 
 #: What the compiled step keeps, so that the graph prunes the rest (the default-seed gradient Jᵀ·1).
 _KEEP = ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt")
 
 
+def _gpflow_step(q_mu: Array, q_sqrt: Array, loss_after: float | None) -> GpflowStep:
+    """GPflow's new q(u) as a :class:`GpflowStep` (a NaN in it is its failure) and the loss after it, if finite."""
+    after = loss_after if loss_after is not None and np.isfinite(loss_after) else None
+    if finite(q_mu, q_sqrt):
+        return GpflowStep(q_mu, q_sqrt, "", after)
+    return GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt", after)
+
+
 class _Pieces:
     """The compiled (tf.function) pieces of one model, ξ transform and data signature, on one scratch copy.
 
-    Cached weakly per model (:func:`natgrad_diag._compile.for_model`): holds a weak reference to the model (the
-    graphs hold the variables they read, not the model). ``run`` (in :meth:`CompiledEvaluator.take`) calls them in
-    turn, not as one fused graph: in one graph TensorFlow ran the independent branches (our step, GPflow's update)
-    concurrently, and on 2 cores that oversubscription made the whole about 25% slower than its parts (M = 1000).
+    Cached weakly per model (:func:`natgrad_diag._compile.for_model`), so they hold only a weak reference to the
+    model (the graphs hold the variables they read). They are called in turn, not fused into one graph: in one graph
+    TensorFlow ran the independent branches (our step, GPflow's update) concurrently, and on 2 cores that
+    oversubscription made the whole about 25% slower than its parts (M = 1000).
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
@@ -547,8 +525,6 @@ class _Pieces:
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record, else None
         self.lapack_xi = backend.xi if backend.code == "lapack" else None
         closed = step_backend(xi, model.q_sqrt.transform).xi
-        #: the k-step trials' maths: "closed form (nat)", "closed form (sqrtmeanvar)" or "natgrad_tensors"
-        self.path = f"closed form ({closed})" if closed else "natgrad_tensors"
         model_ref, dtype = weakref.ref(model), model.q_mu.dtype  # the closures below must not hold the model
         self.scratch = scratch = gpflow.utilities.deepcopy(model)
         gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
@@ -571,14 +547,14 @@ class _Pieces:
                 out = natgrad_tensors_closed_form(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi, closed)
             else:
                 out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
-            return {k: v for k, v in out.items() if k in _KEEP}
+            return {k: out[k] for k in _KEEP[2:]}
 
         def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
             for src, dst in zip(src_vars, dst_vars):
                 dst.assign(src)
             gamma_var.assign(gamma)
             natgrad_apply_gradients(opt, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, xi)
-            return dict(gp_q_mu=tf.convert_to_tensor(scratch.q_mu), gp_q_sqrt=tf.convert_to_tensor(scratch.q_sqrt), loss_after=loss(data))
+            return dict(q_mu=tf.convert_to_tensor(scratch.q_mu), q_sqrt=tf.convert_to_tensor(scratch.q_sqrt), loss_after=loss(data))
 
         def loss_at(data: Any, q_mu: Any, q_sqrt: Any) -> Any:
             scratch.q_mu.assign(q_mu)
@@ -586,7 +562,6 @@ class _Pieces:
             return loss(data)
 
         self.step = step = one_step(scratch.q_mu, scratch.q_sqrt, xi, loss)
-        flags = ("q_ok", "loss_ok", "g_ok")
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -598,7 +573,7 @@ class _Pieces:
 
             init = dict(
                 new_q_mu=tf.convert_to_tensor(scratch.q_mu), new_q_sqrt=tf.convert_to_tensor(scratch.q_sqrt),
-                loss=tf.constant(np.nan, dtype), g_mu=g_mu, g_sq=g_sq, **{f: tf.constant(True) for f in flags},
+                loss=tf.constant(np.nan, dtype), g_mu=g_mu, g_sq=g_sq, **dict.fromkeys(("q_ok", "loss_ok", "g_ok"), tf.constant(True)),
             )  # fmt: skip
             j, ok, out = tf.while_loop(lambda j, ok, out: (j < k) & ok, body, (tf.constant(0), tf.constant(True), init))
             return dict(out, steps=j, ok=ok)
@@ -618,15 +593,15 @@ class _Pieces:
 
 
 class CompiledEvaluator(Evaluator):
-    """The same computations as :class:`Evaluator` by compiled pieces cached per model (fast mode).
+    """The same computations by compiled pieces cached per model (fast mode): natgrad-diag's step is the closed form by
+    LAPACK (:func:`~natgrad_diag.step.lapack.natgrad_record_lapack`) where it applies, else the compiled closed form or
+    ``natgrad_tensors``, against GPflow's compiled update.
 
-    natgrad-diag's step is the closed form by LAPACK (:func:`~natgrad_diag.step.lapack.natgrad_record_lapack`) where
-    it applies, else the compiled closed form or ``natgrad_tensors``; it is compared with GPflow's compiled update.
-    The k-step trials run in one ``tf.function`` holding a ``tf.while_loop`` that stops after the first failed step;
-    γ and k are tensor arguments, so it is traced once per model and reused for every γ, k and call (a Python loop
-    calling a compiled step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at
-    M = 200, N = 400, k = 5). When an op raises inside a compiled piece, the pieces are replayed one by one to say
-    which part failed.
+    A piece that raises is named in the report (the step that failed) instead of raising. The k-step trials run in
+    one ``tf.function`` holding a ``tf.while_loop`` that stops after the first failed step; γ and k are tensor
+    arguments, so it is traced once per model and reused for every γ, k and call (a Python loop calling a compiled
+    step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at M = 200, N = 400,
+    k = 5). When an op raises inside the loop, the steps are replayed one compiled call at a time to name the step.
     """
 
     explicit_jacobians = False
@@ -637,7 +612,6 @@ class CompiledEvaluator(Evaluator):
     def __init__(self, ctx: Context) -> None:
         from natgrad_diag import _compile
 
-        super().__init__(ctx)
         model, xi = ctx.model, ctx.xi
         # the graphs capture the model's variables: a replaced Parameter needs new pieces
         key = (
@@ -645,90 +619,49 @@ class CompiledEvaluator(Evaluator):
             ctx.data is not None, tuple(id(v) for v in model.variables),
         )  # fmt: skip
         self.pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, ctx.data is not None))
-        self._scratch = self.pieces.scratch
-        self._step_fn = self.pieces.step
-        self._fisher_out: tuple[Any, dict[str, Array]] | None = None
-
-    def sync(self) -> Any:
-        for src, dst in zip(self.ctx.model.variables, self._scratch.variables):
-            dst.assign(src)
-        return self._scratch
+        super().__init__(ctx, self.pieces.scratch)
+        self._step, self._fisher = self.pieces.step, self.pieces.fisher
 
     def take(self) -> tuple[Step, GpflowStep]:
-        """The pieces in turn on the model's current parameters: the loss and its gradients, natgrad-diag's step,
-        GPflow's update on the scratch copy with the loss after it, and (unless skipped) the Fisher products."""
+        """The pieces in turn on the model's current parameters: the loss and its gradients, natgrad-diag's step, and
+        GPflow's update on the scratch copy with the loss after it; a piece that raises gives the step's error."""
         import tensorflow as tf
 
         p, ctx = self.pieces, self.ctx
         gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
+        g = {k: v.numpy() for k, v in p.grads(self.data).items()}
+        step = Step(loss=float(g["loss"]), **{k: g[k] for k in ("g_mu", "g_sq", "dL_dmean", "dL_dvarsqrt")})
         try:
-            g = {k: v.numpy() for k, v in p.grads(self.data).items()}
-            out = dict(g, **self._ours(g, gamma))
-            out.update({k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()})
-        except tf.errors.InvalidArgumentError:
-            return self._piece_by_piece(gamma)
-        step = Step(loss=float(out["loss"]), **{k: out[k] for k in ("g_mu", "g_sq") + _KEEP})
-        if step.gradients_finite and not finite(step.new_q_mu, step.new_q_sqrt):
-            step = dataclasses.replace(step, error=_nan_error(ctx.gamma))
-        gp = _gpflow_step_of(out)
-        if not ctx.skipped("fisher_identity") and step.gradients_finite:
-            args = [tf.constant(out[k]) for k in ("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2")]
-            try:
-                self._fisher_out = (step.dL_deta1, {k: v.numpy() for k, v in p.fisher(*args).items()})
-            except tf.errors.InvalidArgumentError:
-                pass  # the Fisher check evaluates it again and says why
-        return step, gp
+            step = dataclasses.replace(step, **self._ours(g, gamma))
+        except tf.errors.InvalidArgumentError as e:
+            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
+        if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
+            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
+        try:
+            gp = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
+        except tf.errors.InvalidArgumentError as e:
+            self.sync()
+            return step, GpflowStep(None, None, error_line(e))
+        return step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"]))
 
     def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
-        """natgrad-diag's step from the gradients ``g`` (numpy), the keys of ``_KEEP``: the LAPACK record, or when it
-        refuses the step (γ too long, a singular q_sqrt) the compiled step, whose failure is TensorFlow's error."""
+        """natgrad-diag's step from the gradients ``g`` (numpy): the LAPACK record, or, when it refuses the step (γ too
+        long, a singular q_sqrt), the compiled step, whose failure is then TensorFlow's error."""
         from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
         from natgrad_diag.step.lapack import natgrad_record_lapack
 
+        args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"])
         if self.pieces.lapack_xi is not None:
             try:
-                rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], float(gamma), self.pieces.lapack_xi, full=False)
+                rec = natgrad_record_lapack(*args, float(gamma), self.pieces.lapack_xi, full=False)
             except (StepFailedError, SingularCovarianceError):
                 pass
             else:
-                return {k: rec[k] for k in _KEEP if k in rec}
-        args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma)
-        return {k: v.numpy() for k, v in self.pieces.ours(*args).items()}
+                return {k: rec[k] for k in _KEEP[2:]}
+        return {k: v.numpy() for k, v in self.pieces.ours(*args, gamma).items()}
 
-    def _piece_by_piece(self, gamma: Any) -> tuple[Step, GpflowStep]:
-        """After a failure inside a compiled piece: the pieces one by one, to say which part failed."""
-        import tensorflow as tf
-
-        p, ctx = self.pieces, self.ctx
-        g = p.grads(self.data)
-        step = _step_from_gradients(ctx.model.q_mu, ctx.model.q_sqrt, g["loss"], g["g_mu"], g["g_sq"])
-        if not step.gradients_finite:
-            return step, GpflowStep(None, None)
-        try:
-            o = {k: v.numpy() for k, v in p.ours(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma).items()}
-        except tf.errors.InvalidArgumentError as e:
-            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
-        else:
-            step = dataclasses.replace(step, **{k: o[k] for k in _KEEP[2:]})
-            if not finite(step.new_q_mu, step.new_q_sqrt):
-                step = dataclasses.replace(step, error=_nan_error(ctx.gamma))
-        try:
-            gp = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
-        except tf.errors.InvalidArgumentError as e2:
-            self.sync()
-            return step, GpflowStep(None, None, error_line(e2))
-        return step, _gpflow_step_of(gp)
-
-    def _loss_at(self, scratch: Any, q_mu: Array, q_sqrt: Array) -> Any:
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt).numpy()
-
-    def fisher_products(self, step: Step) -> dict[str, Array]:
-        if self._fisher_out is not None and self._fisher_out[0] is step.dL_deta1:
-            return self._fisher_out[1]
-        return super().fisher_products(step)
-
-    def _fisher_fn(self) -> Callable[..., dict[str, Any]]:
-        return self.pieces.fisher
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
         import tensorflow as tf
@@ -741,19 +674,6 @@ class CompiledEvaluator(Evaluator):
             self.sync()
             return stepwise(self.pieces.single, args, k, healthy)
         return _verdict({key: v.numpy() for key, v in out.items()}, int(out["steps"].numpy()), k, healthy)
-
-
-def _gpflow_step_of(out: dict[str, Any]) -> GpflowStep:
-    """GPflow's compiled update's outputs as a :class:`GpflowStep` (a NaN in its new q(u) is its failure)."""
-    la = float(out["loss_after"])
-    loss_after = la if np.isfinite(la) else None
-    if finite(out["gp_q_mu"], out["gp_q_sqrt"]):
-        return GpflowStep(out["gp_q_mu"], out["gp_q_sqrt"], "", loss_after)
-    return GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt", loss_after)
-
-
-def _nan_error(gamma: float) -> str:
-    return f"with gamma = {gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt."
 
 
 def resolve_mode(mode: Any, sizes: list[tuple[int, int]]) -> str:

@@ -125,12 +125,10 @@ class PairEvaluator(Evaluator):
 
     def __init__(self, ctx: Context, loss: Callable[[], Any], pair: Pair, grads: tuple[Any, Any], loss_before: float, *, whole_grid: bool) -> None:
         super().__init__(ctx)
-        self.whole_grid = whole_grid
-        self.loss = loss
+        self.whole_grid, self.loss, self.grads, self.loss_before = whole_grid, loss, grads, loss_before
         _, self.q_mu, _, self.q_sqrt = pair
-        self.grads = grads
-        self.loss_before = loss_before
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
+        self._step = one_step(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
 
     def take(self) -> tuple[Step, GpflowStep]:
         import gpflow
@@ -186,11 +184,10 @@ class PairEvaluator(Evaluator):
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
         import tensorflow as tf
 
-        if self._step_fn is None:
-            self._step_fn = one_step(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
+        assert self._step is not None  # set in __init__
         dtype = self.q_mu.dtype
         with _restored(self.variables):
-            return stepwise(self._step_fn, ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
+            return stepwise(self._step, ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
 
 
 _SKIPPED = (
