@@ -35,8 +35,9 @@ from natgrad_diag.exceptions import InputError, error_line
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context",
-    "evaluator", "float_dtype", "loss_and_grads", "resolve_mode",
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "evaluator",
+    "finite_loss", "float_dtype", "gpflow_update", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
+    "stepwise", "traced",
 ]  # fmt: skip
 
 #: (new_q_mu [M, L], new_q_sqrt [L, M, M]) → (usable, why not): the full health test of a trial's q(u).
@@ -194,9 +195,54 @@ def _constrained(q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> tuple[Any, Any
     return to_constrained(g_mu, q_mu.transform), to_constrained(g_sq, q_sqrt.transform)
 
 
-def _step_from_gradients(q_mu: Any, q_sqrt: Any, loss: Any, g_mu: Any, g_sq: Any) -> Step:
+def step_from_gradients(q_mu: Any, q_sqrt: Any, loss: Any, g_mu: Any, g_sq: Any) -> Step:
+    """The loss and gradients as a :class:`Step` (not taken yet), with GPflow's constrained gradients."""
     d_mean, d_varsqrt = _constrained(q_mu, q_sqrt, g_mu, g_sq)
-    return Step(loss=float(loss.numpy()), g_mu=g_mu.numpy(), g_sq=g_sq.numpy(), dL_dmean=d_mean.numpy(), dL_dvarsqrt=d_varsqrt.numpy())
+    return Step(loss=float(loss), g_mu=np.asarray(g_mu), g_sq=np.asarray(g_sq), dL_dmean=np.asarray(d_mean), dL_dvarsqrt=np.asarray(d_varsqrt))
+
+
+def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Context, *, compiled: bool | None) -> Step:
+    """``step`` with natgrad-diag's step by :func:`natgrad_diag.natgrad_trace` (``compiled`` as it takes it), or
+    with why it failed."""
+    import tensorflow as tf
+
+    from natgrad_diag.exceptions import StepFailedError
+    from natgrad_diag.step.trace import natgrad_trace
+
+    try:
+        t = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=compiled)
+    except StepFailedError as e:
+        return dataclasses.replace(step, error=e.detail)
+    except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step
+        return dataclasses.replace(step, error=error_line(e))
+    return dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
+
+
+def gpflow_update(ctx: Context, g_mu: Any, g_sq: Any, q_mu: Any, q_sqrt: Any, loss: Callable[[], Any]) -> GpflowStep:
+    """GPflow's update (``NaturalGradient._natgrad_apply_gradients``, as ``minimize`` applies it) assigned to the
+    parameters ``q_mu``, ``q_sqrt``, and ``loss()`` after it."""
+    import gpflow
+    import tensorflow as tf
+
+    from natgrad_diag._gpflow import natgrad_apply_gradients
+
+    try:
+        natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, q_mu, q_sqrt, ctx.xi)
+    except tf.errors.InvalidArgumentError as e:
+        return GpflowStep(None, None, error_line(e))
+    mu, sq = q_mu.numpy(), q_sqrt.numpy()
+    return _gpflow_step(mu, sq, finite_loss(loss) if finite(mu, sq) else None)
+
+
+def finite_loss(loss: Callable[[], Any]) -> float | None:
+    """``float(loss())``, or None when it is not finite or cannot be evaluated."""
+    import tensorflow as tf
+
+    try:
+        value = float(loss())
+    except (tf.errors.InvalidArgumentError, ValueError):
+        return None
+    return value if np.isfinite(value) else None
 
 
 def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_deta1: Any, dL_deta2: Any) -> dict[str, Any]:
@@ -367,49 +413,22 @@ class Evaluator:
 
     def take(self) -> tuple[Step, GpflowStep]:
         """The loss, its gradients and natgrad-diag's step (``natgrad_trace(..., compiled=False)``) on the model's
-        q(u); GPflow's update with the same gradients on the scratch copy, as ``minimize`` applies it, and the loss
-        after it."""
-        import gpflow
-        import tensorflow as tf
-
-        from natgrad_diag._gpflow import natgrad_apply_gradients
-        from natgrad_diag.exceptions import StepFailedError
-        from natgrad_diag.step.trace import natgrad_trace
-
+        q(u); GPflow's update with the same gradients on the scratch copy, and the loss after it."""
         ctx, m = self.ctx, self.ctx.model
         loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
-        step = _step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq)
-        try:
-            t = natgrad_trace(m.q_mu, m.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=False)
-        except StepFailedError as e:
-            step = dataclasses.replace(step, error=e.detail)
-        except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step
-            step = dataclasses.replace(step, error=error_line(e))
-        else:
-            step = dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
+        step = traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False)
         scratch = self.sync()
-        try:
-            natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, ctx.xi)
-        except tf.errors.InvalidArgumentError as e:
-            return step, GpflowStep(None, None, error_line(e))
-        mu, sq = scratch.q_mu.numpy(), scratch.q_sqrt.numpy()
-        return step, _gpflow_step(mu, sq, self.loss_at(mu, sq) if finite(mu, sq) else None)
+        return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: ctx.loss(scratch))
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
         """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]) with the model's other variables (as the scratch
         copy holds them after :meth:`take` or :meth:`sync`); None if it is not finite or cannot be evaluated."""
-        import tensorflow as tf
-
-        try:
-            value = float(self._loss_at(q_mu, q_sqrt))
-        except (tf.errors.InvalidArgumentError, ValueError):
-            return None
-        return value if np.isfinite(value) else None
+        return finite_loss(lambda: self._loss_at(q_mu, q_sqrt))
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         self.scratch.q_mu.assign(q_mu)
         self.scratch.q_sqrt.assign(q_sqrt)
-        return self.ctx.loss(self.scratch).numpy()
+        return self.ctx.loss(self.scratch)
 
     def fill_direction(self, step: Step) -> Step:
         """``step`` with ∂L/∂η computed when the step itself failed (the direction does not depend on γ): the
@@ -661,7 +680,7 @@ class CompiledEvaluator(Evaluator):
         return {k: v.numpy() for k, v in self.pieces.ours(*args, gamma).items()}
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
-        return self.pieces.loss_at(self.data, q_mu, q_sqrt).numpy()
+        return self.pieces.loss_at(self.data, q_mu, q_sqrt)
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
         import tensorflow as tf

@@ -17,7 +17,6 @@ SVGP or VGP) and are listed as skipped.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,10 +24,13 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.checks import health, reproduction
-from natgrad_diag.checks.bounds import finite, measure_conditioning, natgrad_tolerances, with_overrides
-from natgrad_diag.checks.evaluator import Context, Evaluator, GpflowStep, Healthy, Run, Step, one_step, resolve_mode, stepwise
+from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
+from natgrad_diag.checks.evaluator import (
+    Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients, stepwise,
+    traced,
+)  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport
-from natgrad_diag.exceptions import InputError, UnsupportedModelError, error_line
+from natgrad_diag.exceptions import InputError, UnsupportedModelError
 from natgrad_diag.typing import Array
 
 __all__ = ["Pair", "PairEvaluator", "check_pairs", "variational_pairs"]
@@ -38,10 +40,10 @@ __all__ = ["Pair", "PairEvaluator", "check_pairs", "variational_pairs"]
 Pair = tuple[str, Any, str, Any]
 
 
-def _is_parameter(p: Any) -> bool:
+def _is_parameter(*ps: Any) -> bool:
     import gpflow
 
-    return isinstance(p, gpflow.Parameter)
+    return all(isinstance(p, gpflow.Parameter) for p in ps)
 
 
 def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
@@ -54,53 +56,31 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
         UnsupportedModelError: no pair found, or a pair that is not two gpflow.Parameter objects.
     """
     if var_list is not None:
-        pairs = []
         for i, item in enumerate(var_list):
-            if (
-                not isinstance(item, (tuple, list))
-                or len(item) not in (2, 3)
-                or not all(_is_parameter(p) for p in item[:2])
-            ):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3) or not _is_parameter(*item[:2]):
                 raise UnsupportedModelError(
                     "var_list must hold (q_mu, q_sqrt) pairs of gpflow.Parameter, as NaturalGradient.minimize takes them.",
                     context=[
-                        ("Argument", f"var_list[{i}]"),
+                        ("Argument", f"var_list[{i}]"), ("Got", type(item).__name__),
                         ("Expected", "(q_mu [M, L], q_sqrt [L, M, M]) or (q_mu, q_sqrt, xi_transform)"),
-                        ("Got", type(item).__name__),
                     ],
                     remedy="pass var_list=[(layer.q_mu, layer.q_sqrt), ...].",
-                )
-            pairs.append((f"var_list[{i}][0]", item[0], f"var_list[{i}][1]", item[1]))
-        return pairs
-    if _is_parameter(getattr(model, "q_mu", None)) and _is_parameter(getattr(model, "q_sqrt", None)):
+                )  # fmt: skip
+        return [(f"var_list[{i}][0]", item[0], f"var_list[{i}][1]", item[1]) for i, item in enumerate(var_list)]
+    if _is_parameter(getattr(model, "q_mu", None), getattr(model, "q_sqrt", None)):
         return [("model.q_mu", model.q_mu, "model.q_sqrt", model.q_sqrt)]
-    layers = getattr(model, "f_layers", None) or ()
     pairs = [
         (f"model.f_layers[{i}].q_mu", layer.q_mu, f"model.f_layers[{i}].q_sqrt", layer.q_sqrt)
-        for i, layer in enumerate(layers)
-        if _is_parameter(getattr(layer, "q_mu", None)) and _is_parameter(getattr(layer, "q_sqrt", None))
+        for i, layer in enumerate(getattr(model, "f_layers", None) or ())
+        if _is_parameter(getattr(layer, "q_mu", None), getattr(layer, "q_sqrt", None))
     ]
     if not pairs:
         raise UnsupportedModelError(
             "found no variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ) to take natural-gradient steps on.",
-            context=[
-                ("Argument", "model"),
-                ("Expected", "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers"),
-                ("Got", type(model).__name__),
-            ],
+            context=[("Argument", "model"), ("Expected", "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers"), ("Got", type(model).__name__)],
             remedy="pass var_list=[(q_mu, q_sqrt), ...] with the pairs your NaturalGradient.minimize call takes.",
         )
     return pairs
-
-
-_SKIPPED = (
-    (
-        "fisher_identity",
-        "the var_list form checks reproduction and step health; pass an SVGP or VGP for the Fisher identity",
-    ),
-    ("conjugate_optimality", "needs a GPflow model with a Gaussian likelihood (SVGP or VGP), not a loss function"),
-    ("gradient_mapping", "checked on GPflow models only"),
-)
 
 
 @contextmanager
@@ -131,55 +111,19 @@ class PairEvaluator(Evaluator):
         self._step = one_step(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
 
     def take(self) -> tuple[Step, GpflowStep]:
-        import gpflow
-        import tensorflow as tf
-
-        from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
-        from natgrad_diag.exceptions import StepFailedError
-        from natgrad_diag.step.trace import natgrad_trace
-
-        ctx, (g_mu, g_sq) = self.ctx, self.grads
-        step = Step(
-            loss=self.loss_before, g_mu=g_mu.numpy(), g_sq=g_sq.numpy(),
-            dL_dmean=to_constrained(g_mu, self.q_mu.transform).numpy(), dL_dvarsqrt=to_constrained(g_sq, self.q_sqrt.transform).numpy(),
-        )  # fmt: skip
-        try:
-            t = natgrad_trace(self.q_mu, self.q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi)
-        except StepFailedError as e:
-            step = dataclasses.replace(step, error=e.detail)
-        except tf.errors.InvalidArgumentError as e:
-            step = dataclasses.replace(step, error=error_line(e))
-        else:
-            step = dataclasses.replace(step, dL_deta1=t.dL_deta1, dL_deta2=t.dL_deta2, new_q_mu=t.new_q_mu, new_q_sqrt=t.new_q_sqrt)
+        ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
+        step = traced(step_from_gradients(q_mu, q_sqrt, self.loss_before, g_mu, g_sq), q_mu, q_sqrt, g_mu, g_sq, ctx, compiled=None)
         with _restored(self.variables):
-            try:
-                natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, self.q_mu, self.q_sqrt, ctx.xi)
-            except tf.errors.InvalidArgumentError as e:
-                return step, GpflowStep(None, None, error_line(e))
-            mu, sq = self.q_mu.numpy(), self.q_sqrt.numpy()
-            if not finite(mu, sq):
-                return step, GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt")
-            return step, GpflowStep(mu, sq, "", self._loss())
-
-    def _loss(self) -> float | None:
-        import tensorflow as tf
-
-        try:
-            value = float(self.loss().numpy())
-        except (tf.errors.InvalidArgumentError, ValueError):
-            return None
-        return value if np.isfinite(value) else None
+            return step, gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, self.loss)
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
-        import tensorflow as tf
+        def loss() -> Any:
+            self.q_mu.assign(q_mu)
+            self.q_sqrt.assign(q_sqrt)
+            return self.loss()
 
         with _restored(self.variables):
-            try:
-                self.q_mu.assign(q_mu)
-                self.q_sqrt.assign(q_sqrt)
-            except (tf.errors.InvalidArgumentError, ValueError):
-                return None
-            return self._loss()
+            return finite_loss(loss)
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
         import tensorflow as tf
