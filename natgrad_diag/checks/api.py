@@ -11,18 +11,9 @@ information in θ is F = ∂η/∂θ = ∂²A/∂θ² (A the log-partition), so
 
     F⁻¹ · ∇θL = F⁻¹ · Fᵀ · ∇ηL = ∇ηL                        (F symmetric).
 
-:func:`check_natgrad` checks, on the user's model (one module per oracle, run in the order of :data:`STAGES` on one
-evaluator, eager or compiled, chosen once from the mode):
-
-a. ``reproduction``: natgrad-diag's step equals the one ``gpflow.optimizers.NaturalGradient`` applies to a copy;
-b. ``fisher_identity``: F⁻¹·∇θL = ∇ηL with explicit Jacobians (full mode) or F·∇ηL = ∇θL matrix-free (fast
-   mode); ``xi_forward_mode`` (ξ ≠ θ): GPflow's double-backward product equals a direct JVP of ξ(θ);
-c. ``conjugate_optimality`` and ``conjugate_fixed_point`` (Gaussian likelihood): one step with γ = 1 reaches
-   SGPR's bound (SVGP) or GPR's marginal likelihood with noise σ² + jitter (VGP), and a second step stays there;
-d. ``step_health``: the new q_sqrt is finite, lower-triangular with a positive diagonal, S is positive definite;
-   of a grid of γ, the healthy step with the lowest loss after it is suggested (ties to the smaller γ);
-e. ``gradient_mapping``: GPflow's ``_to_constrained(grad, transform)`` is the right map from unconstrained to
-   constrained gradients only for linear isometric transforms (identity, FillTriangular).
+:func:`check_natgrad` runs the checks of :data:`STAGES` (one oracle module each, whose docstring has its maths and
+sources) on one evaluator (:mod:`natgrad_diag.checks.evaluator`), eager in full mode and compiled in fast mode,
+chosen once from the mode here.
 
 References:
     Salimbeni, Eleftheriadis, Hensman (2018), Natural Gradients in Practice: Non-Conjugate Variational
@@ -32,8 +23,9 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +36,7 @@ from natgrad_diag.checks import conjugate, fisher, health, loss_gradient, mappin
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, dtype_context, evaluator, resolve_mode
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag.checks.report import NatGradReport, Outcome
+from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.report.records import Check, format_number
 
@@ -159,14 +151,13 @@ def check_natgrad(
 ) -> NatGradReport:
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
-    The checks (see the module docstring for the maths): ``reproduction`` (against
-    ``gpflow.optimizers.NaturalGradient`` on a copy), ``fisher_identity`` (F⁻¹·∇θL = ∇ηL, F = ∂η/∂θ),
-    ``xi_forward_mode`` (ξ ≠ θ only), ``conjugate_optimality`` and ``conjugate_fixed_point`` (Gaussian
-    likelihood, full mode), ``step_health`` with a suggested γ, and ``gradient_mapping``.
-
-    Full mode forms explicit Jacobians (per latent GP, (M + M(M+1)/2)² entries), searches the γ grid and runs the
-    conjugate checks; fast mode compiles the step, GPflow's step and a matrix-free Fisher check with tf.function
-    (cached per model, so a second call does not retrace) and skips the conjugate checks.
+    The checks are those of :data:`STAGES`: ``reproduction`` (against ``gpflow.optimizers.NaturalGradient``),
+    ``loss_gradient``, ``fisher_identity`` (F⁻¹·∇θL = ∇ηL, F = ∂η/∂θ), ``xi_forward_mode`` (ξ ≠ θ only),
+    ``conjugate_optimality`` and ``conjugate_fixed_point`` (Gaussian likelihood), ``step_health`` with a suggested γ,
+    and ``gradient_mapping``. Full mode runs eagerly, forms explicit Jacobians (per latent GP, (M + M(M+1)/2)²
+    entries) and searches the whole γ grid; fast mode calls compiled pieces cached per model (a second call does not
+    retrace), checks the Fisher identity matrix-free and skips the conjugate checks (auto mode keeps them up to
+    M·L = :data:`AUTO_CONJUGATE_MAX_ML`).
 
     Args:
         model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M].
@@ -176,8 +167,9 @@ def check_natgrad(
         rtol, atol, fisher_rtol, conjugate_rtol: override :func:`natgrad_tolerances` for the model's dtype.
         fisher: Fisher identity in fast mode (≈ one more step); None: if M ≤ :data:`FAST_FISHER_MAX_M`. Full: always.
         progress: show a progress bar (on a terminal) in full mode.
-        var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss (pairs_check).
-        gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps (:mod:`.gamma_steps`).
+        var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss
+            (:mod:`natgrad_diag.checks.pairs`).
+        gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps.
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
@@ -199,55 +191,58 @@ def check_natgrad(
         True
     """
     from natgrad_diag.progress import progress_bar
-    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 
     k = validate_gamma_steps(gamma_steps)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
         from natgrad_diag.checks.pairs import check_pairs
 
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)
-    validate_model(model)
-    xi = resolve_xi_transform(xi_transform)
-    g = _validate_gamma(gamma)
-    np_dtype = np.dtype(model.q_mu.dtype.as_numpy_dtype)
-    M, L = int(model.q_mu.shape[0]), int(model.q_mu.shape[1])
-    resolved = resolve_mode(mode, [(M, L)])
-    tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
-    with dtype_context(np_dtype):
-        tf_data = validate_data(model, data, np_dtype)
-        skip = _skip(mode, resolved, M, L, fisher)
-        ctx = Context(model=model, data=tf_data, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=k, skip=skip)
+    overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
+    with _checking(model, data, gamma, xi_transform, overrides) as ctx:
+        resolved = resolve_mode(mode, [(ctx.M, ctx.L)])
+        ctx = dataclasses.replace(ctx, gamma_steps=k, skip=_skip(mode, resolved, ctx.M, ctx.L, fisher))
         ev = evaluator(ctx, compiled=resolved == "fast")
         total = 1 + sum(1 + stage.ticks(ev) for stage in STAGES)
         with progress_bar(total if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
             return _run(ev, resolved, advance)
 
 
+@contextlib.contextmanager
+def _checking(model: Any, data: Any, gamma: Any, xi_transform: Any, overrides: dict[str, float | None]) -> Iterator[Context]:
+    """The validated :class:`Context` of a check of ``model``, inside GPflow's config for the model's dtype."""
+    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
+
+    validate_model(model)
+    xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
+    np_dtype = np.dtype(model.q_mu.dtype.as_numpy_dtype)
+    tol = with_overrides(natgrad_tolerances(np_dtype), **overrides)
+    with dtype_context(np_dtype):
+        tf_data = validate_data(model, data, np_dtype)
+        M, L = int(model.q_mu.shape[0]), int(model.q_mu.shape[1])
+        yield Context(model=model, data=tf_data, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L)
+
+
 def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport:
     """The step, then every stage of :data:`STAGES` in turn, as one report."""
+    ctx = ev.ctx
     step, gp = ev.take()
     advance()
     if not step.gradients_finite:
-        return _gradients_not_finite(ev.ctx, step, mode)
+        f32 = ctx.np_dtype == np.float32
+        msg = (
+            "the training loss or its gradient is not finite at the current parameters"
+            + (" — in float32 this is usually a failed Cholesky of K or Kuu (GPflow's jitter is too small for float32); "
+               "use float64 or raise gpflow.config's jitter" if f32 else "; the model is already broken before any step")
+        )  # fmt: skip
+        check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
+        return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
     step = ev.fill_direction(step)
-    ctx = ev.ctx
     cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
     found = Outcome()
     for stage in STAGES:
         found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance))
         advance()
     return _report(ctx, mode, step, found, _with_measured_fisher(cond, found))
-
-
-def _gradients_not_finite(ctx: Context, step: Step, mode: str) -> NatGradReport:
-    f32 = ctx.np_dtype == np.float32
-    msg = (
-        "the training loss or its gradient is not finite at the current parameters"
-        + (" — in float32 this is usually a failed Cholesky of K or Kuu (GPflow's jitter is too small for float32); "
-           "use float64 or raise gpflow.config's jitter" if f32 else "; the model is already broken before any step")
-    )  # fmt: skip
-    check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
-    return _report(ctx, mode, step, Outcome(checks=(check,)), None, msg)
 
 
 def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
@@ -258,49 +253,23 @@ def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
     return dataclasses.replace(cond, kappa_F=float(kappa_F), kappa_F_measured=True)
 
 
-def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Conditioning | None, step_error: str = "") -> NatGradReport:
+def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Conditioning | None) -> NatGradReport:
     import gpflow
 
     from natgrad_diag.checks.causes import diagnose
 
-    m = ctx.model
-    if isinstance(m, gpflow.models.SVGP):
-        N = int(ctx.data[0].shape[0])
-    elif hasattr(m, "data"):
-        N = int(m.data[0].shape[0])
-    else:
-        N = None
-    h = found.health
-    suggested = h.suggested if h is not None else None
+    m, h = ctx.model, found.health or HealthResult(None, None, (), "")
+    N = int(ctx.data[0].shape[0]) if ctx.data is not None else int(m.data[0].shape[0]) if hasattr(m, "data") else None
+    dtype, ok = np.dtype(ctx.np_dtype).name, not step.error
+    causes = diagnose(found.checks, cond, dtype=dtype, jitter=gpflow.config.default_jitter(), suggested_gamma=h.suggested, minibatch=conjugate.minibatch(ctx))
     return NatGradReport(
-        model_name=type(m).__name__,
-        likelihood=type(m.likelihood).__name__,
-        num_inducing=ctx.M,
-        num_latent=ctx.L,
-        num_data=N,
-        dtype=np.dtype(ctx.np_dtype).name,
-        whiten=bool(getattr(m, "whiten", True)),
-        xi_transform=type(ctx.xi).__name__,
-        gamma=ctx.gamma,
-        mode=mode,
-        loss_before=step.loss if np.isfinite(step.loss) else None,
-        loss_after=h.loss_after if h is not None else None,
-        suggested_gamma=suggested,
-        step_error=h.step_error if h is not None else step_error,
-        gamma_trials=h.trials if h is not None else (),
-        skipped=found.skipped,
-        warnings=found.warnings,
-        numbers=tuple((k, float(v)) for k, v in found.numbers),
-        checks=found.checks,
-        new_q_mu=step.new_q_mu if not step.error else None,
-        new_q_sqrt=step.new_q_sqrt if not step.error else None,
-        dL_deta1=step.dL_deta1,
-        dL_deta2=step.dL_deta2,
-        causes=diagnose(
-            found.checks, cond, dtype=np.dtype(ctx.np_dtype).name, jitter=gpflow.config.default_jitter(), suggested_gamma=suggested,
-            minibatch=conjugate.minibatch(ctx),
-        ),
-    )
+        model_name=type(m).__name__, likelihood=type(m.likelihood).__name__, num_inducing=ctx.M, num_latent=ctx.L, num_data=N,
+        dtype=dtype, whiten=bool(getattr(m, "whiten", True)), xi_transform=type(ctx.xi).__name__, gamma=ctx.gamma, mode=mode,
+        loss_before=step.loss if np.isfinite(step.loss) else None, loss_after=h.loss_after, suggested_gamma=h.suggested,
+        step_error=h.step_error, gamma_trials=h.trials, skipped=found.skipped, warnings=found.warnings,
+        numbers=tuple((k, float(v)) for k, v in found.numbers), checks=found.checks, causes=causes,
+        new_q_mu=step.new_q_mu if ok else None, new_q_sqrt=step.new_q_sqrt if ok else None, dL_deta1=step.dL_deta1, dL_deta2=step.dL_deta2,
+    )  # fmt: skip
 
 
 def assert_natgrad(model: Any, data: Any = None, **kwargs: Any) -> NatGradReport:
@@ -371,17 +340,8 @@ def assert_natgrad_step_matches_gpflow(
         NatGradCheckError: the steps differ, or only one of them fails.
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
-    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
-
-    validate_model(model)
-    xi = resolve_xi_transform(xi_transform)
-    g = _validate_gamma(gamma)
-    np_dtype = np.dtype(model.q_mu.dtype.as_numpy_dtype)
-    tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
-    with dtype_context(np_dtype):
-        tf_data = validate_data(model, data, np_dtype)
-        M, L = int(model.q_mu.shape[0]), int(model.q_mu.shape[1])
-        ev = evaluator(Context(model=model, data=tf_data, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L), compiled=False)
+    with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:
+        ev = evaluator(ctx, compiled=False)
         step, gp = ev.take()
         if not step.gradients_finite and not step.error:
             step = dataclasses.replace(step, error="the loss or its gradient is not finite")
@@ -389,7 +349,7 @@ def assert_natgrad_step_matches_gpflow(
         check = reproduction.check_reproduction(ev, step, gp, cond)
     if not check.passed:
         raise NatGradCheckError(
-            f"natgrad-diag's step and GPflow's NaturalGradient differ on {type(model).__name__} ({type(xi).__name__}, gamma = {g:g}).",
+            f"natgrad-diag's step and GPflow's NaturalGradient differ on {type(model).__name__} ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}).",
             context=[("Check", check.name), ("Expected", "GPflow's new q_mu, q_sqrt"), ("Actual", _describe(check))],
             remedy="if the difference is just above the tolerance, pass a larger atol; otherwise report it with the model.",
         )

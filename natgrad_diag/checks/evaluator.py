@@ -1,22 +1,15 @@
 """What the checks compute on a model, eagerly (full mode) or compiled (fast mode): the evaluator.
 
-For q(u) = N(m, S), m = q_mu [M, L], S = L_S L_Sᵀ with L_S = q_sqrt [L, M, M], an evaluator computes, without
-changing the model:
+For q(u) = N(m, S), m = q_mu [M, L], S = L_S L_Sᵀ, L_S = q_sqrt [L, M, M], an evaluator computes without changing
+the model: the training loss and its gradients (GPflow's tape); natgrad-diag's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η
+(equation [10] of Salimbeni, Eleftheriadis and Hensman, AISTATS 2018); GPflow's own update (through
+:mod:`natgrad_diag._gpflow`) and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the
+Fisher matrix) and (∂ξ/∂θ)·∇ηL by forward mode; the loss after k steps with one γ, hyperparameters held fixed.
 
-* the training loss L and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape), and
-  GPflow's constrained gradients dL/dmean, dL/dvarsqrt;
-* natgrad-diag's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (equation [10] of Salimbeni, Eleftheriadis and Hensman,
-  "Natural Gradients in Practice", AISTATS 2018), by the code :func:`~natgrad_diag.step.backend.step_backend` picks;
-* GPflow's own update (``NaturalGradient._natgrad_apply_gradients``, through :mod:`natgrad_diag._gpflow`) on a
-  scratch copy of the model, and the loss after it;
-* the loss at any q(u) on the scratch copy, hyperparameters held at the model's;
-* F·∇ηL and ∇θL, matrix-free (F = ∂η/∂θ the Fisher matrix), and (∂ξ/∂θ)·∇ηL by forward mode;
-* the loss after k steps with one γ from the current q(u), hyperparameters held fixed.
-
-:class:`Evaluator` (full mode) runs all of it eagerly: natgrad-diag's step is ``natgrad_trace(..., compiled=False)``,
-GPflow's lines as written, against GPflow's eager update, like with like. :class:`CompiledEvaluator` (fast mode) calls
-``tf.function`` pieces cached per model in :mod:`natgrad_diag._compile`, natgrad-diag's step by LAPACK where it
-applies. Each evaluator makes one scratch copy of the model; the checks make no other.
+:class:`Evaluator` (full mode) runs it eagerly, natgrad-diag's step being ``natgrad_trace(..., compiled=False)``
+(GPflow's lines as written) against GPflow's eager update: like with like. :class:`CompiledEvaluator` (fast mode)
+calls ``tf.function`` pieces cached per model in :mod:`natgrad_diag._compile`, natgrad-diag's step by the code
+:func:`~natgrad_diag.step.backend.step_backend` picks. Each makes one scratch copy of the model; the checks no other.
 """
 
 from __future__ import annotations
@@ -80,19 +73,10 @@ def dtype_context(dtype: Any) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Context:
-    """The validated inputs of one run of the checks (read only: stages return what they find).
-
-    Attributes:
-        model: the SVGP or VGP (never changed); None in the var_list form.
-        data: (X [N, D], Y [N, P]) tensors, or None for models that hold their data.
-        xi: the ``gpflow.optimizers.XiTransform`` instance.
-        gamma: the step length γ > 0.
-        tol: the tolerances.
-        np_dtype: the model's numpy dtype.
-        M, L: inducing points (N for a VGP) and latent GPs.
-        gamma_steps: k, the γ search measures each γ by the loss after k steps (1: after one step).
-        skip: (check name, why) for the checks this run leaves out for their cost (decided with the mode).
-    """
+    """The validated inputs of one run of the checks (read only): the model (never changed; None in the var_list
+    form), the data (X [N, D], Y [N, P]) tensors or None for models that hold theirs, the ξ transform, γ, the
+    tolerances, the numpy dtype, M (N for a VGP) and L, k = ``gamma_steps`` (each γ tried is measured by the loss after
+    k steps), and ``skip``: (check name, why) for the checks this run leaves out for their cost."""
 
     model: Any
     data: Any
@@ -370,14 +354,10 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
 class Evaluator:
     """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
 
-    Capabilities, decided once with the evaluator (the oracles ask them instead of the mode):
-
-    Attributes:
-        explicit_jacobians: the oracles form explicit Jacobians (F, ∂ξ/∂θ) and recompute maps exact by construction.
-        loss_directions: random directions of the loss-gradient check (each costs two evaluations of the loss).
-        whole_grid: the γ search measures every γ of the grid (else γ first, and the grid below γ only when γ's step
-            is unhealthy or raises the loss).
-        compares: how the reproduction check's two steps were computed.
+    Its capabilities are decided once, with it; the oracles ask them instead of the mode: ``explicit_jacobians``
+    (explicit F and ∂ξ/∂θ, maps exact by construction recomputed), ``loss_directions`` (of the loss-gradient check,
+    two losses each), ``whole_grid`` (the γ search measures every γ of the grid, else γ first and the grid below γ
+    only when γ's step is unhealthy or raises the loss), ``compares`` (how the reproduction's two steps were computed).
     """
 
     explicit_jacobians = True
@@ -484,18 +464,9 @@ class Evaluator:
             yield scratch
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
-        """The loss after k steps (:func:`one_step`) with ``gamma`` from the model's q(u), hyperparameters held fixed.
-
-        Args:
-            g_mu, g_sq: the gradient of the loss at the current q(u) w.r.t. q_mu's and q_sqrt's unconstrained
-                variables (the checked step's).
-            gamma, k: the step length γ and the number of steps.
-            healthy: the full health test (numpy Cholesky of S included), applied to the last step's q(u) and to a
-                step the graph's cheaper test failed.
-
-        Returns:
-            (loss after step k, "") or (None, "step j of k: why") (without "step 1 of 1: " when k is 1).
-        """
+        """(the loss after k steps (:func:`one_step`) with ``gamma`` from the model's q(u), "") or (None, "step j of k:
+        why"), hyperparameters held fixed; ``g_mu``, ``g_sq``: the gradient at the current q(u) (the checked step's);
+        ``healthy`` judges the last step's q(u) and a step the graph's cheaper test failed."""
         import tensorflow as tf
 
         if not finite(g_mu, g_sq):
@@ -522,12 +493,11 @@ def _gpflow_step(q_mu: Array, q_sqrt: Array, loss_after: float | None) -> Gpflow
 
 
 class _Pieces:
-    """The compiled (tf.function) pieces of one model, ξ transform and data signature, on one scratch copy.
+    """The compiled (tf.function) pieces of one model, ξ transform and data signature, on one scratch copy; cached
+    weakly per model (:func:`natgrad_diag._compile.for_model`), so they hold only a weak reference to the model.
 
-    Cached weakly per model (:func:`natgrad_diag._compile.for_model`), so they hold only a weak reference to the
-    model (the graphs hold the variables they read). They are called in turn, not fused into one graph: in one graph
-    TensorFlow ran the independent branches (our step, GPflow's update) concurrently, and on 2 cores that
-    oversubscription made the whole about 25% slower than its parts (M = 1000).
+    They are called in turn, not fused: in one graph TensorFlow runs the independent branches (our step, GPflow's
+    update) concurrently, which on 2 cores made the whole about 25% slower than its parts (M = 1000).
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
@@ -612,15 +582,12 @@ class _Pieces:
 
 
 class CompiledEvaluator(Evaluator):
-    """The same computations by compiled pieces cached per model (fast mode): natgrad-diag's step is the closed form by
-    LAPACK (:func:`~natgrad_diag.step.lapack.natgrad_record_lapack`) where it applies, else the compiled closed form or
-    ``natgrad_tensors``, against GPflow's compiled update.
+    """The same computations by compiled pieces cached per model (fast mode): natgrad-diag's step (the closed form by
+    LAPACK, :func:`~natgrad_diag.step.lapack.natgrad_record_lapack`, where it applies) against GPflow's compiled update.
 
-    A piece that raises is named in the report (the step that failed) instead of raising. The k-step trials run in
-    one ``tf.function`` holding a ``tf.while_loop`` that stops after the first failed step; γ and k are tensor
-    arguments, so it is traced once per model and reused for every γ, k and call (a Python loop calling a compiled
-    step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at M = 200, N = 400,
-    k = 5). When an op raises inside the loop, the steps are replayed one compiled call at a time to name the step.
+    The k-step trials run in one ``tf.while_loop`` traced once per model (γ and k are tensor arguments; a Python loop
+    calling a compiled step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at
+    M = 200, N = 400, k = 5); when an op raises inside it, the steps are replayed one compiled call at a time.
     """
 
     explicit_jacobians = False

@@ -74,15 +74,15 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
     """
     from natgrad_diag.tolerance import rounding_bound
 
-    usable = sorted((t for t in trials if t.healthy and t.loss is not None and t.loss < loss_before), key=lambda t: t.gamma)
+    usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None and t.loss < loss_before)
     if not usable:
         return None
-    tie = rounding_bound(dtype, condition=1.0, scale=max(abs(t.loss) for t in usable))  # type: ignore[arg-type]
+    tie = rounding_bound(dtype, condition=1.0, scale=max(abs(loss) for _, loss in usable))
     best = usable[0]
-    for t in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
-        if t.loss < best.loss - tie:  # type: ignore[operator]
-            best = t
-    return best.gamma
+    for g, loss in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
+        if loss < best[1] - tie:
+            best = (g, loss)
+    return best[0]
 
 
 def _trial(ev: Evaluator, gamma: float, step: Step) -> GammaTrial:
@@ -90,6 +90,10 @@ def _trial(ev: Evaluator, gamma: float, step: Step) -> GammaTrial:
     :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`); a trial fails at the first unhealthy step."""
     k = ev.ctx.gamma_steps
     loss, why = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, ev.ctx.np_dtype)[:2])
+    return _measured(gamma, loss, why, step, k)
+
+
+def _measured(gamma: float, loss: float | None, why: str, step: Step, k: int) -> GammaTrial:
     if loss is None:
         return GammaTrial(gamma, False, None, why, k)
     return GammaTrial(gamma, True, loss, "lowers the loss" if loss < step.loss else "raises the loss", k)
@@ -97,15 +101,10 @@ def _trial(ev: Evaluator, gamma: float, step: Step) -> GammaTrial:
 
 def _own_trial(ev: Evaluator, step: Step, healthy: bool, loss_after: float | None, why: str) -> GammaTrial:
     """The step at γ itself as a trial (already taken: nothing is computed when ``gamma_steps`` is 1)."""
-    ctx = ev.ctx
-    k = ctx.gamma_steps
-    if not (healthy and loss_after is not None):
-        if k > 1:
-            return GammaTrial(ctx.gamma, False, None, f"step 1 of {k}: {why or step.error or 'unhealthy step'}", k)
-        return GammaTrial(ctx.gamma, False, None, step.error or "unhealthy step")
-    if k > 1:
-        return _trial(ev, ctx.gamma, step)
-    return GammaTrial(ctx.gamma, True, loss_after, "lowers the loss" if loss_after < step.loss else "raises the loss")
+    gamma, k = ev.ctx.gamma, ev.ctx.gamma_steps
+    if healthy and loss_after is not None:
+        return _trial(ev, gamma, step) if k > 1 else _measured(gamma, loss_after, "", step, 1)
+    return _measured(gamma, None, f"step 1 of {k}: {why or step.error or 'unhealthy step'}" if k > 1 else step.error or "unhealthy step", step, k)
 
 
 def suggest(

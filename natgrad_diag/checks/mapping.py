@@ -125,10 +125,9 @@ def stage(run: Run) -> Outcome:
             details.append(m.detail)
             if m.warning:
                 warnings.warn(m.warning, UserWarning, stacklevel=_user_stacklevel())
-    worst = max(mapped, key=lambda m: m.err - m.bound, default=None)  # the last of equal margins, as before
-    for m in mapped:
-        if worst is not None and m.err - m.bound >= worst.err - worst.bound:
-            worst = m
+    worst = None
+    for m in mapped:  # the largest margin, the last of equal ones
+        worst = m if worst is None or m.err - m.bound >= worst.err - worst.bound else worst
     check = Check(
         name="gradient_mapping",
         claim=(

@@ -241,27 +241,13 @@ class NatGradReport(Report):
             d["pairs"] = [r.to_dict() for r in self.pairs]
             return d
         d.update(
-            model=self.model_name,
-            likelihood=self.likelihood,
-            M=self.num_inducing,
-            L=self.num_latent,
-            N=self.num_data,
-            dtype=self.dtype,
-            whiten=self.whiten,
-            xi_transform=self.xi_transform,
-            gamma=self.gamma,
-            mode=self.mode,
-            loss_before=self.loss_before,
-            loss_after=self.loss_after,
-            suggested_gamma=self.suggested_gamma,
-            gamma_steps=self.gamma_steps,
-            gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
-            step_error=self.step_error,
+            model=self.model_name, likelihood=self.likelihood, M=self.num_inducing, L=self.num_latent, N=self.num_data,
+            dtype=self.dtype, whiten=self.whiten, xi_transform=self.xi_transform, gamma=self.gamma, mode=self.mode,
+            loss_before=self.loss_before, loss_after=self.loss_after, suggested_gamma=self.suggested_gamma,
+            gamma_steps=self.gamma_steps, gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
+            step_error=self.step_error, skipped=[dict(check=n, reason=r) for n, r in self.skipped],
             gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
-            skipped=[dict(check=n, reason=r) for n, r in self.skipped],
-            warnings=list(self.warnings),
-            numbers=dict(self.numbers),
-            causes=[c.to_dict() for c in self.causes],
-        )
+            warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
+        )  # fmt: skip
         out: dict[str, Any] = to_jsonable(d)
         return out
