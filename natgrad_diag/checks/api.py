@@ -34,11 +34,15 @@ import numpy as np
 from natgrad_diag._validate import validate_data, validate_model
 from natgrad_diag.checks import conjugate, fisher, health, loss_gradient, mapping, reproduction, xi_forward
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
+from natgrad_diag.checks.causes import diagnose
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, dtype_context, evaluator, resolve_mode
 from natgrad_diag.checks.health import GAMMA_GRID
+from natgrad_diag.checks.pairs import check_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 
 __all__ = [
     "GAMMA_GRID",
@@ -190,11 +194,8 @@ def check_natgrad(
         >>> check_natgrad(model, (X, Y), progress=False).passed
         True
     """
-    from natgrad_diag.progress import progress_bar
-
     k = validate_gamma_steps(gamma_steps)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
-        from natgrad_diag.checks.pairs import check_pairs
 
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)
     overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
@@ -210,8 +211,6 @@ def check_natgrad(
 @contextlib.contextmanager
 def _checking(model: Any, data: Any, gamma: Any, xi_transform: Any, overrides: dict[str, float | None]) -> Iterator[Context]:
     """The validated :class:`Context` of a check of ``model``, inside GPflow's config for the model's dtype."""
-    from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
-
     validate_model(model)
     xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     np_dtype = np.dtype(model.q_mu.dtype.as_numpy_dtype)
@@ -255,8 +254,6 @@ def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
 
 def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Conditioning | None) -> NatGradReport:
     import gpflow
-
-    from natgrad_diag.checks.causes import diagnose
 
     m, h = ctx.model, found.health or HealthResult(None, None, (), "")
     N = int(ctx.data[0].shape[0]) if ctx.data is not None else int(m.data[0].shape[0]) if hasattr(m, "data") else None

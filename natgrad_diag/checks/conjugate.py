@@ -18,7 +18,7 @@ import numpy as np
 from natgrad_diag.checks.bounds import Bound, Conditioning, bounded_check, natgrad_bound
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.exceptions import StepFailedError, error_line
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
@@ -250,8 +250,6 @@ def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.exceptions import StepFailedError
-
     ctx = ev.ctx
     try:
         elbo1, elbo2 = (_elbo(m, ctx.data) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
@@ -297,8 +295,6 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
     """
     import tensorflow as tf
     from gpflow.optimizers import XiNat
-
-    from natgrad_diag.exceptions import StepFailedError
 
     ctx = ev.ctx
     try:

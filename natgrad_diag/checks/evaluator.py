@@ -23,8 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag import _compile
+from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
-from natgrad_diag.exceptions import InputError, error_line
+from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
+from natgrad_diag.step.backend import step_backend
+from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
+from natgrad_diag.step.lapack import natgrad_record_lapack
+from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
 from natgrad_diag.typing import Array
 
 __all__ = [
@@ -174,8 +180,6 @@ def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
 
 def _constrained(q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> tuple[Any, Any]:
     """GPflow's dL/dmean, dL/dvarsqrt from the unconstrained gradients (``_to_constrained``)."""
-    from natgrad_diag._gpflow import to_constrained
-
     return to_constrained(g_mu, q_mu.transform), to_constrained(g_sq, q_sqrt.transform)
 
 
@@ -189,9 +193,6 @@ def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Contex
     """``step`` with natgrad-diag's step by :func:`natgrad_diag.natgrad_trace` (``compiled`` as it takes it), or
     with why it failed."""
     import tensorflow as tf
-
-    from natgrad_diag.exceptions import StepFailedError
-    from natgrad_diag.step.trace import natgrad_trace
 
     try:
         t = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=compiled)
@@ -207,8 +208,6 @@ def gpflow_update(ctx: Context, g_mu: Any, g_sq: Any, q_mu: Any, q_sqrt: Any, lo
     parameters ``q_mu``, ``q_sqrt``, and ``loss()`` after it."""
     import gpflow
     import tensorflow as tf
-
-    from natgrad_diag._gpflow import natgrad_apply_gradients
 
     try:
         natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, q_mu, q_sqrt, ctx.xi)
@@ -289,10 +288,6 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Cal
     returns it with ``loss(data)`` there, its gradient, and the health flags q_ok (:func:`_looks_healthy`),
     loss_ok and g_ok.
     """
-    from natgrad_diag.step.backend import step_backend
-    from natgrad_diag.step.closed_form import natgrad_step_closed_form
-    from natgrad_diag.step.trace import natgrad_tensors
-
     name = step_backend(xi, q_sqrt.transform).xi
 
     def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
@@ -452,8 +447,6 @@ class Evaluator:
     def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
         """The scratch copy at the model's q(u), then after each of ``steps`` eager steps with ``gamma`` and ``xi``
         (``natgrad_trace``); raises StepFailedError or InvalidArgumentError when a step fails."""
-        from natgrad_diag.step.trace import natgrad_trace
-
         scratch = self.sync()
         yield scratch
         for _ in range(steps):
@@ -503,12 +496,6 @@ class _Pieces:
     def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
         import gpflow
         import tensorflow as tf
-
-        from natgrad_diag import _compile
-        from natgrad_diag._gpflow import natgrad_apply_gradients
-        from natgrad_diag.step.backend import step_backend
-        from natgrad_diag.step.closed_form import natgrad_tensors_closed_form
-        from natgrad_diag.step.trace import natgrad_tensors
 
         backend = step_backend(xi, model.q_sqrt.transform, model.q_sqrt)
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record, else None
@@ -596,8 +583,6 @@ class CompiledEvaluator(Evaluator):
     compares = "both compiled"
 
     def __init__(self, ctx: Context) -> None:
-        from natgrad_diag import _compile
-
         model, xi = ctx.model, ctx.xi
         # the graphs capture the model's variables: a replaced Parameter needs new pieces
         key = (
@@ -633,9 +618,6 @@ class CompiledEvaluator(Evaluator):
     def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
         """natgrad-diag's step from the gradients ``g`` (numpy): the LAPACK record, or, when it refuses the step (γ too
         long, a singular q_sqrt), the compiled step, whose failure is then TensorFlow's error."""
-        from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
-        from natgrad_diag.step.lapack import natgrad_record_lapack
-
         args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"])
         if self.pieces.lapack_xi is not None:
             try:

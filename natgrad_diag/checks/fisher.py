@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.checks.bounds import bounded_check, maxabs, natgrad_bound, scale
 from natgrad_diag.checks.evaluator import Evaluator, Run, Step
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.exceptions import MemoryLimitError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
@@ -31,8 +32,6 @@ def ticks(ev: Evaluator) -> int:
 def stage(run: Run) -> Outcome:
     """``fisher_identity``: with explicit Jacobians when the evaluator forms them (matrix-free when F would exceed
     the memory limit), else matrix-free; or why it was skipped."""
-    from natgrad_diag.exceptions import MemoryLimitError
-
     ev, step = run.ev, run.step
     why = ev.ctx.skipped("fisher_identity")
     if why or step.dL_deta1 is None:
@@ -87,8 +86,6 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     """
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_expectation, natural_to_meanvarsqrt
-
-    from natgrad_diag.autodiff.dense import jacobian
 
     ctx = ev.ctx
     M, L = ctx.M, ctx.L

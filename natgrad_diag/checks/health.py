@@ -12,6 +12,7 @@ from natgrad_diag.checks.bounds import finite, maxabs
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
+from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
 __all__ = ["GAMMA_GRID", "best_gamma", "health", "stage", "suggest", "ticks"]
@@ -72,8 +73,6 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
         >>> best_gamma([GammaTrial(1.0, True, 11.0)], 10.0, np.float64) is None
         True
     """
-    from natgrad_diag.tolerance import rounding_bound
-
     usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None and t.loss < loss_before)
     if not usable:
         return None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.checks.bounds import bounded_check, natgrad_bound, scale
 from natgrad_diag.checks.evaluator import Run
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.exceptions import MemoryLimitError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 
 __all__ = ["stage"]
@@ -33,9 +34,6 @@ def stage(run: Run) -> Outcome:
     detail = f"vs ForwardAccumulator: {format_number(err)}"
     if ev.explicit_jacobians:
         from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
-
-        from natgrad_diag.autodiff.dense import jacobian
-        from natgrad_diag.exceptions import MemoryLimitError
 
         nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
         nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
