@@ -24,12 +24,7 @@ __all__ = ["Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_F
 
 
 def maxabs(a: Any) -> float:
-    """max |a| as a float: 0 for an empty array, inf when anything is not finite.
-
-    Examples:
-        >>> maxabs([1.0, -3.0]), maxabs([]), maxabs([1.0, float("nan")])
-        (3.0, 0.0, inf)
-    """
+    """max |a| as a float: 0 for an empty array, inf when anything is not finite."""
     a = np.asarray(a, dtype=np.float64)
     if a.size == 0:
         return 0.0
@@ -64,10 +59,6 @@ def kappa(matrices: Any) -> tuple[float, float, float]:
     """(worst κ, smallest λmin, largest λmax) over symmetric matrices [..., M, M] (κ = λmax/λmin; ∞ if λmin ≤ 0).
 
     The lower triangle is read (the matrices are symmetric up to rounding).
-
-    Examples:
-        >>> kappa(np.diag([1.0, 4.0])[None])
-        (4.0, 1.0, 4.0)
     """
     a = np.asarray(matrices, np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -86,11 +77,6 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
     A factor that is not lower triangular (a user's own pair) is multiplied out instead.
-
-    Examples:
-        >>> lo, hi = factor_extremes(np.array([[[2.0, 0.0], [0.0, 1.0]]]))
-        >>> float(lo[0]), float(hi[0])
-        (1.0, 4.0)
     """
     import scipy.linalg
 
@@ -338,13 +324,7 @@ class Bound:
 def natgrad_bound(
     dtype: Any, *, condition: float, condition_name: str, scale: float, rtol: float, atol: float, factor: float = ROUNDING_FACTOR
 ) -> Bound:
-    """:class:`Bound` with rounding term ``rounding_bound(dtype, condition=κ, scale=scale, factor=factor)``.
-
-    Examples:
-        >>> b = natgrad_bound("float64", condition=1e14, condition_name="κ(F)", scale=1.0, rtol=1e-10, atol=0.0)
-        >>> b.inconclusive, round(b.rounding, 2)
-        (True, 2.22)
-    """
+    """:class:`Bound` with rounding term ``rounding_bound(dtype, condition=κ, scale=scale, factor=factor)``."""
     name = "float64" if np.dtype(dtype) == np.float64 else "float32"
     condition = float(condition) if np.isfinite(condition) else float("inf")
     rounding = rounding_bound(name, condition=condition, scale=scale, factor=factor) if np.isfinite(condition) else float("inf")
@@ -355,11 +335,6 @@ def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str =
     """A :class:`Check` of ``err`` against ``bound``: "fail" beyond it, "warn" within an inconclusive bound, else "pass".
 
     The detail carries the bound's parts, and for "warn" the precision a verdict would need.
-
-    Examples:
-        >>> b = natgrad_bound("float64", condition=1.0, condition_name="κ(S)", scale=1.0, rtol=1e-10, atol=0.0)
-        >>> bounded_check("c", "claim", 1e-12, b).status, bounded_check("c", "claim", 1e-3, b).status
-        ('pass', 'fail')
     """
     within = bool(err <= bound.total)
     status = "fail" if not within else ("warn" if bound.inconclusive else "pass")

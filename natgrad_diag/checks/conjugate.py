@@ -165,10 +165,6 @@ def batch_constant(N: int, c: float, noise: float) -> float:
 
     c·Σᵢ E_q log N(yᵢ | fᵢ, σ²) = Σᵢ E_q log N(yᵢ | fᵢ, σ²/c) + N·(½·log(2πσ²/c) − (c/2)·log(2πσ²)): the scaled data
     term is a Gaussian one with noise σ²/c up to this constant, so the batch's conjugate optimum is SGPR's with σ²/c.
-
-    Examples:
-        >>> batch_constant(10, 1.0, 0.3)
-        0.0
     """
     constant: float = N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise))
     return constant

@@ -51,12 +51,7 @@ _MODES = ("auto", "full", "fast")
 
 
 def float_dtype(dtype: Any) -> type:
-    """``np.float64`` or ``np.float32`` for a dtype given by name, numpy or TensorFlow; InputError otherwise.
-
-    Examples:
-        >>> float_dtype("float32")
-        <class 'numpy.float32'>
-    """
+    """``np.float64`` or ``np.float32`` for a dtype given by name, numpy or TensorFlow; InputError otherwise."""
     name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
     if name not in _DTYPES:
         raise InputError(
@@ -106,17 +101,10 @@ class Context:
 
 @dataclass(frozen=True)
 class Step:
-    """One natural-gradient step as natgrad-diag computes it, as arrays (None where it could not be computed).
-
-    Attributes:
-        loss: the training loss before the step.
-        g_mu, g_sq: gradients w.r.t. q_mu's and q_sqrt's unconstrained variables.
-        dL_dmean, dL_dvarsqrt: [M, L], [L, M, M], GPflow's constrained gradients.
-        dL_deta1, dL_deta2: [M, L], [L, M, M], ∂L/∂η.
-        nat_dL_xi1, nat_dL_xi2: the natural gradient in ξ coordinates.
-        new_q_mu, new_q_sqrt: [M, L], [L, M, M], the step's new parameters.
-        error: why the step failed ("" when it did not).
-    """
+    """One natural-gradient step as natgrad-diag computes it, as arrays (None where it could not be computed): the
+    loss before it, the gradients w.r.t. q_mu's and q_sqrt's unconstrained variables, GPflow's constrained gradients
+    dL/dmean [M, L] and dL/dvarsqrt [L, M, M], ∂L/∂η, the natural gradient in ξ coordinates, the new q_mu [M, L] and
+    q_sqrt [L, M, M], and why the step failed ("" when it did not)."""
 
     loss: float
     g_mu: Array

@@ -49,10 +49,6 @@ def stage(run: Run) -> Outcome:
 def _vech(M: int) -> tuple[Array, Array, Array]:
     """For vech (row-major lower triangle, M(M+1)/2 entries): the vech position of every (i, j) of a symmetric M×M
     matrix, the flat positions of the lower triangle, and the dual weights (1 on the diagonal, 2 off it).
-
-    Examples:
-        >>> [a.tolist() for a in _vech(2)]
-        [[0, 1, 1, 2], [0, 2, 3], [1.0, 2.0, 1.0]]
     """
     rows, cols = np.tril_indices(M)
     pos = np.zeros((M, M), dtype=np.int64)

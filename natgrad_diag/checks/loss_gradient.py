@@ -22,13 +22,7 @@ __all__ = ["random_directions", "stage"]
 
 
 def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array, Array]]:
-    """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1.
-
-    Examples:
-        >>> d_m, d_S = random_directions(3, 1, 1)[0]
-        >>> bool(np.allclose(np.triu(d_S, 1), 0)), round(float(np.sum(d_m**2) + np.sum(d_S**2)), 12)
-        (True, 1.0)
-    """
+    """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(k):

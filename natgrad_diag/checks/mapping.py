@@ -35,12 +35,7 @@ def _user_stacklevel() -> int:
 
 
 def is_isometric(transform: Any) -> bool:
-    """Whether GPflow's gradient mapping is exact for ``transform``: None, Identity or FillTriangular.
-
-    Examples:
-        >>> is_isometric(None)
-        True
-    """
+    """Whether GPflow's gradient mapping is exact for ``transform``: None, Identity or FillTriangular."""
     if transform is None:
         return True
     import tensorflow_probability as tfp

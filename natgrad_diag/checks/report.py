@@ -35,14 +35,9 @@ class GammaTrial:
 
 @dataclass(frozen=True)
 class HealthResult:
-    """What the ``step_health`` stage found beside its check: the report's step fields.
-
-    Attributes:
-        loss_after: the loss after the step (None if the step is unhealthy).
-        suggested: the suggested γ (None if no γ tried is healthy and lowers the loss).
-        trials: the step lengths tried.
-        step_error: why the step is unhealthy ("" when it is healthy).
-    """
+    """What the ``step_health`` stage found beside its check, for the report: the loss after the step (None if it is
+    unhealthy), the suggested γ (None if no γ tried is healthy and lowers the loss), the trials, why the step is
+    unhealthy ("" when it is healthy)."""
 
     loss_after: float | None
     suggested: float | None
@@ -52,16 +47,8 @@ class HealthResult:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one stage of the checks adds to the report: its checks, the checks it skipped, numbers, warnings.
-
-    Stages return an ``Outcome`` instead of appending to shared lists; ``+`` joins them in order. ``health`` is
-    what the step-health stage found for the report's step fields.
-
-    Examples:
-        >>> a = Outcome(skipped=(("fisher_identity", "too large"),))
-        >>> b = Outcome(numbers=(("cond(F)", 3.0),))
-        >>> (a + b).numbers
-        (('cond(F)', 3.0),)
+    """What one stage of the checks adds to the report: its checks, the checks it skipped (name, why), numbers,
+    warnings, and for the step-health stage the report's step fields. ``+`` joins outcomes in order.
     """
 
     checks: tuple[Check, ...] = ()
