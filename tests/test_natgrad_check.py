@@ -495,13 +495,14 @@ def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
     import weakref
 
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
+    gc.collect()  # models of earlier tests freed now, not during this test
     before = _compile.model_entries()
     nc.check_natgrad(model, data, mode="fast")
     assert _compile.model_entries(model) == 1
     ref = weakref.ref(model)
     del model
     gc.collect()
-    assert ref() is None and _compile.model_entries() == before
+    assert ref() is None and _compile.model_entries() <= before  # its entry went with it
 
 
 def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
