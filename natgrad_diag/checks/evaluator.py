@@ -546,14 +546,8 @@ class _Pieces:
             _compile.note_trace("gamma_steps_replay")
             return step(data, g_mu, g_sq, gamma)
 
-        Fn = Callable[..., Any]
-        self.grads: Fn = tf.function(grads)
-        self.ours: Fn = tf.function(ours)
-        self.gpflow: Fn = tf.function(gpflow_update)
-        self.loss_at: Fn = tf.function(loss_at)
-        self.fisher: Fn = tf.function(fisher_products)
-        self.k_steps: Fn = tf.function(k_steps)
-        self.single: Fn = tf.function(single)
+        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single)
+        self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = map(tf.function, pieces)
 
 
 class CompiledEvaluator(Evaluator):
