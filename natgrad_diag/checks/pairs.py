@@ -25,7 +25,10 @@ import numpy as np
 
 from natgrad_diag.checks import health, reproduction
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
-from natgrad_diag.checks.evaluator import Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients, stepwise, traced
+from natgrad_diag.checks.evaluator import (
+    Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients,
+    stepwise, traced,
+)  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.exceptions import InputError, UnsupportedModelError
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform

@@ -20,11 +20,10 @@ def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditio
 
     The evaluator says how the two were computed (``ev.compares``): both eager in full mode (natgrad-diag's record
     follows GPflow's lines), or natgrad-diag's closed form by LAPACK (:mod:`natgrad_diag.step.lapack`, where it
-    applies) against GPflow's compiled step in fast mode, two different computations of the same formula. They differ only in rounding, which GPflow's route
-    amplifies by κ_η·κ(S_new)·cancellation
-    (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`): the rounding term is
-    100·ε·that·s (:func:`~natgrad_diag.checks.bounds.natgrad_bound`). When either step fails, the check
-    passes only if both fail (they must agree on whether γ is too long).
+    applies) against GPflow's compiled step in fast mode. They differ only in rounding, which GPflow's route amplifies
+    by κ_η·κ(S_new)·cancellation (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`): the rounding
+    term is 100·ε·that·s. When either step fails, the check passes only if both fail (they must agree on whether γ
+    is too long).
     """
     ctx = ev.ctx
     tol = ctx.tol
