@@ -26,24 +26,18 @@ __all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", 
 
 
 def _oracle_likelihood(noise: float) -> Any:
-    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles.
-
-    GPflow's default bound (1e-6) cannot hold a variance that sits at it: the model's own likelihood can be
-    there (softplus saturates), and building the oracle with ``noise_variance=`` would then fail.
-    """
+    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles (GPflow's default
+    bound, 1e-6, cannot hold a variance that sits at it, as the model's own can when softplus saturates)."""
     import gpflow
 
     return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
 
-def keeps_gaussian_maths(likelihood: Any) -> bool:
-    """Whether ``likelihood`` is GPflow's ``Gaussian`` (with a variance parameter) or a subclass whose variational
-    expectations are Gaussian's. A ``Gaussian(scale=...)`` has no variance (its noise may depend on X): False.
 
-    The conjugate optimum depends on the likelihood only through ∫ log p(y | f) q(f) df (the ELBO's data term),
-    so a subclass that keeps its values (a custom gradient, logging, a different parametrisation) keeps the
-    conjugate checks: its variational expectations on seeded inputs must equal Gaussian's with the same
-    variance to 100·ε relative.
-    """
+def keeps_gaussian_maths(likelihood: Any) -> bool:
+    """Whether ``likelihood`` is GPflow's ``Gaussian`` with a variance parameter (not ``Gaussian(scale=...)``, whose
+    noise may depend on X), or a subclass whose variational expectations on seeded inputs equal Gaussian's with the
+    same variance to 100·ε relative: the conjugate optimum depends on the likelihood only through
+    ∫ log p(y | f) q(f) df, so a subclass that keeps its values (a custom gradient, logging) keeps the checks."""
     import gpflow
     import tensorflow as tf
 
@@ -65,12 +59,10 @@ def keeps_gaussian_maths(likelihood: Any) -> bool:
 
 
 def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
-    """(kernel, inducing points) per output for an SVGP whose ELBO is a sum of independent per-output SGPR problems.
-
-    A single kernel with ``InducingPoints`` gives one part (SGPR takes Y's L columns with that kernel); ``SharedIndependent`` / ``SeparateIndependent`` kernels with
-    shared or separate independent inducing variables give one part per latent GP (q(u) is then block-diagonal, and
-    the optimum's ELBO is the sum of the per-output SGPR bounds). None for anything else (e.g. linear coregionalization).
-    """
+    """(kernel, inducing points) per output for an SVGP whose ELBO is a sum of independent per-output SGPR problems:
+    one part for a single kernel with ``InducingPoints`` (SGPR takes Y's L columns alike), one per latent GP for
+    SharedIndependent / SeparateIndependent kernels and inducing variables (q(u) is then block-diagonal); None for
+    anything else (e.g. linear coregionalization)."""
     import gpflow
 
     k, iv, L = model.kernel, model.inducing_variable, int(model.q_mu.shape[1])
@@ -238,11 +230,8 @@ def minibatch(ctx: Context) -> str:
 
 
 def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
-    """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there.
-
-    Both are compared with :func:`_conjugate_bound`: a difference at rounding level never fails, and a bound
-    whose rounding term exceeds 1e-2 of |ELBO| makes the checks "warn" (inconclusive).
-    """
+    """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there (both within
+    :func:`_conjugate_bound`)."""
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
