@@ -1,6 +1,6 @@
-"""One cache for every compiled (tf.function) path: keyed LRU entries, one lock, one trace counter."""
+"""One cache for every compiled (tf.function) path: keyed LRU entries, a weak per-model store, one lock, one trace counter."""
 
-# How to use it (the whole API is the five functions in ``__all__``):
+# How to use it:
 #
 #     from natgrad_diag import _compile
 #
@@ -22,15 +22,19 @@
 # * ``build`` runs under the lock (a re-entrant lock: a build may itself call ``compiled``), so each
 #   key is built once even when several threads ask for it at the same time. A build that raises
 #   stores nothing. Trace inside ``build`` (``get_concrete_function()``) to trace under the lock too.
+# * ``for_model(model, key, build)`` is the same for what belongs to one model (a scratch copy of it and the
+#   functions compiled on it): the store is weak on the model, so a deleted model frees its entries, and keeps
+#   the ``MAX_PER_MODEL`` most recently used keys of each model. Its values must not hold the model itself.
 
 from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["MAX_ENTRIES", "compiled", "note_trace", "recall", "remember", "trace_count"]
+__all__ = ["MAX_ENTRIES", "MAX_PER_MODEL", "compiled", "for_model", "model_entries", "note_trace", "recall", "remember", "trace_count"]
 
 #: Entries kept (compiled functions and first-call records together); the least recently used goes first.
 MAX_ENTRIES = 96
@@ -39,6 +43,11 @@ _LOCK = threading.RLock()
 _ENTRIES: collections.OrderedDict[Hashable, tuple[Any, tuple[Any, ...]]] = collections.OrderedDict()
 _TRACES: collections.Counter[str] = collections.Counter()
 _MISSING = object()
+
+#: Entries kept per model (other ξ transforms, data signatures or replaced parameters); the least recently used goes.
+MAX_PER_MODEL = 4
+
+_MODELS: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
 
 
 def _put(slot: Hashable, value: Any, keep: tuple[Any, ...]) -> None:
@@ -83,6 +92,41 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
             value = build()
             _put(slot, value, tuple(keep))
         return value
+
+
+def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
+    """The value for ``(model, key)``, built by ``build()`` on the first request; weak on ``model``.
+
+    A deleted model frees its entries; each model keeps its :data:`MAX_PER_MODEL` most recently used keys. The
+    value must not refer to ``model`` (a weak reference is fine), or the model would never be freed.
+
+    Examples:
+        >>> class Model:
+        ...     pass
+        >>> m = Model()
+        >>> for_model(m, "scratch", lambda: [1]) is for_model(m, "scratch", lambda: [2]), model_entries(m)
+        (True, 1)
+    """
+    with _LOCK:
+        entries = _MODELS.get(model)
+        if entries is None:
+            entries = _MODELS[model] = collections.OrderedDict()
+        if key in entries:
+            entries.move_to_end(key)
+            return entries[key]
+        value = build()
+        entries[key] = value
+        while len(entries) > MAX_PER_MODEL:
+            entries.popitem(last=False)
+        return value
+
+
+def model_entries(model: Any = None) -> int:
+    """How many entries :func:`for_model` holds for ``model`` (for every live model, when ``None``)."""
+    with _LOCK:
+        if model is None:
+            return sum(len(e) for e in _MODELS.values())
+        return len(_MODELS.get(model, ()))
 
 
 def remember(key: Hashable, value: Any, *, keep: tuple[Any, ...] = ()) -> None:

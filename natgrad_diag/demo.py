@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.checks.context import dtype_context
-from natgrad_diag.checks.context import float_dtype as _dtype
+from natgrad_diag.checks.evaluator import dtype_context
+from natgrad_diag.checks.evaluator import float_dtype as _dtype
 from natgrad_diag.typing import Array
 
 __all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]

@@ -138,15 +138,65 @@ def test_jacobian_trace_count__delegates_to_the_one_counter():
     from natgrad_diag.autodiff.chunks import TRACE_KIND
     from natgrad_diag.autodiff.dense import jacobian, trace_count
 
-    assert trace_count() == _compile.trace_count(TRACE_KIND)
-
     def cube(x):  # a function object of its own: its own cache entry
         return x**3
 
     x = tf.constant(np.linspace(0.5, 1.5, 70), tf.float64)  # > 64 rows: compiled on the first call
-    before = trace_count()
+    before, in_counter, every_path = trace_count(), _compile.trace_count(TRACE_KIND), _compile.trace_count()
     J = jacobian(cube, [x])
     np.testing.assert_allclose(np.diag(J.block(0, 0)), 3 * x.numpy() ** 2, rtol=1e-14)
     assert trace_count() == before + 1
+    # the one trace is the one counter's: under the Jacobian's path and in the count of every path, once
+    assert (_compile.trace_count(TRACE_KIND) - in_counter, _compile.trace_count() - every_path) == (1, 1)
     jacobian(cube, [x + 1.0])
     assert trace_count() == before + 1
+
+
+class _Model:
+    """Stands for a model: the per-model store needs only a weakly referenceable, hashable key."""
+
+
+def test_for_model__a_deleted_model_frees_its_entries():
+    import gc
+    import weakref
+
+    model, builds = _Model(), []
+    gc.collect()  # models of earlier tests freed now, not during this test
+    before = _compile.model_entries()
+    first = _compile.for_model(model, "scratch", lambda: builds.append(1) or ["pieces"])
+    assert _compile.for_model(model, "scratch", lambda: builds.append(2) or ["other"]) is first and builds == [1]
+    assert _compile.model_entries(model) == 1
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None and _compile.model_entries() <= before  # its entry went with it
+
+
+def test_for_model__keeps_the_most_recently_used_keys_of_each_model(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_compile, "MAX_PER_MODEL", 2)
+    a, b, builds = _Model(), _Model(), []
+    for key in ("x", "y"):
+        _compile.for_model(a, key, lambda key=key: builds.append(key) or key)
+    _compile.for_model(a, "x", lambda: builds.append("x again"))  # x is now the most recent
+    _compile.for_model(a, "z", lambda: builds.append("z") or "z")  # evicts y
+    _compile.for_model(b, "y", lambda: builds.append("b's y") or "y")  # another model: its own entries
+    _compile.for_model(a, "y", lambda: builds.append("y again") or "y")
+    assert builds == ["x", "y", "z", "b's y", "y again"]
+    assert (_compile.model_entries(a), _compile.model_entries(b)) == (2, 1)
+
+
+def test_package__has_one_compile_cache():
+    """No module keeps compiled pieces or layouts in a cache of its own: every cache is natgrad_diag._compile's."""
+    import ast
+    from pathlib import Path
+
+    root = Path(_compile.__file__).parent
+    allowed = {"_compile.py", "strict/callsite.py"}  # callsite's lru_cache holds parsed source lines, not compiled code
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if name in ("lru_cache", "cache", "WeakKeyDictionary", "WeakValueDictionary") and rel not in allowed:
+                found.append(f"{rel}:{node.lineno} {name}")
+    assert found == []

@@ -46,7 +46,7 @@ def _state_767(seed):
     import gpflow
 
     from natgrad_diag._gpflow import to_constrained
-    from natgrad_diag.checks.tensors import loss_and_grads
+    from natgrad_diag.checks.evaluator import loss_and_grads
 
     rng = np.random.RandomState(0)
     X, Y = rng.randn(4, 1), rng.randn(4, 1)

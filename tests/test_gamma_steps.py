@@ -186,7 +186,7 @@ def test_report__says_k_in_the_table_title_and_json(report_k):
 )
 def test_gamma_losses__other_xi_and_models_equal_gpflows_optimizer(kind, build, xi):
     """XiSqrtMeanVar (closed form; q_sqrt leaves the cone at step 1 for γ ≥ 0.2) and an XiNat subclass (natgrad_tensors)."""
-    from natgrad_diag.checks.gamma_steps import runner
+    from natgrad_diag.step.backend import step_backend
 
     class MyXiNat(gpflow.optimizers.XiNat):
         """Not GPflow's exact class: the closed form does not apply, natgrad_tensors takes the step."""
@@ -195,7 +195,7 @@ def test_gamma_losses__other_xi_and_models_equal_gpflows_optimizer(kind, build, 
     model, data = demo.model, (demo.data if kind == "svgp" else None)
     xi_t = gpflow.optimizers.XiSqrtMeanVar() if xi == "meanvar" else MyXiNat()
     report = check_natgrad(model, data, gamma=0.1, mode="full", xi_transform=xi_t, gamma_steps=2, progress=False)
-    assert runner(model, xi_t, data is not None).path == ("closed form (sqrtmeanvar)" if xi == "meanvar" else "natgrad_tensors")
+    assert step_backend(xi_t, model.q_sqrt.transform).xi == ("sqrtmeanvar" if xi == "meanvar" else None)  # the k steps' maths
     tf_data = None if data is None else tuple(tf.constant(d) for d in data)
     oracle = {g: _oracle(model, tf_data, g, 2, xi_t) for g in (1.0, 0.5, 0.2, 0.05)}
     for g, (losses, failed) in oracle.items():
@@ -209,17 +209,28 @@ def test_gamma_losses__other_xi_and_models_equal_gpflows_optimizer(kind, build, 
 
 
 def test_tracing__once_per_model_not_per_gamma_nor_per_call():
+    """Fast mode's k steps run in one compiled while_loop: traced once per model, not per γ, k or call."""
     demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=2)  # new variables: a new compiled run
     before = _compile.trace_count("gamma_steps")
-    check_natgrad(demo.model, demo.data, gamma=1.0, mode="full", gamma_steps=2, progress=False)  # 10 γ
+    first = check_natgrad(demo.model, demo.data, gamma=5.0, mode="fast", gamma_steps=2, progress=False)  # γ = 5 fails
+    assert [t.gamma for t in first.gamma_trials] == [5.0, *GAMMA_GRID]  # γ's own, then every γ of the grid below it
     assert _compile.trace_count("gamma_steps") == before + 1
-    off_grid = check_natgrad(demo.model, demo.data, gamma=0.3, mode="full", gamma_steps=4, progress=False)  # other γ, k
-    assert [t.gamma for t in off_grid.gamma_trials] == list(GAMMA_GRID) and off_grid.gamma_steps == 4
+    again = check_natgrad(demo.model, demo.data, gamma=3.0, mode="fast", gamma_steps=4, progress=False)  # other γ, k
+    assert [t.gamma for t in again.gamma_trials] == [3.0, *GAMMA_GRID] and again.gamma_steps == 4
     assert _compile.trace_count("gamma_steps") == before + 1
 
 
-def test_runner__does_not_keep_the_model_alive():
-    from natgrad_diag.checks.gamma_steps import RUNNERS, runner
+def test_full_mode__takes_the_k_steps_eagerly():
+    demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=4)
+    before = _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay")
+    report = check_natgrad(demo.model, demo.data, gamma=1.0, mode="full", gamma_steps=2, progress=False)
+    assert [t.gamma for t in report.gamma_trials] == list(GAMMA_GRID)
+    assert _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay") == before
+
+
+def test_compiled_trials__do_not_keep_the_model_alive():
+    from natgrad_diag.checks.api import natgrad_tolerances
+    from natgrad_diag.checks.evaluator import Context, evaluator
 
     demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=3)
     model = demo.model
@@ -227,12 +238,12 @@ def test_runner__does_not_keep_the_model_alive():
     with tf.GradientTape() as tape:
         loss = model.training_loss(data)
     g_mu, g_sq = tape.gradient(loss, [model.q_mu.unconstrained_variable, model.q_sqrt.unconstrained_variable])
-    run = runner(model, gpflow.optimizers.XiNat(), True)
-    value, why = run.trial(model, data, g_mu.numpy(), g_sq.numpy(), 0.1, 2, lambda mu, sq: (True, ""))
+    ctx = Context(model=model, data=data, xi=gpflow.optimizers.XiNat(), gamma=0.1, tol=natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)
+    value, why = evaluator(ctx, compiled=True).trial(g_mu.numpy(), g_sq.numpy(), 0.1, 2, lambda mu, sq: (True, ""))
     assert why == "" and value == pytest.approx(_oracle(model, data, 0.1, 2)[0][-1], rel=RTOL)
-    assert model in RUNNERS
+    assert _compile.model_entries(model) == 1
     ref = weakref.ref(model)
-    del model, demo, tape
+    del model, demo, tape, ctx
     gc.collect()
     assert ref() is None
 
@@ -260,7 +271,7 @@ def test_gamma_steps__bad_values_are_refused_naming_the_argument(studentt, value
 
 
 def test_gamma_steps__numpy_ints_are_accepted(studentt):
-    from natgrad_diag.checks.gamma_steps import validate_gamma_steps
+    from natgrad_diag.checks.api import validate_gamma_steps
 
     assert validate_gamma_steps(np.int64(4)) == 4
 
@@ -316,19 +327,22 @@ class _CheckedSVGP(gpflow.models.SVGP):
 
 
 def test_gamma_losses__an_op_raising_midway_is_replayed_to_name_the_step(studentt, oracle):
-    """When an op raises inside the compiled k steps, they are replayed one by one: GPflow fails at the same step."""
+    """When an op raises inside the compiled k steps (fast mode), they are replayed one by one; full mode takes them
+    one by one eagerly. Either way the trial names the step, and GPflow's optimizer fails at the same step."""
     model, data = studentt
     checked = _CheckedSVGP(
         model.kernel, model.likelihood, model.inducing_variable, num_data=model.num_data, whiten=model.whiten,
         q_mu=model.q_mu.numpy(), q_sqrt=model.q_sqrt.numpy(),
     )  # fmt: skip
     replays = _compile.trace_count("gamma_steps_replay")
-    report = check_natgrad(checked, data, gamma=1.0, mode="full", gamma_steps=K, progress=False)
+    fast = check_natgrad(checked, data, gamma=1.0, mode="fast", gamma_steps=K, progress=False)
     assert _compile.trace_count("gamma_steps_replay") == replays + 1  # the single step, compiled on first need
-    trials = {t.gamma: t for t in report.gamma_trials}
-    for g in (1.0, 0.5):
-        failed = oracle[g][1]
-        assert trials[g].reason.startswith(f"step {failed} of {K}: ") and "the ELBO is not finite" in trials[g].reason, trials[g]
-    for g, (losses, failed) in oracle.items():
-        if failed is None:
-            assert trials[g].loss == pytest.approx(losses[-1], rel=RTOL), g
+    full = check_natgrad(checked, data, gamma=1.0, mode="full", gamma_steps=K, progress=False)
+    for report in (fast, full):
+        trials = {t.gamma: t for t in report.gamma_trials}
+        for g in (1.0, 0.5):
+            failed = oracle[g][1]
+            assert trials[g].reason.startswith(f"step {failed} of {K}: ") and "the ELBO is not finite" in trials[g].reason, trials[g]
+        for g, (losses, failed) in oracle.items():
+            if failed is None:
+                assert trials[g].loss == pytest.approx(losses[-1], rel=RTOL), g

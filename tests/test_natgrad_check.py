@@ -20,10 +20,9 @@ from natgrad_diag.cli.check import check_natgrad_cli
 from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError, NatGradCheckError, UnsupportedModelError
 from natgrad_diag.checks import api as nc
-from natgrad_diag.checks.context import Context, dtype_context
-from natgrad_diag.checks.engine import ENGINES
-from natgrad_diag.checks.fisher import check_fisher_fast, check_fisher_full
-from natgrad_diag.checks.step import take_step_full
+from natgrad_diag import _compile
+from natgrad_diag.checks.evaluator import Context, dtype_context, evaluator
+from natgrad_diag.checks.fisher import check_fisher_explicit, check_fisher_matrix_free
 
 XI = {"XiNat": XiNat, "XiSqrtMeanVar": XiSqrtMeanVar}
 
@@ -144,12 +143,13 @@ def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likeli
 def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=6, seed=1)
     with dtype_context(np.float64):
-        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1, mode=mode,
+        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1,
                       tol=nc.natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)  # fmt: skip
-        step = take_step_full(ctx)
+        ev = evaluator(ctx, compiled=mode == "fast")
+        step, _ = ev.take()
 
         def fisher_check(s):
-            return check_fisher_full(ctx, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_fast(ctx, s, None, {})
+            return check_fisher_explicit(ev, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_matrix_free(ev, s)
 
         good = fisher_check(step)
         bad = fisher_check(dataclasses.replace(step, dL_deta1=step.dL_deta1 * (1 + 1e-4)))
@@ -495,12 +495,14 @@ def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
     import weakref
 
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=8)
+    gc.collect()  # models of earlier tests freed now, not during this test
+    before = _compile.model_entries()
     nc.check_natgrad(model, data, mode="fast")
-    assert model in ENGINES
+    assert _compile.model_entries(model) == 1
     ref = weakref.ref(model)
     del model
     gc.collect()
-    assert ref() is None
+    assert ref() is None and _compile.model_entries() <= before  # its entry went with it
 
 
 def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
@@ -538,3 +540,20 @@ def test_layout__natgrad_modules_do_not_import_the_demo_models():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}:{node.lineno}" for n in names if n == "natgrad_diag.demo"]
     assert found == []
+
+
+def test_mode__is_read_in_one_place():
+    """The mode picks the evaluator once (checks.api); no oracle module reads a mode, they ask the evaluator."""
+    import ast
+    import importlib
+    import inspect
+
+    from natgrad_diag.checks.evaluator import Context
+
+    oracles = {stage.run.__module__ for stage in nc.STAGES} - {nc.__name__}
+    assert {m.rsplit(".", 1)[1] for m in oracles} == {"reproduction", "loss_gradient", "fisher", "xi_forward", "conjugate", "health", "mapping"}
+    for name in sorted(oracles):
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        read = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("mode", "requested_mode")]
+        assert read == [], f"{name} reads a mode at lines {read}"
+    assert not {"mode", "requested_mode"} & set(Context.__dataclass_fields__)

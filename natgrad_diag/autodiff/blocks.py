@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag import _compile
 from natgrad_diag._validate import shape_str
 from natgrad_diag.exceptions import InputError, ShapeMismatchError
 from natgrad_diag.typing import Array
@@ -30,7 +31,6 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
     return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
 
 
-@functools.lru_cache(maxsize=64)
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
@@ -47,8 +47,14 @@ def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
         ``np.tril_indices`` order, batch-major); ``scale`` [prod(shape)] is 1 on the diagonal and ½
         off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Then the general-shaped Jacobian column of
         element e is ``scale[e] · compact[:, index[e]]`` and a symmetric tangent for vech column k
-        is ``onehot(k)[index]`` (E_ab + E_ba).
+        is ``onehot(k)[index]`` (E_ab + E_ba). Cached per shape in :mod:`natgrad_diag._compile`.
     """
+    shape = tuple(int(d) for d in shape)
+    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
+    return layout
+
+
+def _vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     M = shape[-1]
     batch = int(np.prod(shape[:-2], dtype=np.int64))
     K = M * (M + 1) // 2

@@ -24,12 +24,7 @@ __all__ = ["Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_F
 
 
 def maxabs(a: Any) -> float:
-    """max |a| as a float: 0 for an empty array, inf when anything is not finite.
-
-    Examples:
-        >>> maxabs([1.0, -3.0]), maxabs([]), maxabs([1.0, float("nan")])
-        (3.0, 0.0, inf)
-    """
+    """max |a| as a float: 0 for an empty array, inf when anything is not finite."""
     a = np.asarray(a, dtype=np.float64)
     if a.size == 0:
         return 0.0
@@ -39,22 +34,12 @@ def maxabs(a: Any) -> float:
 
 
 def scale(arrays: Sequence[Any]) -> float:
-    """The largest :func:`maxabs` of several arrays (the scale a relative tolerance multiplies).
-
-    Examples:
-        >>> scale([[1.0], [-2.0, 0.5]])
-        2.0
-    """
+    """The largest :func:`maxabs` of several arrays (the scale a relative tolerance multiplies)."""
     return max(maxabs(a) for a in arrays)
 
 
 def finite(*arrays: Any) -> bool:
-    """Whether every entry of every array is finite.
-
-    Examples:
-        >>> finite([1.0], 2.0), finite([1.0, float("inf")])
-        (True, False)
-    """
+    """Whether every entry of every array is finite."""
     return all(np.all(np.isfinite(np.asarray(a))) for a in arrays)
 
 
@@ -74,10 +59,6 @@ def kappa(matrices: Any) -> tuple[float, float, float]:
     """(worst κ, smallest λmin, largest λmax) over symmetric matrices [..., M, M] (κ = λmax/λmin; ∞ if λmin ≤ 0).
 
     The lower triangle is read (the matrices are symmetric up to rounding).
-
-    Examples:
-        >>> kappa(np.diag([1.0, 4.0])[None])
-        (4.0, 1.0, 4.0)
     """
     a = np.asarray(matrices, np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -96,11 +77,6 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
     A factor that is not lower triangular (a user's own pair) is multiplied out instead.
-
-    Examples:
-        >>> lo, hi = factor_extremes(np.array([[[2.0, 0.0], [0.0, 1.0]]]))
-        >>> float(lo[0]), float(hi[0])
-        (1.0, 4.0)
     """
     import scipy.linalg
 
@@ -182,8 +158,7 @@ class Conditioning:
         GPflow's step recovers S = η₂ − η₁η₁ᵀ from η₂ = S + m mᵀ, with relative error ε·κ_η, κ_η =
         (λmax(S) + ‖m‖²)/λmin(S) ≥ κ(S) (:attr:`kappa_eta`), and ∂L/∂η and θ = (S⁻¹m, −½S⁻¹) inherit it;
         θ_new = θ − γ·∂L/∂η loses the factor ``cancellation``; inverting θ₂_new back to S_new and q_sqrt_new
-        amplifies by κ(S_new). (On GPflow's #767 state, q_sqrt = 1e-3·I and ‖m‖ ≈ 1, κ_η ≈ 10⁶ while κ(S) = 1,
-        and GPflow's step is 2e-5 away from a 40-digit evaluation of the same formula; the closed form is 1e-11 away.)
+        amplifies by κ(S_new). (On GPflow's #767 state, q_sqrt = 1e-3·I and ‖m‖ ≈ 1, κ_η ≈ 10⁶ while κ(S) = 1.)
         """
         return max(self.kappa_S, self.kappa_eta or 0.0) * (self.kappa_S_new or 1.0) * self.cancellation
 
@@ -223,12 +198,11 @@ def _kuu(model: Any) -> Array | None:
     return stack
 
 
-def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None, kappa_F: float | None = None) -> Conditioning:
-    """κ(S), κ(S_new), the cancellation, κ(Kuu) and κ(F) (``kappa_F`` when measured, else estimated).
+def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
+    """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F).
 
     Each matrix is factored once: λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by one
-    symmetric eigenvalue solve per matrix. At M = 1000 this takes about 0.15 s (numpy's general products and
-    ``eigvalsh`` took 0.6 s).
+    symmetric eigenvalue solve per matrix.
     """
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
     lo_S, hi_S = factor_extremes(q_sqrt)
@@ -242,18 +216,13 @@ def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Arr
         cancel = max(1.0, lo_new / lo) if lo > 0 and lo_new > 0 else float("inf")
     K = _kuu(model) if model is not None else None
     k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
-    measured = kappa_F is not None and np.isfinite(kappa_F)
-    k_F = float(kappa_F) if measured and kappa_F is not None else fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S))
-    return Conditioning(k_S, k_new, float(cancel), k_K, lo_K, k_F, measured, k_eta)
+    return Conditioning(k_S, k_new, float(cancel), k_K, lo_K, fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S)), False, k_eta)
 
 
 #: The constant c of every rounding term c·ε·κ·scale. A Cholesky factorisation, a triangular solve or a product of
 #: M×M matrices has a backward error of at most about M·ε per entry (Higham 2002, Theorems 8.5 and 10.3); the
 #: checks chain a handful of them at M up to a few hundred, and the norm-wise κ already takes the worst direction,
-#: so c = 100 is the margin of a few such steps. Measured on GPflow's #767 state (VGP, q_sqrt = 1e-3·I, 20 seeds,
-#: κ(F) up to 1e9): the Fisher check's error stays below 1.1e-3 of its bound; GPflow's compiled step differs from
-#: its eager step by up to 9.5e-11 there, well within the reproduction bound (4.7e-9 on seed 0), although the
-#: check compares eager with eager (full mode) and compiled with compiled (fast mode).
+#: so c = 100 is the margin of a few such steps.
 ROUNDING_FACTOR = 100.0
 
 #: A bound whose rounding term alone exceeds this fraction of the compared quantity's scale cannot tell a right
@@ -286,9 +255,8 @@ def natgrad_tolerances(dtype: Any) -> Tolerances:
     """Default :class:`Tolerances` for ``dtype``, from ``default_tolerance(dtype, "exact")``.
 
     rtol is the policy's exact rtol (10⁴·ε-ish: only rounding separates two exact routes). atol is the same
-    number, an absolute floor at the unit scale of q(u)'s entries (the policy's atol is for references that
-    are exactly zero; the step's entries are O(1), and these checks have always used rtol as their floor).
-    Any dtype other than float64 gets the float32 values (the models are float64 or float32).
+    number, an absolute floor at the unit scale of q(u)'s entries (the policy's atol is for references that are
+    exactly zero; the step's entries are O(1)). Any dtype other than float64 gets the float32 values.
 
     Examples:
         >>> natgrad_tolerances("float64")
@@ -302,32 +270,17 @@ def natgrad_tolerances(dtype: Any) -> Tolerances:
 
 
 def with_overrides(base: Tolerances, **overrides: float | None) -> Tolerances:
-    """``base`` with every override that is not None (as a float).
-
-    Examples:
-        >>> with_overrides(natgrad_tolerances("float64"), rtol=1e-6, atol=None).rtol
-        1e-06
-    """
+    """``base`` with every override that is not None (as a float)."""
     values = {k: (getattr(base, k) if v is None else float(v)) for k, v in overrides.items()}
     return Tolerances(**{**base.__dict__, **values})
 
 
 @dataclass(frozen=True)
 class Bound:
-    """The bound a check compares its error with: a rounding term plus the user's (or the policy's) tolerance.
-
-    ``total = rounding + user``, ``rounding = ROUNDING_FACTOR · ε · condition · scale`` and
-    ``user = atol + rtol · scale``.
-
-    Attributes:
-        rounding: the rounding term.
-        user: the tolerance term atol + rtol·scale.
-        scale: the size of the compared quantity.
-        condition: the condition number κ in the rounding term.
-        condition_name: how κ was formed, e.g. "κ(F)" or "κ(S)·κ(S_new)·cancellation".
-        dtype: the dtype's name.
-        factor: the constant c of the rounding term (:data:`ROUNDING_FACTOR` unless a check states another).
-    """
+    """The bound a check compares its error with: ``total = rounding + user``, the rounding term
+    ``factor · ε · condition · scale`` (``factor`` = :data:`ROUNDING_FACTOR` unless a check states another) plus the
+    user's (or the policy's) tolerance ``user = atol + rtol · scale``, ``scale`` the size of the compared quantity
+    and ``condition_name`` how κ was formed (e.g. "κ(F)")."""
 
     rounding: float
     user: float
@@ -371,13 +324,7 @@ class Bound:
 def natgrad_bound(
     dtype: Any, *, condition: float, condition_name: str, scale: float, rtol: float, atol: float, factor: float = ROUNDING_FACTOR
 ) -> Bound:
-    """:class:`Bound` with rounding term ``rounding_bound(dtype, condition=κ, scale=scale, factor=factor)``.
-
-    Examples:
-        >>> b = natgrad_bound("float64", condition=1e14, condition_name="κ(F)", scale=1.0, rtol=1e-10, atol=0.0)
-        >>> b.inconclusive, round(b.rounding, 2)
-        (True, 2.22)
-    """
+    """:class:`Bound` with rounding term ``rounding_bound(dtype, condition=κ, scale=scale, factor=factor)``."""
     name = "float64" if np.dtype(dtype) == np.float64 else "float32"
     condition = float(condition) if np.isfinite(condition) else float("inf")
     rounding = rounding_bound(name, condition=condition, scale=scale, factor=factor) if np.isfinite(condition) else float("inf")
@@ -388,11 +335,6 @@ def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str =
     """A :class:`Check` of ``err`` against ``bound``: "fail" beyond it, "warn" within an inconclusive bound, else "pass".
 
     The detail carries the bound's parts, and for "warn" the precision a verdict would need.
-
-    Examples:
-        >>> b = natgrad_bound("float64", condition=1.0, condition_name="κ(S)", scale=1.0, rtol=1e-10, atol=0.0)
-        >>> bounded_check("c", "claim", 1e-12, b).status, bounded_check("c", "claim", 1e-3, b).status
-        ('pass', 'fail')
     """
     within = bool(err <= bound.total)
     status = "fail" if not within else ("warn" if bound.inconclusive else "pass")

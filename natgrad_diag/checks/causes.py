@@ -1,16 +1,9 @@
-"""Why a natural-gradient check failed or was inconclusive: a small documented set of causes, each with evidence and fix.
+"""Why a natural-gradient check failed or was inconclusive: one of a small documented set of causes (:data:`CAUSES`),
+each with its evidence and fix.
 
-The causes (:data:`CAUSES`):
-
-* ``wrong_gradient``: the step, or the gradients dL/dmean, dL/dvarsqrt that feed it, disagree with an independent
-  oracle (GPflow's optimizer, the Fisher identity, finite differences of the loss) beyond the rounding bound.
-* ``ill_conditioning``: κ(S), κ(F) or κ(Kuu) is too large for the dtype: the step cancels most digits of the natural
-  parameters (GPflow #767: q_sqrt = 1e-3·I gives θ₂ = −½·10⁶·I, and one step brings it to O(1)).
-* ``jitter``: Kuu's (or K's) smallest eigenvalue is within 10× of the jitter, so the jitter sets κ(Kuu) and the
-  objective (VGP's ELBO is GPR's with noise σ² + jitter).
-* ``step_too_long``: the step leaves the positive-definite cone or raises the loss.
-* ``float32_precision``: the same problem in float64 would be well within the bound.
-* ``minibatch``: model.num_data differs from the rows passed, so the conjugate optimum is the batch's.
+``ill_conditioning`` is GPflow #767's case: q_sqrt = 1e-3·I gives θ₂ = −½·10⁶·I, and one step brings it to O(1),
+cancelling most digits of the natural parameters. ``jitter`` is named when λmin(Kuu + jitter·I) is within 10× of the
+jitter, which then sets κ(Kuu) and the objective (VGP's ELBO is GPR's with noise σ² + jitter).
 """
 
 from __future__ import annotations
@@ -39,14 +32,8 @@ ILL_CONDITIONED = 1e-8
 
 @dataclass(frozen=True)
 class Cause:
-    """One cause of a failed or inconclusive check.
-
-    Attributes:
-        name: one of :data:`CAUSES`.
-        checks: the checks it explains.
-        evidence: the numbers that point to it.
-        fix: what to do.
-    """
+    """One cause of a failed or inconclusive check: its ``name`` (one of :data:`CAUSES`), the ``checks`` it explains,
+    the ``evidence`` (the numbers that point to it) and the ``fix``."""
 
     name: str
     checks: tuple[str, ...]

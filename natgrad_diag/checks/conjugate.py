@@ -10,40 +10,34 @@ the convergence check asks that the distance shrinks at every step and reports t
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.checks.bounds import Bound, Conditioning, bounded_check, natgrad_bound
-from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.evaluator import Context, Evaluator, Run
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.checks.tensors import loss_and_grads
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.exceptions import StepFailedError, error_line
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["CONVERGENCE_STEPS", "check_conjugate", "check_convergence", "conjugate_applicable", "keeps_gaussian_maths", "natural_distance"]
+__all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", "minibatch", "stage"]
 
 
 def _oracle_likelihood(noise: float) -> Any:
-    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles.
-
-    GPflow's default bound (1e-6) cannot hold a variance that sits at it: the model's own likelihood can be
-    there (softplus saturates), and building the oracle with ``noise_variance=`` would then fail.
-    """
+    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles (GPflow's default
+    bound, 1e-6, cannot hold a variance that sits at it, as the model's own can when softplus saturates)."""
     import gpflow
 
     return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
 
-def keeps_gaussian_maths(likelihood: Any) -> bool:
-    """Whether ``likelihood`` is GPflow's ``Gaussian`` (with a variance parameter) or a subclass whose variational
-    expectations are Gaussian's. A ``Gaussian(scale=...)`` has no variance (its noise may depend on X): False.
 
-    The conjugate optimum depends on the likelihood only through ∫ log p(y | f) q(f) df (the ELBO's data term),
-    so a subclass that keeps its values (a custom gradient, logging, a different parametrisation) keeps the
-    conjugate checks: its variational expectations on seeded inputs must equal Gaussian's with the same
-    variance to 100·ε relative.
-    """
+def keeps_gaussian_maths(likelihood: Any) -> bool:
+    """Whether ``likelihood`` is GPflow's ``Gaussian`` with a variance parameter (not ``Gaussian(scale=...)``, whose
+    noise may depend on X), or a subclass whose variational expectations on seeded inputs equal Gaussian's with the
+    same variance to 100·ε relative: the conjugate optimum depends on the likelihood only through
+    ∫ log p(y | f) q(f) df, so a subclass that keeps its values (a custom gradient, logging) keeps the checks."""
     import gpflow
     import tensorflow as tf
 
@@ -65,12 +59,10 @@ def keeps_gaussian_maths(likelihood: Any) -> bool:
 
 
 def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
-    """(kernel, inducing points) per output for an SVGP whose ELBO is a sum of independent per-output SGPR problems.
-
-    A single kernel with ``InducingPoints`` gives one part (SGPR takes Y's L columns with that kernel); ``SharedIndependent`` / ``SeparateIndependent`` kernels with
-    shared or separate independent inducing variables give one part per latent GP (q(u) is then block-diagonal, and
-    the optimum's ELBO is the sum of the per-output SGPR bounds). None for anything else (e.g. linear coregionalization).
-    """
+    """(kernel, inducing points) per output for an SVGP whose ELBO is a sum of independent per-output SGPR problems:
+    one part for a single kernel with ``InducingPoints`` (SGPR takes Y's L columns alike), one per latent GP for
+    SharedIndependent / SeparateIndependent kernels and inducing variables (q(u) is then block-diagonal); None for
+    anything else (e.g. linear coregionalization)."""
     import gpflow
 
     k, iv, L = model.kernel, model.inducing_variable, int(model.q_mu.shape[1])
@@ -126,19 +118,7 @@ def _elbo(model: Any, data: Any) -> float:
     return float((model.elbo() if data is None else model.elbo(data)).numpy())
 
 
-def _nat_step_on(ctx: Context, copy_: Any) -> None:
-    """One XiNat step with γ = 1 (natgrad_trace, the core), assigned to ``copy_``."""
-    from gpflow.optimizers import XiNat
-
-    from natgrad_diag.step.trace import natgrad_trace
-
-    _, g_mu, g_sq = loss_and_grads(copy_, ctx.data)
-    t = natgrad_trace(copy_.q_mu, copy_.q_sqrt, g_mu, g_sq, gamma=1.0, xi_transform=XiNat(), compiled=False)
-    copy_.q_mu.assign(t.new_q_mu)
-    copy_.q_sqrt.assign(t.new_q_sqrt)
-
-
-def _conjugate_bound(ctx: Context, cond: Conditioning | None, ref: float) -> Bound:
+def _conjugate_bound(ctx: Context, cond: Conditioning, ref: float) -> Bound:
     """The bound on |ELBO − reference|: rounding with κ(F) + κ(Kuu), plus conjugate_rtol·|reference|.
 
     One γ = 1 step computes θ_new = θ − ∂L/∂η, which amounts to a solve with F (∂L/∂θ = F·∂L/∂η): the new q(u)
@@ -147,10 +127,8 @@ def _conjugate_bound(ctx: Context, cond: Conditioning | None, ref: float) -> Bou
     (§10.1). First order in both, so the rounding term is 100·ε·(κ(F) + κ(Kuu))·|reference|: conservative, as
     the ELBO is stationary at the optimum.
     """
-    k_F = cond.kappa_F if cond is not None else 1.0
-    k_K = (cond.kappa_Kuu or 1.0) if cond is not None else 1.0
     return natgrad_bound(
-        ctx.np_dtype, condition=k_F + k_K, condition_name="κ(F) + κ(Kuu)", scale=abs(ref), rtol=ctx.tol.conjugate_rtol, atol=0.0,
+        ctx.np_dtype, condition=cond.kappa_F + (cond.kappa_Kuu or 1.0), condition_name="κ(F) + κ(Kuu)", scale=abs(ref), rtol=ctx.tol.conjugate_rtol, atol=0.0,
         factor=1.0,
     )  # fmt: skip
 
@@ -179,10 +157,6 @@ def batch_constant(N: int, c: float, noise: float) -> float:
 
     c·Σᵢ E_q log N(yᵢ | fᵢ, σ²) = Σᵢ E_q log N(yᵢ | fᵢ, σ²/c) + N·(½·log(2πσ²/c) − (c/2)·log(2πσ²)): the scaled data
     term is a Gaussian one with noise σ²/c up to this constant, so the batch's conjugate optimum is SGPR's with σ²/c.
-
-    Examples:
-        >>> batch_constant(10, 1.0, 0.3)
-        0.0
     """
     constant: float = N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise))
     return constant
@@ -228,23 +202,42 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
     return lml_j, "GPR(σ² + jitter)", claim, numbers
 
 
-def check_conjugate(ctx: Context, cond: Conditioning | None = None) -> Outcome:
-    """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there.
+def stage(run: Run) -> Outcome:
+    """The conjugate checks (Gaussian likelihood), or why they do not apply or were skipped for their cost."""
+    from gpflow.optimizers import XiNat
 
-    Both are compared with :func:`_conjugate_bound`: a difference at rounding level never fails, and a bound
-    whose rounding term exceeds 1e-2 of |ELBO| makes the checks "warn" (inconclusive).
-    """
-    import gpflow
+    ev, cond = run.ev, run.cond
+    ctx = ev.ctx
+    why = conjugate_applicable(ctx) or ctx.skipped("conjugate_optimality")
+    if why:
+        return Outcome(skipped=(("conjugate_optimality", why),))
+    found = _check_conjugate(ev, cond)
+    if not (isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0):  # one XiNat γ = 1 step is the conjugate check itself
+        found += _check_convergence(ev, cond)
+    batch = minibatch(ctx)
+    if batch:  # the full data's optimum is out of reach; the batch's is checked
+        why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
+        return Outcome(skipped=(("conjugate_optimality", why),)) + found
+    return found
+
+
+def minibatch(ctx: Context) -> str:
+    """'' for full-batch data, else the sentence saying the conjugate optimum is the batch's."""
+    num_data = getattr(ctx.model, "num_data", None)
+    if ctx.data is None or num_data is None or int(num_data) == int(ctx.data[0].shape[0]):
+        return ""
+    return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
+
+
+def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
+    """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there (both within
+    :func:`_conjugate_bound`)."""
     import tensorflow as tf
+    from gpflow.optimizers import XiNat
 
-    from natgrad_diag.exceptions import StepFailedError
-
-    copy_ = gpflow.utilities.deepcopy(ctx.model)
+    ctx = ev.ctx
     try:
-        _nat_step_on(ctx, copy_)
-        elbo1 = _elbo(copy_, ctx.data)
-        _nat_step_on(ctx, copy_)
-        elbo2 = _elbo(copy_, ctx.data)
+        elbo1, elbo2 = (_elbo(m, ctx.data) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
         why = e.detail if isinstance(e, StepFailedError) else error_line(e)
         return Outcome(checks=(Check(name="conjugate_optimality", claim="one γ = 1 step reaches the collapsed bound", status="fail", detail=f"the step failed: {why}"),))
@@ -265,7 +258,7 @@ def check_conjugate(ctx: Context, cond: Conditioning | None = None) -> Outcome:
     return Outcome(checks=checks, numbers=numbers)
 
 
-#: Steps taken by default (each is one eager step on a copy: seconds for M up to a few hundred).
+#: Steps taken by default (each is one eager step on the scratch copy: seconds for M up to a few hundred).
 CONVERGENCE_STEPS = 5
 
 
@@ -278,45 +271,24 @@ def _naturals(model: Any) -> Array:
     return naturals
 
 
-def natural_distance(a: Array, b: Array) -> float:
-    """‖a − b‖₂ over the concatenated natural parameters (θ₁, θ₂)."""
-    return float(np.linalg.norm(a - b))
-
-
-def _step(ctx: Context, model: Any, gamma: float, xi: Any) -> None:
-    from natgrad_diag.step.trace import natgrad_trace
-
-    _, g_mu, g_sq = loss_and_grads(model, ctx.data)
-    t = natgrad_trace(model.q_mu, model.q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=xi, compiled=False)
-    model.q_mu.assign(t.new_q_mu)
-    model.q_sqrt.assign(t.new_q_sqrt)
-
-
-def check_convergence(ctx: Context, cond: Conditioning | None, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
-    """``steps`` steps with the user's γ and ξ on a copy, their distance to θ* (one XiNat γ = 1 step) per step.
+def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
+    """``steps`` steps with the user's γ and ξ on the scratch copy, their distance to θ* (one XiNat γ = 1 step).
 
     XiNat: every ratio d_{k+1}/d_k equals 1 − γ within 100·ε·κ(F)·max_k ‖θ_k‖/d_{k+1} (the rounding of θ_k
     relative to the distance measured) + rtol. Other ξ: every ratio is below 1 (the distance shrinks); the observed
     rate (d_k/d_0)^(1/k) is reported.
     """
-    import gpflow
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.exceptions import StepFailedError
-
-    star_model, walker = gpflow.utilities.deepcopy(ctx.model), gpflow.utilities.deepcopy(ctx.model)
+    ctx = ev.ctx
     try:
-        _step(ctx, star_model, 1.0, XiNat())
-        star = _naturals(star_model)
-        thetas = [_naturals(walker)]
-        for _ in range(steps):
-            _step(ctx, walker, ctx.gamma, ctx.xi)
-            thetas.append(_naturals(walker))
+        (star,) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
+        thetas = [_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi)]
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
         why = getattr(e, "detail", "") or str(e).splitlines()[0]
         return Outcome(checks=(Check("conjugate_convergence", "k steps approach the conjugate optimum", "fail", detail=f"a step failed: {why}"),))
-    d = [natural_distance(t, star) for t in thetas]
+    d = [float(np.linalg.norm(t - star)) for t in thetas]
     scale_theta = max(float(np.linalg.norm(t)) for t in thetas + [star])
     if d[0] <= 1e3 * np.finfo(ctx.np_dtype).eps * scale_theta:
         return Outcome(skipped=(("conjugate_convergence", "q(u) is already at the conjugate optimum"),))
@@ -329,7 +301,7 @@ def check_convergence(ctx: Context, cond: Conditioning | None, *, steps: int = C
         err = max(abs(r - want) for r in ratios)
         rel = scale_theta / max(min(d[1:]), 1e-300)
         bound = natgrad_bound(
-            ctx.np_dtype, condition=(cond.kappa_F if cond is not None else 1.0) * rel, condition_name="κ(F)·‖θ‖/d",
+            ctx.np_dtype, condition=cond.kappa_F * rel, condition_name="κ(F)·‖θ‖/d",
             scale=1.0, rtol=ctx.tol.conjugate_rtol, atol=0.0,
         )  # fmt: skip
         claim = (

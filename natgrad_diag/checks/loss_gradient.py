@@ -3,41 +3,26 @@
 GPflow's step takes dL/dmean [M, L] and dL/dvarsqrt [L, M, M] from the user's model (likelihood, kernel, mean function,
 any ``tf.custom_gradient`` in them). Along K random unit directions d = (d_m, d_S) (d_S lower-triangular, the
 structure of q_sqrt) the directional derivative ⟨dL/dmean, d_m⟩ + ⟨dL/dvarsqrt, d_S⟩ must equal the central
-difference (L(q + h·d) − L(q − h·d)) / 2h of the loss on the same data. The loss is evaluated on a deep copy, so the
-model is never touched.
+difference (L(q + h·d) − L(q − h·d)) / 2h of the loss on the same data, evaluated by the evaluator on its scratch
+copy, so the model is never touched.
 """
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks.context import Context
-from natgrad_diag.checks.step import Step
+from natgrad_diag.checks.evaluator import Run
+from natgrad_diag.checks.report import Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import default_tolerance, eps
 from natgrad_diag.typing import Array
 
-__all__ = ["NUM_DIRECTIONS", "NUM_DIRECTIONS_FAST", "check_loss_gradient", "random_directions"]
-
-#: Random directions tried in full mode (each costs two evaluations of the loss).
-NUM_DIRECTIONS = 3
-
-#: In fast mode, which the monitor runs during training: one direction, two evaluations of the loss (each about a
-#: third of a natural-gradient step at M = 1000). A wrong gradient e is missed only when the random direction is
-#: nearly orthogonal to it (|⟨e, d⟩| under the tolerance), which for a systematic error has probability near zero.
-NUM_DIRECTIONS_FAST = 1
+__all__ = ["random_directions", "stage"]
 
 
 def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array, Array]]:
-    """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1.
-
-    Examples:
-        >>> d_m, d_S = random_directions(3, 1, 1)[0]
-        >>> bool(np.allclose(np.triu(d_S, 1), 0)), round(float(np.sum(d_m**2) + np.sum(d_S**2)), 12)
-        (True, 1.0)
-    """
+    """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(k):
@@ -47,23 +32,16 @@ def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array
     return out
 
 
-def _loss_at(ctx: Context, copy_: Any, q_mu: Array, q_sqrt: Array, engine: Any) -> float:
-    """The loss at (q_mu, q_sqrt) on the scratch copy: compiled by the fast engine when there is one, else eager."""
-    if engine is not None:
-        return float(engine.loss_at(ctx.data, q_mu, q_sqrt).numpy())
-    copy_.q_mu.assign(q_mu)
-    copy_.q_sqrt.assign(q_sqrt)
-    return float(ctx.loss_fn(copy_).numpy())
-
-
 def _bound(dtype: str, loss: float, h: float, analytic: float, fd: float, typical: float) -> float:
     """The error allowed for one direction: FD rounding + truncation relative to the derivative's scale + atol."""
     tol = default_tolerance(dtype, "finite_difference")
     return 100.0 * eps(dtype) * abs(loss) / h + tol.rtol * max(abs(analytic), abs(fd), typical) + tol.atol
 
 
-def check_loss_gradient(ctx: Context, step: Step, engine: Any = None, *, num_directions: int = NUM_DIRECTIONS) -> Check:
-    """|analytic − central difference| ≤ 100·ε·|L|/h + rtol_fd·s + atol_fd along each of ``num_directions`` directions.
+def stage(run: Run) -> Outcome:
+    """|analytic − central difference| ≤ 100·ε·|L|/h + rtol_fd·s + atol_fd along each of ``ev.loss_directions``
+    random directions (three in full mode; one in fast mode, which the monitor runs during training: a wrong
+    gradient e is missed only when the direction is nearly orthogonal to it, |⟨e, d⟩| under the tolerance).
 
     h = ε^(1/3)·min(1, min diag q_sqrt): the loss's −log det S = −2 Σ log diag(q_sqrt) has k-th derivatives of
     order diag^(−k), so the step scales with the smallest diagonal entry (q_sqrt = 1e-4·I would otherwise make the
@@ -72,35 +50,32 @@ def check_loss_gradient(ctx: Context, step: Step, engine: Any = None, *, num_dir
     rounding part, and the package's finite-difference tolerance (``default_tolerance(dtype, "finite_difference")``,
     rtol ≈ 10²·ε^(2/3), the truncation error with a margin) relative to the directional derivative's scale
     s = max(|analytic|, |fd|, ‖∇L‖/√n), n the number of parameters: ‖∇L‖/√n is the typical size of a unit random
-    directional derivative, so a direction nearly orthogonal to ∇L is not held to a tolerance near zero. (Relative
-    to ‖∇L‖ itself, which bounds every directional derivative, the tolerance grows with √n: at M = 1000 it hid a
-    gradient 1% off.) The analytic side's rounding, about √n·ε·‖∇L‖, is far below rtol·‖∇L‖/√n for n < 10¹⁰.
-
-    In fast mode ``engine`` (:class:`~natgrad_diag.checks.engine.FastEngine`) evaluates the loss compiled on its
-    scratch copy; otherwise the loss is evaluated eagerly on a deep copy. The model is never touched.
+    directional derivative, so a direction nearly orthogonal to ∇L is not held to a tolerance near zero, and the
+    tolerance does not grow with √n as one relative to ‖∇L‖ would. The analytic side's rounding, about √n·ε·‖∇L‖,
+    is far below rtol·‖∇L‖/√n for n < 10¹⁰.
     """
-    import gpflow
-
+    ev, step = run.ev, run.step
+    ctx, num_directions = ev.ctx, ev.loss_directions
     dtype = np.dtype(ctx.np_dtype).name
     q_mu, q_sqrt = ctx.model.q_mu.numpy().astype(np.float64), ctx.model.q_sqrt.numpy().astype(np.float64)
     g_m, g_S = np.asarray(step.dL_dmean, np.float64), np.tril(np.asarray(step.dL_dvarsqrt, np.float64))
     min_diag = float(np.min(np.abs(np.diagonal(q_sqrt, axis1=-2, axis2=-1))))
     h = eps(dtype) ** (1.0 / 3.0) * (min(1.0, min_diag) if min_diag > 0 else 1.0)
-    copy_ = gpflow.utilities.deepcopy(ctx.model) if engine is None else None
     n = ctx.M * ctx.L + ctx.L * ctx.M * (ctx.M + 1) // 2
     typical = float(np.sqrt(np.sum(g_m**2) + np.sum(g_S**2))) / np.sqrt(n)
     worst = (-1.0, 0, 0.0, 0.0, 0.0)  # (error / bound, direction, analytic, fd, bound)
     for i, (d_m, d_S) in enumerate(random_directions(ctx.M, ctx.L, num_directions)):
-        up = _loss_at(ctx, copy_, (q_mu + h * d_m).astype(ctx.np_dtype), (q_sqrt + h * d_S).astype(ctx.np_dtype), engine)
-        down = _loss_at(ctx, copy_, (q_mu - h * d_m).astype(ctx.np_dtype), (q_sqrt - h * d_S).astype(ctx.np_dtype), engine)
-        fd, analytic = (up - down) / (2.0 * h), float(np.sum(g_m * d_m) + np.sum(g_S * d_S))
+        up = ev.loss_at((q_mu + h * d_m).astype(ctx.np_dtype), (q_sqrt + h * d_S).astype(ctx.np_dtype))
+        down = ev.loss_at((q_mu - h * d_m).astype(ctx.np_dtype), (q_sqrt - h * d_S).astype(ctx.np_dtype))
+        fd = (up - down) / (2.0 * h) if up is not None and down is not None else float("nan")
+        analytic = float(np.sum(g_m * d_m) + np.sum(g_S * d_S))
         bound = _bound(dtype, step.loss, h, analytic, fd, typical)
         ratio = abs(fd - analytic) / bound if np.isfinite(fd) else np.inf
         if ratio > worst[0]:
             worst = (ratio, i, analytic, fd, bound)
     _, i, analytic, fd, bound = worst
     err = abs(fd - analytic) if np.isfinite(fd) else float("inf")
-    return Check(
+    return Outcome(checks=(Check(
         name="loss_gradient",
         claim=(
             f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
@@ -115,4 +90,4 @@ def check_loss_gradient(ctx: Context, step: Step, engine: Any = None, *, num_dir
             f"{format_number(100.0 * eps(dtype) * abs(step.loss) / h)} + rtol·max(|analytic|, |fd|, ‖∇L‖/√n = "
             f"{format_number(typical)}) + atol"
         ),
-    )
+    ),))  # fmt: skip

@@ -16,13 +16,12 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.checks.bounds import maxabs, scale
-from natgrad_diag.checks.context import Context
+from natgrad_diag.checks.evaluator import Context, Run
 from natgrad_diag.checks.report import Outcome
-from natgrad_diag.checks.step import Step
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["check_gradient_mapping", "is_isometric"]
+__all__ = ["is_isometric", "stage"]
 
 
 def _user_stacklevel() -> int:
@@ -36,12 +35,7 @@ def _user_stacklevel() -> int:
 
 
 def is_isometric(transform: Any) -> bool:
-    """Whether GPflow's gradient mapping is exact for ``transform``: None, Identity or FillTriangular.
-
-    Examples:
-        >>> is_isometric(None)
-        True
-    """
+    """Whether GPflow's gradient mapping is exact for ``transform``: None, Identity or FillTriangular."""
     if transform is None:
         return True
     import tensorflow_probability as tfp
@@ -103,19 +97,21 @@ def _map_one(ctx: Context, name: str, param: Any, g: Array, gp: Array) -> _Mappe
     return _Mapped(err, bound, part, detail, warning)
 
 
-def check_gradient_mapping(ctx: Context, step: Step) -> Outcome:
+def stage(run: Run) -> Outcome:
     """GPflow's ``_to_constrained(grad, T) = T.forward(grad)`` against the chain rule, for q_mu and q_sqrt.
 
     With c = T.forward(u), the correct ∂L/∂c = (∂u/∂c)ᵀ·∂L/∂u: the VJP of T.inverse at c. It is what the VJP of
     T.forward at u maps back to ∂L/∂u, which is checked too (the consistency number). A failure is also sent
-    through ``warnings.warn`` (attributed to the caller) and returned in the outcome's warnings.
+    through ``warnings.warn`` (attributed to the caller) and returned in the outcome's warnings. Without explicit
+    Jacobians (fast mode) a linear isometric transform is not recomputed: the map is exact by construction.
     """
+    ctx, step = run.ev.ctx, run.step
     parts, details, mapped = [], [], []
     for name, param, g, gp in (("q_mu", ctx.model.q_mu, step.g_mu, step.dL_dmean), ("q_sqrt", ctx.model.q_sqrt, step.g_sq, step.dL_dvarsqrt)):
         T = param.transform
         if T is None:
             parts.append(f"{name}: identity (exact)")
-        elif ctx.mode == "fast" and is_isometric(T):  # exact by construction; full mode computes it
+        elif not run.ev.explicit_jacobians and is_isometric(T):
             parts.append(f"{name}: {type(T).__name__} (linear isometric: exact, not recomputed in fast mode)")
         else:
             m = _map_one(ctx, name, param, g, gp)
@@ -124,10 +120,9 @@ def check_gradient_mapping(ctx: Context, step: Step) -> Outcome:
             details.append(m.detail)
             if m.warning:
                 warnings.warn(m.warning, UserWarning, stacklevel=_user_stacklevel())
-    worst = max(mapped, key=lambda m: m.err - m.bound, default=None)  # the last of equal margins, as before
-    for m in mapped:
-        if worst is not None and m.err - m.bound >= worst.err - worst.bound:
-            worst = m
+    worst = None
+    for m in mapped:  # the largest margin, the last of equal ones
+        worst = m if worst is None or m.err - m.bound >= worst.err - worst.bound else worst
     check = Check(
         name="gradient_mapping",
         claim=(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,34 +10,7 @@ from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
 from natgrad_diag.typing import Array
 
-__all__ = ["GammaTrial", "NatGradReport", "Outcome"]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one stage of the checks adds to the report: its checks, the checks it skipped, numbers, warnings.
-
-    Stages return an ``Outcome`` instead of appending to shared lists; ``+`` joins them in order.
-
-    Examples:
-        >>> a = Outcome(skipped=(("fisher_identity", "too large"),))
-        >>> b = Outcome(numbers=(("cond(F)", 3.0),))
-        >>> (a + b).numbers
-        (('cond(F)', 3.0),)
-    """
-
-    checks: tuple[Check, ...] = ()
-    skipped: tuple[tuple[str, str], ...] = ()
-    numbers: tuple[tuple[str, float], ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    def __add__(self, other: Outcome) -> Outcome:
-        return Outcome(
-            checks=self.checks + other.checks,
-            skipped=self.skipped + other.skipped,
-            numbers=self.numbers + other.numbers,
-            warnings=self.warnings + other.warnings,
-        )
+__all__ = ["GammaTrial", "HealthResult", "NatGradReport", "Outcome"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +31,40 @@ class GammaTrial:
     loss: float | None
     reason: str = ""
     steps: int = 1
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    """What the ``step_health`` stage found beside its check, for the report: the loss after the step (None if it is
+    unhealthy), the suggested γ (None if no γ tried is healthy and lowers the loss), the trials, why the step is
+    unhealthy ("" when it is healthy)."""
+
+    loss_after: float | None
+    suggested: float | None
+    trials: tuple[GammaTrial, ...]
+    step_error: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one stage of the checks adds to the report: its checks, the checks it skipped (name, why), numbers,
+    warnings, and for the step-health stage the report's step fields. ``+`` joins outcomes in order.
+    """
+
+    checks: tuple[Check, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()
+    numbers: tuple[tuple[str, float], ...] = ()
+    warnings: tuple[str, ...] = ()
+    health: HealthResult | None = None
+
+    def __add__(self, other: Outcome) -> Outcome:
+        return Outcome(
+            checks=self.checks + other.checks,
+            skipped=self.skipped + other.skipped,
+            numbers=self.numbers + other.numbers,
+            warnings=self.warnings + other.warnings,
+            health=other.health or self.health,
+        )
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ class NatGradReport(Report):
         dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
         causes: why checks failed or were inconclusive (:class:`natgrad_diag.checks.causes.Cause` records, one of
             a documented set, each with evidence and fix); the reports show them first.
+        pairs: the var_list form (``check_natgrad(loss_fn, var_list=...)``): one report per (q_mu, q_sqrt) pair;
+            :attr:`checks` are then every pair's, named "pair i: name", and the sections are the pairs'.
     """
 
     model_name: str
@@ -116,9 +126,24 @@ class NatGradReport(Report):
     dL_deta1: Array | None = field(default=None, repr=False, compare=False)
     dL_deta2: Array | None = field(default=None, repr=False, compare=False)
     causes: tuple[Any, ...] = ()
+    pairs: tuple[NatGradReport, ...] = ()
+
+    @classmethod
+    def of_pairs(cls, reports: tuple[NatGradReport, ...], mode: str) -> NatGradReport:
+        """The var_list form's report: ``reports[i]`` is pair i's; the checks are theirs, named "pair i: name"."""
+        first = reports[0]
+        return cls(
+            model_name="var_list", likelihood="loss_fn", num_inducing=first.num_inducing, num_latent=first.num_latent,
+            num_data=None, dtype=first.dtype, whiten=False, xi_transform=first.xi_transform, gamma=first.gamma, mode=mode,
+            loss_before=first.loss_before, loss_after=None, suggested_gamma=None, step_error="", gamma_trials=(), skipped=(),
+            warnings=(), numbers=(), pairs=reports,
+            checks=tuple(dataclasses.replace(c, name=f"pair {i}: {c.name}") for i, r in enumerate(reports) for c in r.checks),
+        )  # fmt: skip
 
     @property
     def title(self) -> str:  # type: ignore[override]
+        if self.pairs:
+            return f"Natural-gradient checks on {len(self.pairs)} (q_mu, q_sqrt) pair(s) of a var_list"
         return (
             f"Natural-gradient checks: {self.model_name} ({self.likelihood}), M = {self.num_inducing}, "
             f"L = {self.num_latent}, {self.dtype}, {self.xi_transform}, gamma = {self.gamma:g}, {self.mode} mode"
@@ -150,6 +175,8 @@ class NatGradReport(Report):
         return dict(self.numbers)[name]
 
     def sections(self) -> tuple[Section, ...]:
+        if self.pairs:
+            return tuple(Section(f"{r.model_name}: {s.heading}", s.text, s.tables) for r in self.pairs for s in r.sections())
         info = Table(
             columns=("", "value"),
             rows=(
@@ -197,28 +224,17 @@ class NatGradReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
+        if self.pairs:
+            d["pairs"] = [r.to_dict() for r in self.pairs]
+            return d
         d.update(
-            model=self.model_name,
-            likelihood=self.likelihood,
-            M=self.num_inducing,
-            L=self.num_latent,
-            N=self.num_data,
-            dtype=self.dtype,
-            whiten=self.whiten,
-            xi_transform=self.xi_transform,
-            gamma=self.gamma,
-            mode=self.mode,
-            loss_before=self.loss_before,
-            loss_after=self.loss_after,
-            suggested_gamma=self.suggested_gamma,
-            gamma_steps=self.gamma_steps,
-            gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
-            step_error=self.step_error,
+            model=self.model_name, likelihood=self.likelihood, M=self.num_inducing, L=self.num_latent, N=self.num_data,
+            dtype=self.dtype, whiten=self.whiten, xi_transform=self.xi_transform, gamma=self.gamma, mode=self.mode,
+            loss_before=self.loss_before, loss_after=self.loss_after, suggested_gamma=self.suggested_gamma,
+            gamma_steps=self.gamma_steps, gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
+            step_error=self.step_error, skipped=[dict(check=n, reason=r) for n, r in self.skipped],
             gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
-            skipped=[dict(check=n, reason=r) for n, r in self.skipped],
-            warnings=list(self.warnings),
-            numbers=dict(self.numbers),
-            causes=[c.to_dict() for c in self.causes],
-        )
+            warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
+        )  # fmt: skip
         out: dict[str, Any] = to_jsonable(d)
         return out

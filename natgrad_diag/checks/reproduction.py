@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-from natgrad_diag.checks.bounds import Conditioning, bounded_check, measure_conditioning, natgrad_bound, scale
-from natgrad_diag.checks.context import Context
-from natgrad_diag.checks.step import GpflowStep, Step
+from natgrad_diag.checks.bounds import Conditioning, bounded_check, natgrad_bound, scale
+from natgrad_diag.checks.evaluator import Evaluator, GpflowStep, Run, Step
+from natgrad_diag.checks.report import Outcome
 from natgrad_diag.report.records import Check, format_number, max_abs_diff, status_of
 
-__all__ = ["check_reproduction"]
+__all__ = ["check_reproduction", "stage"]
 
 
-def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Conditioning | None = None) -> Check:
+def stage(run: Run) -> Outcome:
+    """The ``reproduction`` check of the run's two steps."""
+    return Outcome(checks=(check_reproduction(run.ev, run.step, run.gp, run.cond),))
+
+
+def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditioning) -> Check:
     """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
-    In full mode both steps run eagerly (natgrad-diag's record follows GPflow's lines); in fast mode natgrad-diag's
-    step is the closed form computed by LAPACK (:mod:`natgrad_diag.step.lapack`, where it applies) against GPflow's compiled
-    step, two different computations of the same formula. They differ only in rounding, which GPflow's route
-    amplifies by κ_η·κ(S_new)·cancellation
-    (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`): the rounding term is
-    100·ε·that·s (:func:`~natgrad_diag.checks.bounds.natgrad_bound`). When either step fails, the check
-    passes only if both fail (they must agree on whether γ is too long).
+    The evaluator says how the two were computed (``ev.compares``): both eager in full mode (natgrad-diag's record
+    follows GPflow's lines), or natgrad-diag's closed form by LAPACK (:mod:`natgrad_diag.step.lapack`, where it
+    applies) against GPflow's compiled step in fast mode. They differ only in rounding, which GPflow's route amplifies
+    by κ_η·κ(S_new)·cancellation (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`): the rounding
+    term is 100·ε·that·s. When either step fails, the check passes only if both fail (they must agree on whether γ
+    is too long).
     """
+    ctx = ev.ctx
     tol = ctx.tol
     ours_failed = step.new_q_mu is None or bool(step.error)
     if ours_failed or gp.error:
@@ -43,15 +48,13 @@ def check_reproduction(ctx: Context, step: Step, gp: GpflowStep, cond: Condition
     )
     if step.new_q_mu.shape != gp.q_mu.shape or step.new_q_sqrt.shape != gp.q_sqrt.shape:
         return Check(name="reproduction", claim=claim, status="fail", detail="the two steps' shapes differ")
-    if cond is None:
-        cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
     err = max_abs_diff((step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt))
     bound = natgrad_bound(
         ctx.np_dtype, condition=cond.step_condition, condition_name="κ_η·κ(S_new)·cancellation",
         scale=scale([gp.q_mu, gp.q_sqrt]), rtol=tol.rtol, atol=tol.atol,
     )  # fmt: skip
     detail = (
-        f"{'both eager' if ctx.mode == 'full' else 'both compiled'}; q_mu: {format_number(max_abs_diff(step.new_q_mu, gp.q_mu))}, "
+        f"{ev.compares}; q_mu: {format_number(max_abs_diff(step.new_q_mu, gp.q_mu))}, "
         f"q_sqrt: {format_number(max_abs_diff(step.new_q_sqrt, gp.q_sqrt))}; κ(S) = {format_number(cond.kappa_S)}, "
         f"κ_η = {format_number(cond.kappa_eta or cond.kappa_S)}, "
         f"κ(S_new) = {format_number(cond.kappa_S_new)}, cancellation {format_number(cond.cancellation)}"

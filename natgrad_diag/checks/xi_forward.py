@@ -2,41 +2,41 @@
 
 from __future__ import annotations
 
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.checks.bounds import bounded_check, natgrad_bound, scale
-from natgrad_diag.checks.context import Context
-from natgrad_diag.checks.step import Step
-from natgrad_diag.checks.tensors import xi_jvp_tensors
+from natgrad_diag.checks.evaluator import Run
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.exceptions import MemoryLimitError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 
-__all__ = ["check_xi_forward"]
+__all__ = ["stage"]
 
 
-def check_xi_forward(ctx: Context, step: Step, kappa_S: float | None = None) -> Check:
-    """GPflow's (∂ξ/∂θ)·∇ηL (differentiating twice) against tf.autodiff.ForwardAccumulator, and in full mode
-    against the explicit Jacobian ∂ξ/∂θ contracted with ∇ηL (in float64)."""
+def stage(run: Run) -> Outcome:
+    """``xi_forward_mode`` (ξ ≠ θ only): GPflow's (∂ξ/∂θ)·∇ηL (differentiating twice) against
+    tf.autodiff.ForwardAccumulator, and with explicit Jacobians against ∂ξ/∂θ contracted with ∇ηL (in float64)."""
     import tensorflow as tf
+    from gpflow.optimizers import XiNat
 
+    ev, step = run.ev, run.step
+    ctx = ev.ctx
+    if isinstance(ctx.xi, XiNat):
+        return Outcome()
+    if step.nat_dL_xi1 is None:
+        return Outcome(skipped=(("xi_forward_mode", "GPflow's product could not be computed (the step failed)"),))
     try:
-        j1, j2 = xi_jvp_tensors(
-            tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt),
-            tf.constant(step.dL_deta1), tf.constant(step.dL_deta2), ctx.xi,
-        )  # fmt: skip
+        want = ev.xi_product(step)
     except tf.errors.InvalidArgumentError as e:
-        return Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", status="fail", detail=f"could not evaluate: {error_line(e)}")
-    want = (j1.numpy(), j2.numpy())
+        check = Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", status="fail", detail=f"could not evaluate: {error_line(e)}")
+        return Outcome(checks=(check,))
     err = max_abs_diff((step.nat_dL_xi1, step.nat_dL_xi2), want)
     wscale = scale(want)
     detail = f"vs ForwardAccumulator: {format_number(err)}"
-    if ctx.mode == "full":
+    if ev.explicit_jacobians:
         from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
-        from natgrad_diag.autodiff.dense import jacobian
-        from natgrad_diag.exceptions import MemoryLimitError
-
-        nat1, nat2 = meanvarsqrt_to_natural(tf.convert_to_tensor(ctx.model.q_mu), tf.convert_to_tensor(ctx.model.q_sqrt))
+        nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
         nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
-
         try:
             J = jacobian(ctx.xi.naturals_to_xi, [nat1, nat2], input_names=("nat1", "nat2"), output_names=("xi1", "xi2"), symmetric=(False, True))
         except MemoryLimitError as e:
@@ -48,15 +48,9 @@ def check_xi_forward(ctx: Context, step: Step, kappa_S: float | None = None) -> 
             err = max(err, err_j)
             wscale = max(wscale, scale(want_j))
     # ξ(θ) maps through S = (−2θ₂)⁻¹ (natural_to_meanvarsqrt): its derivatives carry ε·κ(S) of rounding.
-    # κ(S) as the check's caller measured it (natgrad.conditioning), else measured here.
-    if kappa_S is None:
-        from natgrad_diag.checks.bounds import measure_conditioning
-
-        kappa_S = measure_conditioning(None, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), None).kappa_S
-    k_S = kappa_S
-    bound = natgrad_bound(ctx.np_dtype, condition=k_S, condition_name="κ(S)", scale=wscale, rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
+    bound = natgrad_bound(ctx.np_dtype, condition=run.cond.kappa_S, condition_name="κ(S)", scale=wscale, rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
     claim = (
         f"GPflow's forward-mode product (differentiating twice, for {type(ctx.xi).__name__}) equals a direct "
         "JVP (∂ξ/∂θ)·∇ηL from tf.autodiff.ForwardAccumulator"
     )
-    return bounded_check("xi_forward_mode", claim, err, bound, detail)
+    return Outcome(checks=(bounded_check("xi_forward_mode", claim, err, bound, detail),))

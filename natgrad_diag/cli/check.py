@@ -6,7 +6,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.checks.gamma_steps import MAX_GAMMA_STEPS
 
 if TYPE_CHECKING:
     from natgrad_diag.checks.report import NatGradReport
@@ -25,6 +24,8 @@ def gamma_steps_arg(text: str) -> int:
         ...
         argparse.ArgumentTypeError: expected an integer from 1 to 1000 (steps per gamma tried), got '0'
     """
+    from natgrad_diag.checks.api import MAX_GAMMA_STEPS
+
     expected = f"expected an integer from 1 to {MAX_GAMMA_STEPS} (steps per gamma tried), got {text!r}"
     try:
         value = int(text)

@@ -26,7 +26,7 @@ from typing import Any
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag.exceptions import InputError
-from natgrad_diag.checks.gamma_steps import validate_gamma_steps
+from natgrad_diag.checks.api import validate_gamma_steps
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord

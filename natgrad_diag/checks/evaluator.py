@@ -1,0 +1,644 @@
+"""What the checks compute on a model, eagerly (full mode) or compiled (fast mode): the evaluator.
+
+For q(u) = N(m, S), m = q_mu [M, L], S = L_S L_Sᵀ, L_S = q_sqrt [L, M, M], an evaluator computes without changing
+the model: the training loss and its gradients (GPflow's tape); natgrad-diag's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η
+(equation [10] of Salimbeni, Eleftheriadis and Hensman, AISTATS 2018); GPflow's own update (through
+:mod:`natgrad_diag._gpflow`) and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the
+Fisher matrix) and (∂ξ/∂θ)·∇ηL by forward mode; the loss after k steps with one γ, hyperparameters held fixed.
+
+:class:`Evaluator` (full mode) runs it eagerly, natgrad-diag's step being ``natgrad_trace(..., compiled=False)``
+(GPflow's lines as written) against GPflow's eager update: like with like. :class:`CompiledEvaluator` (fast mode)
+calls ``tf.function`` pieces cached per model in :mod:`natgrad_diag._compile`, natgrad-diag's step by the code
+:func:`~natgrad_diag.step.backend.step_backend` picks. Each makes one scratch copy of the model; the checks no other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag import _compile
+from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
+from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
+from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
+from natgrad_diag.step.backend import step_backend
+from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
+from natgrad_diag.step.lapack import natgrad_record_lapack
+from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
+from natgrad_diag.typing import Array
+
+__all__ = [
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "evaluator",
+    "finite_loss", "float_dtype", "gpflow_update", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
+    "stepwise", "traced",
+]  # fmt: skip
+
+#: (new_q_mu [M, L], new_q_sqrt [L, M, M]) → (usable, why not): the full health test of a trial's q(u).
+Healthy = Callable[[Any, Any], tuple[bool, str]]
+
+_DTYPES = {"float64": np.float64, "float32": np.float32}
+
+#: mode="auto" runs the full checks (explicit Jacobians, eagerly) when M·L is at most this.
+AUTO_FULL_MAX_ML = 50
+
+_MODES = ("auto", "full", "fast")
+
+
+def float_dtype(dtype: Any) -> type:
+    """``np.float64`` or ``np.float32`` for a dtype given by name, numpy or TensorFlow; InputError otherwise."""
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    if name not in _DTYPES:
+        raise InputError(
+            "dtype must be float64 or float32.",
+            context=[("Argument", "dtype"), ("Expected", "'float64' | 'float32'"), ("Got", repr(dtype))],
+            remedy="pass dtype='float64' (recommended) or dtype='float32'.",
+        )
+    return _DTYPES[name]
+
+
+@contextlib.contextmanager
+def dtype_context(dtype: Any) -> Iterator[None]:
+    """GPflow's config with ``default_float`` set to ``dtype`` inside the block, restored afterwards."""
+    import gpflow
+
+    cfg = dataclasses.replace(gpflow.config.config(), float=float_dtype(dtype))
+    with gpflow.config.as_context(cfg):
+        yield
+
+
+@dataclass(frozen=True)
+class Context:
+    """The validated inputs of one run of the checks (read only): the model (never changed; None in the var_list
+    form), the data (X [N, D], Y [N, P]) tensors or None for models that hold theirs, the ξ transform, γ, the
+    tolerances, the numpy dtype, M (N for a VGP) and L, k = ``gamma_steps`` (each γ tried is measured by the loss after
+    k steps), and ``skip``: (check name, why) for the checks this run leaves out for their cost."""
+
+    model: Any
+    data: Any
+    xi: Any
+    gamma: float
+    tol: Tolerances
+    np_dtype: Any
+    M: int
+    L: int
+    gamma_steps: int = 1
+    skip: tuple[tuple[str, str], ...] = ()
+
+    def skipped(self, name: str) -> str:
+        """Why the check ``name`` is left out for its cost ("" when it runs)."""
+        return dict(self.skip).get(name, "")
+
+    def loss(self, model: Any) -> Any:
+        """``model``'s training loss on this context's data."""
+        return model.training_loss() if self.data is None else model.training_loss(self.data)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One natural-gradient step as natgrad-diag computes it, as arrays (None where it could not be computed): the
+    loss before it, the gradients w.r.t. q_mu's and q_sqrt's unconstrained variables, GPflow's constrained gradients
+    dL/dmean [M, L] and dL/dvarsqrt [L, M, M], ∂L/∂η, the natural gradient in ξ coordinates, the new q_mu [M, L] and
+    q_sqrt [L, M, M], and why the step failed ("" when it did not)."""
+
+    loss: float
+    g_mu: Array
+    g_sq: Array
+    dL_dmean: Array
+    dL_dvarsqrt: Array
+    dL_deta1: Array | None = None
+    dL_deta2: Array | None = None
+    nat_dL_xi1: Array | None = None
+    nat_dL_xi2: Array | None = None
+    new_q_mu: Array | None = None
+    new_q_sqrt: Array | None = None
+    error: str = ""
+
+    @property
+    def gradients_finite(self) -> bool:
+        """Whether the loss and its gradients are finite."""
+        return finite(self.loss, self.g_mu, self.g_sq)
+
+
+@dataclass(frozen=True)
+class GpflowStep:
+    """What GPflow's update assigns (None when it fails), and the loss after it (None when not finite)."""
+
+    q_mu: Array | None
+    q_sqrt: Array | None
+    error: str = ""
+    loss_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every stage of a run of the checks sees: the evaluator, both steps, the conditioning, the progress bar."""
+
+    ev: Evaluator
+    step: Step
+    gp: GpflowStep
+    cond: Conditioning
+    advance: Callable[..., Any]
+
+
+# --- the maths on tensors (eager, or inside a tf.function) ------------------------------------------------------
+
+
+def _grads(loss: Callable[[], Any], q_mu: Any, q_sqrt: Any) -> tuple[Any, Any, Any]:
+    """``loss()`` and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape)."""
+    import tensorflow as tf
+
+    variables = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        value = loss()
+    g_mu, g_sq = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return value, g_mu, g_sq
+
+
+def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
+    """The training loss and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape)."""
+    return _grads(lambda: model.training_loss() if data is None else model.training_loss(data), model.q_mu, model.q_sqrt)
+
+
+def _constrained(q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> tuple[Any, Any]:
+    """GPflow's dL/dmean, dL/dvarsqrt from the unconstrained gradients (``_to_constrained``)."""
+    return to_constrained(g_mu, q_mu.transform), to_constrained(g_sq, q_sqrt.transform)
+
+
+def step_from_gradients(q_mu: Any, q_sqrt: Any, loss: Any, g_mu: Any, g_sq: Any) -> Step:
+    """The loss and gradients as a :class:`Step` (not taken yet), with GPflow's constrained gradients."""
+    d_mean, d_varsqrt = _constrained(q_mu, q_sqrt, g_mu, g_sq)
+    return Step(loss=float(loss), g_mu=np.asarray(g_mu), g_sq=np.asarray(g_sq), dL_dmean=np.asarray(d_mean), dL_dvarsqrt=np.asarray(d_varsqrt))
+
+
+def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Context, *, compiled: bool | None) -> Step:
+    """``step`` with natgrad-diag's step by :func:`natgrad_diag.natgrad_trace` (``compiled`` as it takes it), or
+    with why it failed."""
+    import tensorflow as tf
+
+    try:
+        t = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=compiled)
+    except StepFailedError as e:
+        return dataclasses.replace(step, error=e.detail)
+    except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step
+        return dataclasses.replace(step, error=error_line(e))
+    return dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
+
+
+def gpflow_update(ctx: Context, g_mu: Any, g_sq: Any, q_mu: Any, q_sqrt: Any, loss: Callable[[], Any]) -> GpflowStep:
+    """GPflow's update (``NaturalGradient._natgrad_apply_gradients``, as ``minimize`` applies it) assigned to the
+    parameters ``q_mu``, ``q_sqrt``, and ``loss()`` after it."""
+    import gpflow
+    import tensorflow as tf
+
+    try:
+        natgrad_apply_gradients(gpflow.optimizers.NaturalGradient(ctx.gamma, ctx.xi), g_mu, g_sq, q_mu, q_sqrt, ctx.xi)
+    except tf.errors.InvalidArgumentError as e:
+        return GpflowStep(None, None, error_line(e))
+    mu, sq = q_mu.numpy(), q_sqrt.numpy()
+    return _gpflow_step(mu, sq, finite_loss(loss) if finite(mu, sq) else None)
+
+
+def finite_loss(loss: Callable[[], Any]) -> float | None:
+    """``float(loss())``, or None when it is not finite or cannot be evaluated."""
+    import tensorflow as tf
+
+    try:
+        value = float(loss())
+    except (tf.errors.InvalidArgumentError, ValueError):
+        return None
+    return value if np.isfinite(value) else None
+
+
+def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_deta1: Any, dL_deta2: Any) -> dict[str, Any]:
+    """F·∇ηL in closed form and ∇θL by reverse mode through GPflow's natural_to_meanvarsqrt, at the current q(u).
+
+    For η(θ) = (m, S + m mᵀ) with S = (−2θ₂)⁻¹ and m = Sθ₁, the product of F = ∂η/∂θ with u = (u₁, U₂) is
+
+        dS = 2·S U₂ S,   dη₁ = dS θ₁ + S u₁ = 2·S U₂ m + S u₁,   dη₂ = dS + dη₁ mᵀ + m dη₁ᵀ,
+
+    a few matrix products (no Jacobian, no forward-mode pass through a Cholesky factorisation).
+    """
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
+
+    S = tf.linalg.matmul(q_sqrt, q_sqrt, transpose_b=True)  # [L, M, M]
+    m = tf.linalg.adjoint(q_mu)[:, :, None]  # [L, M, 1]
+    u1 = tf.linalg.adjoint(dL_deta1)[:, :, None]
+    SU2 = tf.linalg.matmul(S, dL_deta2)
+    dS = 2.0 * tf.linalg.matmul(SU2, S)
+    d1 = 2.0 * tf.linalg.matmul(SU2, m) + tf.linalg.matmul(S, u1)
+    d2 = dS + tf.linalg.matmul(d1, m, transpose_b=True) + tf.linalg.matmul(m, d1, transpose_b=True)
+    nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch([nat1, nat2])
+        mean, varsqrt = natural_to_meanvarsqrt(nat1, nat2)
+    g1, g2 = tape.gradient([mean, varsqrt], [nat1, nat2], output_gradients=[dL_dmean, dL_dvarsqrt])
+    g2 = 0.5 * (g2 + tf.linalg.matrix_transpose(g2))  # the gradient along symmetric θ₂
+    return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2)
+
+
+def _all_finite(x: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.reduce_all(tf.math.is_finite(x))
+
+
+def _looks_healthy(new_q_mu: Any, new_q_sqrt: Any) -> Any:
+    """In the graph, the cheap part of the health test: finite, q_sqrt [L, M, M] lower-triangular to
+    100·ε·max(max|q_sqrt|, 1) with a positive diagonal; a scalar bool tensor."""
+    import tensorflow as tf
+
+    eps = float(np.finfo(new_q_sqrt.dtype.as_numpy_dtype).eps)
+    scale = tf.maximum(tf.reduce_max(tf.abs(new_q_sqrt)), 1.0)
+    upper = tf.reduce_max(tf.abs(new_q_sqrt - tf.linalg.band_part(new_q_sqrt, -1, 0)))
+    diag_ok = tf.reduce_all(tf.linalg.diag_part(new_q_sqrt) > 0)
+    return _all_finite(new_q_mu) & _all_finite(new_q_sqrt) & (upper <= 100 * eps * scale) & diag_ok
+
+
+def _assign(param: Any, value: Any) -> None:
+    """``param.assign(value)`` without GPflow's NaN guard: a NaN step is found by the health test, not raised mid-graph."""
+    transform = param.transform
+    param.unconstrained_variable.assign(value if transform is None else transform.inverse(value))
+
+
+def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Callable[..., dict[str, Any]]:
+    """One step of a k-step trial on the parameters ``q_mu``, ``q_sqrt`` (eager, or traced in a tf.function).
+
+    ``step(data, g_mu, g_sq, gamma)`` takes GPflow's update from the gradient it is given (the closed form where
+    :func:`~natgrad_diag.step.backend.step_backend` picks one, else GPflow's autodiff), assigns the new q(u), and
+    returns it with ``loss(data)`` there, its gradient, and the health flags q_ok (:func:`_looks_healthy`),
+    loss_ok and g_ok.
+    """
+    name = step_backend(xi, q_sqrt.transform).xi
+
+    def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        args = (tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma)
+        if name is not None:
+            new_mu, new_sq = natgrad_step_closed_form(*args, name)
+        else:
+            out = natgrad_tensors(*args, xi)
+            new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
+        _assign(q_mu, new_mu)
+        _assign(q_sqrt, new_sq)
+        value, g_mu_new, g_sq_new = _grads(lambda: loss(data), q_mu, q_sqrt)
+        return dict(
+            new_q_mu=new_mu, new_q_sqrt=new_sq, loss=value, g_mu=g_mu_new, g_sq=g_sq_new,
+            q_ok=_looks_healthy(new_mu, new_sq), loss_ok=_all_finite(value), g_ok=_all_finite(g_mu_new) & _all_finite(g_sq_new),
+        )  # fmt: skip
+
+    return step
+
+
+def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy) -> tuple[float | None, str]:
+    """The trial's (loss, "") or (None, "step j of k: why") from the last step taken (step j; the trial stopped there)."""
+    at = f"step {j} of {k}: " if k > 1 else ""
+    if not out["q_ok"] or out["ok"]:  # the full test where the graph's failed, and on the q(u) the loss is taken at
+        ok, why = healthy(out["new_q_mu"], out["new_q_sqrt"])
+        if not ok or not out["q_ok"]:
+            return None, at + (why or "the new q_sqrt is not lower-triangular with a positive diagonal")
+    if not out["loss_ok"]:
+        return None, at + ("the loss after it is not finite" if k > 1 else "the loss after the step is not finite")
+    if not out["ok"]:  # only the gradient for the next step is left
+        return None, f"step {j + 1} of {k}: the gradient of the loss before it is not finite"
+    return float(out["loss"]), ""
+
+
+def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
+    """The loss after k calls of ``step`` (:func:`one_step`, eager or compiled) from ``args`` = (data, g_mu, g_sq,
+    gamma), or (None, why) naming the first step that raised or was unhealthy."""
+    import tensorflow as tf
+
+    data, g_mu, g_sq, gamma = args
+    for j in range(1, k + 1):
+        try:
+            out: dict[str, Any] = {key: np.asarray(v) for key, v in step(data, g_mu, g_sq, gamma).items()}
+        except tf.errors.InvalidArgumentError as e:
+            line = error_line(e)
+            return None, (f"step {j} of {k}: " if k > 1 else "") + ("Cholesky failed" if "Cholesky" in line else line)
+        out["ok"] = bool(out["q_ok"] and out["loss_ok"] and (out["g_ok"] or j == k))
+        if not out["ok"] or j == k:
+            return _verdict(out, j, k, healthy)
+        g_mu, g_sq = out["g_mu"], out["g_sq"]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- the evaluators ----------------------------------------------------------------------------------------------
+
+
+class Evaluator:
+    """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
+
+    Its capabilities are decided once, with it; the oracles ask them instead of the mode: ``explicit_jacobians``
+    (explicit F and ∂ξ/∂θ, maps exact by construction recomputed), ``loss_directions`` (of the loss-gradient check,
+    two losses each), ``whole_grid`` (the γ search measures every γ of the grid, else γ first and the grid below γ
+    only when γ's step is unhealthy or raises the loss), ``compares`` (how the reproduction's two steps were computed).
+    """
+
+    explicit_jacobians = True
+    loss_directions = 3
+    whole_grid = True
+    compares = "both eager"
+
+    def __init__(self, ctx: Context, scratch: Any = None) -> None:
+        import gpflow
+
+        self.ctx = ctx
+        self.scratch = scratch if scratch is not None or ctx.model is None else gpflow.utilities.deepcopy(ctx.model)
+        s = self.scratch
+        self._step = one_step(s.q_mu, s.q_sqrt, ctx.xi, lambda data: ctx.loss(s)) if s is not None else None
+        self._fisher: Callable[..., dict[str, Any]] = fisher_products
+
+    @property
+    def data(self) -> Any:
+        """The data as the compiled pieces take it: ``ctx.data``, or ``()`` for a model that holds its data."""
+        return self.ctx.data if self.ctx.data is not None else ()
+
+    def sync(self) -> Any:
+        """The scratch copy, with every variable set to the model's."""
+        for src, dst in zip(self.ctx.model.variables, self.scratch.variables):
+            dst.assign(src)
+        return self.scratch
+
+    def q_tensors(self) -> tuple[Any, Any]:
+        """The model's q_mu [M, L] and q_sqrt [L, M, M] as tensors."""
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
+
+    def take(self) -> tuple[Step, GpflowStep]:
+        """The loss, its gradients and natgrad-diag's step (``natgrad_trace(..., compiled=False)``) on the model's
+        q(u); GPflow's update with the same gradients on the scratch copy, and the loss after it."""
+        ctx, m = self.ctx, self.ctx.model
+        loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
+        step = traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False)
+        scratch = self.sync()
+        return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: ctx.loss(scratch))
+
+    def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
+        """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]) with the model's other variables (as the scratch
+        copy holds them after :meth:`take` or :meth:`sync`); None if it is not finite or cannot be evaluated."""
+        return finite_loss(lambda: self._loss_at(q_mu, q_sqrt))
+
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        self.scratch.q_mu.assign(q_mu)
+        self.scratch.q_sqrt.assign(q_sqrt)
+        return self.ctx.loss(self.scratch)
+
+    def fill_direction(self, step: Step) -> Step:
+        """``step`` with ∂L/∂η computed when the step itself failed (the direction does not depend on γ): the
+        vector-Jacobian product of GPflow's expectation_to_meanvarsqrt with (dL/dmean, dL/dvarsqrt)."""
+        import tensorflow as tf
+        from gpflow.optimizers import XiNat
+        from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
+
+        if step.dL_deta1 is not None:
+            return step
+        try:
+            eta1, eta2 = meanvarsqrt_to_expectation(*self.q_tensors())
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch([eta1, eta2])
+                mean, varsqrt = expectation_to_meanvarsqrt(eta1, eta2)
+            seeds = [tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt)]
+            d1, d2 = (t.numpy() for t in tape.gradient([mean, varsqrt], [eta1, eta2], output_gradients=seeds))
+        except tf.errors.InvalidArgumentError:
+            return step
+        nat = (d1, d2) if isinstance(self.ctx.xi, XiNat) else (step.nat_dL_xi1, step.nat_dL_xi2)
+        return dataclasses.replace(step, dL_deta1=d1, dL_deta2=d2, nat_dL_xi1=nat[0], nat_dL_xi2=nat[1])
+
+    def fisher_products(self, step: Step) -> dict[str, Array]:
+        """F·∇ηL as F_u1 [M, L], F_u2 [L, M, M] and ∇θL as grad_theta1, grad_theta2 (:func:`fisher_products`)."""
+        import tensorflow as tf
+
+        args = [tf.constant(a) for a in (step.dL_dmean, step.dL_dvarsqrt, step.dL_deta1, step.dL_deta2)]
+        return {k: v.numpy() for k, v in self._fisher(*self.q_tensors(), *args).items()}
+
+    def xi_product(self, step: Step) -> tuple[Array, Array]:
+        """(∂ξ/∂θ)·∇ηL [M, L], [L, M, M] by forward mode (tf.autodiff.ForwardAccumulator) through xi.naturals_to_xi."""
+        import tensorflow as tf
+        from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+        nat1, nat2 = meanvarsqrt_to_natural(*self.q_tensors())
+        with tf.autodiff.ForwardAccumulator(primals=[nat1, nat2], tangents=[tf.constant(step.dL_deta1), tf.constant(step.dL_deta2)]) as acc:
+            x1, x2 = self.ctx.xi.naturals_to_xi(nat1, nat2)
+        j1, j2 = acc.jvp([x1, x2], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return j1.numpy(), j2.numpy()
+
+    def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
+        """The scratch copy at the model's q(u), then after each of ``steps`` eager steps with ``gamma`` and ``xi``
+        (``natgrad_trace``); raises StepFailedError or InvalidArgumentError when a step fails."""
+        scratch = self.sync()
+        yield scratch
+        for _ in range(steps):
+            _, g_mu, g_sq = loss_and_grads(scratch, self.ctx.data)
+            t = natgrad_trace(scratch.q_mu, scratch.q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=xi, compiled=False)
+            scratch.q_mu.assign(t.new_q_mu)
+            scratch.q_sqrt.assign(t.new_q_sqrt)
+            yield scratch
+
+    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
+        """(the loss after k steps (:func:`one_step`) with ``gamma`` from the model's q(u), "") or (None, "step j of k:
+        why"), hyperparameters held fixed; ``g_mu``, ``g_sq``: the gradient at the current q(u) (the checked step's);
+        ``healthy`` judges the last step's q(u) and a step the graph's cheaper test failed."""
+        import tensorflow as tf
+
+        if not finite(g_mu, g_sq):
+            return None, f"step 1 of {k}: the gradient of the loss before it is not finite"
+        self.sync()
+        dtype = self.ctx.model.q_mu.dtype
+        return self._trial((self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
+
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
+        assert self._step is not None  # a model's evaluator has a scratch copy
+        return stepwise(self._step, args, k, healthy)
+
+
+#: What the compiled step keeps, so that the graph prunes the rest (the default-seed gradient Jᵀ·1).
+_KEEP = ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt")
+
+
+def _gpflow_step(q_mu: Array, q_sqrt: Array, loss_after: float | None) -> GpflowStep:
+    """GPflow's new q(u) as a :class:`GpflowStep` (a NaN in it is its failure) and the loss after it, if finite."""
+    after = loss_after if loss_after is not None and np.isfinite(loss_after) else None
+    if finite(q_mu, q_sqrt):
+        return GpflowStep(q_mu, q_sqrt, "", after)
+    return GpflowStep(None, None, "NaN or Inf in the new q_mu or q_sqrt", after)
+
+
+class _Pieces:
+    """The compiled (tf.function) pieces of one model, ξ transform and data signature, on one scratch copy; cached
+    weakly per model (:func:`natgrad_diag._compile.for_model`), so they hold only a weak reference to the model.
+
+    They are called in turn, not fused: in one graph TensorFlow runs the independent branches (our step, GPflow's
+    update) concurrently, which on 2 cores made the whole about 25% slower than its parts (M = 1000).
+    """
+
+    def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
+        import gpflow
+        import tensorflow as tf
+
+        backend = step_backend(xi, model.q_sqrt.transform, model.q_sqrt)
+        #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record, else None
+        self.lapack_xi = backend.xi if backend.code == "lapack" else None
+        closed = step_backend(xi, model.q_sqrt.transform).xi
+        model_ref, dtype = weakref.ref(model), model.q_mu.dtype  # the closures below must not hold the model
+        self.scratch = scratch = gpflow.utilities.deepcopy(model)
+        gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
+        opt = gpflow.optimizers.NaturalGradient(gamma=gamma_var, xi_transform=xi)
+        src_vars, dst_vars = list(model.variables), list(scratch.variables)
+
+        def loss(data: Any) -> Any:
+            return scratch.training_loss(data) if has_data else scratch.training_loss()
+
+        def grads(data: Any) -> dict[str, Any]:
+            m = model_ref()
+            assert m is not None  # the pieces are reached through the live model
+            value, g_mu, g_sq = loss_and_grads(m, data if has_data else None)
+            d_mean, d_varsqrt = _constrained(m.q_mu, m.q_sqrt, g_mu, g_sq)
+            q_mu, q_sqrt = tf.convert_to_tensor(m.q_mu), tf.convert_to_tensor(m.q_sqrt)
+            return dict(loss=value, g_mu=g_mu, g_sq=g_sq, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=d_mean, dL_dvarsqrt=d_varsqrt)
+
+        def ours(q_mu: Any, q_sqrt: Any, d_mean: Any, d_varsqrt: Any, gamma: Any) -> dict[str, Any]:
+            if closed is not None:
+                out = natgrad_tensors_closed_form(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi, closed)
+            else:
+                out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
+            return {k: out[k] for k in _KEEP[2:]}
+
+        def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            for src, dst in zip(src_vars, dst_vars):
+                dst.assign(src)
+            gamma_var.assign(gamma)
+            natgrad_apply_gradients(opt, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, xi)
+            return dict(q_mu=tf.convert_to_tensor(scratch.q_mu), q_sqrt=tf.convert_to_tensor(scratch.q_sqrt), loss_after=loss(data))
+
+        def loss_at(data: Any, q_mu: Any, q_sqrt: Any) -> Any:
+            scratch.q_mu.assign(q_mu)
+            scratch.q_sqrt.assign(q_sqrt)
+            return loss(data)
+
+        self.step = step = one_step(scratch.q_mu, scratch.q_sqrt, xi, loss)
+
+        def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any) -> dict[str, Any]:
+            _compile.note_trace("gamma_steps")  # runs once per trace, not per call
+
+            def body(j: Any, ok: Any, out: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+                new = step(data, out["g_mu"], out["g_sq"], gamma)
+                ok = new["q_ok"] & new["loss_ok"] & (new["g_ok"] | tf.equal(j + 1, k))
+                return j + 1, ok, {key: tf.cast(new[key], out[key].dtype) for key in out}
+
+            init = dict(
+                new_q_mu=tf.convert_to_tensor(scratch.q_mu), new_q_sqrt=tf.convert_to_tensor(scratch.q_sqrt),
+                loss=tf.constant(np.nan, dtype), g_mu=g_mu, g_sq=g_sq, **dict.fromkeys(("q_ok", "loss_ok", "g_ok"), tf.constant(True)),
+            )  # fmt: skip
+            j, ok, out = tf.while_loop(lambda j, ok, out: (j < k) & ok, body, (tf.constant(0), tf.constant(True), init))
+            return dict(out, steps=j, ok=ok)
+
+        def single(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+            _compile.note_trace("gamma_steps_replay")
+            return step(data, g_mu, g_sq, gamma)
+
+        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single)
+        self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = map(tf.function, pieces)
+
+
+class CompiledEvaluator(Evaluator):
+    """The same computations by compiled pieces cached per model (fast mode): natgrad-diag's step (the closed form by
+    LAPACK, :func:`~natgrad_diag.step.lapack.natgrad_record_lapack`, where it applies) against GPflow's compiled update.
+
+    The k-step trials run in one ``tf.while_loop`` traced once per model (γ and k are tensor arguments; a Python loop
+    calling a compiled step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at
+    M = 200, N = 400, k = 5); when an op raises inside it, the steps are replayed one compiled call at a time.
+    """
+
+    explicit_jacobians = False
+    loss_directions = 1
+    whole_grid = False
+    compares = "both compiled"
+
+    def __init__(self, ctx: Context) -> None:
+        model, xi = ctx.model, ctx.xi
+        # the graphs capture the model's variables: a replaced Parameter needs new pieces
+        key = (
+            "checks", type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0,
+            ctx.data is not None, tuple(id(v) for v in model.variables),
+        )  # fmt: skip
+        self.pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, ctx.data is not None))
+        super().__init__(ctx, self.pieces.scratch)
+        self._step, self._fisher = self.pieces.step, self.pieces.fisher
+
+    def take(self) -> tuple[Step, GpflowStep]:
+        """The pieces in turn on the model's current parameters: the loss and its gradients, natgrad-diag's step, and
+        GPflow's update on the scratch copy with the loss after it; a piece that raises gives the step's error."""
+        import tensorflow as tf
+
+        p, ctx = self.pieces, self.ctx
+        gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
+        g = {k: v.numpy() for k, v in p.grads(self.data).items()}
+        step = Step(loss=float(g["loss"]), **{k: g[k] for k in ("g_mu", "g_sq", "dL_dmean", "dL_dvarsqrt")})
+        try:
+            step = dataclasses.replace(step, **self._ours(g, gamma))
+        except tf.errors.InvalidArgumentError as e:
+            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
+        if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
+            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
+        try:
+            gp = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
+        except tf.errors.InvalidArgumentError as e:
+            self.sync()
+            return step, GpflowStep(None, None, error_line(e))
+        return step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"]))
+
+    def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
+        """natgrad-diag's step from the gradients ``g`` (numpy): the LAPACK record, or, when it refuses the step (γ too
+        long, a singular q_sqrt), the compiled step, whose failure is then TensorFlow's error."""
+        args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"])
+        if self.pieces.lapack_xi is not None:
+            try:
+                rec = natgrad_record_lapack(*args, float(gamma), self.pieces.lapack_xi, full=False)
+            except (StepFailedError, SingularCovarianceError):
+                pass
+            else:
+                return {k: rec[k] for k in _KEEP[2:]}
+        return {k: v.numpy() for k, v in self.pieces.ours(*args, gamma).items()}
+
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        return self.pieces.loss_at(self.data, q_mu, q_sqrt)
+
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
+        import tensorflow as tf
+
+        if k == 1:  # one eager step traces nothing
+            return stepwise(self.pieces.step, args, k, healthy)
+        try:
+            out = self.pieces.k_steps(*args, tf.constant(k))
+        except tf.errors.InvalidArgumentError:
+            self.sync()
+            return stepwise(self.pieces.single, args, k, healthy)
+        return _verdict({key: v.numpy() for key, v in out.items()}, int(out["steps"].numpy()), k, healthy)
+
+
+def resolve_mode(mode: Any, sizes: list[tuple[int, int]]) -> str:
+    """"full" or "fast" for ``mode``: "auto" is full when M·L ≤ :data:`AUTO_FULL_MAX_ML` for every (M, L)."""
+    if mode not in _MODES:
+        raise InputError(
+            "mode must be 'auto', 'full' or 'fast'.",
+            context=[("Argument", "mode"), ("Expected", "'auto' | 'full' | 'fast'"), ("Got", repr(mode))],
+            remedy="pass mode='auto' (full checks for small M·L, fast otherwise).",
+        )
+    if mode == "auto":
+        return "full" if all(M * L <= AUTO_FULL_MAX_ML for M, L in sizes) else "fast"
+    return str(mode)
+
+
+def evaluator(ctx: Context, *, compiled: bool) -> Evaluator:
+    """The evaluator for ``ctx``: :class:`CompiledEvaluator` (fast mode) or :class:`Evaluator` (full mode)."""
+    return CompiledEvaluator(ctx) if compiled else Evaluator(ctx)
