@@ -68,7 +68,7 @@ class OuterExample(Report):
         broadcast_seed_error: our message for y = sin(x) with a seed of shape [n, 1].
         tensorflow_broadcast_shape: the shape of the "gradient" plain ``tape.gradient`` returned for it
             (``None`` if it raised).
-        torch: the PyTorch run (a :class:`~natgrad_diag.lessons.torch_bridge.TorchOuter`), or ``None``.
+        torch: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`), or ``None``.
         torch_status: "torch <version>" or why the cross-check did not run.
         checks: the claims, each decided by its numbers.
         rtol, atol: the tolerances of every "equal".

@@ -144,7 +144,7 @@ def torch_run(xn: FloatArray, use_torch: bool | None) -> tuple[Any, str]:
     """(the PyTorch run or None, its status line)."""
     if use_torch is False:
         return None, "skipped (use_torch=False)"
-    from natgrad_diag.lessons.torch_bridge import torch_outer
+    from natgrad_diag.torch_bridge import torch_outer
 
     try:
         run = torch_outer(xn)

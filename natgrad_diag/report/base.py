@@ -48,14 +48,14 @@ class Report:
         return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
-        """The pictures of this report, as ``natgrad_diag.report.pictures.Picture`` (name, caption, PNG bytes).
+        """The pictures of this report, as ``natgrad_diag.pictures.Picture`` (name, caption, PNG bytes).
 
-        By default drawn from what the report carries (see ``natgrad_diag.report.pictures.picture_kinds``):
+        By default drawn from what the report carries (see ``natgrad_diag.pictures.picture_kinds``):
         a heatmap of ``jacobian``, the η₁ chart of an explanation, the numeric checks against their
         tolerances. Override to add or replace pictures. Empty when there is nothing to draw; raises
         ``MissingExtraError`` when there is and matplotlib is not installed.
         """
-        from natgrad_diag.report.pictures import report_pictures
+        from natgrad_diag.pictures import report_pictures
 
         return report_pictures(self)
 

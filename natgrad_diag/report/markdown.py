@@ -35,7 +35,7 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     Args:
         report: any :class:`~natgrad_diag.report.records.Report`.
         image_names: relative file names of ``pictures``, in order (linked with ``![caption](name)``).
-        pictures: :class:`~natgrad_diag.report.pictures.Picture` records (only their captions are used here).
+        pictures: :class:`~natgrad_diag.pictures.Picture` records (only their captions are used here).
         note: a line shown where the pictures would be (e.g. that matplotlib is missing).
     """
     parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
