@@ -348,10 +348,7 @@ def test_console_transcript__matches_the_real_output(
         pytest.skip(reason)
     commands = parse_transcript(block)
     assert commands, f"{block.id}: a console block without a '$ natgrad-diag' line"
-    import natgrad_diag.progress
-
     monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(natgrad_diag.progress, "_ENABLED", natgrad_diag.progress._ENABLED)  # --json turns it off
     monkeypatch.chdir(tmp_path)
     for command in commands:
         _, got = run_command(command.argv)

@@ -23,10 +23,10 @@ from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
-from natgrad_diag.tolerance import default_tolerance, resolve
+from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
-__all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
+__all__ = ["Explanation", "explain_output_gradients"]
 
 
 #: The one line that refuses the original mistake where it is made (see natgrad_diag.strict).
@@ -36,12 +36,6 @@ _CATCH_IT = (
     "(or the tests with pytest --strict-gradients), and tape.gradient(meanvarsqrt, [eta1, eta2]) without "
     "output_gradients raises, as PyTorch would."
 )
-
-
-def default_tolerances(dtype: Any) -> tuple[float, float]:
-    """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype`` (see :mod:`natgrad_diag.tolerance`)."""
-    tol = default_tolerance(dtype, "exact")
-    return tol.rtol, tol.atol
 
 
 @dataclass(frozen=True)

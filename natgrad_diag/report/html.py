@@ -11,14 +11,13 @@ from typing import Any
 from natgrad_diag.report.layout import (
     check_mark,
     check_numbers,
-    report_pictures_or_note,
     report_status,
     text_blocks,
     verdict,
 )
 from natgrad_diag.report.records import Check, Table
 
-__all__ = ["html_document", "to_html", "to_html_fragment"]
+__all__ = ["html_document", "to_html_fragment"]
 
 
 _CSS = """
@@ -108,6 +107,7 @@ def to_html_fragment(report: Any) -> str:
 
 
 def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
+    """A self-contained HTML document: the report, ``pics`` as base64 PNG data URIs, ``note`` where pictures are missing."""
     from natgrad_diag import __version__
 
     return "\n".join([
@@ -122,12 +122,3 @@ def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
         "</body></html>",
         "",
     ])  # fmt: skip
-
-
-def to_html(report: Any, *, pictures: bool = True) -> str:
-    """A self-contained HTML document: the report, its pictures as base64 PNG data URIs, and styles.
-
-    Without matplotlib the document has no pictures and a note that names the extra to install.
-    """
-    pics, note = report_pictures_or_note(report) if pictures else ((), "")
-    return html_document(report, pics, note)
