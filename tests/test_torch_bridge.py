@@ -72,7 +72,7 @@ def test_torch_outer__default_numbers_and_message():
     np.testing.assert_allclose(t.jacobian, hand, rtol=0, atol=1e-12)
     np.testing.assert_allclose(t.chain_one_step, 4 * x * np.sum(x**2), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(t.chain_two_step, 4 * x * np.sum(x**2), rtol=1e-12, atol=1e-12)
-    assert t.wrong_seed_error == TORCH_WRONG_SEED  # torch's own words, as quoted in the issue
+    assert t.wrong_seed_error == TORCH_WRONG_SEED  # torch's own words
 
 
 @pytest.mark.torch

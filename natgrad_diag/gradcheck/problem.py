@@ -139,9 +139,8 @@ class Problem:
 class Comparison:
     """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana|.
 
-    This rule is elementwise (rtol scales each entry's own |analytical|), stricter than
-    :mod:`natgrad_diag.tolerance`'s block rule (atol + rtol·max|want|); the gradient check keeps it, so that
-    its verdicts and reported tolerances are unchanged.
+    This rule is elementwise (rtol scales each entry's own |analytical|): stricter than
+    :mod:`natgrad_diag.tolerance`'s block rule (atol + rtol·max|want|).
 
     Attributes:
         worst: the flat index of the largest error relative to its tolerance.
