@@ -1,7 +1,8 @@
-"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u)."""
+"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u).
 
-# Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
-# what was expected, what was got and what to do. TensorFlow is imported inside the functions.
+Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
+what was expected, what was got and what to do. TensorFlow is imported inside the functions.
+"""
 
 from __future__ import annotations
 
@@ -108,16 +109,6 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
     )
 
 
-def require_positive_int(value: Any, name: str, *, expected: str = "", remedy: str = "") -> int:
-    """``value`` as an ``int`` ≥ 1 (not a bool); else an :class:`InputError` naming ``name``.
-
-    Examples:
-        >>> require_positive_int(4, "num_directions")
-        4
-    """
-    return require_int(value, name, minimum=1, expected=expected, remedy=remedy)
-
-
 def require_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
     """``float(value)``, finite and > 0 (≥ 0 with ``allow_zero``); else an :class:`InputError` naming ``name``.
 
@@ -163,16 +154,6 @@ def require_finite(x: Any, name: str) -> None:
             f"{name} contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
             context=[("Argument", name), ("Shape", shape_str(a.shape)), ("First at", list(first)), ("Value", a[first])],
             remedy=f"find where {name} became non-finite (often a failed Cholesky or a too-large gamma) and pass finite values.",
-        )
-
-
-def require_shape(x: Any, expected: Sequence[int], name: str, *, what: str = "", remedy: str = "") -> None:
-    got = tuple(np.shape(x)) if not hasattr(x, "shape") else tuple(int(d) for d in x.shape)
-    if got != tuple(expected):
-        raise ShapeMismatchError(
-            what,
-            context=[("Argument", name), ("Expected", shape_str(expected)), ("Actual", shape_str(got))],
-            remedy=remedy or f"pass {name} with shape {shape_str(expected)}.",
         )
 
 
@@ -245,13 +226,12 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
         require_same_dtype(g, part.value, name, param_name)
     require_float(g, name)
     where = f"{param_name}.unconstrained_variable" if part.transform is not None else param_name
-    require_shape(
-        g,
-        part.unconstrained_shape,
-        name,
-        what=f"{name} must have the shape of {where}.",
-        remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
-    )
+    if tuple(int(d) for d in g.shape) != tuple(part.unconstrained_shape):
+        raise ShapeMismatchError(
+            f"{name} must have the shape of {where}.",
+            context=[("Argument", name), ("Expected", shape_str(part.unconstrained_shape)), ("Actual", shape_str(g.shape))],
+            remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
+        )
     require_finite(g, name)
     return g
 
@@ -338,10 +318,7 @@ def validate_seeds(
             )
 
 
-# ---- the one layer for functions of tensors: fn, inputs, outputs, tolerances, sizes ----------------------
-
-#: Python numbers and lists have no dtype: they become GPflow's default float, everywhere.
-DEFAULT_FLOAT = "float64"
+# ---- the one layer for functions of tensors: fn, inputs, outputs, sizes ------------------------------------
 
 
 def require_callable(fn: Any, name: str = "fn") -> None:
@@ -377,7 +354,7 @@ def as_float_tensor(x: Any, name: str) -> Any:
             t = tf.convert_to_tensor(x) if x.dtype.kind in "fc" else tf.convert_to_tensor(np.asarray(x))
         else:
             a = np.asarray(x)
-            t = tf.convert_to_tensor(a.astype(DEFAULT_FLOAT) if a.dtype.kind in "iuf" else a)
+            t = tf.convert_to_tensor(a.astype("float64") if a.dtype.kind in "iuf" else a)  # GPflow's default float
     except (TypeError, ValueError) as e:
         raise input_error(
             f"{name} could not be converted to a tensor.", name, "a float tensor, array or number",
@@ -479,16 +456,35 @@ def require_max_bytes(value: Any, name: str = "max_bytes") -> int:
     return require_int(value, name, minimum=1, expected="bytes ≥ 1, e.g. 2 * 1024**3", remedy=f"pass {name} ≥ 1, or leave the default.")
 
 
-def tolerances(dtype: Any, kind: str, *, rtol: Any, atol: Any) -> Any:
-    """:func:`natgrad_diag.tolerance.resolve` for ``dtype``: the user's rtol/atol validated, the rest defaults."""
-    from natgrad_diag.tolerance import resolve
-    return resolve(dtype, kind, rtol=rtol, atol=atol)
+def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str = "pass the point, e.g. [x].") -> tuple[list[Any], tuple[str, ...]]:
+    """The values of ``inputs`` (a sequence, a dict whose keys name them, or one value) and their names
+    (``input_names``, the dict's keys, or ``x0, x1, ...``).
 
+    Raises:
+        InputError: ``inputs`` is None or empty (``remedy`` says what to pass), or the names do not match.
+    """
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
+    if isinstance(inputs, Mapping):
+        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
+        values = list(inputs.values())
+    else:
+        values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
+    if not values:
+        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", remedy)
+    if len(names) != len(values):
+        raise input_error(
+            f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
+            f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
+        )  # fmt: skip
+    return values, names
 
 
 def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
     """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
     from natgrad_diag.exceptions import NatGradDiagError, error_line
+
     try:
         return fn(*xs)
     except NatGradDiagError:
@@ -576,16 +572,11 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
             remedy="pass the X the model was built for (its inducing points Z [M, D] fix D).")  # fmt: skip
     L = getattr(model, "num_latent_gps", None)
     multi = any(k in type(getattr(model, "likelihood", None)).__name__ for k in ("MultiClass", "Softmax"))
-    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and not _likelihood_takes(model, Y.shape[1]):
+    observation_dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)  # e.g. a heteroscedastic likelihood
+    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
         raise ShapeMismatchError(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).", context=[
             ("Argument", f"{name}[1] (Y)"), ("Expected", f"[N, {int(L)}]"), ("Actual", shape_str(Y.shape))],
             remedy="pass one Y column per latent GP (GPflow would broadcast the others silently).")  # fmt: skip
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
     return tf.constant(X.astype(dtype)), tf.constant(Y.astype(dtype))
-
-
-def _likelihood_takes(model: Any, P: int) -> bool:
-    """Whether the likelihood declares an observation dimension of ``P`` (e.g. a heteroscedastic likelihood)."""
-    dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)
-    return isinstance(dim, int) and dim == P

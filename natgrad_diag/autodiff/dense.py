@@ -14,14 +14,15 @@ from natgrad_diag._validate import (
     as_float_tensor,
     call_fn,
     flat_outputs,
-    input_error,
     output_labels,
     require_callable,
     require_finite,
+    require_int,
     require_max_bytes,
     require_output_dtypes,
-    require_positive_int,
+    require_same_dtype,
     shape_str,
+    split_inputs,
 )
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
@@ -41,11 +42,7 @@ _EAGER_LOOP_MAX_ROWS = 256
 
 
 def trace_count() -> int:
-    """How many times a compiled Jacobian chunk function has been traced in this process.
-
-    For tests: repeated calls with the same function, shapes and options must not add to it.
-    It reads :func:`natgrad_diag._compile.trace_count` for this path.
-    """
+    """How many times a compiled Jacobian chunk function has been traced in this process (for tests)."""
     return _trace_count(TRACE_KIND)
 
 
@@ -112,12 +109,16 @@ def jacobian(
     probe = _probe(fn, xs, key, compiled)
     if probe.dict_keys is not None and output_names is None:
         output_names = probe.dict_keys
-    out_names = _names(output_names, len(probe.out_shapes), "y", "output_names")
+    if output_names is not None and len(output_names) != len(probe.out_shapes):
+        n = len(probe.out_shapes)
+        raise InputError(
+            f"output_names must name each of the {n} outputs.",
+            context=[("Argument", "output_names"), ("Expected", f"{n} names"), ("Got", f"{len(output_names)}: {tuple(output_names)}")],
+            remedy=f"pass {n} names, or leave output_names=None.",
+        )
+    out_names = tuple(output_names) if output_names is not None else tuple(f"y{k}" for k in range(len(probe.out_shapes)))
     size = _size(probe, xs, in_shapes, sym, max_bytes)
-    compact, blocks = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
-    if blocks is not None:
-        return BlockJacobian(blocks, out_names, in_names, probe.out_shapes, in_shapes)
-    assert compact is not None  # _build returns the compact matrix when it returns no blocks
+    compact = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
 
 
@@ -136,8 +137,8 @@ def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ..
 def _build(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
-) -> tuple[Array | None, Any]:  # fmt: skip
-    """The dispatcher: (stored matrix, None), or (None, general blocks), by the first path that applies.
+) -> Array:  # fmt: skip
+    """The dispatcher: the stored matrix, by the first path that applies.
 
     1. compiled chunks (:func:`_compiled_path`); the peak memory is the Jacobian plus one chunk's
        intermediates (about 1.1-1.3× in all, measured at M = 80), not the 3-4× of ``tape.jacobian``'s
@@ -145,8 +146,8 @@ def _build(
     2. eager rows, one ``tape.gradient`` per row: a first call with at most 64 rows (tracing would
        cost more than it saves), an untraceable ``fn`` with at most 256 rows, or any dtype but
        float64 (TensorFlow 2.21's pfor segfaults on a float32 Cholesky gradient);
-    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``;
-    4. the same, folded into vech columns when an input is ``symmetric``.
+    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns when an
+       input is ``symmetric``.
     """
     import tensorflow as tf
 
@@ -158,7 +159,7 @@ def _build(
         except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
             compact = None  # not traceable: the eager tape below
         if compact is not None:
-            return compact, None
+            return compact
     return _eager_path(fn, xs, probe, sym, size)
 
 
@@ -192,30 +193,17 @@ def _check_options(mode: str, chunk_size: Any) -> None:
             remedy="leave mode='auto' (forward when there are fewer columns than rows).",
         )
     if chunk_size is not None:
-        require_positive_int(chunk_size, "chunk_size", expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
+        require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
 
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
-    """The inputs as tensors (a dict's keys name them), and their names."""
-
-    if inputs is None:
-        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
-    if isinstance(inputs, Mapping):
-        input_names = tuple(str(k) for k in inputs.keys()) if input_names is None else input_names
-        inputs = list(inputs.values())
-    elif not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]  # one input: a tensor, an array or a number
-    names = _names(input_names, len(inputs), "x", "input_names")
-    if not inputs:
-        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point, e.g. [x].")
-    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(inputs, names))]
+    """The inputs as finite float tensors of one dtype (a dict's keys name them), and their names."""
+    values, names = split_inputs(inputs, input_names)
+    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(values, names))]
     for k, (x, n) in enumerate(zip(xs, names)):
         require_finite(x.numpy(), f"inputs[{k}] ({n})")  # a NaN point gives a NaN Jacobian
     for k, x in enumerate(xs[1:], 1):
-        if x.dtype != xs[0].dtype:
-            from natgrad_diag._validate import require_same_dtype
-
-            require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
+        require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
     return xs, names
 
 
@@ -266,10 +254,8 @@ def _compiled_path(
     return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, size.rows, size.cols)
 
 
-def _eager_path(
-    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size
-) -> tuple[Array | None, Any]:
-    """Paths 2-4, eagerly: (stored matrix, None), or (None, general blocks) from ``tape.jacobian``."""
+def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size) -> Array:
+    """Paths 2 and 3, eagerly: the stored matrix."""
     import tensorflow as tf
 
     tape, ys = probe.tape, probe.ys
@@ -278,28 +264,11 @@ def _eager_path(
     assert ys is not None  # the probe's or the forward pass's outputs
     if size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64:
         # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
-        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols), None
+        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols)
     zero = tf.UnconnectedGradients.ZERO
     blocks = tuple(tuple(tape.jacobian(y, x, unconnected_gradients=zero).numpy() for x in xs) for y in ys)
     del tape
-    if not any(sym):
-        return None, blocks
-    in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
-    return _fold_general(blocks, probe.out_shapes, in_shapes, sym, size.itemsize), None
-
-
-def _names(given: Sequence[str] | None, count: int, prefix: str, argument: str) -> tuple[str, ...]:
-    if given is None:
-        return tuple(f"{prefix}{k}" for k in range(count))
-    given = tuple(given)
-    if len(given) != count:
-        raise InputError(
-            f"{argument} must name each of the {count} {prefix == 'x' and 'inputs' or 'outputs'}.",
-            context=[("Argument", argument), ("Expected", f"{count} names"), ("Got", f"{len(given)}: {given}")],
-            remedy=f"pass {count} names, or leave {argument}=None.",
-        )
-    return given
-
+    return _fold_general(blocks, probe.out_shapes, tuple(tuple(x.shape.as_list()) for x in xs), sym)
 
 
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
@@ -322,7 +291,6 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
                 remedy=f"mark only square-matrix inputs as symmetric (symmetric=False for {n}).",
             )
     return flags
-
 
 
 def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> Array:
@@ -351,7 +319,7 @@ def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool
     return out
 
 
-def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> Array:
+def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...]) -> Array:
     """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     rows = []
     for i, os_ in enumerate(out_shapes):
@@ -367,4 +335,3 @@ def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool,
             parts.append(g)
         rows.append(np.concatenate(parts, axis=1))
     return np.ascontiguousarray(np.concatenate(rows, axis=0))
-

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_positive_int
+from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
@@ -30,8 +30,8 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
             f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
             "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.",
         )  # fmt: skip
-    M = require_positive_int(num_inducing, "num_inducing")
-    L = require_positive_int(num_latent, "num_latent")
+    M = require_int(num_inducing, "num_inducing", minimum=1)
+    L = require_int(num_latent, "num_latent", minimum=1)
     rng = np.random.default_rng(seed)
     m = rng.standard_normal((M, L))
     A = np.tril(0.3 / math.sqrt(M) * rng.standard_normal((L, M, M)), -1) + np.eye(M)  # ‖A − I‖₂ ≲ 0.6

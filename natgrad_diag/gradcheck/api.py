@@ -8,16 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import (
-    input_error,
-    require_callable,
-    require_finite,
-    require_int,
-    require_max_bytes,
-    require_positive_int,
-    tolerances,
-    validate_seeds,
-)
+from natgrad_diag._validate import input_error, require_callable, require_finite, require_int, require_max_bytes, validate_seeds
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.gradcheck.fast import fast_rows
 from natgrad_diag.gradcheck.full import full_rows
@@ -31,7 +22,7 @@ from natgrad_diag.gradcheck.structures import (
     resolve_structures,
 )
 from natgrad_diag.report.records import Check, format_number, status_of
-from natgrad_diag.tolerance import default_tolerance, validate_tolerance
+from natgrad_diag.tolerance import default_tolerance, resolve, validate_tolerance
 from natgrad_diag.typing import Array
 
 __all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
@@ -112,7 +103,7 @@ def check_gradients(
         ('general', 'symmetric')
     """
     _check_options(fn, mode, seed)
-    num_directions = require_positive_int(num_directions, "num_directions")
+    num_directions = require_int(num_directions, "num_directions", minimum=1)
     max_bytes = require_max_bytes(max_bytes)
     input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
     arrays, names = to_arrays(inputs, input_names)
@@ -199,7 +190,7 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> _Setti
         source = "all given"
     else:
         source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
-    tol = tolerances(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
+    tol = resolve(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
     if eps is not None and validate_tolerance("eps", eps) == 0:
         raise input_error("eps must be > 0.", "eps", "a finite step > 0, e.g. 1e-6", repr(eps), "pass eps > 0, or leave it out.")
     return _Settings(eps=d_eps if eps is None else float(eps), rtol=tol.rtol, atol=tol.atol, source=source)

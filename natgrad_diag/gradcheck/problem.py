@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,33 +17,17 @@ from natgrad_diag._validate import (
     require_output_dtypes,
     require_same_dtype,
     shape_str,
+    split_inputs,
 )
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 from natgrad_diag.typing import Array
 
 __all__ = ["Comparison", "Problem", "compare", "to_arrays"]
 
+
 def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Array], tuple[str, ...]]:
-    if inputs is None:
-        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
-    if isinstance(inputs, Mapping):
-        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
-        values = list(inputs.values())
-    elif isinstance(inputs, (list, tuple)):
-        values = list(inputs)
-        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
-    else:
-        values = [inputs]
-        names = tuple(input_names) if input_names is not None else ("x0",)
-    if not values:
-        raise input_error(
-            "inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point to check at, e.g. [eta1, eta2]."
-        )
-    if len(names) != len(values):
-        raise input_error(
-            f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
-            f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
-        )  # fmt: skip
+    """Copies of the inputs as finite, non-empty float arrays of one dtype, and their names."""
+    values, names = split_inputs(inputs, input_names, remedy="pass the point to check at, e.g. [eta1, eta2].")
     arrays = []
     for k, (name, v) in enumerate(zip(names, values)):
         # numbers and lists become float64 (GPflow's default float), as in every function of the package
