@@ -1,7 +1,5 @@
-"""One tolerance policy for every check: a table keyed by dtype and one rule for what rtol means.
-
-In the style of ``jax._src.public_test_util`` (one ``default_gradient_tolerance`` table, one
-``tolerance(dtype, tol)`` rule), every comparison in the package reads this module.
+"""One tolerance policy for every check: a table keyed by dtype and one rule for what rtol means
+(as ``jax._src.public_test_util``). Every comparison in the package reads this module.
 
 The rule (norm-wise, per compared block):
 
@@ -149,9 +147,8 @@ def tolerance_bound(want: npt.ArrayLike, *, rtol: float, atol: float) -> float:
 def rounding_bound(dtype: Any, *, condition: float, scale: float, factor: float = 100.0) -> float:
     """The rounding term ``factor · ε · κ · scale`` of a computation with condition number κ.
 
-    A backward-stable computation of a quantity of size ``scale`` whose condition number is κ has a
-    forward error of order ε·κ·scale (Higham 2002, §1.6); ``factor`` absorbs the constants that grow
-    with the problem size.
+    A backward-stable computation of a quantity of size ``scale`` with condition number κ has a forward error
+    of order ε·κ·scale (Higham 2002, §1.6); ``factor`` absorbs the constants that grow with the problem size.
     """
     return factor * eps(dtype) * float(condition) * float(scale)
 

@@ -1,24 +1,20 @@
-"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``."""
+"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``.
 
-# ``tape.gradient(target, sources, output_gradients=v)`` computes the vector-Jacobian product
-#
-#     (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j          (one result per source)
-#
-# where the seed v_i = ∂L/∂target_i is a cotangent of target i and must have exactly target i's
-# shape. TensorFlow 2.21 does not check that: for ``y = x[:, None] * x[None, :]`` a seed of shape [4]
-# fails deep inside with ``Input to reshape is a tensor with 1 values, but the requested shape has 4``,
-# and for ``y = tf.sin(x)`` (x of shape [4]) a seed of shape [4, 1] is silently broadcast and the
-# "gradient" comes back with shape [4, 4]. PyTorch checks it (``Mismatch in shape: grad_output[0] has a
-# shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])``); so do the functions here.
-#
-# References:
-#     TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
-#     PyTorch, ``torch.autograd.grad`` and its ``grad_outputs`` check (torch/autograd/__init__.py).
+``tape.gradient(target, sources, output_gradients=v)`` computes (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j,
+where the seed v_i = ∂L/∂target_i must have exactly target i's shape. TensorFlow 2.21 does not check that: for
+``y = x[:, None] * x[None, :]`` a seed of shape [4] fails deep inside with a reshape error, and for ``y = tf.sin(x)``
+a seed [4, 1] is broadcast into a [4, 4] "gradient". PyTorch refuses both (``Mismatch in shape: grad_output[0]
+has a shape of ...``); so do the functions here.
+
+References: ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py); ``torch.autograd.grad`` and its
+``grad_outputs`` check (torch/autograd/__init__.py).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -35,6 +31,24 @@ __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 
 #: Accepted values of ``unconnected``.
 UNCONNECTED_CHOICES = ("none", "zero", "raise")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _raised_as_is(fn: F) -> F:
+    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
+    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NatGradDiagError as e:
+            e.ag_pass_through = True
+            raise
+
+    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+    return cast(F, wrapper)
 
 
 def _unconnected_mode(unconnected: Any) -> str:
@@ -187,6 +201,7 @@ def _raise_unconnected(
     )
 
 
+@_raised_as_is
 def checked_gradient(
     tape: Any,
     target: Any,
@@ -240,14 +255,6 @@ def checked_gradient(
         >>> checked_gradient(tape, y, x, tf.ones_like(y)).numpy()
         array([20., 20., 20., 20.])
     """
-    try:
-        return _checked_gradient(tape, target, sources, output_gradients, unconnected)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
-
-
-def _checked_gradient(tape: Any, target: Any, sources: Any, output_gradients: Any, unconnected: Any) -> Any:
     import tensorflow as tf
 
     if not isinstance(tape, tf.GradientTape):
@@ -294,6 +301,7 @@ def _to_primal(x: Any, k: int) -> Any:
     return t
 
 
+@_raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
     """The outputs of ``fn(*primals)`` and the vector-Jacobian product Jᵀ·v, with the seeds checked.
 
@@ -327,14 +335,6 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
         >>> g.numpy()
         array([20., 20., 20., 20.])
     """
-    try:
-        return _vjp(fn, primals, cotangents, unconnected)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
-
-
-def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     if not callable(fn):
@@ -365,10 +365,3 @@ def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any
         )
     grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]  # tf.gather: dense
     return outputs, (grads[0] if single else tuple(grads))
-
-
-# Inside tf.function, AutoGraph must call these as they are: converted, a NatGradDiagError raised deep
-# inside would come out as a StagingError. This attribute is what tf.autograph.experimental.do_not_convert
-# sets; setting it here keeps TensorFlow out of the import.
-checked_gradient.autograph_info__ = frozenset()  # type: ignore[attr-defined]
-vjp.autograph_info__ = frozenset()  # type: ignore[attr-defined]
