@@ -26,9 +26,8 @@ def emit(
 ) -> WrittenReport | None:
     """Print ``report`` to ``stream`` (stdout), then write the report file if ``report_path`` is given.
 
-    The result is printed first, whatever happens to the file. A file that cannot be written is
-    reported on ``err_stream`` (stderr) as a :class:`ReportWriteError` message and not raised, so
-    the command keeps its exit code (0 when every check holds, 1 otherwise).
+    A file that cannot be written is reported on ``err_stream`` (stderr), not raised, so the command keeps its
+    exit code (0 when every check holds, 1 otherwise).
 
     Args:
         report: any :class:`~natgrad_diag.report.records.Report`.

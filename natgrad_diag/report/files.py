@@ -39,14 +39,8 @@ def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> st
 
 @dataclass(frozen=True)
 class WrittenReport:
-    """What :func:`write_report` wrote.
-
-    Attributes:
-        path: the report file.
-        format: ``"html"`` or ``"markdown"``.
-        images: the picture files written beside a Markdown report (none for HTML: embedded).
-        note: why pictures are missing, if they are ("" otherwise).
-    """
+    """What :func:`write_report` wrote: the report's ``path``, its ``format`` ("html" or "markdown"), the picture
+    files written beside a Markdown report (``images``; HTML embeds them) and why pictures are missing (``note``)."""
 
     path: Path
     format: str
@@ -88,11 +82,8 @@ def _discard(paths: list[Path]) -> None:
 
 
 def _write_all(files: list[tuple[Path, bytes]]) -> None:
-    """Write every file or none: all are staged to temporary files first, then moved into place in order.
-
-    A failure while staging (disk full, directory not writable) removes the staged files and changes
-    nothing. Moving into place is ``os.replace`` (atomic per file) with the report itself last.
-    """
+    """Write every file or none: all are staged to temporary files (a failure removes them and changes nothing),
+    then moved into place in order with ``os.replace`` (atomic per file), the report itself last."""
     staged: list[Path] = []
     try:
         for path, data in files:
@@ -120,11 +111,9 @@ def _check_path(path: Any, argument: str) -> None:
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
     """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it.
 
-    The format follows the extension: ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md``
-    writes ``<stem>-<picture>.png`` in the same directory and links them relatively. Everything is
-    rendered in memory first; each file then goes to a temporary file in the target directory and
-    is moved into place with ``os.replace``, so a failure at any point leaves any previous report at
-    ``path`` as it was. Without matplotlib the report is written without pictures and ``note`` says so.
+    ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md`` writes ``<stem>-<picture>.png`` beside it,
+    linked relatively. Everything is rendered in memory, then written atomically: a failure leaves any previous
+    report at ``path`` as it was. Without matplotlib the report has no pictures and ``note`` says so.
 
     Args:
         report: any :class:`~natgrad_diag.report.records.Report`.

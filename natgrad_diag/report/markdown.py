@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from natgrad_diag.report.layout import check_mark, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
 
 __all__ = ["to_markdown"]
 
@@ -58,6 +58,6 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     for c in report.checks:
         err, bound = check_numbers(c)
         claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
-        rows.append([f"**{check_mark(c)[1]}**", f"`{c.name}`", claim, _md(err), _md(bound)])
+        rows.append([f"**{c.mark}**", f"`{c.name}`", claim, _md(err), _md(bound)])
     parts += ["", "## Checks", "", _md_table(["", "check", "claim", "max abs error", "tolerance"], rows), ""]
     return "\n".join(parts)

@@ -78,8 +78,6 @@ def to_jsonable(value: Any) -> Any:
 #: verify the claim at this precision); the claim does not hold.
 STATUSES = ("pass", "warn", "fail")
 
-_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
-
 
 def worst_status(statuses: Any) -> str:
     """The worst of ``statuses`` ("pass" for none).
@@ -141,7 +139,7 @@ class Check:
     @property
     def mark(self) -> str:
         """"PASS", "WARN" or "FAIL"."""
-        return _MARKS[str(self.status)]
+        return self.status.upper()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import STATUS_STYLES, check_mark, check_numbers, report_status, text_blocks, verdict
-from natgrad_diag.report.records import Check, Table
+from natgrad_diag.report.layout import STATUS_STYLES, check_numbers, text_blocks, verdict
+from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
 
@@ -81,8 +81,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     t.add_column("error", justify="right", no_wrap=True)
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
-        status, word = check_mark(c)
-        mark = Text(word, style="" if plain else STATUS_STYLES[status])
+        mark = Text(c.mark, style="" if plain else STATUS_STYLES[c.status])
         cell = Text()
         cell.append(c.name, style="" if plain else "bold")
         cell.append("\n" + c.claim)
@@ -120,7 +119,7 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
         console.print("------")
     console.print(_rich_checks(report.checks, plain))
     console.print()
-    style = "" if plain else STATUS_STYLES[report_status(report)]
+    style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
     console.print(Text(f"Verdict: {verdict(report)}", style=style))
 
 
