@@ -61,33 +61,28 @@ __all__ = [
     "write_report",
 ]
 
-# name -> module that defines it (imported on first access)
+# module -> the names it defines (each imported on first access)
 _LAZY = {
-    "jacobian": "autodiff.dense",
-    "BlockJacobian": "autodiff.blocks",
-    "Check": "report.records",
-    "Explanation": "lessons.explain",
-    "GradientCheckReport": "gradcheck.api",
-    "NatGradMonitor": "training.monitor",
-    "NatGradReport": "checks.api",
-    "NatGradTrace": "step.trace",
-    "NaturalGradient": "step.optimizer",
-    "OuterExample": "lessons.outer",
-    "SeedScenario": "lessons.scenario",
-    "assert_gradients": "gradcheck.api",
-    "assert_natgrad": "checks.api",
-    "check_gradients": "gradcheck.api",
-    "check_natgrad": "checks.api",
-    "checked_gradient": "autodiff.seeded",
-    "explain_output_gradients": "lessons.explain",
-    "natgrad_map_jacobian": "step.jacobian",
-    "natgrad_trace": "step.trace",
-    "outer_example": "lessons.outer",
-    "seed_scenario": "lessons.scenario",
-    "strict_gradients": "strict.context",
-    "to_terminal": "report.text",
-    "vjp": "autodiff.seeded",
-    "write_report": "report.files",
+    name: module
+    for module, names in {
+        "autodiff.blocks": ("BlockJacobian",),
+        "autodiff.dense": ("jacobian",),
+        "autodiff.seeded": ("checked_gradient", "vjp"),
+        "checks.api": ("NatGradReport", "assert_natgrad", "check_natgrad"),
+        "gradcheck.api": ("GradientCheckReport", "assert_gradients", "check_gradients"),
+        "lessons.explain": ("Explanation", "explain_output_gradients"),
+        "lessons.outer": ("OuterExample", "outer_example"),
+        "lessons.scenario": ("SeedScenario", "seed_scenario"),
+        "report.files": ("write_report",),
+        "report.records": ("Check",),
+        "report.text": ("to_terminal",),
+        "step.jacobian": ("natgrad_map_jacobian",),
+        "step.optimizer": ("NaturalGradient",),
+        "step.trace": ("NatGradTrace", "natgrad_trace"),
+        "strict.context": ("strict_gradients",),
+        "training.monitor": ("NatGradMonitor",),
+    }.items()
+    for name in names
 }
 #: The public submodules, imported on first attribute access (``nd.testing``).
 _SUBMODULES = ("demo", "keras", "pictures", "strict", "testing", "torch_bridge")

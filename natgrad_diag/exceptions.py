@@ -105,83 +105,69 @@ class NatGradDiagError(Exception):
 
 class InputError(NatGradDiagError, ValueError):
     """An argument does not have the shape, dtype or values that the function needs."""
-
     error_message = "Invalid input."
 
 
 class ShapeMismatchError(InputError):
     """An argument's shape does not match what it must have."""
-
     error_message = "Shape mismatch."
 
 
 class DTypeMismatchError(InputError):
     """An argument's dtype does not match the dtype it must share with another argument."""
-
     error_message = "Dtype mismatch."
 
 
 class NonFiniteError(InputError):
     """An argument contains NaN or Inf."""
-
     error_message = "Non-finite values."
 
 
 class SingularCovarianceError(InputError):
     """q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular."""
-
     error_message = "Singular covariance."
 
 
 class OutputGradientsError(InputError):
     """A seed passed as ``output_gradients`` does not match its target (TensorFlow does not check)."""
-
     error_message = "Mismatch in output_gradients."
 
 
 class UnsupportedModelError(NatGradDiagError, ValueError):
     """The model or parametrisation is one that GPflow's natural gradient does not support."""
-
     error_message = "Unsupported model."
 
 
 class UnconnectedGradientError(NatGradDiagError, ValueError):
     """A source does not influence a target (``unconnected="raise"``)."""
-
     error_message = "Unconnected gradient."
 
 
 class StepFailedError(NatGradDiagError, ArithmeticError):
     """The natural-gradient step leaves the positive-definite cone (Cholesky fails) or gives NaN."""
-
     error_message = "Natural-gradient step failed."
 
 
 class JacobianMismatchError(NatGradDiagError, AssertionError):
     """``assert_gradients``: a numerical and an analytical derivative disagree."""
-
     error_message = "Jacobian mismatch."
 
 
 class NatGradCheckError(NatGradDiagError, AssertionError):
     """``assert_natgrad``: a natural-gradient check failed."""
-
     error_message = "Natural-gradient check failed."
 
 
 class MemoryLimitError(NatGradDiagError, MemoryError):
     """A dense Jacobian would exceed the memory limit; nothing was allocated."""
-
     error_message = "Dense Jacobian too large."
 
 
 class MissingExtraError(NatGradDiagError, ImportError):
     """An optional dependency (an extra) is not installed."""
-
     error_message = "Optional dependency missing."
 
 
 class ReportWriteError(NatGradDiagError, OSError):
     """A report file could not be written; any previous file at that path is intact."""
-
     error_message = "Could not write the report."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -175,24 +176,8 @@ class GradientCheckReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        d.update(
-            function=self.function,
-            mode=self.mode,
-            dtype=self.dtype,
-            eps=self.eps,
-            rtol=self.rtol,
-            atol=self.atol,
-            settings_source=self.settings_source,
-            structures=list(self.structures),
-            input_names=list(self.input_names),
-            output_names=list(self.output_names),
-            input_shapes=[list(s) for s in self.input_shapes],
-            output_shapes=[list(s) for s in self.output_shapes],
-            num_directions=self.num_directions,
-            seed=self.seed,
-            cotangents_given=self.cotangents_given,
-            rows=[r.to_dict() for r in self.rows],
-        )
+        d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rows", "checks", "cotangents_given")})
+        d.update(cotangents_given=self.cotangents_given, rows=[r.to_dict() for r in self.rows])
         out: dict[str, Any] = to_jsonable(d)
         return out
 

@@ -169,24 +169,10 @@ class Explanation(Report):
     def to_dict(self) -> dict[str, Any]:
         t = self.trace
         d = super().to_dict()
-        d.update(
-            M=t.num_inducing,
-            L=t.num_latent,
-            dtype=str(t.eta1.dtype),
-            xi_transform=t.xi_transform,
-            gamma=t.gamma,
-            dL_dmean=t.dL_dmean,
-            dL_dvarsqrt=t.dL_dvarsqrt,
-            dL_deta1=t.dL_deta1,
-            dL_deta2=t.dL_deta2,
-            dtheta_deta1=t.dtheta_deta1,
-            dtheta_deta2=t.dtheta_deta2,
-            naive_product=self.naive_product,
-            mean_path=self.mean_path,
-            varsqrt_path=self.varsqrt_path,
-            jacobian_shape=list(self.jacobian.matrix.shape),
-            onehot_row_label=self.row_label,
-        )
+        d.update(M=t.num_inducing, L=t.num_latent, dtype=str(t.eta1.dtype), xi_transform=t.xi_transform, gamma=t.gamma)
+        d.update({k: getattr(t, k) for k in ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2")})
+        d.update(naive_product=self.naive_product, mean_path=self.mean_path, varsqrt_path=self.varsqrt_path)
+        d.update(jacobian_shape=list(self.jacobian.matrix.shape), onehot_row_label=self.row_label)
         out: dict[str, Any] = to_jsonable(d)
         return out
 

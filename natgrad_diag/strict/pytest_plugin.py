@@ -55,21 +55,13 @@ def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: Any) -> Iterator[None]:
+def _under_the_rules(item: Any) -> Iterator[None]:
     with _context(item):
         return (yield)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: Any) -> Iterator[None]:
-    with _context(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: Any) -> Iterator[None]:
-    with _context(item):
-        return (yield)
+# a test's set-up, call and tear-down, each under the rules (pytest finds hooks by these names)
+pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = _under_the_rules
 
 
 @pytest.fixture(name=MARKER)

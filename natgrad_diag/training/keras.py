@@ -1,17 +1,12 @@
 """NatGradCallback: NatGradMonitor's guard around every training batch of a Keras fit (GPflux's NatGradModel).
 
-Imported as ``natgrad_diag.keras.NatGradCallback``.
-
-GPflux trains deep GPs with ``gpflux.optimization.NatGradModel.fit``, whose train step takes one
-``NaturalGradient`` step per ``GPLayer`` and then an Adam step on the other parameters. The callback opens
-``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when the batch ends: the step is
-judged, recorded in ``monitor.guard_records`` and, with ``on_failure="rollback"``, q(u) of every layer is restored
-and every natural-gradient optimizer's γ lowered. Build those optimizers with ``gamma=tf.Variable(...)``: Keras
-compiles the train step, and a Python-number γ changed afterwards does not reach the compiled step. A step that
-raises inside ``fit`` stops ``fit`` (Keras gives callbacks no way to catch it); the guard catches that only around
-your own ``natgrad.minimize`` call.
-
-Importing this module imports neither TensorFlow nor Keras; the class is built on first access::
+``gpflux.optimization.NatGradModel.fit`` takes one ``NaturalGradient`` step per ``GPLayer``, then an Adam step.
+The callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when the
+batch ends: the step is judged, recorded in ``monitor.guard_records`` and, with ``on_failure="rollback"``, q(u) of
+every layer restored and every optimizer's γ lowered. Build those optimizers with ``gamma=tf.Variable(...)``: Keras
+compiles the train step, and a Python-number γ changed afterwards does not reach it. A step that raises inside
+``fit`` stops ``fit`` (Keras lets no callback catch it). Imported as ``natgrad_diag.keras``, without importing
+TensorFlow or Keras (the class is built on first access)::
 
     from natgrad_diag.keras import NatGradCallback
     model.fit(data, epochs=10, callbacks=[NatGradCallback(monitor)])
