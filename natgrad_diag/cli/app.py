@@ -198,6 +198,7 @@ def _xi(name: str) -> Any:
 
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
     if command == "explain":
         from natgrad_diag.lessons.explain import explain_output_gradients
 
@@ -209,31 +210,15 @@ def _run(args: argparse.Namespace) -> Any:
     if command == "check":
         from natgrad_diag.cli.check import check_natgrad_cli
 
-        return check_natgrad_cli(
-            model=args.model,
-            likelihood=args.likelihood,
-            num_inducing=args.num_inducing,
-            num_latent=args.num_latent,
-            num_data=args.num_data,
-            xi=args.xi,
-            gamma=args.gamma,
-            dtype=args.dtype,
-            whiten=args.whiten,
-            mode=args.mode,
-            seed=args.seed,
-            gamma_steps=args.gamma_steps,
-        )
+        return check_natgrad_cli(**options)
     if command == "gradcheck":
         from natgrad_diag.cli.gradcheck import gradcheck_cli
 
-        return gradcheck_cli(
-            map=args.map, num_inducing=args.num_inducing, num_latent=args.num_latent, mode=args.mode,
-            structure=args.structure, dtype=args.dtype, seed=args.seed, eps=args.eps, rtol=args.rtol, atol=args.atol,
-        )  # fmt: skip
+        return gradcheck_cli(**options)
     if command == "bench":
         from natgrad_diag.bench.runner import run_bench
 
-        return run_bench(sizes=args.sizes, repeats=args.repeats, quick=args.quick, progress=True)
+        return run_bench(**options, progress=True)
     raise AssertionError(command)  # pragma: no cover
 
 

@@ -32,8 +32,7 @@ MODES = ("full", "fast")
 
 
 def default_settings(dtype: Any) -> tuple[float, float, float]:
-    """(eps, rtol, atol) for central differences in ``dtype``: :func:`natgrad_diag.tolerance.default_tolerance`'s
-    ``"finite_difference"`` kind (ε ≈ ∛(machine ε) balances truncation and rounding).
+    """(eps, rtol, atol) for central differences in ``dtype``: the policy's ``"finite_difference"`` kind (ε ≈ ∛(machine ε)).
 
     Examples:
         >>> default_settings("float64")
@@ -129,16 +128,11 @@ def _rows(
 ) -> tuple[GradientCheckRow, ...]:  # fmt: skip
     """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
 
-    Central differences are the only oracle independent of TensorFlow's registered gradients: forward
-    mode (``tf.autodiff.ForwardAccumulator``) is built by transposing a registered op gradient, so
-    ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong. Full mode compares every coordinate
-    with the explicit reverse-mode Jacobian; fast mode compares ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random
-    unit pairs (u, v), never forming J, and after a failure on a small block re-runs full mode on that
-    block to name the worst entry.
-
-    References:
-        torch.autograd.gradcheck (slow and fast mode); Salimbeni et al., "Natural Gradients in
-        Practice", AISTATS 2018 (the maps of ``gpflow.optimizers.natgrad``).
+    Central differences are the only oracle independent of TensorFlow's registered gradients (forward mode is
+    built by transposing them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when one is wrong). Full mode compares every
+    coordinate with the explicit reverse-mode Jacobian; fast mode ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random unit
+    pairs (u, v), and re-runs full mode on a small failing block to name the worst entry.
+    References: torch.autograd.gradcheck; Salimbeni et al., AISTATS 2018 (gpflow.optimizers.natgrad's maps).
     """
     eps, rtol, atol = settings.eps, settings.rtol, settings.atol
     if mode == "full":
@@ -213,8 +207,7 @@ def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
 
 
 def _worst_vs_max(r: GradientCheckRow) -> str:
-    """Why the error here can differ from the Blocks table's: this one is the worst entry's, judged against its
-    own tolerance (atol + rtol·|analytical| is per entry); the table shows the block's largest errors."""
+    """Why the worst entry's error (against its own tolerance) can differ from the block's largest, in the table."""
     if r.worst_abs_error == r.max_abs_error:
         return ""
     return (
@@ -256,22 +249,9 @@ def assert_gradients(
     output_names: Sequence[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> GradientCheckReport:
-    """Like :func:`check_gradients`, but raise :class:`~natgrad_diag.JacobianMismatchError` on a mismatch.
-
-    The message names the output and the input, the worst entry, the numerical value against the
-    analytical one, the tolerances, and one line of remedy (e.g. to use ``structure="symmetric"``).
-
-    Args:
-        fn, inputs, structure, mode, cotangents, eps, rtol, atol, seed, num_directions, input_names,
-            output_names, max_bytes: as for :func:`check_gradients`.
-
-    Returns:
-        The :class:`GradientCheckReport`, when every block passes.
-
-    Raises:
-        JacobianMismatchError: a block fails (also an ``AssertionError``, so pytest shows it as a failure).
-        InputError, MemoryLimitError: as for :func:`check_gradients`.
-    """
+    """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
+    ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,
+    the tolerances and a remedy; returns the report when every block passes."""
     report = check_gradients(
         fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol, atol=atol,
         seed=seed, num_directions=num_directions, input_names=input_names, output_names=output_names,
