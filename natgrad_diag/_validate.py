@@ -456,6 +456,19 @@ def require_max_bytes(value: Any, name: str = "max_bytes") -> int:
     return require_int(value, name, minimum=1, expected="bytes ≥ 1, e.g. 2 * 1024**3", remedy=f"pass {name} ≥ 1, or leave the default.")
 
 
+def names_of(given: Sequence[str] | None, count: int, kind: str) -> tuple[str, ...]:
+    """``given`` as ``count`` names of ``kind`` ("inputs" or "outputs"; default ``x0, x1, ...`` or ``y0, y1, ...``)."""
+    if given is None:
+        return tuple(f"{'x' if kind == 'inputs' else 'y'}{k}" for k in range(count))
+    given, argument = tuple(given), f"{kind[:-1]}_names"
+    if len(given) != count:
+        raise input_error(
+            f"{argument} must name each of the {count} {kind}.", argument, f"{count} names", f"{len(given)}: {given}",
+            f"pass {count} names, or leave {argument}=None.",
+        )  # fmt: skip
+    return given
+
+
 def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str = "pass the point, e.g. [x].") -> tuple[list[Any], tuple[str, ...]]:
     """The values of ``inputs`` (a sequence, a dict whose keys name them, or one value) and their names
     (``input_names``, the dict's keys, or ``x0, x1, ...``).
@@ -465,20 +478,12 @@ def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str 
     """
     if inputs is None:
         raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
-    if isinstance(inputs, Mapping):
-        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
-        values = list(inputs.values())
-    else:
-        values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
+    values = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
     if not values:
         raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", remedy)
-    if len(names) != len(values):
-        raise input_error(
-            f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
-            f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
-        )  # fmt: skip
-    return values, names
+    if input_names is None and isinstance(inputs, Mapping):
+        input_names = [str(k) for k in inputs]
+    return values, names_of(input_names, len(values), "inputs")
 
 
 def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:

@@ -14,6 +14,7 @@ from natgrad_diag._validate import (
     as_float_tensor,
     call_fn,
     flat_outputs,
+    names_of,
     output_labels,
     require_callable,
     require_finite,
@@ -60,38 +61,36 @@ def jacobian(
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
-    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), computed in chunks of
-    rows, [e_r, …]ᵀ·J (reverse mode, ``tape.gradient`` with one-hot seeds), or of columns, J·[e_c, …]
-    (forward mode), batched inside a ``tf.function`` traced once per (fn, input shapes and dtypes,
-    options) and cached; it equals ``tape.jacobian`` block by block (the paths: :func:`_build`).
-    A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only,
-    M(M+1)/2 columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly
-    ``tape.jacobian``'s for a function that reads X through a Cholesky factorisation.
+    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), in chunks of rows [e_r, …]ᵀ·J
+    (reverse mode: ``tape.gradient`` with one-hot seeds) or of columns J·[e_c, …] (forward mode), batched in a
+    ``tf.function`` traced once per (fn, input shapes and dtypes, options); it equals ``tape.jacobian`` block by
+    block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only, M(M+1)/2
+    columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly ``tape.jacobian``'s for a
+    function that reads X through a Cholesky factorisation.
 
     Args:
-        fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict);
-            cached by identity: pass the same function object to reuse its compiled chunks.
-        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs); Python
-            numbers and lists become float64 (GPflow's default float), tensors and arrays keep their dtype.
-        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs
-            the keys, or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
+        fn: a function of the inputs returning a tensor or a nest of tensors; its compiled chunks are cached by
+            identity (pass the same function object to reuse them).
+        inputs: the point, a sequence (or a dict: its keys name the inputs); Python numbers and lists become float64.
+        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs the keys,
+            or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
-        mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer
-            columns than rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
-        compiled: ``True``: compiled chunks; ``False``: eagerly, no tracing; ``None`` (default): eager
-            for a first call with at most 64 rows, compiled otherwise and from the second call.
+        mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer columns than
+            rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
+        compiled: ``True``: compiled chunks; ``False``: eagerly; ``None`` (default): eager for a first call with at
+            most 64 rows, compiled otherwise and from the second call.
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
-        ``output_shapes[i] + input_shapes[j]`` in every case).
+        ``output_shapes[i] + input_shapes[j]``).
 
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
-        InputError, ShapeMismatchError: ``fn`` not callable, raising or returning None; ``None``, empty or
-            non-finite inputs; bad ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names.
-        DTypeMismatchError: an integer, bool or complex input or output, or outputs in another dtype than the inputs.
+        InputError: ``fn`` not callable, raising or returning None; ``None``, empty or non-finite inputs; bad
+            ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names; integer, bool or complex inputs or
+            outputs, or outputs in another dtype than the inputs.
 
     Examples:
         >>> import tensorflow as tf
@@ -109,14 +108,7 @@ def jacobian(
     probe = _probe(fn, xs, key, compiled)
     if probe.dict_keys is not None and output_names is None:
         output_names = probe.dict_keys
-    if output_names is not None and len(output_names) != len(probe.out_shapes):
-        n = len(probe.out_shapes)
-        raise InputError(
-            f"output_names must name each of the {n} outputs.",
-            context=[("Argument", "output_names"), ("Expected", f"{n} names"), ("Got", f"{len(output_names)}: {tuple(output_names)}")],
-            remedy=f"pass {n} names, or leave output_names=None.",
-        )
-    out_names = tuple(output_names) if output_names is not None else tuple(f"y{k}" for k in range(len(probe.out_shapes)))
+    out_names = names_of(output_names, len(probe.out_shapes), "outputs")
     size = _size(probe, xs, in_shapes, sym, max_bytes)
     compact = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)

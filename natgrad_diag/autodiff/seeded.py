@@ -216,35 +216,28 @@ def checked_gradient(
 
         ∂L/∂x_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (Jᵀ·v; a seed of ones gives ∂(Σ y)/∂x_j)
 
-    The checks, in torch's spirit: ``target`` is flattened as ``tf.nest.flatten`` does (a dict by its
-    sorted keys) and so is ``output_gradients`` (a single tensor for a single target is fine); there
-    is exactly one seed per target; each seed has exactly its target's shape (no broadcasting) and
-    dtype (no cast); a ``None`` entry means a seed of ones (``tf.ones_like(target_i)``; TensorFlow
-    2.21 itself fails on a ``None`` entry). A seed that is a Python number takes its target's dtype.
-    Nothing is computed before the checks pass, so a non-persistent tape is still usable after an
-    error. Inside ``tf.function``, dims unknown when tracing are checked when the graph runs
-    (``tf.errors.InvalidArgumentError`` with a "Mismatch in output_gradients" message).
+    As torch does: ``target`` and ``output_gradients`` are flattened as ``tf.nest.flatten`` does (a single tensor
+    for a single target is fine); there is one seed per target, of exactly its shape (no broadcasting) and dtype
+    (no cast; a Python number takes its target's dtype); a ``None`` entry means ones. Nothing is computed before
+    the checks pass, so a non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are
+    checked when the graph runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
 
     Args:
         tape: the ``tf.GradientTape`` that recorded the targets.
         target: a tensor or a nest (list, tuple, dict) of tensors.
         sources: a tensor, a variable or a nest of them; the result has the same structure.
-        output_gradients: ``None`` (every target seeded with ones), or one seed per flattened target,
-            in the same nest or flat, each of its target's shape and dtype (``None`` entries: ones).
-        unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as
-            TensorFlow), ``"zero"`` (zeros of the source's shape, ``tf.UnconnectedGradients.ZERO``) or
-            ``"raise"`` (:class:`~natgrad_diag.exceptions.UnconnectedGradientError` naming the source
-            and the target). ``tf.UnconnectedGradients`` values are accepted too.
+        output_gradients: ``None`` (ones for every target), or one seed per flattened target, nested or flat.
+        unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as TensorFlow),
+            ``"zero"`` (zeros of its shape) or ``"raise"`` (:class:`~natgrad_diag.exceptions.UnconnectedGradientError`
+            naming the source and the target); ``tf.UnconnectedGradients`` values too.
 
     Returns:
         The gradients, structured like ``sources``: source j's entry has source j's shape.
 
     Raises:
-        OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype
-            (also a ``ValueError``).
+        OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype (also a ``ValueError``).
         UnconnectedGradientError: ``unconnected="raise"`` and a source does not influence the target.
-        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or
-            ``unconnected`` is not one of the choices.
+        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or a bad ``unconnected``.
 
     Example:
         >>> import tensorflow as tf
@@ -309,20 +302,16 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
 
         result_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (the functional form of output_gradients)
 
-    Each cotangent must have exactly its output's shape and dtype (``None`` entries: ones), as in
-    :func:`checked_gradient`, whose checks this uses.
-
     Args:
         fn: a function of the primals returning a tensor or a nest of tensors.
-        primals: one tensor/array (``fn(x)``) or a list/tuple of them (``fn(*primals)``). Arrays and
-            numbers without a dtype become float64; integer inputs are refused.
-        cotangents: one seed per flattened output (a single tensor for a single output).
-        unconnected: for an input ``fn`` does not use: ``"zero"`` (default, the mathematical answer),
-            ``"none"`` or ``"raise"``.
+        primals: one tensor/array (``fn(x)``) or a list/tuple of them (``fn(*primals)``); arrays and numbers
+            without a dtype become float64, integer inputs are refused.
+        cotangents: one seed per flattened output, of its exact shape and dtype, as in :func:`checked_gradient`.
+        unconnected: for an input ``fn`` does not use: ``"zero"`` (default), ``"none"`` or ``"raise"``.
 
     Returns:
-        ``(outputs, grads)``: ``outputs`` as ``fn`` returned them, and ``grads`` one tensor per primal
-        with that primal's shape (a single tensor when ``primals`` was a single tensor).
+        ``(outputs, grads)``: ``outputs`` as ``fn`` returned them, ``grads`` one tensor per primal of its shape
+        (a single tensor for a single primal).
 
     Raises:
         OutputGradientsError: a wrong number of cotangents, or one of another shape or dtype.

@@ -64,23 +64,21 @@ def check_gradients(
     For each output y_i and input x_j, with perturbations d that respect x_j's structure, numerical
     (y_i(x + ε d) − y_i(x − ε d)) / 2ε against analytical J_ij·d (full mode: every coordinate) or
     ⟨v, numerical⟩ against ⟨J_ijᵀ·v, d⟩ (fast mode: k random unit pairs (d, v)); an entry passes when
-    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise). See :func:`_rows` for the modes.
+    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise).
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies. Python
-            numbers and lists become float64 (GPflow's default float) and are checked with float64's tolerances.
-        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
-            (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
-            input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies; Python numbers
+            and lists become float64.
+        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``: one string, a sequence or a
+            dict by input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
             lower-triangular varsqrt; anything else is general.
         mode: ``"full"`` (every coordinate against the explicit Jacobian) or ``"fast"`` (matrix-free).
-        cotangents: fast mode: fixed cotangents v, one per flattened output (exact shape and dtype; ``None``
-            for ones) instead of random ones; validated but not needed in full mode.
+        cotangents: fast mode's fixed cotangents v (one per flattened output, exact shape and dtype, ``None`` for
+            ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
         seed, num_directions: fast mode's random seed and direction pairs per block (k).
-        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...;
-            nested dict outputs are named by paths such as ``"z/0"``, in ``tf.nest.flatten``'s order).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
     Returns:

@@ -12,6 +12,7 @@ from natgrad_diag._validate import (
     as_float_tensor,
     flat_outputs,
     input_error,
+    names_of,
     output_labels,
     require_finite,
     require_output_dtypes,
@@ -67,14 +68,7 @@ class Problem:
         if output_names is None:
             output_names = output_labels(outputs)  # a dict's keys or paths, in tf.nest.flatten's order
         ys = [np.asarray(y.numpy()) for y in flat]
-        if output_names is None:
-            output_names = tuple(f"y{k}" for k in range(len(ys)))
-        output_names = tuple(output_names)
-        if len(output_names) != len(ys):
-            raise input_error(
-                f"output_names must name each of the {len(ys)} outputs.", "output_names", f"{len(ys)} names",
-                f"{len(output_names)}: {output_names}", f"pass {len(ys)} names, or leave output_names=None.",
-            )  # fmt: skip
+        output_names = names_of(output_names, len(ys), "outputs")
         for name, y in zip(output_names, ys):
             if y.dtype.kind != "f":
                 raise input_error(

@@ -101,19 +101,10 @@ class Explanation(Report):
             "the gradient of the sum of all output elements, summed over both targets. It is not the\n"
             "Jacobian, and multiplying it elementwise by dL/dmean is not the chain rule."
         )
-        rows = []
-        for idx in np.ndindex(M, L):
-            rows.append((
-                f"eta1[{idx[0]},{idx[1]}]",
-                format_number(t.dL_deta1[idx]),
-                format_number(t.dtheta_deta1[idx]),
-                format_number(self.naive_product[idx]),
-                format_number(self.mean_path[idx]),
-                format_number(self.varsqrt_path[idx]),
-            ))  # fmt: skip
+        series = (t.dL_deta1, t.dtheta_deta1, self.naive_product, self.mean_path, self.varsqrt_path)
         table = Table(
             columns=("", "Jᵀ·v", "Jᵀ·1", "(Jᵀ·1)⊙v", "mean path", "varsqrt path"),
-            rows=tuple(rows),
+            rows=tuple((f"eta1[{m},{l}]", *(format_number(a[m, l]) for a in series)) for m, l in np.ndindex(M, L)),
             title="eta1: Jᵀ·v = dL/deta1 (output_gradients), Jᵀ·1 = dtheta/deta1 (default seed), (Jᵀ·1)⊙v the "
             "naive product, and Jᵀ·v split into its mean and varsqrt paths",
         )
