@@ -70,9 +70,8 @@ _LAZY = {
         "autodiff.seeded": ("checked_gradient", "vjp"),
         "checks.api": ("NatGradReport", "assert_natgrad", "check_natgrad"),
         "gradcheck.api": ("GradientCheckReport", "assert_gradients", "check_gradients"),
-        "lessons.explain": ("Explanation", "explain_output_gradients"),
+        "lessons.explain": ("Explanation", "SeedScenario", "explain_output_gradients", "seed_scenario"),
         "lessons.outer": ("OuterExample", "outer_example"),
-        "lessons.scenario": ("SeedScenario", "seed_scenario"),
         "report.files": ("write_report",),
         "report.records": ("Check",),
         "report.text": ("to_terminal",),
@@ -113,9 +112,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.autodiff.dense import jacobian
     from natgrad_diag.autodiff.seeded import checked_gradient, vjp
     from natgrad_diag.gradcheck.api import GradientCheckReport, assert_gradients, check_gradients
-    from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
+    from natgrad_diag.lessons.explain import Explanation, SeedScenario, explain_output_gradients, seed_scenario
     from natgrad_diag.lessons.outer import OuterExample, outer_example
-    from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
     from natgrad_diag.checks.api import NatGradReport, assert_natgrad, check_natgrad
     from natgrad_diag.training.monitor import NatGradMonitor
     from natgrad_diag.step.optimizer import NaturalGradient

@@ -1,4 +1,4 @@
-"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``bench`` and ``strict``.
+"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``gradcheck``, ``bench`` and ``strict``.
 
 Exit codes: 0 when every check holds, 1 when one fails, 2 for bad usage or bad input.
 Only argparse is imported at start-up; each command imports what it needs when it runs.
@@ -10,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
-
-from natgrad_diag.cli.strict import add_strict_parser, run_strict
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -186,8 +184,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
-    add_strict_parser(sub)
+    _add_strict_parser(sub)
     return parser
+
+
+def _add_strict_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "strict",
+        help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
+        description=(
+            "Run SCRIPT in this process with every tf.GradientTape.gradient call checked as PyTorch would: "
+            "a target of more than one element needs output_gradients, and each seed must have its target's "
+            "shape and dtype. Every violation is reported with its file and line; the exit code is 1 if "
+            "there was one, the script's own code if it failed, 0 otherwise."
+        ),
+        usage="natgrad-diag strict [-h] -- python SCRIPT [ARGS ...]",
+    )
+    p.add_argument("script_command", nargs=argparse.REMAINDER, metavar="COMMAND", help="python SCRIPT [ARGS ...] or python -m MODULE [ARGS ...]")
+
+
+def _run_strict(args: argparse.Namespace) -> int:
+    from natgrad_diag.strict.runner import run_command
+
+    return run_command(args.script_command, prog="natgrad-diag strict")
 
 
 def _xi(name: str) -> Any:
@@ -248,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     command = args.command or "explain"
     if command == "strict":
-        return run_strict(args)
+        return _run_strict(args)
     try:
         from natgrad_diag._tf import import_tensorflow_quietly
 

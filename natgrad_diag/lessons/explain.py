@@ -1,4 +1,4 @@
-"""Why ``dL_deta1 != dtheta_deta1 * q_mu_grad``: the lesson, with every claim computed and checked.
+"""Why ``dL_deta1 != dtheta_deta1 * q_mu_grad``: the lesson, every claim computed and checked, and the question's setup.
 
 With J = ∂(mean, varsqrt)/∂(η₁, η₂) and v = (∂L/∂mean, ∂L/∂varsqrt):
 
@@ -13,6 +13,7 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,51 @@ from natgrad_diag.report.records import Check, Section, Table, close_check, form
 from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
-__all__ = ["Explanation", "explain_output_gradients"]
+__all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scenario"]
+
+
+#: q_mu of the user's report, [M, L] = [5, 1].
+SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
+
+
+@dataclass(frozen=True)
+class SeedScenario:
+    """Fresh GPflow Parameters and the gradients the user fed to the natural-gradient step.
+
+    Attributes:
+        q_mu: ``gpflow.Parameter`` [M, L], identity transform.
+        q_sqrt: ``gpflow.Parameter`` [L, M, M] with ``gpflow.utilities.triangular()``; its
+            unconstrained variable is [L, M(M+1)/2].
+        q_mu_grad: [M, L], plays dL/dq_mu (unconstrained): ``0.33 · q_mu.unconstrained_variable``.
+        q_sqrt_grad: [L, M(M+1)/2], plays dL/dq_sqrt (unconstrained): ``q_sqrt.unconstrained_variable``.
+    """
+
+    q_mu: Any
+    q_sqrt: Any
+    q_mu_grad: Any
+    q_sqrt_grad: Any
+
+    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
+        return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
+
+
+def seed_scenario() -> SeedScenario:
+    """Build the user's setup exactly (float64, M = 5, L = 1), with new Parameters on every call.
+
+    Example:
+        >>> from natgrad_diag import natgrad_trace, seed_scenario
+        >>> trace = natgrad_trace(*seed_scenario())
+    """
+    import gpflow
+    import tensorflow as tf
+
+    q_mu = gpflow.Parameter(list(map(list, SEED_Q_MU)), dtype=tf.float64)
+    q_sqrt = gpflow.Parameter(
+        tf.eye(5, batch_shape=[1], dtype=tf.float64), transform=gpflow.utilities.triangular()
+    )
+    q_mu_grad = tf.convert_to_tensor(q_mu.unconstrained_variable) * 0.33
+    q_sqrt_grad = tf.convert_to_tensor(q_sqrt.unconstrained_variable)
+    return SeedScenario(q_mu=q_mu, q_sqrt=q_sqrt, q_mu_grad=q_mu_grad, q_sqrt_grad=q_sqrt_grad)
 
 
 #: The one line that refuses the original mistake where it is made (see natgrad_diag.strict).
@@ -249,7 +294,7 @@ def explain_output_gradients(
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
 
     Args:
-        source: a :class:`NatGradTrace`, a :class:`~natgrad_diag.lessons.scenario.SeedScenario` (or any
+        source: a :class:`NatGradTrace`, a :class:`SeedScenario` (or any
             ``(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)`` tuple), or ``None`` for ``seed_scenario()``.
         gamma, xi_transform: passed to :func:`natgrad_trace` when ``source`` is not a trace.
         rtol, atol: tolerances for "equal" (default from the dtype: 1e-10/1e-12 in float64).
@@ -259,8 +304,6 @@ def explain_output_gradients(
         It never raises on a failed check; see ``Explanation.passed``.
     """
     if source is None:
-        from natgrad_diag.lessons.scenario import seed_scenario
-
         source = seed_scenario()
     _check_source(source)
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
