@@ -243,21 +243,13 @@ def validate_seeds(
     argument: str = "output_gradients",
     target_name: str = "target",
 ) -> None:
-    """Each given seed (``None`` means ones) must have exactly its target's shape and dtype.
+    """Each given seed (``None`` means ones) must have exactly its target's shape and dtype, as torch's ``Mismatch in
+    shape: grad_output[0] has a shape of ...``: no broadcasting, no silent cast.
 
-    Mirrors torch's ``Mismatch in shape: grad_output[0] has a shape of ... and output[0] has a shape
-    of ...``: no broadcasting, no silent cast. ``seeds`` and ``targets`` are already flattened
-    (``tf.nest.flatten``). A seed without a dtype (a Python number) is not dtype-checked: the caller
-    converts it to its target's dtype. Unknown static dims (inside ``tf.function``) are not compared.
-
-    Args:
-        seeds: the flattened seeds (cotangents), ``None`` entries allowed.
-        targets: the flattened targets (outputs), tensors or variables.
-        argument: the user-facing name of the seeds, e.g. ``"output_gradients"`` or ``"cotangents"``.
-        target_name: the user-facing name of one target, e.g. ``"target"`` or ``"output"``.
-
-    Raises:
-        OutputGradientsError: wrong number of seeds, or a seed of another shape or dtype.
+    ``seeds`` and ``targets`` are flattened (``tf.nest.flatten``); ``argument`` and ``target_name`` are their
+    names in the message (``"output_gradients"``/``"target"``, ``"cotangents"``/``"output"``). A seed without a
+    dtype (a Python number) is not dtype-checked; unknown static dims (inside ``tf.function``) are not compared.
+    Raises OutputGradientsError for a wrong number of seeds, or a seed of another shape or dtype.
     """
 
     def static_dims(x: Any) -> tuple[int | None, ...] | None:

@@ -37,23 +37,20 @@ def assert_vjp_matches_jacobian(
 ) -> tuple[Array, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 
-    With J_ij = ∂y_i/∂x_j from reverse mode (:func:`natgrad_diag.gradcheck.full.reverse_jacobian`, one-hot seeds) and v_i the
-    cotangent of output i, the expected result for input j is the explicit contraction
+    With J_ij = ∂y_i/∂x_j from reverse mode (one-hot seeds) and v_i the cotangent of output i, the expected
+    result for input j is the explicit contraction
 
         (Jᵀ·v)_j[b] = Σ_i Σ_a v_i[a] · J_ij[a, b]          (numpy ``tensordot``)
 
-    which is what ``output_gradients`` computes, and not (Jᵀ·1) ⊙ v. Catches gradients that are not
-    linear in the upstream gradient (a ``tf.custom_gradient`` that forgets to multiply by ``dy``) and
-    seeds in the wrong order. To check the Jacobian itself against finite differences use
-    :func:`assert_gradients`.
+    not (Jᵀ·1) ⊙ v. Catches gradients that are not linear in the upstream gradient (a ``tf.custom_gradient``
+    that forgets to multiply by ``dy``) and seeds in the wrong order; :func:`assert_gradients` checks J itself.
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors.
         inputs: the point: a sequence of float tensors/arrays (or a dict: its keys name the inputs).
         cotangents: one seed per flattened output (exact shape and dtype; ``None`` means ones).
-        rtol, atol: tolerances; default :func:`natgrad_diag.tolerance.default_tolerance`'s "exact" kind
-            ((1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32). An entry
-            passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|.
+        rtol, atol: an entry passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|; default the policy's "exact" kind
+            ((1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32).
         input_names, output_names: names for the message (default ``x0, ...`` / ``y0, ...`` or dict keys).
         max_bytes: refuse, before allocating, a dense Jacobian larger than this (default 2 GiB).
 

@@ -184,11 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
-    _add_strict_parser(sub)
-    return parser
-
-
-def _add_strict_parser(sub: Any) -> None:
     p = sub.add_parser(
         "strict",
         help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
@@ -201,12 +196,7 @@ def _add_strict_parser(sub: Any) -> None:
         usage="natgrad-diag strict [-h] -- python SCRIPT [ARGS ...]",
     )
     p.add_argument("script_command", nargs=argparse.REMAINDER, metavar="COMMAND", help="python SCRIPT [ARGS ...] or python -m MODULE [ARGS ...]")
-
-
-def _run_strict(args: argparse.Namespace) -> int:
-    from natgrad_diag.strict.runner import run_command
-
-    return run_command(args.script_command, prog="natgrad-diag strict")
+    return parser
 
 
 def _xi(name: str) -> Any:
@@ -267,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     command = args.command or "explain"
     if command == "strict":
-        return _run_strict(args)
+        from natgrad_diag.strict.runner import run_command
+
+        return run_command(args.script_command, prog="natgrad-diag strict")
     try:
         from natgrad_diag._tf import import_tensorflow_quietly
 

@@ -424,27 +424,22 @@ def outer_example(
     atol: float = 1e-12,
     use_torch: bool | None = None,
 ) -> OuterExample:
-    """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked.
+    """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked; never raises on a failed check.
 
     For y = x xᵀ (J[j, k, i] = ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik, shape [n, n, n]) it computes with
     :func:`~natgrad_diag.checked_gradient` and checks against closed forms:
 
         seed of ones:  ∂L/∂x = Jᵀ·1 = 2·sum(x)            (= Σ_jk J[j, k, :], the contraction)
         chain z = y²:  (∂y/∂x)ᵀ·((∂z/∂y)ᵀ·1) = one step = 4 x Σ_k x_k²
-        seed ones_like(x) [n] for y [n, n]:  refused with OutputGradientsError (TensorFlow fails deep
-        inside); seed [n, 1] for sin(x) [n]: refused (TensorFlow broadcasts silently)
+        seed ones_like(x) [n] for y [n, n], and seed [n, 1] for sin(x) [n]: refused (TensorFlow fails deep
+        inside on the first and broadcasts the second)
 
     and, when PyTorch is installed, runs the same with ``torch.autograd.grad`` and compares.
 
     Args:
-        x: [n] the point, 1 ≤ n ≤ 64 (default [1, 2, 3, 4], PyTorch's example). Copied, never changed.
-        rtol, atol: "equal" means max |a − b| ≤ atol + rtol · max |reference| (float64 defaults).
-        use_torch: ``None`` (default): cross-check with PyTorch if it is installed; ``True``: require
-            it; ``False``: skip it.
-
-    Returns:
-        A frozen :class:`OuterExample`; ``str()`` is the lesson, ``to_dict()`` its JSON (with
-        ``gradient_ones_seed``, ``jacobian_shape`` and ``checks``). Never raises on a failed check.
+        x: [n] the point, 1 ≤ n ≤ 64 (default [1, 2, 3, 4], PyTorch's example); copied, never changed.
+        rtol, atol: "equal" means max |a − b| ≤ atol + rtol · max |reference|.
+        use_torch: ``None``: cross-check with PyTorch if it is installed; ``True``: require it; ``False``: skip it.
 
     Raises:
         InputError: x is not a finite vector of 1 to 64 numbers, or a tolerance is negative.
