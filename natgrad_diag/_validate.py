@@ -62,17 +62,14 @@ def param_parts(x: Any, name: str) -> ParamParts:
     try:
         t = tf.convert_to_tensor(x)
     except (TypeError, ValueError) as e:
-        raise InputError(
-            f"{name} could not be converted to a tensor.",
-            context=[("Argument", name), ("Expected", "a gpflow.Parameter, tf.Variable, tensor or array"), ("Got", type(x).__name__)],
-            remedy=f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.",
-        ) from e
+        raise input_error(f"{name} could not be converted to a tensor.", name, "a gpflow.Parameter, tf.Variable, tensor or array",
+                          type(x).__name__, f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.") from e
     return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
 
 
-def input_error(detail: str, argument: str, expected: str, got: object, remedy: str) -> InputError:
-    """An :class:`InputError` with the usual context: the argument, what was expected and what was got."""
-    return InputError(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
+def input_error(detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[InputError] = InputError) -> InputError:
+    """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got."""
+    return kind(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
 
 
 def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
@@ -102,47 +99,29 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
         detail, default_expected, example = f"{name} must be a positive integer.", "an int ≥ 1", 4
     else:
         detail, default_expected, example = f"{name} must be an integer ≥ {minimum}.", f"an int ≥ {minimum}", max(minimum, 4)
-    raise InputError(
-        detail,
-        context=[("Argument", name), ("Expected", expected or default_expected), ("Got", repr(value))],
-        remedy=remedy or f"pass e.g. {name}={example}.",
-    )
+    raise input_error(detail, name, expected or default_expected, repr(value), remedy or f"pass e.g. {name}={example}.")
 
 
-def require_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
-    """``float(value)``, finite and > 0 (≥ 0 with ``allow_zero``); else an :class:`InputError` naming ``name``.
+def require_positive_float(value: Any, name: str) -> float:
+    """``float(value)``, finite and > 0; else an :class:`InputError` naming ``name``.
 
     Examples:
         >>> require_positive_float(1e-6, "eps")
         1e-06
-        >>> require_positive_float(0, "rtol", allow_zero=True)
-        0.0
     """
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InputError(
-            f"{name} must be a number.",
-            context=[("Argument", name), ("Expected", "a finite float"), ("Got", repr(value))],
-            remedy=f"pass {name} as a float.",
-        ) from None
-    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        bound = "≥ 0" if allow_zero else "> 0"
-        raise InputError(
-            f"{name} must be finite and {bound}.",
-            context=[("Argument", name), ("Expected", f"a finite float {bound}"), ("Got", v)],
-            remedy=f"pass a finite {name} {bound}.",
-        )
+        raise input_error(f"{name} must be a number.", name, "a finite float", repr(value), f"pass {name} as a float.") from None
+    if not np.isfinite(v) or v <= 0:
+        raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, f"pass a finite {name} > 0.")
     return v
 
 
 def require_float(x: Any, name: str) -> None:
     if dtype_name(x) not in ("float64", "float32", "float16"):
-        raise DTypeMismatchError(
-            f"{name} must be a floating-point tensor.",
-            context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", dtype_name(x))],
-            remedy=f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.",
-        )
+        raise input_error(f"{name} must be a floating-point tensor.", name, "float64 (or float32)", dtype_name(x),
+                          f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.", kind=DTypeMismatchError)
 
 
 def require_finite(x: Any, name: str) -> None:
@@ -159,11 +138,8 @@ def require_finite(x: Any, name: str) -> None:
 
 def require_same_dtype(x: Any, ref: Any, name: str, ref_name: str) -> None:
     if dtype_name(x) != dtype_name(ref):
-        raise DTypeMismatchError(
-            f"{name} must have the dtype of {ref_name}.",
-            context=[("Argument", name), ("Expected", f"{dtype_name(ref)} (the dtype of {ref_name})"), ("Got", dtype_name(x))],
-            remedy=f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.",
-        )
+        raise input_error(f"{name} must have the dtype of {ref_name}.", name, f"{dtype_name(ref)} (the dtype of {ref_name})", dtype_name(x),
+                          f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.", kind=DTypeMismatchError)
 
 
 def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
@@ -518,11 +494,9 @@ def validate_model(model: Any) -> None:
             remedy="natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
         )
     if q_mu.dtype not in (np.float64, np.float32) and getattr(q_mu.dtype, "name", "") not in ("float64", "float32"):
-        raise InputError(
-            "the model's variational parameters must be float64 or float32.",
-            context=[("Argument", "model.q_mu"), ("Expected", "float64 (or float32)"), ("Got", str(q_mu.dtype))],
-            remedy="build the model under gpflow.config.set_default_float(np.float64).",
-        )
+        raise input_error("the model's variational parameters must be float64 or float32.", "model.q_mu",
+                          "float64 (or float32)", str(q_mu.dtype),
+                          "build the model under gpflow.config.set_default_float(np.float64).")
 
 
 def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error
 from natgrad_diag.checks.context import dtype_context
 from natgrad_diag.checks.context import float_dtype as _dtype
 from natgrad_diag.typing import Array
@@ -33,21 +33,15 @@ MODELS = ("svgp", "vgp")
 def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
     text = str(value).lower()
     if text not in allowed:
-        raise InputError(
-            f"{name} must be one of {', '.join(allowed)}.",
-            context=[("Argument", name), ("Expected", " | ".join(allowed)), ("Got", repr(value))],
-            remedy=f"pass {name}={allowed[0]!r} or another of the listed names.",
-        )
+        raise input_error(f"{name} must be one of {', '.join(allowed)}.", name, " | ".join(allowed), repr(value),
+                          f"pass {name}={allowed[0]!r} or another of the listed names.")
     return text
 
 
 def _count(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise InputError(
-            f"{name} must be an integer ≥ {minimum}.",
-            context=[("Argument", name), ("Expected", f"an int ≥ {minimum}"), ("Got", repr(value))],
-            remedy=f"pass {name} as a positive integer.",
-        )
+        raise input_error(f"{name} must be an integer ≥ {minimum}.", name, f"an int ≥ {minimum}", repr(value),
+                          f"pass {name} as a positive integer.")
     return int(value)
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.exceptions import InputError, MissingExtraError
+from natgrad_diag._validate import input_error
+from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
@@ -121,11 +122,9 @@ class HeatmapData:
         cols = {b.name: b for b in self.col_blocks}
         for argument, name, spans in (("output", output, rows), ("input", input, cols)):
             if name not in spans:
-                raise InputError(
-                    f"the heatmap has no {argument} named {name!r}.",
-                    context=[("Argument", argument), ("Expected", f"one of {sorted(spans)}"), ("Got", repr(name))],
-                    remedy=f"use a name from .{'row' if argument == 'output' else 'col'}_blocks.",
-                )
+                raise input_error(f"the heatmap has no {argument} named {name!r}.", argument,
+                                  f"one of {sorted(spans)}", repr(name),
+                                  f"use a name from .{'row' if argument == 'output' else 'col'}_blocks.")
         r, c = rows[output], cols[input]
         return self.matrix[r.start : r.stop, c.start : c.stop]
 
@@ -145,11 +144,9 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
     if not isinstance(jacobian, BlockJacobian):
-        raise InputError(
-            "the heatmap needs the explicit Jacobian.",
-            context=[("Argument", "jacobian"), ("Expected", "a natgrad_diag.BlockJacobian"), ("Got", type(jacobian).__name__)],
-            remedy="pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.",
-        )
+        raise input_error("the heatmap needs the explicit Jacobian.", "jacobian",
+                          "a natgrad_diag.BlockJacobian", type(jacobian).__name__,
+                          "pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.")
     return HeatmapData(
         matrix=np.array(jacobian.matrix, copy=True),
         row_labels=tuple(jacobian.row_labels),
@@ -242,20 +239,15 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
     :class:`~natgrad_diag.Explanation` (anything with ``trace.dL_deta1``, ``naive_product``, ``mean_path`` and
     ``varsqrt_path``, each [M, L]); an InputError when one is missing or their shapes differ."""
     if not has_eta1_comparison(report):
-        raise InputError(
-            "the eta1 chart needs an explanation of output_gradients.",
-            context=[("Argument", "report"), ("Expected", "trace.dL_deta1, naive_product, mean_path, varsqrt_path"),
-                     ("Got", type(report).__name__)],  # fmt: skip
-            remedy="pass the result of natgrad_diag.explain_output_gradients().",
-        )
+        raise input_error("the eta1 chart needs an explanation of output_gradients.", "report",
+                          "trace.dL_deta1, naive_product, mean_path, varsqrt_path", type(report).__name__,
+                          "pass the result of natgrad_diag.explain_output_gradients().")
     arrays = [np.asarray(a) for a in (report.trace.dL_deta1, report.naive_product, report.mean_path, report.varsqrt_path)]
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
-        raise InputError(
-            "the eta1 series do not have one shape.",
-            context=[("Argument", "report"), ("Expected", "four [M, L] arrays"), ("Got", str([a.shape for a in arrays]))],
-            remedy="build the report with explain_output_gradients().",
-        )
+        raise input_error("the eta1 series do not have one shape.", "report",
+                          "four [M, L] arrays", str([a.shape for a in arrays]),
+                          "build the report with explain_output_gradients().")
     shape = arrays[0].shape
     labels = tuple(f"eta1[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape))
     vjp, naive, mean_path, varsqrt_path = (np.array(a, dtype=float).ravel() for a in arrays)
@@ -271,11 +263,8 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
     """
     data = eta1_comparison_data(report)
     if not isinstance(max_charts, int) or max_charts < 1:
-        raise InputError(
-            "max_charts must be a positive integer.",
-            context=[("Argument", "max_charts"), ("Expected", "an int ≥ 1"), ("Got", repr(max_charts))],
-            remedy="pass e.g. max_charts=24.",
-        )
+        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts),
+                          "pass e.g. max_charts=24.")
     require_matplotlib()
     n = min(len(data.labels), max_charts)
     ncols = min(n, 5)
@@ -332,11 +321,8 @@ def plot_check_errors(report: Any) -> Any:
     """
     rows = check_errors_data(report)
     if not rows:
-        raise InputError(
-            "the report has no numeric check to draw.",
-            context=[("Argument", "report"), ("Expected", "checks with max_abs_error and tolerance"), ("Got", "none")],
-            remedy="draw this picture only for reports with numeric checks (see check_errors_data).",
-        )
+        raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
+                          "draw this picture only for reports with numeric checks (see check_errors_data).")
     require_matplotlib()
     values = [v for r in rows for v in (r.max_abs_error, r.tolerance) if np.isfinite(v) and v > 0]
     floor = 10.0 ** (math.floor(math.log10(min(values))) - 2) if values else 1e-18

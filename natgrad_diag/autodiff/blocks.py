@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["BlockJacobian", "element_labels", "vech_layout"]
@@ -321,11 +321,9 @@ class BlockJacobian:
         try:
             r = self.row_labels.index(label)
         except ValueError:
-            raise InputError(
-                f"no output element is labelled {label!r}.",
-                context=[("Argument", "label"), ("Expected", f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}"), ("Got", label)],
-                remedy="use a label from .row_labels.",
-            ) from None
+            raise input_error(f"no output element is labelled {label!r}.", "label",
+                              f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}", label,
+                              "use a label from .row_labels.") from None
         return self._general(self.compact[r : r + 1])[0]
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 from natgrad_diag._compile import recall, remember
 from natgrad_diag._compile import trace_count as _trace_count
 from natgrad_diag._validate import (
+    input_error,
     as_float_tensor,
     call_fn,
     flat_outputs,
@@ -28,7 +29,7 @@ from natgrad_diag._validate import (
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
-from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["jacobian", "trace_count"]
@@ -179,11 +180,8 @@ class _Size:
 
 def _check_options(mode: str, chunk_size: Any) -> None:
     if mode not in ("auto", "forward", "reverse"):
-        raise InputError(
-            "mode must be 'auto', 'forward' or 'reverse'.",
-            context=[("Argument", "mode"), ("Expected", "'auto', 'forward' or 'reverse'"), ("Got", repr(mode))],
-            remedy="leave mode='auto' (forward when there are fewer columns than rows).",
-        )
+        raise input_error("mode must be 'auto', 'forward' or 'reverse'.", "mode", "'auto', 'forward' or 'reverse'", repr(mode),
+                          "leave mode='auto' (forward when there are fewer columns than rows).")
     if chunk_size is not None:
         require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
 
@@ -270,11 +268,9 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
         symmetric = [symmetric] * len(in_shapes)
     flags = tuple(bool(s) for s in symmetric)
     if len(flags) != len(in_shapes):
-        raise InputError(
-            "symmetric needs one flag per input.",
-            context=[("Argument", "symmetric"), ("Expected", f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})"), ("Got", f"{len(flags)} flags")],
-            remedy="pass e.g. symmetric=(False, True) to store the second input by its lower triangle.",
-        )
+        raise input_error("symmetric needs one flag per input.", "symmetric",
+                          f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})", f"{len(flags)} flags",
+                          "pass e.g. symmetric=(False, True) to store the second input by its lower triangle.")
     for flag, s, n in zip(flags, in_shapes, in_names):
         if flag and (len(s) < 2 or s[-1] != s[-2]):
             raise ShapeMismatchError(

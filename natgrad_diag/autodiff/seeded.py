@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from natgrad_diag._validate import call_fn, dtype_name, require_finite, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
 from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
@@ -73,11 +73,9 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
 
     flat = tf.nest.flatten(target)
     if not flat:
-        raise InputError(
-            f"{argument} is empty: there is nothing to differentiate.",
-            context=[("Argument", argument), ("Expected", "a tensor or a nest (list, tuple, dict) of tensors"), ("Got", repr(target))],
-            remedy=f"pass the {target_name}(s) computed inside the tape's context.",
-        )
+        raise input_error(f"{argument} is empty: there is nothing to differentiate.", argument,
+                          "a tensor or a nest (list, tuple, dict) of tensors", repr(target),
+                          f"pass the {target_name}(s) computed inside the tape's context.")
     for i, t in enumerate(flat):
         if not isinstance(t, (tf.Tensor, tf.Variable)):
             got = "None" if t is None else f"{type(t).__name__} {t!r}"[:60]
@@ -251,11 +249,9 @@ def checked_gradient(
     import tensorflow as tf
 
     if not isinstance(tape, tf.GradientTape):
-        raise InputError(
-            "tape must be the tf.GradientTape that recorded the target.",
-            context=[("Argument", "tape"), ("Expected", "tf.GradientTape"), ("Got", type(tape).__name__)],
-            remedy="call checked_gradient(tape, target, sources, output_gradients) as you would tape.gradient(...).",
-        )
+        raise input_error("tape must be the tf.GradientTape that recorded the target.", "tape",
+                          "tf.GradientTape", type(tape).__name__,
+                          "call checked_gradient(tape, target, sources, output_gradients) as you would tape.gradient(...).")
     mode = _unconnected_mode(unconnected)
     targets = _flat_targets(target, "target", "target")
     seeds = _prepare_seeds(output_gradients, targets, argument="output_gradients", target_name="target", structure=target)
@@ -271,18 +267,14 @@ def _to_primal(x: Any, k: int) -> Any:
     import tensorflow as tf
 
     if x is None:
-        raise InputError(
-            f"primals[{k}] is None.", context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", "None")],
-            remedy="pass the point to differentiate at.",
-        )
+        raise input_error(f"primals[{k}] is None.", f"primals[{k}]", "a floating-point tensor, array or number", "None",
+                          "pass the point to differentiate at.")
     try:
         t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e:
-        raise InputError(
-            f"primals[{k}] could not be converted to a tensor.",
-            context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", type(x).__name__)],
-            remedy="pass float64 arrays or tensors.",
-        ) from e
+        raise input_error(f"primals[{k}] could not be converted to a tensor.", f"primals[{k}]",
+                          "a floating-point tensor, array or number", type(x).__name__,
+                          "pass float64 arrays or tensors.") from e
     if t.dtype.is_floating and tf.executing_eagerly():
         require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:
@@ -327,10 +319,8 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
     import tensorflow as tf
 
     if not callable(fn):
-        raise InputError(
-            "fn must be callable.", context=[("Argument", "fn"), ("Expected", "a function of the primals"), ("Got", type(fn).__name__)],
-            remedy="pass the function itself, e.g. vjp(tf.sin, x, v).",
-        )
+        raise input_error("fn must be callable.", "fn", "a function of the primals", type(fn).__name__,
+                          "pass the function itself, e.g. vjp(tf.sin, x, v).")
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from natgrad_diag.exceptions import InputError
 from natgrad_diag.checks.gamma_steps import MAX_GAMMA_STEPS
+from natgrad_diag._validate import input_error
 
 if TYPE_CHECKING:
     from natgrad_diag.checks.report import NatGradReport
@@ -60,11 +60,8 @@ def check_natgrad_cli(
     from natgrad_diag.checks.api import check_natgrad
 
     if xi not in ("nat", "meanvar"):
-        raise InputError(
-            "xi must be 'nat' or 'meanvar'.",
-            context=[("Argument", "--xi"), ("Expected", "nat | meanvar"), ("Got", repr(xi))],
-            remedy="pass --xi nat (GPflow's default) or --xi meanvar.",
-        )
+        raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
+                          "pass --xi nat (GPflow's default) or --xi meanvar.")
     demo = make_model(
         model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
         whiten=whiten, dtype=dtype, seed=seed,

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import InputError, JacobianMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import JacobianMismatchError
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
 
@@ -120,15 +120,9 @@ class GradientCheckReport(Report):
         for r in self.rows:
             if output in (r.output, r.output_index) and input in (r.input, r.input_index):
                 return r
-        raise InputError(
-            f"no block ∂{output}/∂{input} in this report.",
-            context=[
-                ("Argument", "output, input"),
-                ("Expected", f"outputs {self.output_names}, inputs {self.input_names}"),
-                ("Got", f"{output!r}, {input!r}"),
-            ],
-            remedy="use names from report.output_names and report.input_names (or their indices).",
-        )
+        raise input_error(f"no block ∂{output}/∂{input} in this report.", "output, input",
+                          f"outputs {self.output_names}, inputs {self.input_names}", f"{output!r}, {input!r}",
+                          "use names from report.output_names and report.input_names (or their indices).")
 
     def sections(self) -> tuple[Section, ...]:
         how = (

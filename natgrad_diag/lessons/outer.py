@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import shape_str
+from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
-from natgrad_diag.exceptions import InputError, MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
+from natgrad_diag.exceptions import MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
 from natgrad_diag.typing import Array, FloatArray
@@ -385,11 +385,8 @@ def _validate_x(x: Any) -> Array:
     try:
         a = np.array(x, dtype=np.float64)  # a copy: the caller's x is never touched
     except (TypeError, ValueError) as e:
-        raise InputError(
-            "x must be a list of numbers.",
-            context=[("Argument", "x"), ("Expected", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]"), ("Got", repr(x)[:80])],
-            remedy="pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
-        ) from e
+        raise input_error("x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
+                          "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.") from e
     if a.ndim != 1:
         raise ShapeMismatchError(
             "x must be a vector.",
@@ -409,11 +406,9 @@ def _validate_x(x: Any) -> Array:
             remedy="pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
         )
     if np.max(np.abs(a)) > MAX_ABS_X:
-        raise InputError(
-            "x is too large: the chain z = (x xᵀ)² would overflow float64.",
-            context=[("Argument", "x"), ("Expected", f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)"), ("Got", _vec(a))],
-            remedy="rescale x; the lesson does not depend on its size, e.g. outer_example([1, 2, 3, 4]).",
-        )
+        raise input_error("x is too large: the chain z = (x xᵀ)² would overflow float64.", "x",
+                          f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)", _vec(a),
+                          "rescale x; the lesson does not depend on its size, e.g. outer_example([1, 2, 3, 4]).")
     return a
 
 

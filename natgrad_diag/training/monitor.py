@@ -10,7 +10,7 @@ from typing import Any
 
 from gpflow.monitor import MonitorTask
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.gamma_steps import validate_gamma_steps
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard
 from natgrad_diag.training.tensorboard import ScalarLog
@@ -80,14 +80,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     ) -> None:
         super().__init__()
         _validate_options(on_failure, loss_increase)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise InputError(
-                "every must be a positive integer.",
-                context=[("Argument", "every"), ("Expected", "an int ≥ 1"), ("Got", repr(every))],
-                remedy="pass every=10 to check every tenth step.",
-            )
-        from natgrad_diag._validate import require_positive_float
-
+        every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
         self.model = model
         self.data = data
         self.gamma = require_positive_float(gamma, "gamma")
@@ -207,17 +200,13 @@ def _validate_options(on_failure: Any, loss_increase: Any) -> None:
     import math
 
     if on_failure not in ON_FAILURE:
-        raise InputError(
-            "on_failure must be 'warn', 'raise' or 'rollback'.",
-            context=[("Argument", "on_failure"), ("Expected", "'warn' | 'raise' | 'rollback'"), ("Got", repr(on_failure))],
-            remedy="pass on_failure='rollback' to restore q(u) and lower γ after a failed step.",
-        )
+        raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
+                          "'warn' | 'raise' | 'rollback'", repr(on_failure),
+                          "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.")
     if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0 or math.isnan(loss_increase):
-        raise InputError(
-            "loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).",
-            context=[("Argument", "loss_increase"), ("Expected", "a float ≥ 0"), ("Got", repr(loss_increase))],
-            remedy="pass loss_increase=0.5 (a step may raise the loss by half its size).",
-        )
+        raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
+                          "a float ≥ 0", repr(loss_increase),
+                          "pass loss_increase=0.5 (a step may raise the loss by half its size).")
 
 
 NatGradMonitor.__module__ = "natgrad_diag"  # where users import it from
