@@ -67,9 +67,12 @@ def param_parts(x: Any, name: str) -> ParamParts:
     return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
 
 
-def input_error(detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[InputError] = InputError) -> InputError:
-    """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got."""
-    return kind(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
+def input_error(
+    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[InputError] = InputError, label: str = "Got"
+) -> InputError:
+    """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got
+    (labelled ``label``: "Actual" for a shape)."""
+    return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
 
 
 def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
@@ -532,9 +535,9 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
             raise ShapeMismatchError(f"{name}'s {part} must be a non-empty matrix {dims}.", context=[("Argument", arg), ("Expected", f"{dims} with N ≥ 1 and at least one column"), ("Actual", shape_str(a.shape))],
                                      remedy=f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at least one data point.")  # fmt: skip
     if X.shape[0] != Y.shape[0]:
-        raise ShapeMismatchError(f"{name}'s X and Y must have the same number of rows N.", context=[
-            ("Argument", name), ("Expected", "X [N, D] and Y [N, P] with one N"), ("Actual", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}")],
-            remedy="pass X and Y of the same data points.")  # fmt: skip
+        raise input_error(f"{name}'s X and Y must have the same number of rows N.", name,
+                          "X [N, D] and Y [N, P] with one N", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}",
+                          "pass X and Y of the same data points.", kind=ShapeMismatchError, label="Actual")
     Z = getattr(getattr(model, "inducing_variable", None), "Z", None)
     D = int(Z.shape[-1]) if Z is not None and len(Z.shape) == 2 else None
     if D is not None and X.shape[1] != D:

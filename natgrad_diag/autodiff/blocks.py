@@ -265,11 +265,9 @@ class BlockJacobian:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
             vectors = [vectors]
         if len(vectors) != len(shapes):
-            raise ShapeMismatchError(
-                f"{argument} needs one array per {side}.",
-                context=[("Argument", argument), ("Expected", f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes))), ("Actual", f"{len(vectors)} array(s)")],
-                remedy=f"pass a list with one array per {side}, in order.",
-            )
+            raise input_error(f"{argument} needs one array per {side}.", argument,
+                              f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes)), f"{len(vectors)} array(s)",
+                              f"pass a list with one array per {side}, in order.", kind=ShapeMismatchError, label="Actual")
         out = []
         for k, (v, s) in enumerate(zip(vectors, shapes)):
             a = np.asarray(v, dtype=self.dtype)

@@ -388,11 +388,8 @@ def _validate_x(x: Any) -> Array:
         raise input_error("x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
                           "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.") from e
     if a.ndim != 1:
-        raise ShapeMismatchError(
-            "x must be a vector.",
-            context=[("Argument", "x"), ("Expected", "[n]"), ("Actual", shape_str(a.shape))],
-            remedy="pass a flat list of numbers, e.g. [1, 2, 3, 4].",
-        )
+        raise input_error("x must be a vector.", "x", "[n]", shape_str(a.shape),
+                          "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError, label="Actual")
     if not 1 <= a.shape[0] <= MAX_LENGTH:
         raise ShapeMismatchError(
             f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).",
