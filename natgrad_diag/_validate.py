@@ -164,15 +164,9 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
             remedy="build the model with q_diag=False (the default) to use natural gradients.",
         )
     if sq_shape != (L, M, M):
-        raise ShapeMismatchError(
-            "q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).",
-            context=[
-                ("Argument", "q_sqrt"),
-                ("Expected", f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})"),
-                ("Actual", shape_str(sq_shape)),
-            ],
-            remedy="pass the q_mu and q_sqrt of the same variational distribution.",
-        )
+        raise input_error("q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).", "q_sqrt",
+                          f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})", shape_str(sq_shape),
+                          "pass the q_mu and q_sqrt of the same variational distribution.", kind=ShapeMismatchError, label="Actual")
     require_float(q_mu.value, "q_mu")
     require_same_dtype(q_sqrt.value, q_mu.value, "q_sqrt", "q_mu")
     require_finite(q_mu.value, "q_mu")

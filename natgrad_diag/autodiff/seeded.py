@@ -87,11 +87,9 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
                 "a number, a numpy array or None has no gradient.",
             )
         if not t.dtype.is_floating and not t.dtype.is_complex:
-            raise DTypeMismatchError(
-                f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
-                context=[("Argument", argument), ("Expected", "floating-point targets"), ("Got", f"{target_name}[{i}]: {t.dtype.name}")],
-                remedy=f"differentiate only float {target_name}s (drop or tf.cast integer results).",
-            )
+            raise input_error(f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
+                              argument, "floating-point targets", f"{target_name}[{i}]: {t.dtype.name}",
+                              f"differentiate only float {target_name}s (drop or tf.cast integer results).", kind=DTypeMismatchError)
     return list(flat)
 
 
@@ -105,15 +103,9 @@ def _prepare_seeds(
         return None
     if isinstance(output_gradients, Mapping) and isinstance(structure, Mapping):
         if set(map(str, output_gradients)) != set(map(str, structure)):
-            raise OutputGradientsError(
-                f"{argument} and the {target_name}s are dicts with different keys.",
-                context=[
-                    ("Argument", argument),
-                    ("Expected", f"keys {sorted(map(str, structure))}"),
-                    ("Actual", f"keys {sorted(map(str, output_gradients))}"),
-                ],
-                remedy=f"give {argument} the same keys as the {target_name} dict.",
-            )
+            raise input_error(f"{argument} and the {target_name}s are dicts with different keys.", argument,
+                              f"keys {sorted(map(str, structure))}", f"keys {sorted(map(str, output_gradients))}",
+                              f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
     flat = tf.nest.flatten(output_gradients)
     validate_seeds(flat, targets, argument=argument, target_name=target_name)
     seeds = []
@@ -278,11 +270,9 @@ def _to_primal(x: Any, k: int) -> Any:
     if t.dtype.is_floating and tf.executing_eagerly():
         require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:
-        raise DTypeMismatchError(
-            f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.",
-            context=[("Argument", f"primals[{k}]"), ("Expected", "float64 (or float32)"), ("Got", t.dtype.name)],
-            remedy=f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).",
-        )
+        raise input_error(f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.", f"primals[{k}]",
+                          "float64 (or float32)", t.dtype.name,
+                          f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).", kind=DTypeMismatchError)
     return t
 
 
