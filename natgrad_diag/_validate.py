@@ -210,12 +210,8 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
 
 
 def validate_seeds(
-    seeds: Sequence[Any],
-    targets: Sequence[Any],
-    *,
-    argument: str = "output_gradients",
-    target_name: str = "target",
-) -> None:
+    seeds: Sequence[Any], targets: Sequence[Any], *, argument: str = "output_gradients", target_name: str = "target",
+) -> None:  # fmt: skip
     """Each given seed (``None`` means ones) must have exactly its target's shape and dtype, as torch's ``Mismatch in
     shape: grad_output[0] has a shape of ...``: no broadcasting, no silent cast.
 

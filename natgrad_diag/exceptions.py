@@ -82,13 +82,7 @@ class NatGradDiagError(Exception):
     #: Set on errors raised while a tf.function traces (AutoGraph, which checks ``hasattr``, re-raises them as is).
     ag_pass_through: bool
 
-    def __init__(
-        self,
-        detail: str = "",
-        *,
-        context: Sequence[tuple[str, object]] = (),
-        remedy: str = "",
-    ) -> None:
+    def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
         self.detail = detail
         self.context = tuple(context)
         self.remedy = remedy

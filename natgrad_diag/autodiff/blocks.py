@@ -158,14 +158,10 @@ class BlockJacobian:
 
     @classmethod
     def from_compact(
-        cls,
-        compact: Array,
-        output_names: Sequence[str],
-        input_names: Sequence[str],
-        output_shapes: Sequence[Sequence[int]],
-        input_shapes: Sequence[Sequence[int]],
+        cls, compact: Array, output_names: Sequence[str], input_names: Sequence[str],
+        output_shapes: Sequence[Sequence[int]], input_shapes: Sequence[Sequence[int]],
         symmetric: Sequence[bool] | None = None,
-    ) -> BlockJacobian:
+    ) -> BlockJacobian:  # fmt: skip
         """A BlockJacobian over one dense matrix [Σ output sizes, Σ stored input columns]."""
         in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
         compact.setflags(write=False)

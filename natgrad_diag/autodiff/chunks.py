@@ -48,15 +48,9 @@ class _Layout:
 
 
 def run_chunks(
-    fn: Callable[..., Any],
-    xs: Sequence[Any],
-    out_shapes: tuple[tuple[int, ...], ...],
-    sym: tuple[bool, ...],
-    forward: bool,
-    chunk: int,
-    n_rows: int,
-    n_cols: int,
-) -> Array:
+    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
+    forward: bool, chunk: int, n_rows: int, n_cols: int,
+) -> Array:  # fmt: skip
     """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk.
 
     The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``, ``chunk``) in
@@ -82,13 +76,9 @@ def run_chunks(
 
 
 def _build_chunk_fn(
-    fn: Callable[..., Any],
-    xs: Sequence[Any],
-    out_shapes: tuple[tuple[int, ...], ...],
-    sym: tuple[bool, ...],
-    forward: bool,
-    chunk: int,
-) -> Any:
+    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
+    forward: bool, chunk: int,
+) -> Any:  # fmt: skip
     """The traced function (*inputs, start) → ``chunk`` columns (forward, [chunk, Σ output sizes]) or rows (reverse,
     [chunk, Σ stored input columns]) of the stored matrix; indices past the end give zeros, so every call has one
     shape."""

@@ -160,14 +160,9 @@ _WATCH_REMEDY = (
 
 
 def _raise_unconnected(
-    flat_sources: list[Any],
-    flat_grads: list[Any],
-    targets: list[Any],
-    *,
-    source_name: str = "sources",
-    target_name: str = "target",
-    remedy: str = _WATCH_REMEDY,
-) -> None:
+    flat_sources: list[Any], flat_grads: list[Any], targets: list[Any], *, source_name: str = "sources",
+    target_name: str = "target", remedy: str = _WATCH_REMEDY,
+) -> None:  # fmt: skip
     """Raise :class:`UnconnectedGradientError` naming the first source whose gradient is None."""
     missing = [j for j, g in enumerate(flat_grads) if g is None]
     if not missing:

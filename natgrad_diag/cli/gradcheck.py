@@ -50,18 +50,10 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
 
 
 def gradcheck_cli(
-    *,
-    map: str = "expectation_to_meanvarsqrt",  # noqa: A002 - the CLI flag's name
-    num_inducing: int = 8,
-    num_latent: int = 2,
-    mode: str = "full",
-    structure: str = "auto",
-    dtype: str = "float64",
-    seed: int = 0,
-    eps: float | None = None,
-    rtol: float | None = None,
+    *, map: str = "expectation_to_meanvarsqrt", num_inducing: int = 8, num_latent: int = 2, mode: str = "full",  # noqa: A002
+    structure: str = "auto", dtype: str = "float64", seed: int = 0, eps: float | None = None, rtol: float | None = None,
     atol: float | None = None,
-) -> GradientCheckReport:
+) -> GradientCheckReport:  # fmt: skip
     """``natgrad-diag gradcheck``: check one of GPflow's natgrad maps at a random point of size (M, L).
 
     ``structure`` applies to the map's matrix input (eta2, nat2 or varsqrt [L, M, M]); ``"auto"`` infers

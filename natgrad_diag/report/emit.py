@@ -16,14 +16,9 @@ __all__ = ["emit"]
 
 
 def emit(
-    report: Any,
-    *,
-    as_json: bool = False,
-    plain: bool = False,
-    report_path: str | os.PathLike[str] | None = None,
-    stream: TextIO | None = None,
-    err_stream: TextIO | None = None,
-) -> WrittenReport | None:
+    report: Any, *, as_json: bool = False, plain: bool = False, report_path: str | os.PathLike[str] | None = None,
+    stream: TextIO | None = None, err_stream: TextIO | None = None,
+) -> WrittenReport | None:  # fmt: skip
     """Print ``report`` to ``stream`` (stdout), then write the report file if ``report_path`` is given.
 
     A file that cannot be written is reported on ``err_stream`` (stderr), not raised, so the command keeps its

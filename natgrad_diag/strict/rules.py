@@ -66,12 +66,8 @@ class Violation:
 
 
 def check_call(
-    target: Any,
-    output_gradients: Any,
-    *,
-    allow_implicit_sum: bool,
-    site: Callable[[], CallSite],
-) -> Violation | None:
+    target: Any, output_gradients: Any, *, allow_implicit_sum: bool, site: Callable[[], CallSite],
+) -> Violation | None:  # fmt: skip
     """The rule the call ``tape.gradient(target, ..., output_gradients=output_gradients)`` breaks, or None.
 
     Args:
