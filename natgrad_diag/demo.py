@@ -53,11 +53,8 @@ def _seed(value: Any) -> int:
 
 
 def model_nbytes(name: str, *, M: int, N: int, L: int, itemsize: int) -> int:
-    """Bytes :func:`make_model` allocates at its peak, estimated before anything is built.
-
-    With m = M (SVGP) or N (VGP): the builder's temporaries A, A Aᵀ, S and its Cholesky factor (4 m²), q_sqrt
-    [L, m, m] with its stacked copy, GPflow's constrained value and its unconstrained variable (4 L m²), the
-    kernel matrices K_mm and K_mn (m² + m·N), and the data.
+    """Bytes :func:`make_model` allocates at its peak, estimated before anything is built: with m = M (SVGP) or N (VGP),
+    4 m² temporaries, q_sqrt with its copies (4 L m²), K_mm and K_mn (m² + m·N) and the data.
 
     Examples:
         >>> model_nbytes("svgp", M=10, N=50, L=1, itemsize=8)

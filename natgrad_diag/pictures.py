@@ -80,8 +80,7 @@ def figure_to_png(fig: Any, *, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-# ---------------------------------------------------------------------------------------------------
-# (1) the Jacobian heatmap
+# ---- (1) the Jacobian heatmap ----
 
 
 @dataclass(frozen=True)
@@ -197,8 +196,7 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# (2) dL/deta1 element by element
+# ---- (2) dL/deta1 element by element ----
 
 
 @dataclass(frozen=True)
@@ -287,8 +285,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# (3) each check's error against its tolerance
+# ---- (3) each check's error against its tolerance ----
 
 
 @dataclass(frozen=True)
@@ -349,8 +346,7 @@ def plot_check_errors(report: Any) -> Any:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# dispatch
+# ---- dispatch ----
 
 
 @dataclass(frozen=True)

@@ -34,20 +34,16 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
-    A symmetric input X is parameterised by its lower triangle: stored column (a, b), a ≥ b, is the
-    derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal), M(M+1)/2 columns
-    instead of M². The general-shaped blocks are the symmetrised general Jacobian,
-    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, which is
-    exactly what TensorFlow's (symmetrised) Cholesky gradient gives (η₂ = S + m mᵀ of Salimbeni et
-    al., AISTATS 2018, is symmetric).
+    Stored column (a, b), a ≥ b, is the derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal):
+    M(M+1)/2 columns instead of M². The general-shaped blocks are the symmetrised general Jacobian,
+    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, exactly TensorFlow's
+    (symmetrised) Cholesky gradient (η₂ = S + m mᵀ of Salimbeni et al., AISTATS 2018, is symmetric).
 
     Returns:
-        ``(index, scale, size)``: ``index`` [prod(shape)] gives, for each general element
-        (..., a, b) in row-major order, its vech column k(max(a, b), min(a, b)) (lower triangle in
-        ``np.tril_indices`` order, batch-major); ``scale`` [prod(shape)] is 1 on the diagonal and ½
-        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Then the general-shaped Jacobian column of
-        element e is ``scale[e] · compact[:, index[e]]`` and a symmetric tangent for vech column k
-        is ``onehot(k)[index]`` (E_ab + E_ba).
+        ``(index, scale, size)``: ``index`` [prod(shape)] gives each general element (..., a, b), row-major, its vech
+        column k(max(a, b), min(a, b)) (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½
+        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``
+        and vech column k's tangent is ``onehot(k)[index]``.
     """
     M = shape[-1]
     batch = int(np.prod(shape[:-2], dtype=np.int64))

@@ -42,31 +42,24 @@ MAX_ABS_X = 1e76
 
 @dataclass(frozen=True)
 class OuterExample(Report):
-    """The ``torch.outer`` lesson, every number computed in TensorFlow (and PyTorch, when installed).
+    """The ``torch.outer`` lesson, every number computed in TensorFlow (and PyTorch, when installed); shapes for n = len(x).
 
     Attributes:
-        x: [n], the point.
-        y: [n, n], x xᵀ.
-        gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``.
-        default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
-        closed_form: [n], 2·sum(x).
-        jacobian: the explicit Jacobian from :func:`~natgrad_diag.jacobian` (a
-            :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
-        jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
-        contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
-        dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).
-        chain_two_step: [n], (∂y/∂x)ᵀ·dL_dy.
-        chain_one_step: [n], ``checked_gradient(tape, z, x, tf.ones_like(z))``.
-        chain_closed_form: [n], 4 x_i Σ_k x_k².
-        wrong_seed_error: our message for the seed ``tf.ones_like(x)``.
-        tensorflow_wrong_seed: what plain ``tape.gradient`` did with that seed.
-        broadcast_seed_error: our message for y = sin(x) with a seed of shape [n, 1].
-        tensorflow_broadcast_shape: the shape of the "gradient" plain ``tape.gradient`` returned for it
-            (``None`` if it raised).
-        torch: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`), or ``None``.
-        torch_status: "torch <version>" or why the cross-check did not run.
-        checks: the claims, each decided by its numbers.
-        rtol, atol: the tolerances of every "equal".
+        x, y: [n] the point and [n, n] y = x xᵀ.
+        gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``; ``default_seed_gradient``:
+            ``tape.gradient(y, x)`` with no seed; ``closed_form``: 2·sum(x).
+        jacobian: the :class:`~natgrad_diag.BlockJacobian` ∂y/∂x from :func:`~natgrad_diag.jacobian` (HTML reports
+            draw it); ``jacobian_closed_form``: [n, n, n], δ_ij x_k + x_j δ_ik built by hand; ``contraction``: [n],
+            Σ_jk 1 · J[j, k, i].
+        dL_dy, chain_two_step, chain_one_step, chain_closed_form: the chain z = y²: dL/dy = 2y [n, n], then
+            (∂y/∂x)ᵀ·dL_dy, against ``checked_gradient(tape, z, x, tf.ones_like(z))`` and 4 x_i Σ_k x_k² ([n] each).
+        wrong_seed_error, tensorflow_wrong_seed: our message, and what plain ``tape.gradient`` did, for the seed
+            ``tf.ones_like(x)``.
+        broadcast_seed_error, tensorflow_broadcast_shape: our message for y = sin(x) with a seed [n, 1], and the shape
+            of the "gradient" plain ``tape.gradient`` returned (``None`` if it raised).
+        torch, torch_status: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`) or ``None``, and
+            "torch <version>" or why it did not run.
+        checks: the claims, each decided by its numbers; ``rtol``, ``atol``: the tolerances of every "equal".
     """
 
     x: Array

@@ -134,16 +134,9 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 
 
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
-    """The report as the terminal shows it: title, sections, aligned tables, the checks with PASS/FAIL.
-
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        plain: no colour and no table borders (only a dashed line under each header).
-        width: the width to lay out for, in columns (80 is readable everywhere).
-        color: include ANSI colour codes (as on a terminal); ignored when ``plain``.
-
-    Returns:
-        The text, lines at most ``width`` columns wide.
+    """The report as the terminal shows it, lines at most ``width`` columns: title, sections, aligned tables, the checks
+    with PASS/FAIL; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not
+    with ``plain``).
     """
     import io
 
