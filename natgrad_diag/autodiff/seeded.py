@@ -56,12 +56,9 @@ def _unconnected_mode(unconnected: Any) -> str:
     value = getattr(unconnected, "value", unconnected)
     if isinstance(value, str) and value.lower() in UNCONNECTED_CHOICES:
         return value.lower()
-    raise InputError(
-        "unconnected must say what a source that does not influence the target gets.",
-        context=[("Argument", "unconnected"), ("Expected", '"none", "zero" or "raise"'), ("Got", repr(unconnected))],
-        remedy='pass unconnected="none" (TensorFlow\'s default, None), "zero" (zeros of the source\'s shape) '
-        'or "raise" (an error naming the source).',
-    )
+    raise input_error("unconnected must say what a source that does not influence the target gets.", "unconnected",
+                      '"none", "zero" or "raise"', repr(unconnected), 'pass unconnected="none" (TensorFlow\'s default, None), '
+                      '"zero" (zeros of the source\'s shape) or "raise" (an error naming the source).')
 
 
 def _describe(x: Any) -> str:

@@ -11,11 +11,15 @@ from natgrad_diag.report.records import Check, Table, worst_status
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
 
 
-def _plain_box() -> Any:
-    from rich.box import Box
+def _rich_table_of(plain: bool, **options: Any) -> Any:
+    """A rich Table: rounded borders and bold headers, or (``plain``) only a dashed line under the header."""
+    from rich import box
+    from rich.table import Table as RichTable
 
-    # top, head, head row, mid, row, foot row, foot, bottom: only a dashed line under the header.
-    return Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    # top, head, head row, mid, row, foot row, foot, bottom
+    plain_box = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    return RichTable(box=plain_box if plain else box.ROUNDED, header_style="" if plain else "bold", show_edge=not plain,
+                     pad_edge=not plain, **options)  # fmt: skip
 
 
 def column_widths(table: Table) -> list[int]:
@@ -30,14 +34,7 @@ def fits(table: Table, width: int) -> bool:
 
 def _rich_table(table: Table, plain: bool, width: int) -> Any:
     """The table as columns, every header and cell on one line (callers use :func:`vertical` when it does not fit)."""
-    from rich import box
-    from rich.table import Table as RichTable
-
-    t = RichTable(
-        title=table.title or None, title_justify="left", title_style="" if plain else "italic",
-        box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
-        show_edge=not plain, pad_edge=not plain,
-    )  # fmt: skip
+    t = _rich_table_of(plain, title=table.title or None, title_justify="left", title_style="" if plain else "italic")
     for k, (column, cells) in enumerate(zip(table.columns, column_widths(table))):
         t.add_column(column, justify="left" if k == 0 else "right", no_wrap=True, min_width=cells)
     for row in table.rows:
@@ -68,14 +65,9 @@ def vertical(table: Table) -> str:
 
 
 def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
-    from rich import box
-    from rich.table import Table as RichTable
     from rich.text import Text
 
-    t = RichTable(
-        box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
-        show_edge=not plain, pad_edge=not plain, expand=True, show_lines=True,
-    )  # fmt: skip
+    t = _rich_table_of(plain, expand=True, show_lines=True)
     t.add_column("", no_wrap=True)
     t.add_column("check: claim", overflow="fold", ratio=1)
     t.add_column("error", justify="right", no_wrap=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error
 from natgrad_diag.strict.callsite import call_site, is_exempt
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
 
@@ -52,12 +52,9 @@ class StrictGradients(contextlib.ContextDecorator):
 
     def __init__(self, action: str = "raise", *, allow_implicit_sum: bool = False) -> None:
         if action not in ACTIONS:
-            raise InputError(
-                "action must say what a violation does.",
-                context=[("Argument", "action"), ("Expected", '"raise" or "warn"'), ("Got", repr(action))],
-                remedy='pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
-                "and TensorFlow's result).",
-            )
+            raise input_error("action must say what a violation does.", "action", '"raise" or "warn"', repr(action),
+                              'pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
+                              "and TensorFlow's result).")
         self.action = action
         self.allow_implicit_sum = bool(allow_implicit_sum)
         self.violations: list[Violation] = []
@@ -86,12 +83,9 @@ class StrictGradients(contextlib.ContextDecorator):
     def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
         if is_exempt(caller):
             return None
-        if args:
-            target = args[0]
-        elif "target" in kwargs:
-            target = kwargs["target"]
-        else:
+        if not args and "target" not in kwargs:
             return None  # TensorFlow reports the missing argument itself
+        target = args[0] if args else kwargs["target"]
         output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
         self.checked_calls += 1
         found = check_call(target, output_gradients, allow_implicit_sum=self.allow_implicit_sum, site=lambda: call_site(caller))
