@@ -384,17 +384,13 @@ def _validate_x(x: Any) -> Array:
         raise input_error("x must be a vector.", "x", "[n]", shape_str(a.shape),
                           "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError, label="Actual")
     if not 1 <= a.shape[0] <= MAX_LENGTH:
-        raise ShapeMismatchError(
-            f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).",
-            context=[("Argument", "x"), ("Expected", f"[n] with 1 ≤ n ≤ {MAX_LENGTH}"), ("Actual", shape_str(a.shape))],
-            remedy="pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.",
-        )
+        raise input_error(f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).", "x",
+                          f"[n] with 1 ≤ n ≤ {MAX_LENGTH}", shape_str(a.shape),
+                          "pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.", kind=ShapeMismatchError, label="Actual")
     if not np.all(np.isfinite(a)):
-        raise NonFiniteError(
-            f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
-            context=[("Argument", "x"), ("Expected", "finite numbers"), ("Got", _vec(a))],
-            remedy="pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
-        )
+        raise input_error(f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).", "x",
+                          "finite numbers", _vec(a),
+                          "pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.", kind=NonFiniteError)
     if np.max(np.abs(a)) > MAX_ABS_X:
         raise input_error("x is too large: the chain z = (x xᵀ)² would overflow float64.", "x",
                           f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)", _vec(a),
