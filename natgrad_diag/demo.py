@@ -173,7 +173,7 @@ def make_model(
         if name == "svgp":
             Z: Array = np.linspace(0.2, 9.8, M)[:, None].astype(dt)
             q_mu: Array = (0.3 * rng.normal(size=(M, L))).astype(dt)
-            q_sqrt = (rng.uniform(0.3, 0.9, size=(M, L)) if q_diag else _random_tril(rng, M, L)).astype(dt)
+            q_sqrt: Array = (rng.uniform(0.3, 0.9, size=(M, L)) if q_diag else _random_tril(rng, M, L)).astype(dt)
             m = gpflow.models.SVGP(
                 kernel, _likelihood(lik), gpflow.inducing_variables.InducingPoints(Z),
                 num_latent_gps=L, q_diag=q_diag, q_mu=q_mu, q_sqrt=q_sqrt, whiten=bool(whiten), num_data=N,

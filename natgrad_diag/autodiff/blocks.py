@@ -141,7 +141,7 @@ class BlockJacobian:
     input_names: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     input_shapes: tuple[tuple[int, ...], ...]
-    compact: Array = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    compact: Array = field(default=None, repr=False, compare=False)  # type: ignore[arg-type]
     symmetric: tuple[bool, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -314,7 +314,8 @@ class BlockJacobian:
             raise input_error(f"no output element is labelled {label!r}.", "label",
                               f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}", label,
                               "use a label from .row_labels.") from None
-        return self._general(self.compact[r : r + 1])[0]
+        row: Array = self._general(self.compact[r : r + 1])[0]
+        return row
 
     def __str__(self) -> str:
         rows, cols = self.shape
