@@ -30,13 +30,9 @@ def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: bool
 
 
 def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Sequence[Any] = (), note: str = "") -> str:
-    """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks.
-
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        image_names: relative file names of ``pictures``, in order (linked with ``![caption](name)``).
-        pictures: :class:`~natgrad_diag.pictures.Picture` records (only their captions are used here).
-        note: a line shown where the pictures would be (e.g. that matplotlib is missing).
+    """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks; ``pictures``
+    (:class:`~natgrad_diag.pictures.Picture`) linked by their relative ``image_names`` with their captions, or ``note``
+    where they would be (e.g. that matplotlib is missing).
     """
     parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
     for section in report.sections():

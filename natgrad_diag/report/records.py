@@ -1,7 +1,5 @@
-"""Result records at the bottom of the package: a named check, a table, a section, number formatting.
-
-This module imports nothing else of natgrad-diag (and no TensorFlow): every report, renderer and check
-builds on it. The report base class, which knows its renderers, is :mod:`natgrad_diag.report.base`.
+"""Result records at the bottom of the package: a named check, a table, a section, number formatting. Imports nothing
+else of natgrad-diag (and no TensorFlow); the report base class, which knows its renderers, is in ``report.base``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,10 @@ reads γ and evaluates the loss. On exit it judges the step:
 3. the loss after the step is not finite;
 4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
 
-On a failure, ``on_failure="rollback"`` restores the snapshot bit for bit, lowers γ on the optimizer to the next
-value of :data:`~natgrad_diag.checks.health.GAMMA_GRID` below it (half of γ below the grid) and swallows the
-step's error; ``"raise"`` raises :class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ;
-``"warn"`` warns and leaves everything as the step left it. Each exit appends a
-:class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
+A failed step is, by ``on_failure``: rolled back ("rollback": q(u) restored bit for bit, γ lowered to the next value
+of :data:`~natgrad_diag.checks.health.GAMMA_GRID`, or halved below it, the step's error swallowed), raised as a
+:class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ, or warned about. Each exit appends
+a :class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
 """
 
 from __future__ import annotations
