@@ -12,6 +12,7 @@ observed through the chosen likelihood:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ class DemoModel:
     name: str
     likelihood: str
 
-    def __iter__(self):  # ``model, data = make_model()``
+    def __iter__(self) -> Iterator[Any]:  # ``model, data = make_model()``
         return iter((self.model, self.data))
 
 

@@ -95,7 +95,7 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
 def _vjp_and_contraction(
     fn: Callable[..., Any], xs: list[Any], names: tuple[str, ...], cotangents: Any, *,
     output_names: Sequence[str] | None, max_bytes: int,
-) -> tuple[tuple[Array, ...], tuple[Array, ...], np.dtype]:  # fmt: skip
+) -> tuple[tuple[Array, ...], tuple[Array, ...], np.dtype[Any]]:  # fmt: skip
     """(tape.gradient with the cotangents, Jᵀ·v from the explicit reverse-mode Jacobian contracted by numpy,
     the first output's dtype)."""
     import tensorflow as tf
