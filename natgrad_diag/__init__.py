@@ -1,7 +1,10 @@
 """natgrad-diag: what ``output_gradients`` really computes, and checks for GPflow's natural gradients.
 
-Heavy dependencies (TensorFlow, GPflow, matplotlib, torch) load on first use: the names below are
-imported lazily, so ``import natgrad_diag`` and ``natgrad-diag --help`` are instant.
+The public API is ``__all__`` below and the submodules ``demo`` (seeded demo models), ``keras``
+(``NatGradCallback``), ``pictures`` (Jacobian heatmaps and report pictures), ``strict`` (``strict_gradients``,
+its pytest plugin and script runner), ``testing`` (assertions for pytest) and ``torch_bridge`` (PyTorch's side
+of the lesson). Every other module is internal. Names and submodules load on first use, so
+``import natgrad_diag`` and ``natgrad-diag --help`` import no TensorFlow, GPflow, matplotlib or torch.
 """
 
 from __future__ import annotations
@@ -48,62 +51,56 @@ __all__ = [
     "checked_gradient",
     "explain_output_gradients",
     "jacobian",
+    "natgrad_map_jacobian",
     "natgrad_trace",
     "outer_example",
     "seed_scenario",
     "strict_gradients",
+    "to_terminal",
     "vjp",
     "write_report",
 ]
 
-# name -> module that defines it (imported on first access)
+# module -> the names it defines (each imported on first access)
 _LAZY = {
-    "jacobian": "autodiff.dense",
-    "BlockJacobian": "autodiff.blocks",
-    "Check": "report.records",
-    "Explanation": "lessons.explain",
-    "GradientCheckReport": "gradcheck.api",
-    "NatGradMonitor": "training.monitor",
-    "NatGradReport": "checks.api",
-    "NatGradTrace": "step.trace",
-    "NaturalGradient": "step.optimizer",
-    "OuterExample": "lessons.outer",
-    "SeedScenario": "lessons.scenario",
-    "assert_gradients": "gradcheck.api",
-    "assert_natgrad": "checks.api",
-    "check_gradients": "gradcheck.api",
-    "check_natgrad": "checks.api",
-    "checked_gradient": "autodiff.seeded",
-    "explain_output_gradients": "lessons.explain",
-    "natgrad_trace": "step.trace",
-    "outer_example": "lessons.outer",
-    "seed_scenario": "lessons.scenario",
-    "strict_gradients": "strict.context",
-    "vjp": "autodiff.seeded",
-    "write_report": "report.files",
+    name: module
+    for module, names in {
+        "autodiff.blocks": ("BlockJacobian",),
+        "autodiff.dense": ("jacobian",),
+        "autodiff.seeded": ("checked_gradient", "vjp"),
+        "checks.api": ("NatGradReport", "assert_natgrad", "check_natgrad"),
+        "gradcheck.api": ("GradientCheckReport", "assert_gradients", "check_gradients"),
+        "lessons.explain": ("Explanation", "SeedScenario", "explain_output_gradients", "seed_scenario"),
+        "lessons.outer": ("OuterExample", "outer_example"),
+        "report.files": ("write_report",),
+        "report.records": ("Check",),
+        "report.text": ("to_terminal",),
+        "step.jacobian": ("natgrad_map_jacobian",),
+        "step.optimizer": ("NaturalGradient",),
+        "step.trace": ("NatGradTrace", "natgrad_trace"),
+        "strict.context": ("strict_gradients",),
+        "training.monitor": ("NatGradMonitor",),
+    }.items()
+    for name in names
 }
+#: The public submodules, imported on first attribute access (``nd.testing``).
+_SUBMODULES = ("demo", "keras", "pictures", "strict", "testing", "torch_bridge")
 # modules whose import (and whose names' use) never needs TensorFlow: no quiet TensorFlow import for them
-_LIGHT = frozenset({"report.records", "report.files", "testing"})
-_SUBMODULES = {"testing": "testing", "torch_bridge": "lessons.torch_bridge"}
+_LIGHT = frozenset({"report.records", "report.files", "report.text", "pictures", "testing"})
 
 
 def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name, name if name in _SUBMODULES else None)
+    if module is None:
+        raise AttributeError(f"module 'natgrad_diag' has no attribute {name!r}")
+    if module not in _LIGHT:
+        from natgrad_diag._tf import import_tensorflow_quietly
+
+        import_tensorflow_quietly()
+    value = importlib.import_module(f".{module}", __name__)
     if name in _LAZY:
-        if _LAZY[name] not in _LIGHT:
-            from natgrad_diag._tf import import_tensorflow_quietly
-
-            import_tensorflow_quietly()
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        if _SUBMODULES[name] not in _LIGHT:
-            from natgrad_diag._tf import import_tensorflow_quietly
-
-            import_tensorflow_quietly()
-        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
-    raise AttributeError(f"module 'natgrad_diag' has no attribute {name!r}")
+        value = globals()[name] = getattr(value, name)
+    return value
 
 
 def __dir__() -> list[str]:
@@ -115,9 +112,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.autodiff.dense import jacobian
     from natgrad_diag.autodiff.seeded import checked_gradient, vjp
     from natgrad_diag.gradcheck.api import GradientCheckReport, assert_gradients, check_gradients
-    from natgrad_diag.lessons.explain import Explanation, explain_output_gradients
+    from natgrad_diag.lessons.explain import Explanation, SeedScenario, explain_output_gradients, seed_scenario
     from natgrad_diag.lessons.outer import OuterExample, outer_example
-    from natgrad_diag.lessons.scenario import SeedScenario, seed_scenario
     from natgrad_diag.checks.api import NatGradReport, assert_natgrad, check_natgrad
     from natgrad_diag.training.monitor import NatGradMonitor
     from natgrad_diag.step.optimizer import NaturalGradient
@@ -125,3 +121,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.report.files import write_report
     from natgrad_diag.report.records import Check
     from natgrad_diag.strict.context import strict_gradients
+    from natgrad_diag.report.text import to_terminal
+    from natgrad_diag.step.jacobian import natgrad_map_jacobian

@@ -1,13 +1,9 @@
 """TensorFlow imported quietly: its C++ start-up lines (absl, oneDNN, CUDA probing) kept off stderr.
 
-TensorFlow 2.21 writes 7-9 lines to file descriptor 2 when it is imported and when its devices are first
-initialised ("All log messages before absl::InitializeLog() ...", the oneDNN note, "Could not find cuda
-drivers", "failed call to cuInit"). They are written by C++ before ``TF_CPP_MIN_LOG_LEVEL`` applies to all
-of them, so the only way to keep them from a user who asked natgrad-diag a question is to point
-descriptor 2 at a temporary file for the import. What was written is dropped when the import succeeds
-and replayed before the error when it fails.
-
-A user who wants TensorFlow's start-up lines sets ``TF_CPP_MIN_LOG_LEVEL=0`` before the first import.
+TensorFlow 2.21 writes 7-9 lines to file descriptor 2 on import and device initialisation, from C++, before
+``TF_CPP_MIN_LOG_LEVEL`` applies to all of them; so descriptor 2 points at a temporary file for the import,
+whose content is dropped on success and replayed before the error on failure. ``TF_CPP_MIN_LOG_LEVEL=0``
+before the first import keeps TensorFlow's lines.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u)."""
+"""Input checks shared by the public functions: shapes, dtypes, numbers, finiteness, structure of q(u).
 
-# Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
-# what was expected, what was got and what to do. TensorFlow is imported inside the functions.
+Each check raises a subclass of :class:`~natgrad_diag.exceptions.InputError` that names the argument,
+what was expected, what was got and what to do. TensorFlow is imported inside the functions.
+"""
 
 from __future__ import annotations
 
@@ -61,17 +62,17 @@ def param_parts(x: Any, name: str) -> ParamParts:
     try:
         t = tf.convert_to_tensor(x)
     except (TypeError, ValueError) as e:
-        raise InputError(
-            f"{name} could not be converted to a tensor.",
-            context=[("Argument", name), ("Expected", "a gpflow.Parameter, tf.Variable, tensor or array"), ("Got", type(x).__name__)],
-            remedy=f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.",
-        ) from e
+        raise input_error(f"{name} could not be converted to a tensor.", name, "a gpflow.Parameter, tf.Variable, tensor or array",
+                          type(x).__name__, f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.") from e
     return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
 
 
-def input_error(detail: str, argument: str, expected: str, got: object, remedy: str) -> InputError:
-    """An :class:`InputError` with the usual context: the argument, what was expected and what was got."""
-    return InputError(detail, context=[("Argument", argument), ("Expected", expected), ("Got", got)], remedy=remedy)
+def input_error(
+    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[InputError] = InputError, label: str = "Got"
+) -> InputError:
+    """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got
+    (labelled ``label``: "Actual" for a shape)."""
+    return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
 
 
 def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
@@ -101,57 +102,29 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
         detail, default_expected, example = f"{name} must be a positive integer.", "an int ≥ 1", 4
     else:
         detail, default_expected, example = f"{name} must be an integer ≥ {minimum}.", f"an int ≥ {minimum}", max(minimum, 4)
-    raise InputError(
-        detail,
-        context=[("Argument", name), ("Expected", expected or default_expected), ("Got", repr(value))],
-        remedy=remedy or f"pass e.g. {name}={example}.",
-    )
+    raise input_error(detail, name, expected or default_expected, repr(value), remedy or f"pass e.g. {name}={example}.")
 
 
-def require_positive_int(value: Any, name: str, *, expected: str = "", remedy: str = "") -> int:
-    """``value`` as an ``int`` ≥ 1 (not a bool); else an :class:`InputError` naming ``name``.
-
-    Examples:
-        >>> require_positive_int(4, "num_directions")
-        4
-    """
-    return require_int(value, name, minimum=1, expected=expected, remedy=remedy)
-
-
-def require_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
-    """``float(value)``, finite and > 0 (≥ 0 with ``allow_zero``); else an :class:`InputError` naming ``name``.
+def require_positive_float(value: Any, name: str) -> float:
+    """``float(value)``, finite and > 0; else an :class:`InputError` naming ``name``.
 
     Examples:
         >>> require_positive_float(1e-6, "eps")
         1e-06
-        >>> require_positive_float(0, "rtol", allow_zero=True)
-        0.0
     """
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InputError(
-            f"{name} must be a number.",
-            context=[("Argument", name), ("Expected", "a finite float"), ("Got", repr(value))],
-            remedy=f"pass {name} as a float.",
-        ) from None
-    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        bound = "≥ 0" if allow_zero else "> 0"
-        raise InputError(
-            f"{name} must be finite and {bound}.",
-            context=[("Argument", name), ("Expected", f"a finite float {bound}"), ("Got", v)],
-            remedy=f"pass a finite {name} {bound}.",
-        )
+        raise input_error(f"{name} must be a number.", name, "a finite float", repr(value), f"pass {name} as a float.") from None
+    if not np.isfinite(v) or v <= 0:
+        raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, f"pass a finite {name} > 0.")
     return v
 
 
 def require_float(x: Any, name: str) -> None:
     if dtype_name(x) not in ("float64", "float32", "float16"):
-        raise DTypeMismatchError(
-            f"{name} must be a floating-point tensor.",
-            context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", dtype_name(x))],
-            remedy=f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.",
-        )
+        raise input_error(f"{name} must be a floating-point tensor.", name, "float64 (or float32)", dtype_name(x),
+                          f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.", kind=DTypeMismatchError)
 
 
 def require_finite(x: Any, name: str) -> None:
@@ -166,23 +139,10 @@ def require_finite(x: Any, name: str) -> None:
         )
 
 
-def require_shape(x: Any, expected: Sequence[int], name: str, *, what: str = "", remedy: str = "") -> None:
-    got = tuple(np.shape(x)) if not hasattr(x, "shape") else tuple(int(d) for d in x.shape)
-    if got != tuple(expected):
-        raise ShapeMismatchError(
-            what,
-            context=[("Argument", name), ("Expected", shape_str(expected)), ("Actual", shape_str(got))],
-            remedy=remedy or f"pass {name} with shape {shape_str(expected)}.",
-        )
-
-
 def require_same_dtype(x: Any, ref: Any, name: str, ref_name: str) -> None:
     if dtype_name(x) != dtype_name(ref):
-        raise DTypeMismatchError(
-            f"{name} must have the dtype of {ref_name}.",
-            context=[("Argument", name), ("Expected", f"{dtype_name(ref)} (the dtype of {ref_name})"), ("Got", dtype_name(x))],
-            remedy=f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.",
-        )
+        raise input_error(f"{name} must have the dtype of {ref_name}.", name, f"{dtype_name(ref)} (the dtype of {ref_name})", dtype_name(x),
+                          f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.", kind=DTypeMismatchError)
 
 
 def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
@@ -204,15 +164,9 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
             remedy="build the model with q_diag=False (the default) to use natural gradients.",
         )
     if sq_shape != (L, M, M):
-        raise ShapeMismatchError(
-            "q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).",
-            context=[
-                ("Argument", "q_sqrt"),
-                ("Expected", f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})"),
-                ("Actual", shape_str(sq_shape)),
-            ],
-            remedy="pass the q_mu and q_sqrt of the same variational distribution.",
-        )
+        raise input_error("q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).", "q_sqrt",
+                          f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})", shape_str(sq_shape),
+                          "pass the q_mu and q_sqrt of the same variational distribution.", kind=ShapeMismatchError, label="Actual")
     require_float(q_mu.value, "q_mu")
     require_same_dtype(q_sqrt.value, q_mu.value, "q_sqrt", "q_mu")
     require_finite(q_mu.value, "q_mu")
@@ -245,39 +199,26 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
         require_same_dtype(g, part.value, name, param_name)
     require_float(g, name)
     where = f"{param_name}.unconstrained_variable" if part.transform is not None else param_name
-    require_shape(
-        g,
-        part.unconstrained_shape,
-        name,
-        what=f"{name} must have the shape of {where}.",
-        remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
-    )
+    if tuple(int(d) for d in g.shape) != tuple(part.unconstrained_shape):
+        raise ShapeMismatchError(
+            f"{name} must have the shape of {where}.",
+            context=[("Argument", name), ("Expected", shape_str(part.unconstrained_shape)), ("Actual", shape_str(g.shape))],
+            remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
+        )
     require_finite(g, name)
     return g
 
 
 def validate_seeds(
-    seeds: Sequence[Any],
-    targets: Sequence[Any],
-    *,
-    argument: str = "output_gradients",
-    target_name: str = "target",
-) -> None:
-    """Each given seed (``None`` means ones) must have exactly its target's shape and dtype.
+    seeds: Sequence[Any], targets: Sequence[Any], *, argument: str = "output_gradients", target_name: str = "target",
+) -> None:  # fmt: skip
+    """Each given seed (``None`` means ones) must have exactly its target's shape and dtype, as torch's ``Mismatch in
+    shape: grad_output[0] has a shape of ...``: no broadcasting, no silent cast.
 
-    Mirrors torch's ``Mismatch in shape: grad_output[0] has a shape of ... and output[0] has a shape
-    of ...``: no broadcasting, no silent cast. ``seeds`` and ``targets`` are already flattened
-    (``tf.nest.flatten``). A seed without a dtype (a Python number) is not dtype-checked: the caller
-    converts it to its target's dtype. Unknown static dims (inside ``tf.function``) are not compared.
-
-    Args:
-        seeds: the flattened seeds (cotangents), ``None`` entries allowed.
-        targets: the flattened targets (outputs), tensors or variables.
-        argument: the user-facing name of the seeds, e.g. ``"output_gradients"`` or ``"cotangents"``.
-        target_name: the user-facing name of one target, e.g. ``"target"`` or ``"output"``.
-
-    Raises:
-        OutputGradientsError: wrong number of seeds, or a seed of another shape or dtype.
+    ``seeds`` and ``targets`` are flattened (``tf.nest.flatten``); ``argument`` and ``target_name`` are their
+    names in the message (``"output_gradients"``/``"target"``, ``"cotangents"``/``"output"``). A seed without a
+    dtype (a Python number) is not dtype-checked; unknown static dims (inside ``tf.function``) are not compared.
+    Raises OutputGradientsError for a wrong number of seeds, or a seed of another shape or dtype.
     """
 
     def static_dims(x: Any) -> tuple[int | None, ...] | None:
@@ -338,10 +279,7 @@ def validate_seeds(
             )
 
 
-# ---- the one layer for functions of tensors: fn, inputs, outputs, tolerances, sizes ----------------------
-
-#: Python numbers and lists have no dtype: they become GPflow's default float, everywhere.
-DEFAULT_FLOAT = "float64"
+# ---- the one layer for functions of tensors: fn, inputs, outputs, sizes ------------------------------------
 
 
 def require_callable(fn: Any, name: str = "fn") -> None:
@@ -377,7 +315,7 @@ def as_float_tensor(x: Any, name: str) -> Any:
             t = tf.convert_to_tensor(x) if x.dtype.kind in "fc" else tf.convert_to_tensor(np.asarray(x))
         else:
             a = np.asarray(x)
-            t = tf.convert_to_tensor(a.astype(DEFAULT_FLOAT) if a.dtype.kind in "iuf" else a)
+            t = tf.convert_to_tensor(a.astype("float64") if a.dtype.kind in "iuf" else a)  # GPflow's default float
     except (TypeError, ValueError) as e:
         raise input_error(
             f"{name} could not be converted to a tensor.", name, "a float tensor, array or number",
@@ -479,16 +417,40 @@ def require_max_bytes(value: Any, name: str = "max_bytes") -> int:
     return require_int(value, name, minimum=1, expected="bytes ≥ 1, e.g. 2 * 1024**3", remedy=f"pass {name} ≥ 1, or leave the default.")
 
 
-def tolerances(dtype: Any, kind: str, *, rtol: Any, atol: Any) -> Any:
-    """:func:`natgrad_diag.tolerance.resolve` for ``dtype``: the user's rtol/atol validated, the rest defaults."""
-    from natgrad_diag.tolerance import resolve
-    return resolve(dtype, kind, rtol=rtol, atol=atol)
+def names_of(given: Sequence[str] | None, count: int, kind: str) -> tuple[str, ...]:
+    """``given`` as ``count`` names of ``kind`` ("inputs" or "outputs"; default ``x0, x1, ...`` or ``y0, y1, ...``)."""
+    if given is None:
+        return tuple(f"{'x' if kind == 'inputs' else 'y'}{k}" for k in range(count))
+    given, argument = tuple(given), f"{kind[:-1]}_names"
+    if len(given) != count:
+        raise input_error(
+            f"{argument} must name each of the {count} {kind}.", argument, f"{count} names", f"{len(given)}: {given}",
+            f"pass {count} names, or leave {argument}=None.",
+        )  # fmt: skip
+    return given
 
+
+def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str = "pass the point, e.g. [x].") -> tuple[list[Any], tuple[str, ...]]:
+    """The values of ``inputs`` (a sequence, a dict whose keys name them, or one value) and their names
+    (``input_names``, the dict's keys, or ``x0, x1, ...``).
+
+    Raises:
+        InputError: ``inputs`` is None or empty (``remedy`` says what to pass), or the names do not match.
+    """
+    if inputs is None:
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
+    values = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if not values:
+        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", remedy)
+    if input_names is None and isinstance(inputs, Mapping):
+        input_names = [str(k) for k in inputs]
+    return values, names_of(input_names, len(values), "inputs")
 
 
 def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
     """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
     from natgrad_diag.exceptions import NatGradDiagError, error_line
+
     try:
         return fn(*xs)
     except NatGradDiagError:
@@ -525,11 +487,9 @@ def validate_model(model: Any) -> None:
             remedy="natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
         )
     if q_mu.dtype not in (np.float64, np.float32) and getattr(q_mu.dtype, "name", "") not in ("float64", "float32"):
-        raise InputError(
-            "the model's variational parameters must be float64 or float32.",
-            context=[("Argument", "model.q_mu"), ("Expected", "float64 (or float32)"), ("Got", str(q_mu.dtype))],
-            remedy="build the model under gpflow.config.set_default_float(np.float64).",
-        )
+        raise input_error("the model's variational parameters must be float64 or float32.", "model.q_mu",
+                          "float64 (or float32)", str(q_mu.dtype),
+                          "build the model under gpflow.config.set_default_float(np.float64).")
 
 
 def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
@@ -565,9 +525,9 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
             raise ShapeMismatchError(f"{name}'s {part} must be a non-empty matrix {dims}.", context=[("Argument", arg), ("Expected", f"{dims} with N ≥ 1 and at least one column"), ("Actual", shape_str(a.shape))],
                                      remedy=f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at least one data point.")  # fmt: skip
     if X.shape[0] != Y.shape[0]:
-        raise ShapeMismatchError(f"{name}'s X and Y must have the same number of rows N.", context=[
-            ("Argument", name), ("Expected", "X [N, D] and Y [N, P] with one N"), ("Actual", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}")],
-            remedy="pass X and Y of the same data points.")  # fmt: skip
+        raise input_error(f"{name}'s X and Y must have the same number of rows N.", name,
+                          "X [N, D] and Y [N, P] with one N", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}",
+                          "pass X and Y of the same data points.", kind=ShapeMismatchError, label="Actual")
     Z = getattr(getattr(model, "inducing_variable", None), "Z", None)
     D = int(Z.shape[-1]) if Z is not None and len(Z.shape) == 2 else None
     if D is not None and X.shape[1] != D:
@@ -576,16 +536,11 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
             remedy="pass the X the model was built for (its inducing points Z [M, D] fix D).")  # fmt: skip
     L = getattr(model, "num_latent_gps", None)
     multi = any(k in type(getattr(model, "likelihood", None)).__name__ for k in ("MultiClass", "Softmax"))
-    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and not _likelihood_takes(model, Y.shape[1]):
+    observation_dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)  # e.g. a heteroscedastic likelihood
+    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
         raise ShapeMismatchError(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).", context=[
             ("Argument", f"{name}[1] (Y)"), ("Expected", f"[N, {int(L)}]"), ("Actual", shape_str(Y.shape))],
             remedy="pass one Y column per latent GP (GPflow would broadcast the others silently).")  # fmt: skip
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
     return tf.constant(X.astype(dtype)), tf.constant(Y.astype(dtype))
-
-
-def _likelihood_takes(model: Any, P: int) -> bool:
-    """Whether the likelihood declares an observation dimension of ``P`` (e.g. a heteroscedastic likelihood)."""
-    dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)
-    return isinstance(dim, int) and dim == P

@@ -1,27 +1,24 @@
-"""Small seeded GPflow models and data for the CLI, the tests and the scripts.
+"""Small seeded GPflow models and data for the docs, the CLI, the tests and the scripts (public).
 
-Every builder is deterministic in ``seed``: the same arguments give bit-identical data and parameters.
-Letters follow GPflow: N data, M inducing points, L latent GPs, D input dimensions.
-
-The data are 1-D inputs X ~ U(0, 10) and L latent functions fₗ(x) = sin(x + l) + 0.3·cos(2.3x), observed
-through the chosen likelihood:
+Deterministic in ``seed``: the same arguments give bit-identical data and parameters (N data, M inducing
+points, L latent GPs). The data are X ~ U(0, 10) [N, 1] and L latent functions fₗ(x) = sin(x + l) + 0.3·cos(2.3x),
+observed through the chosen likelihood:
 
     gaussian   y = f + ε, ε ~ N(0, 0.1²)
     bernoulli  y ~ Bernoulli(Φ(2f))            (GPflow's probit link)
     poisson    y ~ Poisson(exp(f))
     studentt   y = f + 0.1·t₃
-
-TensorFlow and GPflow are imported inside the functions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error
 from natgrad_diag.checks.evaluator import dtype_context
 from natgrad_diag.checks.evaluator import float_dtype as _dtype
 from natgrad_diag.typing import Array
@@ -37,21 +34,15 @@ MODELS = ("svgp", "vgp")
 def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
     text = str(value).lower()
     if text not in allowed:
-        raise InputError(
-            f"{name} must be one of {', '.join(allowed)}.",
-            context=[("Argument", name), ("Expected", " | ".join(allowed)), ("Got", repr(value))],
-            remedy=f"pass {name}={allowed[0]!r} or another of the listed names.",
-        )
+        raise input_error(f"{name} must be one of {', '.join(allowed)}.", name, " | ".join(allowed), repr(value),
+                          f"pass {name}={allowed[0]!r} or another of the listed names.")
     return text
 
 
 def _count(value: Any, name: str, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise InputError(
-            f"{name} must be an integer ≥ {minimum}.",
-            context=[("Argument", name), ("Expected", f"an int ≥ {minimum}"), ("Got", repr(value))],
-            remedy=f"pass {name} as a positive integer.",
-        )
+        raise input_error(f"{name} must be an integer ≥ {minimum}.", name, f"an int ≥ {minimum}", repr(value),
+                          f"pass {name} as a positive integer.")
     return int(value)
 
 
@@ -63,11 +54,8 @@ def _seed(value: Any) -> int:
 
 
 def model_nbytes(name: str, *, M: int, N: int, L: int, itemsize: int) -> int:
-    """Bytes :func:`make_model` allocates at its peak, estimated before anything is built.
-
-    With m = M (SVGP) or N (VGP): the builder's temporaries A, A Aᵀ, S and its Cholesky factor (4 m²), q_sqrt
-    [L, m, m] with its stacked copy, GPflow's constrained value and its unconstrained variable (4 L m²), the
-    kernel matrices K_mm and K_mn (m² + m·N), and the data.
+    """Bytes :func:`make_model` allocates at its peak, estimated before anything is built: with m = M (SVGP) or N (VGP),
+    4 m² temporaries, q_sqrt with its copies (4 L m²), K_mm and K_mn (m² + m·N) and the data.
 
     Examples:
         >>> model_nbytes("svgp", M=10, N=50, L=1, itemsize=8)
@@ -97,18 +85,8 @@ def make_data(
     dtype: Any = "float64",
     seed: int = 0,
 ) -> tuple[Array, Array]:
-    """Seeded 1-D regression/classification/count data.
-
-    Args:
-        num_data: N.
-        num_latent: L, the number of output columns (one per latent GP).
-        likelihood: one of :data:`LIKELIHOODS`; decides how y is drawn from f.
-        dtype: "float64" or "float32".
-        seed: numpy seed.
-
-    Returns:
-        (X [N, 1], Y [N, L]) as numpy arrays of ``dtype``.
-    """
+    """Seeded data (X [N, 1], Y [N, L]) as numpy arrays of ``dtype`` ("float64" or "float32"), N = ``num_data``,
+    L = ``num_latent``, y drawn from f through ``likelihood`` (one of :data:`LIKELIHOODS`)."""
     N = _count(num_data, "num_data")
     L = _count(num_latent, "num_latent")
     lik = _choice(likelihood, LIKELIHOODS, "likelihood")
@@ -133,34 +111,23 @@ def make_data(
 
 @dataclass(frozen=True)
 class DemoModel:
-    """A demo model and its data.
-
-    Attributes:
-        model: a ``gpflow.models.SVGP`` or ``gpflow.models.VGP``.
-        data: (X [N, 1], Y [N, L]) as numpy arrays.
-        name: "svgp" or "vgp".
-        likelihood: the likelihood's name.
-    """
+    """A demo ``model`` (``gpflow.models.SVGP`` or ``VGP``), its ``data`` (X [N, 1], Y [N, L]), its ``name``
+    ("svgp" or "vgp") and the ``likelihood``'s name; ``model, data = make_model()`` unpacks it."""
 
     model: Any
     data: tuple[Array, Array]
     name: str
     likelihood: str
 
-    def __iter__(self):  # ``model, data = make_model()``
+    def __iter__(self) -> Iterator[Any]:  # ``model, data = make_model()``
         return iter((self.model, self.data))
 
 
 def _likelihood(name: str) -> Any:
-    import gpflow
+    from gpflow import likelihoods as lik
 
-    if name == "gaussian":
-        return gpflow.likelihoods.Gaussian(variance=0.1)
-    if name == "bernoulli":
-        return gpflow.likelihoods.Bernoulli()
-    if name == "poisson":
-        return gpflow.likelihoods.Poisson()
-    return gpflow.likelihoods.StudentT(scale=0.1)
+    make = {"gaussian": lambda: lik.Gaussian(variance=0.1), "bernoulli": lik.Bernoulli, "poisson": lik.Poisson}
+    return make.get(name, lambda: lik.StudentT(scale=0.1))()
 
 
 def make_model(
@@ -177,27 +144,18 @@ def make_model(
 ) -> DemoModel:
     """A seeded SVGP or VGP on :func:`make_data`, with a non-trivial q(u) so a step does something.
 
-    SVGP: squared-exponential kernel (shared by the L latent GPs), M inducing points spread over the
-    inputs, ``num_data = N`` (full batch). q_mu [M, L] and q_sqrt [L, M, M] are set to seeded random
-    values (q_sqrt lower-triangular, positive diagonal). VGP: the same kernel and likelihood; its
-    q_mu [N, L] and q_sqrt [L, N, N] are seeded the same way (M = N for a VGP; ``num_inducing`` is ignored).
-
-    Args:
-        model: "svgp" or "vgp".
-        likelihood: one of :data:`LIKELIHOODS`.
-        num_inducing: M (SVGP only).
-        num_latent: L.
-        num_data: N.
-        whiten: SVGP whitening (VGP is always whitened).
-        q_diag: build SVGP with a diagonal q_sqrt [M, L] (which natural gradients do not support).
-        dtype: "float64" or "float32"; parameters and data are built in this dtype.
-        seed: numpy seed.
+    SVGP: a squared-exponential kernel shared by the L latent GPs, M = ``num_inducing`` inducing points spread over
+    the inputs, full batch, ``whiten`` as given, seeded q_mu [M, L] and q_sqrt [L, M, M] (lower-triangular,
+    positive diagonal), or a diagonal q_sqrt [M, L] with ``q_diag`` (which natural gradients do not support).
+    VGP: the same kernel and likelihood, q_mu [N, L] and q_sqrt [L, N, N] seeded the same way (M = N).
+    Parameters and data are built in ``dtype`` ("float64" or "float32").
 
     Returns:
         A :class:`DemoModel`; ``model, data = make_model(...)`` works.
 
     Raises:
         InputError: an unknown name or a non-positive count.
+        MemoryLimitError: the model would need more than half of this machine's memory.
     """
     import gpflow
 
@@ -216,11 +174,7 @@ def make_model(
         if name == "svgp":
             Z: Array = np.linspace(0.2, 9.8, M)[:, None].astype(dt)
             q_mu: Array = (0.3 * rng.normal(size=(M, L))).astype(dt)
-            q_sqrt: Array | None = None
-            if q_diag:
-                q_sqrt = rng.uniform(0.3, 0.9, size=(M, L)).astype(dt)
-            else:
-                q_sqrt = _random_tril(rng, M, L).astype(dt)
+            q_sqrt: Array = (rng.uniform(0.3, 0.9, size=(M, L)) if q_diag else _random_tril(rng, M, L)).astype(dt)
             m = gpflow.models.SVGP(
                 kernel, _likelihood(lik), gpflow.inducing_variables.InducingPoints(Z),
                 num_latent_gps=L, q_diag=q_diag, q_mu=q_mu, q_sqrt=q_sqrt, whiten=bool(whiten), num_data=N,

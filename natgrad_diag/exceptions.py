@@ -1,16 +1,9 @@
 """The exception hierarchy of natgrad-diag, rooted in :class:`NatGradDiagError`.
 
-Every error states what went wrong as a class attribute (``error_message``) and prints its context as
-aligned lines, then one line that says what to do next::
-
-    Shape mismatch.
-      Argument: q_mu_grad
-        Expected: [5, 1]
-        Actual:   [5]
-      To fix: pass the gradient with respect to q_mu.unconstrained_variable.
-
-Each subclass also derives from the builtin exception a user would catch for that kind of problem
-(``ValueError`` for bad input, ``AssertionError`` for a failed ``assert_*`` check, ...).
+Every error states what went wrong as a class attribute (``error_message``), its context as aligned lines,
+then what to do next (see :class:`NatGradDiagError`). Each subclass also derives from the builtin exception a
+user would catch for that kind of problem (``ValueError`` for bad input, ``AssertionError`` for a failed
+``assert_*`` check, ...).
 """
 
 from __future__ import annotations
@@ -45,11 +38,9 @@ _NOISE = ("Graph execution error", "Detected at node", "File ", "[[")
 
 
 def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -> str:
-    """The one informative line of an error, for a report or a message's context.
-
-    TensorFlow wraps a failure inside a graph in ``{{function_node ...}}`` prefixes, "Graph execution
-    error" and "Detected at node" lines and an ``[Op:...]`` suffix; those are dropped, and a line
-    naming the numerical failure (Cholesky, NaN, ...) is preferred. ``with_type`` prefixes the class name.
+    """The one informative line of an error: TensorFlow's graph noise (``{{function_node ...}}``, "Graph execution
+    error", "Detected at node", ``[Op:...]``) dropped, a line naming a numerical failure (Cholesky, NaN, ...)
+    preferred; ``with_type`` prefixes the class name.
 
     Example:
         >>> error_line(ValueError("Graph execution error:\\n\\nDetected at node chol\\nCholesky decomposition "
@@ -63,11 +54,6 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     if with_type:
         return f"{type(e).__name__}: {line}" if line else type(e).__name__
     return line or type(e).__name__
-
-
-def _fmt(value: object) -> str:
-    text = str(value)
-    return text.replace("\n", "\n" + " " * 14)
 
 
 class NatGradDiagError(Exception):
@@ -93,17 +79,10 @@ class NatGradDiagError(Exception):
     """
 
     error_message = "An error in natgrad-diag."
-    #: Set (only) on errors raised while a tf.function traces: AutoGraph then re-raises them as they are. It checks
-    #: ``hasattr``, so this is an annotation without a class-level value.
+    #: Set on errors raised while a tf.function traces (AutoGraph, which checks ``hasattr``, re-raises them as is).
     ag_pass_through: bool
 
-    def __init__(
-        self,
-        detail: str = "",
-        *,
-        context: Sequence[tuple[str, object]] = (),
-        remedy: str = "",
-    ) -> None:
+    def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
         self.detail = detail
         self.context = tuple(context)
         self.remedy = remedy
@@ -112,7 +91,7 @@ class NatGradDiagError(Exception):
             width = max(len(label) for label, _ in self.context) + 1
             for label, value in self.context:
                 indent = "    " if label in ("Expected", "Actual", "Got") else "  "
-                lines.append(f"{indent}{(label + ':').ljust(width)} {_fmt(value)}")
+                lines.append(f"{indent}{(label + ':').ljust(width)} " + str(value).replace("\n", "\n" + " " * 14))
         if remedy:
             lines.append(f"  To fix: {remedy}")
         super().__init__("\n".join(lines))
@@ -120,83 +99,69 @@ class NatGradDiagError(Exception):
 
 class InputError(NatGradDiagError, ValueError):
     """An argument does not have the shape, dtype or values that the function needs."""
-
     error_message = "Invalid input."
 
 
 class ShapeMismatchError(InputError):
     """An argument's shape does not match what it must have."""
-
     error_message = "Shape mismatch."
 
 
 class DTypeMismatchError(InputError):
     """An argument's dtype does not match the dtype it must share with another argument."""
-
     error_message = "Dtype mismatch."
 
 
 class NonFiniteError(InputError):
     """An argument contains NaN or Inf."""
-
     error_message = "Non-finite values."
 
 
 class SingularCovarianceError(InputError):
     """q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular."""
-
     error_message = "Singular covariance."
 
 
 class OutputGradientsError(InputError):
     """A seed passed as ``output_gradients`` does not match its target (TensorFlow does not check)."""
-
     error_message = "Mismatch in output_gradients."
 
 
 class UnsupportedModelError(NatGradDiagError, ValueError):
     """The model or parametrisation is one that GPflow's natural gradient does not support."""
-
     error_message = "Unsupported model."
 
 
 class UnconnectedGradientError(NatGradDiagError, ValueError):
     """A source does not influence a target (``unconnected="raise"``)."""
-
     error_message = "Unconnected gradient."
 
 
 class StepFailedError(NatGradDiagError, ArithmeticError):
     """The natural-gradient step leaves the positive-definite cone (Cholesky fails) or gives NaN."""
-
     error_message = "Natural-gradient step failed."
 
 
 class JacobianMismatchError(NatGradDiagError, AssertionError):
     """``assert_gradients``: a numerical and an analytical derivative disagree."""
-
     error_message = "Jacobian mismatch."
 
 
 class NatGradCheckError(NatGradDiagError, AssertionError):
     """``assert_natgrad``: a natural-gradient check failed."""
-
     error_message = "Natural-gradient check failed."
 
 
 class MemoryLimitError(NatGradDiagError, MemoryError):
     """A dense Jacobian would exceed the memory limit; nothing was allocated."""
-
     error_message = "Dense Jacobian too large."
 
 
 class MissingExtraError(NatGradDiagError, ImportError):
     """An optional dependency (an extra) is not installed."""
-
     error_message = "Optional dependency missing."
 
 
 class ReportWriteError(NatGradDiagError, OSError):
     """A report file could not be written; any previous file at that path is intact."""
-
     error_message = "Could not write the report."

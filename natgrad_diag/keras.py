@@ -1,66 +1,9 @@
-"""NatGradCallback: NatGradMonitor's guard around every training batch of a Keras fit (GPflux's NatGradModel).
+"""``NatGradCallback``, the Keras callback that guards every training batch (see :mod:`natgrad_diag.training.keras`).
 
-GPflux trains deep GPs with ``gpflux.optimization.NatGradModel.fit``, whose train step takes one
-``NaturalGradient`` step per ``GPLayer`` and then an Adam step on the other parameters. The callback opens
-``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when the batch ends: the step is
-judged, recorded in ``monitor.guard_records`` and, with ``on_failure="rollback"``, q(u) of every layer is restored
-and every natural-gradient optimizer's γ lowered. Build those optimizers with ``gamma=tf.Variable(...)``: Keras
-compiles the train step, and a Python-number γ changed afterwards does not reach the compiled step. A step that
-raises inside ``fit`` stops ``fit`` (Keras gives callbacks no way to catch it); the guard catches that only around
-your own ``natgrad.minimize`` call.
-
-Importing this module imports neither TensorFlow nor Keras; the class is built on first access::
-
-    from natgrad_diag.keras import NatGradCallback
-    model.fit(data, epochs=10, callbacks=[NatGradCallback(monitor)])
+The public import path: ``from natgrad_diag.keras import NatGradCallback``. Importing this module imports neither
+TensorFlow nor Keras; the class is built on first access.
 """
 
-from __future__ import annotations
-
-from typing import Any
+from natgrad_diag.training.keras import __getattr__  # noqa: F401 (builds NatGradCallback on first access)
 
 __all__ = ["NatGradCallback"]  # noqa: F822 (built by __getattr__ on first access)
-
-_CLASS: dict[str, type] = {}
-
-
-def _build() -> type:
-    from gpflow.keras import tf_keras
-
-    class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
-        """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
-
-        Args:
-            monitor: the monitor whose model is the GPflux ``DeepGP`` (or whose ``var_list`` holds the layers' pairs).
-            optimizers: the natural-gradient optimizers whose γ a rollback lowers; None: the Keras model's
-                ``natgrad_optimizers`` (GPflux's NatGradModel).
-        """
-
-        def __init__(self, monitor: Any, optimizers: Any = None) -> None:
-            super().__init__()
-            self.monitor, self.optimizers = monitor, optimizers
-            self.step: int = 0
-            self._guard: Any = None
-
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            optimizers = self.optimizers if self.optimizers is not None else self.model.natgrad_optimizers
-            self._guard = self.monitor.guard(self.step, list(optimizers))
-            self._guard.__enter__()
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            guard, self._guard = self._guard, None
-            self.step += 1
-            if guard is not None:
-                guard.__exit__(None, None, None)
-
-    NatGradCallback.__module__ = __name__
-    return NatGradCallback
-
-
-def __getattr__(name: str) -> Any:
-    """``NatGradCallback`` derives from tf_keras' Callback: built on first access so that importing this module is light."""
-    if name == "NatGradCallback":
-        if name not in _CLASS:
-            _CLASS[name] = _build()
-        return _CLASS[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

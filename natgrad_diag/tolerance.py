@@ -1,7 +1,5 @@
-"""One tolerance policy for every check: a table keyed by dtype and one rule for what rtol means.
-
-In the style of ``jax._src.public_test_util`` (one ``default_gradient_tolerance`` table, one
-``tolerance(dtype, tol)`` rule), every comparison in the package reads this module.
+"""One tolerance policy for every check: a table keyed by dtype and one rule for what rtol means
+(as ``jax._src.public_test_util``). Every comparison in the package reads this module.
 
 The rule (norm-wise, per compared block):
 
@@ -32,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from natgrad_diag._validate import input_error
 
 __all__ = [
     "KINDS",
@@ -109,21 +109,13 @@ def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
         >>> default_tolerance("float32", "finite_difference").eps
         0.001
     """
-    from natgrad_diag.exceptions import InputError
 
     name = _dtype_name(dtype)
     if kind not in KINDS:
-        raise InputError(
-            "Unknown kind of comparison.",
-            context=[("Argument", "kind"), ("Expected", " or ".join(KINDS)), ("Got", repr(kind))],
-            remedy="use one of the kinds listed.",
-        )
+        raise input_error("Unknown kind of comparison.", "kind", " or ".join(KINDS), repr(kind), "use one of the kinds listed.")
     if name not in _TABLE:
-        raise InputError(
-            "No default tolerance for this dtype.",
-            context=[("Argument", "dtype"), ("Expected", "float16, float32 or float64"), ("Got", name)],
-            remedy="cast the inputs to a floating dtype (GPflow's default is float64).",
-        )
+        raise input_error("No default tolerance for this dtype.", "dtype", "float16, float32 or float64", name,
+                          "cast the inputs to a floating dtype (GPflow's default is float64).")
     return _TABLE[name][kind]
 
 
@@ -149,9 +141,8 @@ def tolerance_bound(want: npt.ArrayLike, *, rtol: float, atol: float) -> float:
 def rounding_bound(dtype: Any, *, condition: float, scale: float, factor: float = 100.0) -> float:
     """The rounding term ``factor · ε · κ · scale`` of a computation with condition number κ.
 
-    A backward-stable computation of a quantity of size ``scale`` whose condition number is κ has a
-    forward error of order ε·κ·scale (Higham 2002, §1.6); ``factor`` absorbs the constants that grow
-    with the problem size.
+    A backward-stable computation of a quantity of size ``scale`` with condition number κ has a forward error
+    of order ε·κ·scale (Higham 2002, §1.6); ``factor`` absorbs the constants that grow with the problem size.
     """
     return factor * eps(dtype) * float(condition) * float(scale)
 
@@ -180,13 +171,9 @@ def validate_tolerance(name: str, value: Any) -> float:
         >>> validate_tolerance("rtol", 1e-6)
         1e-06
     """
-    from natgrad_diag.exceptions import InputError
 
     ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
     if not ok or not np.isfinite(value) or value < 0:
-        raise InputError(
-            f"{name} must be a finite number ≥ 0.",
-            context=[("Argument", name), ("Expected", "a finite number ≥ 0, e.g. 1e-10"), ("Got", repr(value))],
-            remedy=f"pass {name}= a non-negative float, or leave it out for the dtype's default.",
-        )
+        raise input_error(f"{name} must be a finite number ≥ 0.", name, "a finite number ≥ 0, e.g. 1e-10", repr(value),
+                          f"pass {name}= a non-negative float, or leave it out for the dtype's default.")
     return float(value)

@@ -1,15 +1,5 @@
-"""Type aliases for the public API: arrays, array-likes and tensors, named once (in the style of GPJax's typing.py).
-
-TensorFlow and GPflow ship no type information, so a TensorFlow tensor, variable or ``gpflow.Parameter``
-is typed :data:`TensorLike` (an alias of ``Any`` with a name that says what is expected). numpy arrays
-are typed precisely.
-
-* :data:`FloatArray`: a numpy array of floats, e.g. ``q_mu [M, L]`` or a Jacobian block.
-* :data:`Array`: a numpy array of any dtype (labels, indices, masks).
-* :data:`ArrayLike`: what numpy accepts as an array (lists, numbers, arrays).
-* :data:`TensorLike`: a ``tf.Tensor``, ``tf.Variable``, ``gpflow.Parameter`` or anything
-  ``tf.convert_to_tensor`` takes.
-"""
+"""Type aliases for the public API, named once (as GPJax's typing.py): numpy arrays typed precisely, and
+:data:`TensorLike` (``Any`` with a name: TensorFlow and GPflow ship no type information) for tensors."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_checked_gradient__any_wrong_shape_raises_with_both_shapes(shapes_pair):
     np.testing.assert_allclose(g.numpy(), _closed_form_vjp(x.numpy(), np.ones(target_shape)), rtol=1e-10, atol=1e-10)
 
 
-def test_checked_gradient__silent_broadcast_case_from_the_issue():
+def test_checked_gradient__seed_tensorflow_broadcasts_silently__refused():
     tf = _tf()
     x = _x4()
     with tf.GradientTape(persistent=True) as tape:
@@ -217,7 +217,7 @@ def test_checked_gradient__silent_broadcast_case_from_the_issue():
         y = tf.sin(x)
     seed = tf.ones([4, 1], tf.float64)
     raw = tape.gradient(y, x, output_gradients=seed)  # TensorFlow 2.21: no error, a [4, 4] "gradient"
-    assert tuple(raw.shape) == (4, 4), "TensorFlow now rejects this seed itself; update the docs"
+    assert tuple(raw.shape) == (4, 4), "TensorFlow rejects this seed itself: update the docs"
     with pytest.raises(OutputGradientsError) as info:
         checked_gradient(tape, y, x, seed)
     assert str(info.value) == (
@@ -230,7 +230,7 @@ def test_checked_gradient__silent_broadcast_case_from_the_issue():
     )
 
 
-def test_checked_gradient__reshape_case_from_the_issue():
+def test_checked_gradient__seed_of_the_source_shape__refused_before_tensorflows_reshape_error():
     tf = _tf()
     x = _x4()
     with tf.GradientTape(persistent=True) as tape:

@@ -21,10 +21,13 @@ Rules (a small runner, no plugin):
   A ``$`` line that is not ``natgrad-diag`` fails the test (put other commands in a ```bash block).
 - ```bash, ```text and unlabelled blocks are not run; the README's two quick-start lines are checked to be
   exactly ``pip install . && natgrad-diag`` and ``pip install ".[test]" && pytest``.
+- The python and pycon blocks import only the public API: ``natgrad_diag``'s ``__all__`` and its public
+  submodules (``natgrad_diag._SUBMODULES``, each through its own ``__all__``), read from the source with ``ast``.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import difflib
@@ -191,6 +194,95 @@ def test_python_block__runs(block: Block, tmp_path_factory: pytest.TempPathFacto
 
 
 # ------------------------------------------------------------------------------------------------
+# the docs import only public paths
+
+PACKAGE = ROOT / "natgrad_diag"
+
+
+def _public_names(module: str) -> frozenset[str]:
+    """The ``__all__`` of a natgrad_diag module, read from its source (nothing is imported)."""
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts).with_suffix(".py") if parts else PACKAGE / "__init__.py"
+    if not path.exists():
+        path = PACKAGE.joinpath(*parts, "__init__.py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
+def _submodules() -> tuple[str, ...]:
+    """natgrad_diag's public submodules (its ``_SUBMODULES``), read from its source."""
+    for node in ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_SUBMODULES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError("natgrad_diag/__init__.py defines no _SUBMODULES")
+
+
+PUBLIC_MODULES = frozenset({"natgrad_diag", *(f"natgrad_diag.{m}" for m in _submodules())})
+
+
+def _public(module: str, name: str) -> bool:
+    """Whether ``module.name`` is public: a name of the module's ``__all__`` or a public submodule."""
+    return f"{module}.{name}" in PUBLIC_MODULES or name in _public_names(module) or (module, name) == ("natgrad_diag", "__version__")
+
+
+def private_uses(source: str) -> list[str]:
+    """The non-public natgrad_diag paths ``source`` imports, or reaches as attributes of an imported public module."""
+    bound: dict[str, str] = {}  # local name -> the public module it is
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "natgrad_diag":
+                    continue
+                if alias.name not in PUBLIC_MODULES:
+                    found.append(f"import {alias.name}")
+                bound[alias.asname or "natgrad_diag"] = alias.name if alias.asname else "natgrad_diag"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "natgrad_diag":
+            module = node.module or ""
+            if module not in PUBLIC_MODULES:
+                found.append(f"from {module} import ...")
+                continue
+            for alias in node.names:
+                if not _public(module, alias.name):
+                    found.append(f"from {module} import {alias.name}")
+                elif f"{module}.{alias.name}" in PUBLIC_MODULES:
+                    bound[alias.asname or alias.name] = f"{module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            module = bound[node.value.id]
+            if not _public(module, node.attr):
+                found.append(f"{module}.{node.attr}")
+    return found
+
+
+def _source(block: Block) -> str:
+    if block.lang == "pycon":
+        return "".join(example.source for example in doctest.DocTestParser().get_examples(block.text))
+    return block.text
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.id for b in PYTHON_BLOCKS])
+def test_python_block__uses_only_the_public_api(block: Block) -> None:
+    assert private_uses(_source(block)) == [], f"{block.id} reaches natgrad-diag's internals"
+
+
+def test_private_uses__finds_internal_paths() -> None:
+    source = (
+        "import natgrad_diag as nd\nfrom natgrad_diag.report.text import to_terminal\nimport natgrad_diag.step.jacobian\n"
+        "from natgrad_diag import progress, check_natgrad\nfrom natgrad_diag.pictures import heatmap_data, figure_to_png\n"
+        "nd.report.text.to_terminal\nnd.pictures.heatmap_data\n"
+    )
+    assert private_uses(source) == [
+        "from natgrad_diag.report.text import ...", "import natgrad_diag.step.jacobian", "from natgrad_diag import progress",
+        "from natgrad_diag.pictures import figure_to_png", "natgrad_diag.report",
+    ]
+    assert private_uses("from natgrad_diag import to_terminal, testing\nimport natgrad_diag\nnatgrad_diag.demo.make_model\n") == []
+
+
+# ------------------------------------------------------------------------------------------------
 # console transcripts
 
 
@@ -256,10 +348,7 @@ def test_console_transcript__matches_the_real_output(
         pytest.skip(reason)
     commands = parse_transcript(block)
     assert commands, f"{block.id}: a console block without a '$ natgrad-diag' line"
-    import natgrad_diag.progress
-
     monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(natgrad_diag.progress, "_ENABLED", natgrad_diag.progress._ENABLED)  # --json turns it off
     monkeypatch.chdir(tmp_path)
     for command in commands:
         _, got = run_command(command.argv)

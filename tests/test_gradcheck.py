@@ -374,7 +374,7 @@ def test_check_gradients__fast_failure_cleared_by_full_rerun() -> None:
 
 
 def test_check_gradients__fast_mode_symmetric_tangents_at_m50() -> None:
-    # the measurement: at M = 50 a non-symmetric tangent disagrees with reverse mode, a symmetric one agrees
+    # at M = 50 a non-symmetric tangent disagrees with reverse mode, a symmetric one agrees
     eta1, eta2 = gradcheck_cli_module.gpflow_map_point("expectation_to_meanvarsqrt", 50, 1, seed=0)
     small = 10 * 1024**2  # too small for the full re-run of a 2500-coordinate block: fast numbers only
     general = nd.check_gradients(ng.expectation_to_meanvarsqrt, [eta1, eta2], structure="general", mode="fast", max_bytes=small)

@@ -144,7 +144,7 @@ def test_monitor__bad_guard_options_are_input_errors(kw, arg):
 
 
 # --------------------------------------------------------------------------------------------------
-# another optimizer moving q(u) (issue 13, item 3)
+# another optimizer moving q(u)
 # --------------------------------------------------------------------------------------------------
 
 

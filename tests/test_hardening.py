@@ -1,7 +1,7 @@
-"""Issue 12's bad and edge inputs: each gets a correct result or a clear NatGradDiagError naming the argument.
+"""Bad and edge inputs: each gets a correct result or a clear NatGradDiagError naming the argument.
 
-One test per case; each failed before its fix (a raw TensorFlow/numpy/Python error, a silently wrong
-result, or accepted nonsense). Numbers are checked against independent oracles (closed-form derivatives).
+One test per case; a raw TensorFlow/numpy/Python error, a silently wrong result or accepted nonsense fails it.
+Numbers are checked against independent oracles (closed-form derivatives).
 """
 
 from __future__ import annotations
@@ -441,8 +441,8 @@ def test_check_gradients__check_table_says_why_its_error_differs_from_the_blocks
 
 @pytest.mark.parametrize("mode", ["full", "fast"])
 def test_check_natgrad__gaussian_built_with_scale_skips_the_conjugate_checks_with_a_reason(mode):
-    # GPflow's Gaussian(scale=...) has variance None (its noise may be a function of X): it crashed the conjugate
-    # oracle with a raw AttributeError. Now the conjugate checks are skipped with the reason; the rest run.
+    # GPflow's Gaussian(scale=...) has variance None (its noise may be a function of X): the conjugate checks
+    # are skipped with the reason (not a raw AttributeError); the rest run.
     import gpflow
 
     from natgrad_diag import check_natgrad

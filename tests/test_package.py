@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import natgrad_diag as nd
 from natgrad_diag import exceptions
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_package__all_is_sorted_and_every_name_resolves():
@@ -19,12 +23,32 @@ def test_package__all_is_sorted_and_every_name_resolves():
 
 
 def test_package__import_loads_no_heavy_dependency():
+    public = ", ".join(f"natgrad_diag.{m}" for m in nd._SUBMODULES)
     code = (
-        "import sys, natgrad_diag, natgrad_diag.report.records, natgrad_diag.exceptions, natgrad_diag.cli; "
+        f"import sys, natgrad_diag, natgrad_diag.report.records, natgrad_diag.exceptions, natgrad_diag.cli, {public}; "
         "print(sorted(m for m in ('tensorflow', 'gpflow', 'matplotlib', 'torch') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_package__public_submodules_are_attributes_with_a_sorted_all():
+    assert set(nd._SUBMODULES) == {"demo", "keras", "pictures", "strict", "testing", "torch_bridge"}
+    for name in nd._SUBMODULES:
+        module = getattr(nd, name)
+        assert module.__name__ == f"natgrad_diag.{name}" and name in dir(nd)
+        assert module.__all__ == sorted(module.__all__), name
+        for public in module.__all__:
+            assert getattr(module, public) is not None, f"natgrad_diag.{name}.{public}"
+
+
+@pytest.mark.parametrize("package", sorted(p.parent.name for p in (ROOT / "natgrad_diag").glob("*/__init__.py")))
+def test_package__an_internal_package_says_so(package):
+    doc = ast.get_docstring(ast.parse((ROOT / "natgrad_diag" / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    if package in nd._SUBMODULES:
+        assert "internal" in doc and "Public" in doc, f"natgrad_diag/{package}: say what is public and what is internal"
+    else:
+        assert "Internal" in doc, f"natgrad_diag/{package}/__init__.py does not say that the package is internal"
 
 
 def test_package__version_is_what_the_build_reads():

@@ -1,4 +1,4 @@
-"""Tests of natgrad_diag.report.pictures: the data each picture draws, checked against independent oracles.
+"""Tests of natgrad_diag.pictures: the data each picture draws, checked against independent oracles.
 
 Oracles: the Jacobian built here with ``tf.GradientTape.jacobian`` and reshaped by hand, central finite
 differences of a numpy Cholesky (``np_meanvarsqrt``), explicit numpy contractions of that Jacobian.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from natgrad_diag.report import pictures as plots
+from natgrad_diag import pictures as plots
 from natgrad_diag.exceptions import InputError, MissingExtraError
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.report.base import Report

@@ -1,4 +1,4 @@
-"""The rule of issue 12, as a property: random shapes, dtypes, nestings, non-finite values and wrong types thrown
+"""The input rule, as a property: random shapes, dtypes, nestings, non-finite values and wrong types thrown
 at each public function give either a correct result or a NatGradDiagError whose message names an argument.
 
 Never a raw TensorFlow, numpy or Python error, and never NaN in a result. Examples are derandomized (the

@@ -61,10 +61,9 @@ def explanation():
     return explain_output_gradients()
 
 
-@pytest.fixture(autouse=True)
-def _restore_progress(monkeypatch):
-    """A test that turns progress bars off restores the global afterwards."""
-    monkeypatch.setattr(progress, "_ENABLED", progress._ENABLED)
+def _html(report):
+    """The HTML document write_report writes: the report with its pictures (or the note that they are missing)."""
+    return html_mod.html_document(report, *layout_mod.report_pictures_or_note(report))
 
 
 class _Parsed(html.parser.HTMLParser):
@@ -230,7 +229,7 @@ def test_emit__not_a_terminal_gets_no_colour_and_json_is_to_dict():
 
 
 def test_to_html__parses_embeds_png_and_names_every_check(explanation):
-    doc = html_mod.to_html(explanation)
+    doc = _html(explanation)
     parsed = _Parsed(doc)
     assert parsed.errors == [] and parsed.stack == []
     assert doc.startswith("<!DOCTYPE html>")
@@ -246,7 +245,7 @@ def test_to_html__parses_embeds_png_and_names_every_check(explanation):
 
 
 def test_to_html__escapes_cells_and_keeps_the_layout():
-    parsed = _Parsed(html_mod.to_html(Demo(), pictures=False))
+    parsed = _Parsed(html_mod.html_document(Demo(), (), ""))
     assert parsed.errors == []
     assert "a|b <c>" in parsed.cells and "2 | 3" in parsed.cells
     assert "Demo report <M = 3>" in parsed.text
@@ -413,7 +412,7 @@ def test_write_report__unwritable_path_is_a_clear_error(tmp_path, where):
 
 def test_reports_without_matplotlib__still_written_with_a_note(tmp_path, monkeypatch, explanation):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    doc = html_mod.to_html(explanation)
+    doc = _html(explanation)
     parsed = _Parsed(doc)
     assert parsed.errors == [] and parsed.images == []
     assert 'pip install "natgrad-diag[plot]"' in "".join(parsed.text)
@@ -486,7 +485,6 @@ def test_cli__json_and_markdown_report(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["title"] == Demo().title
     assert (tmp_path / "r.md").exists() and (tmp_path / "r-checks.png").exists()
-    assert progress._ENABLED  # --json keeps progress bars: they go to stderr (on a terminal), JSON to stdout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -500,8 +498,7 @@ class _TTY(io.StringIO):
 
 def _progress_output(monkeypatch, stream, enabled):
     monkeypatch.setattr(sys, "stderr", stream)
-    progress.set_enabled(enabled)
-    with progress.progress_bar(total=3, description="working") as advance:
+    with progress.progress_bar(total=3, description="working", enabled=enabled) as advance:
         for _ in range(3):
             advance()
     return stream.getvalue()

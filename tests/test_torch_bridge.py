@@ -63,7 +63,7 @@ def _pairs():
 @pytest.mark.torch
 def test_torch_outer__default_numbers_and_message():
     pytest.importorskip("torch")
-    from natgrad_diag.lessons.torch_bridge import torch_outer
+    from natgrad_diag.torch_bridge import torch_outer
 
     t = torch_outer([1.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(t.gradient_ones_seed, [20.0, 20.0, 20.0, 20.0], rtol=0, atol=1e-12)
@@ -72,7 +72,7 @@ def test_torch_outer__default_numbers_and_message():
     np.testing.assert_allclose(t.jacobian, hand, rtol=0, atol=1e-12)
     np.testing.assert_allclose(t.chain_one_step, 4 * x * np.sum(x**2), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(t.chain_two_step, 4 * x * np.sum(x**2), rtol=1e-12, atol=1e-12)
-    assert t.wrong_seed_error == TORCH_WRONG_SEED  # torch's own words, as quoted in the issue
+    assert t.wrong_seed_error == TORCH_WRONG_SEED  # torch's own words
 
 
 @pytest.mark.torch
@@ -101,7 +101,7 @@ def test_outer_example__tf_and_torch_agree_to_1e_12():
 @given(n=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
 def test_compare_with_tensorflow__random_functions_agree(name, n, seed):
     pytest.importorskip("torch")
-    from natgrad_diag.lessons.torch_bridge import compare_with_tensorflow, torch_vjp
+    from natgrad_diag.torch_bridge import compare_with_tensorflow, torch_vjp
 
     tf_fn, torch_fn, in_shapes, out_shapes = _pairs()[name]
     rng = np.random.default_rng(seed)
@@ -136,7 +136,7 @@ def test_compare_with_tensorflow__reports_a_disagreement():
     torch = pytest.importorskip("torch")
     import tensorflow as tf
 
-    from natgrad_diag.lessons.torch_bridge import compare_with_tensorflow
+    from natgrad_diag.torch_bridge import compare_with_tensorflow
 
     x = np.array([0.1, 0.7, -1.2])
     check = compare_with_tensorflow(tf.sin, torch.cos, [x], [np.ones(3)])
@@ -149,7 +149,7 @@ def test_compare_with_tensorflow__reports_a_disagreement():
 @pytest.mark.torch
 def test_torch_vjp__torch_rejects_a_wrong_seed_itself():
     torch = pytest.importorskip("torch")
-    from natgrad_diag.lessons.torch_bridge import torch_vjp
+    from natgrad_diag.torch_bridge import torch_vjp
 
     with pytest.raises(RuntimeError, match=r"Mismatch in shape: grad_output\[0\] has a shape of torch.Size\(\[4\]\)"):
         torch_vjp(lambda x: torch.outer(x, x), [np.array([1.0, 2.0, 3.0, 4.0])], [np.ones(4)])
@@ -160,7 +160,7 @@ def test_torch_vjp__torch_rejects_a_wrong_seed_itself():
 def test_torch_missing__package_still_works(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     from natgrad_diag import outer_example
-    from natgrad_diag.lessons.torch_bridge import require_torch, torch_available, torch_outer
+    from natgrad_diag.torch_bridge import require_torch, torch_available, torch_outer
 
     assert torch_available() is False
     with pytest.raises(MissingExtraError, match="pip install torch==2.13.0"):
@@ -179,7 +179,7 @@ def test_torch_missing__package_still_works(monkeypatch):
 def test_torch_bridge__import_does_not_import_torch():
     import subprocess
 
-    code = "import sys, natgrad_diag.lessons.torch_bridge, natgrad_diag.lessons.outer, natgrad_diag.autodiff.seeded; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
+    code = "import sys, natgrad_diag.torch_bridge, natgrad_diag.lessons.outer, natgrad_diag.autodiff.seeded; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 

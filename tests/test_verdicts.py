@@ -17,7 +17,7 @@ from natgrad_diag.checks.api import assert_natgrad, check_natgrad
 from natgrad_diag.checks.bounds import fisher_condition_estimate, kappa
 from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.html import to_html
+from natgrad_diag.report.html import html_document
 from natgrad_diag.report.markdown import to_markdown
 from natgrad_diag.report.records import Check
 from natgrad_diag.report.text import to_terminal
@@ -93,7 +93,7 @@ class _R(Report):
 def test_report__passed_status_and_verdict_in_every_form(statuses, passed, status, line):
     r = _R(*statuses)
     assert (r.passed, r.status) == (passed, status)
-    text, html, md = to_terminal(r, plain=True), to_html(r, pictures=False), to_markdown(r)
+    text, html, md = to_terminal(r, plain=True), html_document(r, (), ""), to_markdown(r)
     assert f"Verdict: {line}" in text and line in html and line in md
     if "warn" in statuses:
         assert "WARN" in text and '<span class="warn">WARN</span>' in html and "**WARN**" in md
@@ -199,7 +199,7 @@ def test_svgp_1e4__is_not_pass_and_names_ill_conditioning(svgp_1e4_report):
     assert "conjugate_optimality" in r.causes[0].checks and "κ" in r.causes[0].evidence and "ε·κ" in r.causes[0].evidence
     text = str(r)
     assert text.index("Cause") < text.index("Model and step")
-    assert "<h2>Cause</h2>" in to_html(r, pictures=False).split("<h2>Model and step</h2>")[0]
+    assert "<h2>Cause</h2>" in html_document(r, (), "").split("<h2>Model and step</h2>")[0]
     assert r.to_dict()["causes"][0]["name"] == "ill_conditioning"
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["BlockJacobian", "element_labels", "vech_layout"]
@@ -34,20 +34,16 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
-    A symmetric input X is parameterised by its lower triangle: stored column (a, b), a ≥ b, is the
-    derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal), M(M+1)/2 columns
-    instead of M². The general-shaped blocks are the symmetrised general Jacobian,
-    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, which is
-    exactly what TensorFlow's (symmetrised) Cholesky gradient gives (η₂ = S + m mᵀ of Salimbeni et
-    al., AISTATS 2018, is symmetric).
+    Stored column (a, b), a ≥ b, is the derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal):
+    M(M+1)/2 columns instead of M². The general-shaped blocks are the symmetrised general Jacobian,
+    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, exactly TensorFlow's
+    (symmetrised) Cholesky gradient (η₂ = S + m mᵀ of Salimbeni et al., AISTATS 2018, is symmetric).
 
     Returns:
-        ``(index, scale, size)``: ``index`` [prod(shape)] gives, for each general element
-        (..., a, b) in row-major order, its vech column k(max(a, b), min(a, b)) (lower triangle in
-        ``np.tril_indices`` order, batch-major); ``scale`` [prod(shape)] is 1 on the diagonal and ½
-        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Then the general-shaped Jacobian column of
-        element e is ``scale[e] · compact[:, index[e]]`` and a symmetric tangent for vech column k
-        is ``onehot(k)[index]`` (E_ab + E_ba). Cached per shape in :mod:`natgrad_diag._compile`.
+        ``(index, scale, size)``: ``index`` [prod(shape)] gives each general element (..., a, b), row-major, its vech
+        column k(max(a, b), min(a, b)) (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½
+        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``
+        and vech column k's tangent is ``onehot(k)[index]``. Cached per shape in :mod:`natgrad_diag._compile`.
     """
     shape = tuple(int(d) for d in shape)
     layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
@@ -81,12 +77,12 @@ def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
 
 
 class _BlockGrid(Sequence[Any]):
-    """``blocks[i][j]`` drawn from a dense store: views for general inputs, expanded (and cached) for
-    vech inputs. Behaves like a tuple of tuples of arrays."""
+    """``blocks[i][j]`` drawn from the stored matrix on first use: views for general inputs, expanded (and
+    cached) for vech inputs. Behaves like a tuple of tuples of arrays."""
 
     def __init__(self, jac: BlockJacobian) -> None:
-        self._jac = jac
-        self._rows = tuple(_BlockRow(jac, i) for i in range(len(jac.output_shapes)))
+        n_in = len(jac.input_shapes)
+        self._rows = tuple(_LazyRow(n_in, lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
 
     def __getitem__(self, i: Any) -> Any:
         return self._rows[i]
@@ -95,33 +91,29 @@ class _BlockGrid(Sequence[Any]):
         return len(self._rows)
 
     def __repr__(self) -> str:
-        return f"<blocks {len(self._jac.output_shapes)} × {len(self._jac.input_shapes)}>"
+        return f"<blocks {len(self)} × {len(self._rows[0]) if self._rows else 0}>"
 
 
-class _BlockRow(Sequence[Any]):
-    def __init__(self, jac: BlockJacobian, i: int) -> None:
-        self._jac, self._i = jac, i
+class _LazyRow(Sequence[Any]):
+    def __init__(self, n: int, make: Any) -> None:
+        self._n, self._make = n, make
         self._cache: dict[int, Array] = {}
 
     def __getitem__(self, j: Any) -> Any:
         if isinstance(j, slice):
-            return tuple(self[k] for k in range(len(self))[j])
-        n = len(self)
-        if j < 0:
-            j += n
-        if not 0 <= j < n:
-            raise IndexError(j)
+            return tuple(self[k] for k in range(self._n)[j])
+        j = range(self._n)[j]  # negative indices; IndexError past the end
         if j not in self._cache:
-            self._cache[j] = self._jac._dense_block(self._i, j)
+            self._cache[j] = self._make(j)
         return self._cache[j]
 
     def __len__(self) -> int:
-        return len(self._jac.input_shapes)
+        return self._n
 
 
 @dataclass(frozen=True)
 class BlockJacobian:
-    """The Jacobian of ``outputs`` with respect to ``inputs``, as a grid of blocks.
+    """The Jacobian of ``outputs`` with respect to ``inputs``, as a grid of blocks over one stored matrix.
 
     For outputs y_i (flattened as ``tf.nest.flatten`` does) and inputs x_j, block (i, j) is
     ∂y_i/∂x_j with shape ``y_i.shape + x_j.shape``. The dense matrix stacks the flattened blocks:
@@ -135,8 +127,8 @@ class BlockJacobian:
         blocks: ``blocks[i][j]`` = ∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``.
         output_names, input_names: names used in the labels, e.g. ``("mean", "varsqrt")``.
         output_shapes, input_shapes: the shapes of the outputs and inputs.
-        compact: the stored dense matrix [Σ output sizes, Σ stored input columns] when built by
-            :func:`jacobian` (read-only; ``blocks`` are views of it), else ``None``.
+        compact: the stored dense matrix [Σ output sizes, Σ stored input columns], read-only (built from
+            ``blocks`` when not given; ``blocks`` are views of it when built by :meth:`from_compact`).
         symmetric: one flag per input; ``True`` means that input [..., M, M] is stored by its vech
             columns (symmetric tangents E_ab + E_ba), and its general-shaped blocks are the
             symmetrised general Jacobian.
@@ -155,22 +147,25 @@ class BlockJacobian:
     input_names: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     input_shapes: tuple[tuple[int, ...], ...]
-    compact: Array | None = field(default=None, repr=False, compare=False)
+    compact: Array = field(default=None, repr=False, compare=False)  # type: ignore[arg-type]
     symmetric: tuple[bool, ...] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.symmetric is None:
+            object.__setattr__(self, "symmetric", (False,) * len(self.input_shapes))
+        if self.compact is None:  # given as general blocks: stack them
+            rows = [np.concatenate([np.reshape(b, (int(np.prod(o)), -1)) for b in row], axis=1) for row, o in zip(self.blocks, self.output_shapes)]
+            object.__setattr__(self, "compact", np.concatenate(rows, axis=0))
+            self.compact.setflags(write=False)
 
     @classmethod
     def from_compact(
-        cls,
-        compact: Array,
-        output_names: Sequence[str],
-        input_names: Sequence[str],
-        output_shapes: Sequence[Sequence[int]],
-        input_shapes: Sequence[Sequence[int]],
+        cls, compact: Array, output_names: Sequence[str], input_names: Sequence[str],
+        output_shapes: Sequence[Sequence[int]], input_shapes: Sequence[Sequence[int]],
         symmetric: Sequence[bool] | None = None,
-    ) -> BlockJacobian:
+    ) -> BlockJacobian:  # fmt: skip
         """A BlockJacobian over one dense matrix [Σ output sizes, Σ stored input columns]."""
         in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
-        sym = tuple(bool(s) for s in symmetric) if symmetric is not None else (False,) * len(in_shapes)
         compact.setflags(write=False)
         jac = cls(
             blocks=(),
@@ -179,7 +174,7 @@ class BlockJacobian:
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes),
             input_shapes=in_shapes,
             compact=compact,
-            symmetric=sym,
+            symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
         object.__setattr__(jac, "blocks", _BlockGrid(jac))
         return jac
@@ -194,29 +189,29 @@ class BlockJacobian:
         return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.output_shapes])]).astype(np.int64)
 
     @functools.cached_property
-    def _col_offsets(self) -> Array:
-        """Offsets of the inputs in the general column layout (Σ input sizes)."""
-        return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in self.input_shapes])]).astype(np.int64)
-
-    @functools.cached_property
     def _stored_offsets(self) -> Array:
         """Offsets of the inputs in the stored (compact) column layout."""
         sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
         return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
-    def _expand_columns(self, part: Array, j: int) -> Array:
-        """Stored columns of input j (any rows) → general columns (a copy for a vech input)."""
-        if not self._is_sym(j):
-            return part
-        index, scale, _ = vech_layout(self.input_shapes[j])
-        return part[:, index] * scale
+    def _general(self, rows: Array) -> Array:
+        """Stored columns of ``rows`` [n, stored] → general columns [n, Σ input sizes] (a view without vech inputs)."""
+        if not any(self.symmetric or ()):
+            return rows
+        parts = []
+        for j, s in enumerate(self.input_shapes):
+            part = rows[:, self._stored_offsets[j] : self._stored_offsets[j + 1]]
+            if self._is_sym(j):
+                index, scale, _ = vech_layout(s)
+                part = part[:, index] * scale
+            parts.append(part)
+        return np.concatenate(parts, axis=1)
 
     def _dense_block(self, i: int, j: int) -> Array:
-        r0, r1 = self._row_offsets[i], self._row_offsets[i + 1]
-        c0, c1 = self._stored_offsets[j], self._stored_offsets[j + 1]
-        assert self.compact is not None  # blocks are read from the stored (compact) matrix
-        part = self._expand_columns(self.compact[r0:r1, c0:c1], j)
+        part = self.compact[self._row_offsets[i] : self._row_offsets[i + 1], self._stored_offsets[j] : self._stored_offsets[j + 1]]
         if self._is_sym(j):
+            index, scale, _ = vech_layout(self.input_shapes[j])
+            part = part[:, index] * scale
             part.setflags(write=False)
         return part.reshape(self.output_shapes[i] + self.input_shapes[j])
 
@@ -224,14 +219,12 @@ class BlockJacobian:
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        if self.compact is not None:
-            return self.compact.dtype
-        return self.blocks[0][0].dtype
+        return self.compact.dtype
 
     @property
     def shape(self) -> tuple[int, int]:
         """(Σ output sizes, Σ input sizes): the shape of :attr:`matrix` (computed without building it)."""
-        return int(self._row_offsets[-1]), int(self._col_offsets[-1])
+        return int(self._row_offsets[-1]), sum(int(np.prod(s)) for s in self.input_shapes)
 
     def block(self, i: int, j: int) -> Array:
         """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``."""
@@ -244,21 +237,9 @@ class BlockJacobian:
         For a Jacobian stored with vech columns this expands them (a copy of the general size);
         :attr:`compact` is the stored matrix.
         """
-        if self.compact is not None:
-            if not any(self.symmetric or ()):
-                return self.compact
-            parts = [
-                self._expand_columns(self.compact[:, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)
-                for j in range(len(self.input_shapes))
-            ]
-            out = np.concatenate(parts, axis=1)
-            out.setflags(write=False)
-            return out
-        rows = []
-        for i, oshape in enumerate(self.output_shapes):
-            n_out = int(np.prod(oshape))
-            rows.append(np.concatenate([self.blocks[i][j].reshape(n_out, -1) for j in range(len(self.input_shapes))], axis=1))
-        return np.concatenate(rows, axis=0)
+        out = self._general(self.compact)
+        out.setflags(write=False)
+        return out
 
     @functools.cached_property
     def row_labels(self) -> tuple[str, ...]:
@@ -282,11 +263,9 @@ class BlockJacobian:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
             vectors = [vectors]
         if len(vectors) != len(shapes):
-            raise ShapeMismatchError(
-                f"{argument} needs one array per {side}.",
-                context=[("Argument", argument), ("Expected", f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes))), ("Actual", f"{len(vectors)} array(s)")],
-                remedy=f"pass a list with one array per {side}, in order.",
-            )
+            raise input_error(f"{argument} needs one array per {side}.", argument,
+                              f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes)), f"{len(vectors)} array(s)",
+                              f"pass a list with one array per {side}, in order.", kind=ShapeMismatchError, label="Actual")
         out = []
         for k, (v, s) in enumerate(zip(vectors, shapes)):
             a = np.asarray(v, dtype=self.dtype)
@@ -302,47 +281,24 @@ class BlockJacobian:
     def vjp(self, cotangents: Any) -> tuple[Array, ...]:
         """Jᵀ·v by explicit contraction; one cotangent per output, one result per input."""
         vs = self._check(cotangents, self.output_shapes, "cotangents", "output")
-        if self.compact is not None:
-            v = np.concatenate([a.ravel() for a in vs])
-            stored = v @ self.compact
-            result = []
-            for j, ishape in enumerate(self.input_shapes):
-                part = stored[self._stored_offsets[j] : self._stored_offsets[j + 1]]
-                result.append(self._expand_columns(part[None, :], j)[0].reshape(ishape))
-            return tuple(result)
-        result = []
-        for j, ishape in enumerate(self.input_shapes):
-            acc = np.zeros(ishape, dtype=self.dtype)
-            for i, v in enumerate(vs):
-                acc = acc + np.tensordot(v, self.blocks[i][j], axes=v.ndim)
-            result.append(acc)
-        return tuple(result)
+        flat = self._general((np.concatenate([a.ravel() for a in vs]) @ self.compact)[None, :])[0]
+        offsets = np.cumsum([0] + [int(np.prod(s)) for s in self.input_shapes])
+        return tuple(flat[offsets[j] : offsets[j + 1]].reshape(s) for j, s in enumerate(self.input_shapes))
 
     def jvp(self, tangents: Any) -> tuple[Array, ...]:
         """J·u by explicit contraction; one tangent per input, one result per output."""
         us = self._check(tangents, self.input_shapes, "tangents", "input")
-        if self.compact is not None:
-            parts = []
-            for j, u in enumerate(us):
-                if self._is_sym(j):
-                    # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
-                    # scaled sum of the general entries that share a column.
-                    index, scale, size = vech_layout(self.input_shapes[j])
-                    parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
-                else:
-                    parts.append(u.ravel())
-            flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
-            return tuple(
-                flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes)
-            )
-        result = []
-        for i, oshape in enumerate(self.output_shapes):
-            acc = np.zeros(oshape, dtype=self.dtype)
-            for j, u in enumerate(us):
-                b = self.blocks[i][j]
-                acc = acc + np.tensordot(b, u, axes=(list(range(len(oshape), b.ndim)), list(range(u.ndim))))
-            result.append(acc)
-        return tuple(result)
+        parts = []
+        for j, u in enumerate(us):
+            if self._is_sym(j):
+                # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
+                # scaled sum of the general entries that share a column.
+                index, scale, size = vech_layout(self.input_shapes[j])
+                parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
+            else:
+                parts.append(u.ravel())
+        flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
+        return tuple(flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes))
 
     def summed_gradient(self) -> tuple[Array, ...]:
         """Jᵀ·1: the gradient of the sum of every output element (TensorFlow's default seed)."""
@@ -361,23 +317,16 @@ class BlockJacobian:
         try:
             r = self.row_labels.index(label)
         except ValueError:
-            raise InputError(
-                f"no output element is labelled {label!r}.",
-                context=[("Argument", "label"), ("Expected", f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}"), ("Got", label)],
-                remedy="use a label from .row_labels.",
-            ) from None
-        if self.compact is not None:
-            return np.concatenate([
-                self._expand_columns(self.compact[r : r + 1, self._stored_offsets[j] : self._stored_offsets[j + 1]], j)[0]
-                for j in range(len(self.input_shapes))
-            ])  # fmt: skip
-        row: Array = self.matrix[r]
+            raise input_error(f"no output element is labelled {label!r}.", "label",
+                              f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}", label,
+                              "use a label from .row_labels.") from None
+        row: Array = self._general(self.compact[r : r + 1])[0]
         return row
 
     def __str__(self) -> str:
         rows, cols = self.shape
         lines = [f"BlockJacobian {rows} × {cols} ({self.dtype})"]
-        if self.compact is not None and any(self.symmetric or ()):
+        if any(self.symmetric or ()):
             lines[0] += f", stored as {self.compact.shape[0]} × {self.compact.shape[1]} (vech columns for symmetric inputs)"
         for i, (on, os_) in enumerate(zip(self.output_names, self.output_shapes)):
             for j, (inn, is_) in enumerate(zip(self.input_names, self.input_shapes)):

@@ -48,21 +48,14 @@ class _Layout:
 
 
 def run_chunks(
-    fn: Callable[..., Any],
-    xs: Sequence[Any],
-    out_shapes: tuple[tuple[int, ...], ...],
-    sym: tuple[bool, ...],
-    forward: bool,
-    chunk: int,
-    n_rows: int,
-    n_cols: int,
-) -> Array:
+    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
+    forward: bool, chunk: int, n_rows: int, n_cols: int,
+) -> Array:  # fmt: skip
     """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk.
 
-    The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``,
-    ``chunk``) in :mod:`natgrad_diag._compile`'s cache (the entry keeps ``fn`` alive, so its id is not
-    reused). Column chunks go into a column-major array, row chunks into a row-major one: each chunk
-    is then one contiguous write (blocks stay views either way).
+    The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``, ``chunk``) in
+    :mod:`natgrad_diag._compile`'s cache, which keeps ``fn`` alive. Column chunks go into a column-major array, row
+    chunks into a row-major one, so each is one contiguous write.
     """
     import tensorflow as tf
 
@@ -83,23 +76,12 @@ def run_chunks(
 
 
 def _build_chunk_fn(
-    fn: Callable[..., Any],
-    xs: Sequence[Any],
-    out_shapes: tuple[tuple[int, ...], ...],
-    sym: tuple[bool, ...],
-    forward: bool,
-    chunk: int,
-) -> Any:
-    """The traced function (*inputs, start) → ``chunk`` columns (forward) or rows (reverse) of the stored matrix.
-
-    Forward: for stored columns k = start … start+chunk-1 the tangents are basis vectors (for a vech
-    input the symmetric E_ab + E_ba), pushed through ``ForwardAccumulator`` and batched with
-    ``tf.vectorized_map``; returns [chunk, Σ output sizes] (row c is column start+c of J).
-    Reverse: the cotangents are one-hot rows, pulled back with ``tape.gradient`` and batched the
-    same way; vech inputs are folded (g_ab + g_ba); returns [chunk, Σ stored input columns].
-    Indices past the end give zero tangents (zero rows), so every call has the same shape.
-    Traced here, under the compile cache's lock, once per key.
-    """
+    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
+    forward: bool, chunk: int,
+) -> Any:  # fmt: skip
+    """The traced function (*inputs, start) → ``chunk`` columns (forward, [chunk, Σ output sizes]) or rows (reverse,
+    [chunk, Σ stored input columns]) of the stored matrix; indices past the end give zeros, so every call has one
+    shape."""
     import tensorflow as tf
 
     lay = _Layout.of(xs, out_shapes, sym, chunk)

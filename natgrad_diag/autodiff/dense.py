@@ -11,22 +11,25 @@ import numpy as np
 from natgrad_diag._compile import recall, remember
 from natgrad_diag._compile import trace_count as _trace_count
 from natgrad_diag._validate import (
+    input_error,
     as_float_tensor,
     call_fn,
     flat_outputs,
-    input_error,
+    names_of,
     output_labels,
     require_callable,
     require_finite,
+    require_int,
     require_max_bytes,
     require_output_dtypes,
-    require_positive_int,
+    require_same_dtype,
     shape_str,
+    split_inputs,
 )
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
-from natgrad_diag.exceptions import InputError, ShapeMismatchError
+from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["jacobian", "trace_count"]
@@ -41,11 +44,7 @@ _EAGER_LOOP_MAX_ROWS = 256
 
 
 def trace_count() -> int:
-    """How many times a compiled Jacobian chunk function has been traced in this process.
-
-    For tests: repeated calls with the same function, shapes and options must not add to it.
-    It reads :func:`natgrad_diag._compile.trace_count` for this path.
-    """
+    """How many times a compiled Jacobian chunk function has been traced in this process (for tests)."""
     return _trace_count(TRACE_KIND)
 
 
@@ -63,38 +62,36 @@ def jacobian(
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
-    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), computed in chunks of
-    rows, [e_r, …]ᵀ·J (reverse mode, ``tape.gradient`` with one-hot seeds), or of columns, J·[e_c, …]
-    (forward mode), batched inside a ``tf.function`` traced once per (fn, input shapes and dtypes,
-    options) and cached; it equals ``tape.jacobian`` block by block (the paths: :func:`_build`).
-    A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only,
-    M(M+1)/2 columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly
-    ``tape.jacobian``'s for a function that reads X through a Cholesky factorisation.
+    J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), in chunks of rows [e_r, …]ᵀ·J
+    (reverse mode: ``tape.gradient`` with one-hot seeds) or of columns J·[e_c, …] (forward mode), batched in a
+    ``tf.function`` traced once per (fn, input shapes and dtypes, options); it equals ``tape.jacobian`` block by
+    block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only, M(M+1)/2
+    columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly ``tape.jacobian``'s for a
+    function that reads X through a Cholesky factorisation.
 
     Args:
-        fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict);
-            cached by identity: pass the same function object to reuse its compiled chunks.
-        inputs: the points to differentiate at, a sequence (or a dict: its keys name the inputs); Python
-            numbers and lists become float64 (GPflow's default float), tensors and arrays keep their dtype.
-        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs
-            the keys, or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
+        fn: a function of the inputs returning a tensor or a nest of tensors; its compiled chunks are cached by
+            identity (pass the same function object to reuse them).
+        inputs: the point, a sequence (or a dict: its keys name the inputs); Python numbers and lists become float64.
+        input_names, output_names: names for the labels (default ``x0, ...``, ``y0, ...``; for dict outputs the keys,
+            or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
-        mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer
-            columns than rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
-        compiled: ``True``: compiled chunks; ``False``: eagerly, no tracing; ``None`` (default): eager
-            for a first call with at most 64 rows, compiled otherwise and from the second call.
+        mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer columns than
+            rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
+        compiled: ``True``: compiled chunks; ``False``: eagerly; ``None`` (default): eager for a first call with at
+            most 64 rows, compiled otherwise and from the second call.
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
-        ``output_shapes[i] + input_shapes[j]`` in every case).
+        ``output_shapes[i] + input_shapes[j]``).
 
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
-        InputError, ShapeMismatchError: ``fn`` not callable, raising or returning None; ``None``, empty or
-            non-finite inputs; bad ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names.
-        DTypeMismatchError: an integer, bool or complex input or output, or outputs in another dtype than the inputs.
+        InputError: ``fn`` not callable, raising or returning None; ``None``, empty or non-finite inputs; bad
+            ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names; integer, bool or complex inputs or
+            outputs, or outputs in another dtype than the inputs.
 
     Examples:
         >>> import tensorflow as tf
@@ -112,12 +109,9 @@ def jacobian(
     probe = _probe(fn, xs, key, compiled)
     if probe.dict_keys is not None and output_names is None:
         output_names = probe.dict_keys
-    out_names = _names(output_names, len(probe.out_shapes), "y", "output_names")
+    out_names = names_of(output_names, len(probe.out_shapes), "outputs")
     size = _size(probe, xs, in_shapes, sym, max_bytes)
-    compact, blocks = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
-    if blocks is not None:
-        return BlockJacobian(blocks, out_names, in_names, probe.out_shapes, in_shapes)
-    assert compact is not None  # _build returns the compact matrix when it returns no blocks
+    compact = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
 
 
@@ -136,8 +130,8 @@ def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ..
 def _build(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
-) -> tuple[Array | None, Any]:  # fmt: skip
-    """The dispatcher: (stored matrix, None), or (None, general blocks), by the first path that applies.
+) -> Array:  # fmt: skip
+    """The dispatcher: the stored matrix, by the first path that applies.
 
     1. compiled chunks (:func:`_compiled_path`); the peak memory is the Jacobian plus one chunk's
        intermediates (about 1.1-1.3× in all, measured at M = 80), not the 3-4× of ``tape.jacobian``'s
@@ -145,8 +139,8 @@ def _build(
     2. eager rows, one ``tape.gradient`` per row: a first call with at most 64 rows (tracing would
        cost more than it saves), an untraceable ``fn`` with at most 256 rows, or any dtype but
        float64 (TensorFlow 2.21's pfor segfaults on a float32 Cholesky gradient);
-    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``;
-    4. the same, folded into vech columns when an input is ``symmetric``.
+    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns when an
+       input is ``symmetric``.
     """
     import tensorflow as tf
 
@@ -158,7 +152,7 @@ def _build(
         except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
             compact = None  # not traceable: the eager tape below
         if compact is not None:
-            return compact, None
+            return compact
     return _eager_path(fn, xs, probe, sym, size)
 
 
@@ -186,36 +180,20 @@ class _Size:
 
 def _check_options(mode: str, chunk_size: Any) -> None:
     if mode not in ("auto", "forward", "reverse"):
-        raise InputError(
-            "mode must be 'auto', 'forward' or 'reverse'.",
-            context=[("Argument", "mode"), ("Expected", "'auto', 'forward' or 'reverse'"), ("Got", repr(mode))],
-            remedy="leave mode='auto' (forward when there are fewer columns than rows).",
-        )
+        raise input_error("mode must be 'auto', 'forward' or 'reverse'.", "mode", "'auto', 'forward' or 'reverse'", repr(mode),
+                          "leave mode='auto' (forward when there are fewer columns than rows).")
     if chunk_size is not None:
-        require_positive_int(chunk_size, "chunk_size", expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
+        require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
 
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
-    """The inputs as tensors (a dict's keys name them), and their names."""
-
-    if inputs is None:
-        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
-    if isinstance(inputs, Mapping):
-        input_names = tuple(str(k) for k in inputs.keys()) if input_names is None else input_names
-        inputs = list(inputs.values())
-    elif not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]  # one input: a tensor, an array or a number
-    names = _names(input_names, len(inputs), "x", "input_names")
-    if not inputs:
-        raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point, e.g. [x].")
-    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(inputs, names))]
+    """The inputs as finite float tensors of one dtype (a dict's keys name them), and their names."""
+    values, names = split_inputs(inputs, input_names)
+    xs = [as_float_tensor(x, f"inputs[{k}] ({n})") for k, (x, n) in enumerate(zip(values, names))]
     for k, (x, n) in enumerate(zip(xs, names)):
         require_finite(x.numpy(), f"inputs[{k}] ({n})")  # a NaN point gives a NaN Jacobian
     for k, x in enumerate(xs[1:], 1):
-        if x.dtype != xs[0].dtype:
-            from natgrad_diag._validate import require_same_dtype
-
-            require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
+        require_same_dtype(x, xs[0], f"inputs[{k}] ({names[k]})", f"inputs[0] ({names[0]})")
     return xs, names
 
 
@@ -266,10 +244,8 @@ def _compiled_path(
     return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, size.rows, size.cols)
 
 
-def _eager_path(
-    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size
-) -> tuple[Array | None, Any]:
-    """Paths 2-4, eagerly: (stored matrix, None), or (None, general blocks) from ``tape.jacobian``."""
+def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size) -> Array:
+    """Paths 2 and 3, eagerly: the stored matrix."""
     import tensorflow as tf
 
     tape, ys = probe.tape, probe.ys
@@ -278,28 +254,11 @@ def _eager_path(
     assert ys is not None  # the probe's or the forward pass's outputs
     if size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64:
         # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
-        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols), None
+        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols)
     zero = tf.UnconnectedGradients.ZERO
     blocks = tuple(tuple(tape.jacobian(y, x, unconnected_gradients=zero).numpy() for x in xs) for y in ys)
     del tape
-    if not any(sym):
-        return None, blocks
-    in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
-    return _fold_general(blocks, probe.out_shapes, in_shapes, sym, size.itemsize), None
-
-
-def _names(given: Sequence[str] | None, count: int, prefix: str, argument: str) -> tuple[str, ...]:
-    if given is None:
-        return tuple(f"{prefix}{k}" for k in range(count))
-    given = tuple(given)
-    if len(given) != count:
-        raise InputError(
-            f"{argument} must name each of the {count} {prefix == 'x' and 'inputs' or 'outputs'}.",
-            context=[("Argument", argument), ("Expected", f"{count} names"), ("Got", f"{len(given)}: {given}")],
-            remedy=f"pass {count} names, or leave {argument}=None.",
-        )
-    return given
-
+    return _fold_general(blocks, probe.out_shapes, tuple(tuple(x.shape.as_list()) for x in xs), sym)
 
 
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
@@ -309,11 +268,9 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
         symmetric = [symmetric] * len(in_shapes)
     flags = tuple(bool(s) for s in symmetric)
     if len(flags) != len(in_shapes):
-        raise InputError(
-            "symmetric needs one flag per input.",
-            context=[("Argument", "symmetric"), ("Expected", f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})"), ("Got", f"{len(flags)} flags")],
-            remedy="pass e.g. symmetric=(False, True) to store the second input by its lower triangle.",
-        )
+        raise input_error("symmetric needs one flag per input.", "symmetric",
+                          f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})", f"{len(flags)} flags",
+                          "pass e.g. symmetric=(False, True) to store the second input by its lower triangle.")
     for flag, s, n in zip(flags, in_shapes, in_names):
         if flag and (len(s) < 2 or s[-1] != s[-2]):
             raise ShapeMismatchError(
@@ -322,7 +279,6 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
                 remedy=f"mark only square-matrix inputs as symmetric (symmetric=False for {n}).",
             )
     return flags
-
 
 
 def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> Array:
@@ -351,7 +307,7 @@ def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool
     return out
 
 
-def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...], itemsize: int) -> Array:
+def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...]) -> Array:
     """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     rows = []
     for i, os_ in enumerate(out_shapes):
@@ -367,4 +323,3 @@ def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool,
             parts.append(g)
         rows.append(np.concatenate(parts, axis=1))
     return np.ascontiguousarray(np.concatenate(rows, axis=0))
-

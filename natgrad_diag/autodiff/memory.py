@@ -13,14 +13,9 @@ __all__ = ["DEFAULT_MAX_BYTES", "AllocationLimitError", "auto_chunk", "check_mem
 #: Default limit for a dense Jacobian: 2 GiB.
 DEFAULT_MAX_BYTES = 2 * 1024**3
 
-#: Memory for one chunk's result when ``chunk_size`` is not given: 1/32 of the Jacobian, within these
-#: bounds. While a chunk is computed, pfor holds several intermediates of about the chunk's size (up to
-#: ~8 in forward mode through a Cholesky), so the peak stays near the Jacobian plus a quarter of it.
-_CHUNK_FRACTION = 32
-_CHUNK_BYTES_MIN = 4 * 1024**2
-_CHUNK_BYTES_MAX = 16 * 1024**2
-#: ... but at least this many columns (rows) per chunk: fewer make the per-call overhead dominate.
-_CHUNK_MIN = 128
+#: One chunk's result: 1/32 of the Jacobian, 4-16 MiB, at least 128 rows (columns; fewer and the per-call overhead
+#: dominates). pfor holds up to ~8 intermediates of a chunk's size, so the peak stays near 1.25× the Jacobian.
+_CHUNK_FRACTION, _CHUNK_BYTES_MIN, _CHUNK_BYTES_MAX, _CHUNK_MIN = 32, 4 * 1024**2, 16 * 1024**2, 128
 
 
 def jacobian_nbytes(output_shapes: Sequence[Sequence[int]], input_shapes: Sequence[Sequence[int]], itemsize: int) -> int:
@@ -46,11 +41,8 @@ class AllocationLimitError(MemoryLimitError):
 
 
 def memory_limit() -> int:
-    """Half of this machine's physical memory (``os.sysconf``), or :data:`DEFAULT_MAX_BYTES` when unknown.
-
-    The limit for what is allocated besides a Jacobian (a demo model, a benchmark's matrices): above it
-    the process would swap or be killed, so a clear error before allocating is better.
-    """
+    """Half of this machine's physical memory, or :data:`DEFAULT_MAX_BYTES` when unknown: the limit for what is
+    allocated besides a Jacobian (a demo model, a benchmark's matrices), above which the process would swap."""
     import os
 
     try:
@@ -63,19 +55,11 @@ def memory_limit() -> int:
 def check_memory(
     nbytes: int, max_bytes: int, what: str, *, remedy: str | None = None, title: str | None = None, argument: str = "max_bytes"
 ) -> None:
-    """Refuse, before allocating, a dense Jacobian larger than ``max_bytes``.
+    """Refuse, before allocating, a dense Jacobian of ``nbytes`` larger than ``max_bytes``.
 
-    Args:
-        nbytes: the estimated size (e.g. from :func:`jacobian_nbytes`).
-        max_bytes: the limit.
-        what: what would be allocated, for the message (``"2 output(s) and 2 input(s)"``).
-        remedy, title: replace the message's remedy and its first sentence's subject (for allocations other
-            than a dense Jacobian, e.g. ``title="the demo SVGP with M = 100000"``).
-        argument: the argument to change, named in the message (``"num_inducing"``, ``"sizes"``).
-
-    Raises:
-        InputError: ``max_bytes`` is not an int ≥ 1.
-        MemoryLimitError: ``nbytes > max_bytes``; the message says to use ``mode='fast'`` or raise the limit.
+    ``what`` says what would be allocated (``"2 output(s) and 2 input(s)"``); ``title`` and ``remedy`` replace the
+    message's subject and remedy for other allocations (an :class:`AllocationLimitError`, e.g. ``title="The demo
+    SVGP with M = 100000"``); ``argument`` is the argument to change. Raises MemoryLimitError over the limit.
 
     Examples:
         >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens
@@ -94,16 +78,8 @@ def check_memory(
 
 
 def auto_chunk(n_chunked: int, n_other: int, itemsize: int, total_bytes: int) -> int:
-    """Rows (or columns) per chunk of a Jacobian of ``total_bytes``: about 1/32 of it, 4-16 MiB, ≥ 128.
-
-    Args:
-        n_chunked: rows (reverse mode) or columns (forward mode) to split into chunks.
-        n_other: the length of one chunked row (column).
-        itemsize: bytes per entry.
-        total_bytes: the size of the whole stored Jacobian.
-
-    Returns:
-        A chunk length; the chunks are made equal, so that the last one wastes as little as possible.
+    """Rows (reverse mode) or columns (forward mode) per chunk, of ``n_chunked``, each ``n_other`` long, of a Jacobian
+    of ``total_bytes``: about 1/32 of it, 4-16 MiB, ≥ 128, made equal so that the last chunk wastes little.
 
     Examples:
         >>> auto_chunk(1000, 10, 8, 80_000)  # a small Jacobian: one chunk

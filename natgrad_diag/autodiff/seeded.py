@@ -1,28 +1,24 @@
-"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``."""
+"""``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``.
 
-# ``tape.gradient(target, sources, output_gradients=v)`` computes the vector-Jacobian product
-#
-#     (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j          (one result per source)
-#
-# where the seed v_i = ∂L/∂target_i is a cotangent of target i and must have exactly target i's
-# shape. TensorFlow 2.21 does not check that: for ``y = x[:, None] * x[None, :]`` a seed of shape [4]
-# fails deep inside with ``Input to reshape is a tensor with 1 values, but the requested shape has 4``,
-# and for ``y = tf.sin(x)`` (x of shape [4]) a seed of shape [4, 1] is silently broadcast and the
-# "gradient" comes back with shape [4, 4]. PyTorch checks it (``Mismatch in shape: grad_output[0] has a
-# shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])``); so do the functions here.
-#
-# References:
-#     TensorFlow, ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py).
-#     PyTorch, ``torch.autograd.grad`` and its ``grad_outputs`` check (torch/autograd/__init__.py).
+``tape.gradient(target, sources, output_gradients=v)`` computes (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j,
+where the seed v_i = ∂L/∂target_i must have exactly target i's shape. TensorFlow 2.21 does not check that: for
+``y = x[:, None] * x[None, :]`` a seed of shape [4] fails deep inside with a reshape error, and for ``y = tf.sin(x)``
+a seed [4, 1] is broadcast into a [4, 4] "gradient". PyTorch refuses both (``Mismatch in shape: grad_output[0]
+has a shape of ...``); so do the functions here.
+
+References: ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py); ``torch.autograd.grad`` and its
+``grad_outputs`` check (torch/autograd/__init__.py).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from natgrad_diag._validate import call_fn, dtype_name, require_finite, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
 from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
@@ -36,18 +32,33 @@ __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 #: Accepted values of ``unconnected``.
 UNCONNECTED_CHOICES = ("none", "zero", "raise")
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _raised_as_is(fn: F) -> F:
+    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
+    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NatGradDiagError as e:
+            e.ag_pass_through = True
+            raise
+
+    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+    return cast(F, wrapper)
+
 
 def _unconnected_mode(unconnected: Any) -> str:
     """``"none"``, ``"zero"`` or ``"raise"`` from a string or a ``tf.UnconnectedGradients``."""
     value = getattr(unconnected, "value", unconnected)
     if isinstance(value, str) and value.lower() in UNCONNECTED_CHOICES:
         return value.lower()
-    raise InputError(
-        "unconnected must say what a source that does not influence the target gets.",
-        context=[("Argument", "unconnected"), ("Expected", '"none", "zero" or "raise"'), ("Got", repr(unconnected))],
-        remedy='pass unconnected="none" (TensorFlow\'s default, None), "zero" (zeros of the source\'s shape) '
-        'or "raise" (an error naming the source).',
-    )
+    raise input_error("unconnected must say what a source that does not influence the target gets.", "unconnected",
+                      '"none", "zero" or "raise"', repr(unconnected), 'pass unconnected="none" (TensorFlow\'s default, None), '
+                      '"zero" (zeros of the source\'s shape) or "raise" (an error naming the source).')
 
 
 def _describe(x: Any) -> str:
@@ -59,11 +70,9 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
 
     flat = tf.nest.flatten(target)
     if not flat:
-        raise InputError(
-            f"{argument} is empty: there is nothing to differentiate.",
-            context=[("Argument", argument), ("Expected", "a tensor or a nest (list, tuple, dict) of tensors"), ("Got", repr(target))],
-            remedy=f"pass the {target_name}(s) computed inside the tape's context.",
-        )
+        raise input_error(f"{argument} is empty: there is nothing to differentiate.", argument,
+                          "a tensor or a nest (list, tuple, dict) of tensors", repr(target),
+                          f"pass the {target_name}(s) computed inside the tape's context.")
     for i, t in enumerate(flat):
         if not isinstance(t, (tf.Tensor, tf.Variable)):
             got = "None" if t is None else f"{type(t).__name__} {t!r}"[:60]
@@ -75,11 +84,9 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
                 "a number, a numpy array or None has no gradient.",
             )
         if not t.dtype.is_floating and not t.dtype.is_complex:
-            raise DTypeMismatchError(
-                f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
-                context=[("Argument", argument), ("Expected", "floating-point targets"), ("Got", f"{target_name}[{i}]: {t.dtype.name}")],
-                remedy=f"differentiate only float {target_name}s (drop or tf.cast integer results).",
-            )
+            raise input_error(f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
+                              argument, "floating-point targets", f"{target_name}[{i}]: {t.dtype.name}",
+                              f"differentiate only float {target_name}s (drop or tf.cast integer results).", kind=DTypeMismatchError)
     return list(flat)
 
 
@@ -93,15 +100,9 @@ def _prepare_seeds(
         return None
     if isinstance(output_gradients, Mapping) and isinstance(structure, Mapping):
         if set(map(str, output_gradients)) != set(map(str, structure)):
-            raise OutputGradientsError(
-                f"{argument} and the {target_name}s are dicts with different keys.",
-                context=[
-                    ("Argument", argument),
-                    ("Expected", f"keys {sorted(map(str, structure))}"),
-                    ("Actual", f"keys {sorted(map(str, output_gradients))}"),
-                ],
-                remedy=f"give {argument} the same keys as the {target_name} dict.",
-            )
+            raise input_error(f"{argument} and the {target_name}s are dicts with different keys.", argument,
+                              f"keys {sorted(map(str, structure))}", f"keys {sorted(map(str, output_gradients))}",
+                              f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
     flat = tf.nest.flatten(output_gradients)
     validate_seeds(flat, targets, argument=argument, target_name=target_name)
     seeds = []
@@ -156,14 +157,9 @@ _WATCH_REMEDY = (
 
 
 def _raise_unconnected(
-    flat_sources: list[Any],
-    flat_grads: list[Any],
-    targets: list[Any],
-    *,
-    source_name: str = "sources",
-    target_name: str = "target",
-    remedy: str = _WATCH_REMEDY,
-) -> None:
+    flat_sources: list[Any], flat_grads: list[Any], targets: list[Any], *, source_name: str = "sources",
+    target_name: str = "target", remedy: str = _WATCH_REMEDY,
+) -> None:  # fmt: skip
     """Raise :class:`UnconnectedGradientError` naming the first source whose gradient is None."""
     missing = [j for j, g in enumerate(flat_grads) if g is None]
     if not missing:
@@ -187,6 +183,7 @@ def _raise_unconnected(
     )
 
 
+@_raised_as_is
 def checked_gradient(
     tape: Any,
     target: Any,
@@ -201,35 +198,28 @@ def checked_gradient(
 
         ∂L/∂x_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (Jᵀ·v; a seed of ones gives ∂(Σ y)/∂x_j)
 
-    The checks, in torch's spirit: ``target`` is flattened as ``tf.nest.flatten`` does (a dict by its
-    sorted keys) and so is ``output_gradients`` (a single tensor for a single target is fine); there
-    is exactly one seed per target; each seed has exactly its target's shape (no broadcasting) and
-    dtype (no cast); a ``None`` entry means a seed of ones (``tf.ones_like(target_i)``; TensorFlow
-    2.21 itself fails on a ``None`` entry). A seed that is a Python number takes its target's dtype.
-    Nothing is computed before the checks pass, so a non-persistent tape is still usable after an
-    error. Inside ``tf.function``, dims unknown when tracing are checked when the graph runs
-    (``tf.errors.InvalidArgumentError`` with a "Mismatch in output_gradients" message).
+    As torch does: ``target`` and ``output_gradients`` are flattened as ``tf.nest.flatten`` does (a single tensor
+    for a single target is fine); there is one seed per target, of exactly its shape (no broadcasting) and dtype
+    (no cast; a Python number takes its target's dtype); a ``None`` entry means ones. Nothing is computed before
+    the checks pass, so a non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are
+    checked when the graph runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
 
     Args:
         tape: the ``tf.GradientTape`` that recorded the targets.
         target: a tensor or a nest (list, tuple, dict) of tensors.
         sources: a tensor, a variable or a nest of them; the result has the same structure.
-        output_gradients: ``None`` (every target seeded with ones), or one seed per flattened target,
-            in the same nest or flat, each of its target's shape and dtype (``None`` entries: ones).
-        unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as
-            TensorFlow), ``"zero"`` (zeros of the source's shape, ``tf.UnconnectedGradients.ZERO``) or
-            ``"raise"`` (:class:`~natgrad_diag.exceptions.UnconnectedGradientError` naming the source
-            and the target). ``tf.UnconnectedGradients`` values are accepted too.
+        output_gradients: ``None`` (ones for every target), or one seed per flattened target, nested or flat.
+        unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as TensorFlow),
+            ``"zero"`` (zeros of its shape) or ``"raise"`` (:class:`~natgrad_diag.exceptions.UnconnectedGradientError`
+            naming the source and the target); ``tf.UnconnectedGradients`` values too.
 
     Returns:
         The gradients, structured like ``sources``: source j's entry has source j's shape.
 
     Raises:
-        OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype
-            (also a ``ValueError``).
+        OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype (also a ``ValueError``).
         UnconnectedGradientError: ``unconnected="raise"`` and a source does not influence the target.
-        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or
-            ``unconnected`` is not one of the choices.
+        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or a bad ``unconnected``.
 
     Example:
         >>> import tensorflow as tf
@@ -240,22 +230,12 @@ def checked_gradient(
         >>> checked_gradient(tape, y, x, tf.ones_like(y)).numpy()
         array([20., 20., 20., 20.])
     """
-    try:
-        return _checked_gradient(tape, target, sources, output_gradients, unconnected)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
-
-
-def _checked_gradient(tape: Any, target: Any, sources: Any, output_gradients: Any, unconnected: Any) -> Any:
     import tensorflow as tf
 
     if not isinstance(tape, tf.GradientTape):
-        raise InputError(
-            "tape must be the tf.GradientTape that recorded the target.",
-            context=[("Argument", "tape"), ("Expected", "tf.GradientTape"), ("Got", type(tape).__name__)],
-            remedy="call checked_gradient(tape, target, sources, output_gradients) as you would tape.gradient(...).",
-        )
+        raise input_error("tape must be the tf.GradientTape that recorded the target.", "tape",
+                          "tf.GradientTape", type(tape).__name__,
+                          "call checked_gradient(tape, target, sources, output_gradients) as you would tape.gradient(...).")
     mode = _unconnected_mode(unconnected)
     targets = _flat_targets(target, "target", "target")
     seeds = _prepare_seeds(output_gradients, targets, argument="output_gradients", target_name="target", structure=target)
@@ -271,29 +251,24 @@ def _to_primal(x: Any, k: int) -> Any:
     import tensorflow as tf
 
     if x is None:
-        raise InputError(
-            f"primals[{k}] is None.", context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", "None")],
-            remedy="pass the point to differentiate at.",
-        )
+        raise input_error(f"primals[{k}] is None.", f"primals[{k}]", "a floating-point tensor, array or number", "None",
+                          "pass the point to differentiate at.")
     try:
         t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e:
-        raise InputError(
-            f"primals[{k}] could not be converted to a tensor.",
-            context=[("Argument", f"primals[{k}]"), ("Expected", "a floating-point tensor, array or number"), ("Got", type(x).__name__)],
-            remedy="pass float64 arrays or tensors.",
-        ) from e
+        raise input_error(f"primals[{k}] could not be converted to a tensor.", f"primals[{k}]",
+                          "a floating-point tensor, array or number", type(x).__name__,
+                          "pass float64 arrays or tensors.") from e
     if t.dtype.is_floating and tf.executing_eagerly():
         require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:
-        raise DTypeMismatchError(
-            f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.",
-            context=[("Argument", f"primals[{k}]"), ("Expected", "float64 (or float32)"), ("Got", t.dtype.name)],
-            remedy=f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).",
-        )
+        raise input_error(f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.", f"primals[{k}]",
+                          "float64 (or float32)", t.dtype.name,
+                          f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).", kind=DTypeMismatchError)
     return t
 
 
+@_raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
     """The outputs of ``fn(*primals)`` and the vector-Jacobian product Jᵀ·v, with the seeds checked.
 
@@ -301,20 +276,16 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
 
         result_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (the functional form of output_gradients)
 
-    Each cotangent must have exactly its output's shape and dtype (``None`` entries: ones), as in
-    :func:`checked_gradient`, whose checks this uses.
-
     Args:
         fn: a function of the primals returning a tensor or a nest of tensors.
-        primals: one tensor/array (``fn(x)``) or a list/tuple of them (``fn(*primals)``). Arrays and
-            numbers without a dtype become float64; integer inputs are refused.
-        cotangents: one seed per flattened output (a single tensor for a single output).
-        unconnected: for an input ``fn`` does not use: ``"zero"`` (default, the mathematical answer),
-            ``"none"`` or ``"raise"``.
+        primals: one tensor/array (``fn(x)``) or a list/tuple of them (``fn(*primals)``); arrays and numbers
+            without a dtype become float64, integer inputs are refused.
+        cotangents: one seed per flattened output, of its exact shape and dtype, as in :func:`checked_gradient`.
+        unconnected: for an input ``fn`` does not use: ``"zero"`` (default), ``"none"`` or ``"raise"``.
 
     Returns:
-        ``(outputs, grads)``: ``outputs`` as ``fn`` returned them, and ``grads`` one tensor per primal
-        with that primal's shape (a single tensor when ``primals`` was a single tensor).
+        ``(outputs, grads)``: ``outputs`` as ``fn`` returned them, ``grads`` one tensor per primal of its shape
+        (a single tensor for a single primal).
 
     Raises:
         OutputGradientsError: a wrong number of cotangents, or one of another shape or dtype.
@@ -327,21 +298,11 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
         >>> g.numpy()
         array([20., 20., 20., 20.])
     """
-    try:
-        return _vjp(fn, primals, cotangents, unconnected)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
-
-
-def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     if not callable(fn):
-        raise InputError(
-            "fn must be callable.", context=[("Argument", "fn"), ("Expected", "a function of the primals"), ("Got", type(fn).__name__)],
-            remedy="pass the function itself, e.g. vjp(tf.sin, x, v).",
-        )
+        raise input_error("fn must be callable.", "fn", "a function of the primals", type(fn).__name__,
+                          "pass the function itself, e.g. vjp(tf.sin, x, v).")
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)
@@ -365,10 +326,3 @@ def _vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, unconnected: Any
         )
     grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]  # tf.gather: dense
     return outputs, (grads[0] if single else tuple(grads))
-
-
-# Inside tf.function, AutoGraph must call these as they are: converted, a NatGradDiagError raised deep
-# inside would come out as a StagingError. This attribute is what tf.autograph.experimental.do_not_convert
-# sets; setting it here keeps TensorFlow out of the import.
-checked_gradient.autograph_info__ = frozenset()  # type: ignore[attr-defined]
-vjp.autograph_info__ = frozenset()  # type: ignore[attr-defined]

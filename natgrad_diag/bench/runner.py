@@ -12,7 +12,7 @@ from natgrad_diag.bench.jacobian import bench_check_gradients_fast, bench_fill, 
 from natgrad_diag.bench.report import BenchReport, BenchRow
 from natgrad_diag.bench.step import bench_apply, bench_check_natgrad, bench_minimize, bench_threads, bench_trace
 from natgrad_diag.bench.timing import Run, cli_command, machine_info, make_row, subprocess_env, time_subprocess
-from natgrad_diag._validate import input_error, require_positive_int
+from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.report.records import Check, status_of
 
@@ -96,7 +96,7 @@ def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool 
     from natgrad_diag.progress import progress_bar
 
     size_list = _validate_sizes(sizes)
-    run = Run(size_list or (QUICK_SIZES if quick else DEFAULT_SIZES), require_positive_int(repeats, "repeats"), bool(quick))
+    run = Run(size_list or (QUICK_SIZES if quick else DEFAULT_SIZES), require_int(repeats, "repeats", minimum=1), bool(quick))
     start, rows = time.perf_counter(), []
     with progress_bar(total=len(ROWS), description="benchmark", enabled=progress) as advance:
         machine = machine_info()

@@ -1,4 +1,4 @@
-"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``bench`` and ``strict``.
+"""The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``gradcheck``, ``bench`` and ``strict``.
 
 Exit codes: 0 when every check holds, 1 when one fails, 2 for bad usage or bad input.
 Only argparse is imported at start-up; each command imports what it needs when it runs.
@@ -10,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
-
-from natgrad_diag.cli.strict import add_strict_parser, run_strict
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -186,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
-    add_strict_parser(sub)
+    p = sub.add_parser(
+        "strict",
+        help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
+        description=(
+            "Run SCRIPT in this process with every tf.GradientTape.gradient call checked as PyTorch would: "
+            "a target of more than one element needs output_gradients, and each seed must have its target's "
+            "shape and dtype. Every violation is reported with its file and line; the exit code is 1 if "
+            "there was one, the script's own code if it failed, 0 otherwise."
+        ),
+        usage="natgrad-diag strict [-h] -- python SCRIPT [ARGS ...]",
+    )
+    p.add_argument("script_command", nargs=argparse.REMAINDER, metavar="COMMAND", help="python SCRIPT [ARGS ...] or python -m MODULE [ARGS ...]")
     return parser
 
 
@@ -198,6 +207,7 @@ def _xi(name: str) -> Any:
 
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
     if command == "explain":
         from natgrad_diag.lessons.explain import explain_output_gradients
 
@@ -209,31 +219,15 @@ def _run(args: argparse.Namespace) -> Any:
     if command == "check":
         from natgrad_diag.cli.check import check_natgrad_cli
 
-        return check_natgrad_cli(
-            model=args.model,
-            likelihood=args.likelihood,
-            num_inducing=args.num_inducing,
-            num_latent=args.num_latent,
-            num_data=args.num_data,
-            xi=args.xi,
-            gamma=args.gamma,
-            dtype=args.dtype,
-            whiten=args.whiten,
-            mode=args.mode,
-            seed=args.seed,
-            gamma_steps=args.gamma_steps,
-        )
+        return check_natgrad_cli(**options)
     if command == "gradcheck":
         from natgrad_diag.cli.gradcheck import gradcheck_cli
 
-        return gradcheck_cli(
-            map=args.map, num_inducing=args.num_inducing, num_latent=args.num_latent, mode=args.mode,
-            structure=args.structure, dtype=args.dtype, seed=args.seed, eps=args.eps, rtol=args.rtol, atol=args.atol,
-        )  # fmt: skip
+        return gradcheck_cli(**options)
     if command == "bench":
         from natgrad_diag.bench.runner import run_bench
 
-        return run_bench(sizes=args.sizes, repeats=args.repeats, quick=args.quick, progress=True)
+        return run_bench(**options, progress=True)
     raise AssertionError(command)  # pragma: no cover
 
 
@@ -263,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     command = args.command or "explain"
     if command == "strict":
-        return run_strict(args)
+        from natgrad_diag.strict.runner import run_command
+
+        return run_command(args.script_command, prog="natgrad-diag strict")
     try:
         from natgrad_diag._tf import import_tensorflow_quietly
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error
 
 if TYPE_CHECKING:
     from natgrad_diag.checks.report import NatGradReport
@@ -37,20 +37,10 @@ def gamma_steps_arg(text: str) -> int:
 
 
 def check_natgrad_cli(
-    *,
-    model: str = "svgp",
-    likelihood: str = "gaussian",
-    num_inducing: int = 10,
-    num_latent: int = 1,
-    num_data: int = 50,
-    xi: str = "nat",
-    gamma: float = 1.0,
-    dtype: str = "float64",
-    whiten: bool = True,
-    mode: str = "auto",
-    seed: int = 0,
-    gamma_steps: int = 1,
-) -> NatGradReport:
+    *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int = 10, num_latent: int = 1,
+    num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
+    mode: str = "auto", seed: int = 0, gamma_steps: int = 1,
+) -> NatGradReport:  # fmt: skip
     """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
 
     ``gamma_steps`` (``--gamma-steps K``): the γ search measures each γ by the loss after K steps.
@@ -61,11 +51,8 @@ def check_natgrad_cli(
     from natgrad_diag.checks.api import check_natgrad
 
     if xi not in ("nat", "meanvar"):
-        raise InputError(
-            "xi must be 'nat' or 'meanvar'.",
-            context=[("Argument", "--xi"), ("Expected", "nat | meanvar"), ("Got", repr(xi))],
-            remedy="pass --xi nat (GPflow's default) or --xi meanvar.",
-        )
+        raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
+                          "pass --xi nat (GPflow's default) or --xi meanvar.")
     demo = make_model(
         model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
         whiten=whiten, dtype=dtype, seed=seed,

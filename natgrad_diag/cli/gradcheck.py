@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_positive_int
+from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
@@ -30,8 +30,8 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
             f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
             "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.",
         )  # fmt: skip
-    M = require_positive_int(num_inducing, "num_inducing")
-    L = require_positive_int(num_latent, "num_latent")
+    M = require_int(num_inducing, "num_inducing", minimum=1)
+    L = require_int(num_latent, "num_latent", minimum=1)
     rng = np.random.default_rng(seed)
     m = rng.standard_normal((M, L))
     A = np.tril(0.3 / math.sqrt(M) * rng.standard_normal((L, M, M)), -1) + np.eye(M)  # ‖A − I‖₂ ≲ 0.6
@@ -50,18 +50,10 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
 
 
 def gradcheck_cli(
-    *,
-    map: str = "expectation_to_meanvarsqrt",  # noqa: A002 - the CLI flag's name
-    num_inducing: int = 8,
-    num_latent: int = 2,
-    mode: str = "full",
-    structure: str = "auto",
-    dtype: str = "float64",
-    seed: int = 0,
-    eps: float | None = None,
-    rtol: float | None = None,
+    *, map: str = "expectation_to_meanvarsqrt", num_inducing: int = 8, num_latent: int = 2, mode: str = "full",  # noqa: A002
+    structure: str = "auto", dtype: str = "float64", seed: int = 0, eps: float | None = None, rtol: float | None = None,
     atol: float | None = None,
-) -> GradientCheckReport:
+) -> GradientCheckReport:  # fmt: skip
     """``natgrad-diag gradcheck``: check one of GPflow's natgrad maps at a random point of size (M, L).
 
     ``structure`` applies to the map's matrix input (eta2, nat2 or varsqrt [L, M, M]); ``"auto"`` infers

@@ -8,16 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import (
-    input_error,
-    require_callable,
-    require_finite,
-    require_int,
-    require_max_bytes,
-    require_positive_int,
-    tolerances,
-    validate_seeds,
-)
+from natgrad_diag._validate import input_error, require_callable, require_finite, require_int, require_max_bytes, validate_seeds
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.gradcheck.fast import fast_rows
 from natgrad_diag.gradcheck.full import full_rows
@@ -31,7 +22,7 @@ from natgrad_diag.gradcheck.structures import (
     resolve_structures,
 )
 from natgrad_diag.report.records import Check, format_number, status_of
-from natgrad_diag.tolerance import default_tolerance, validate_tolerance
+from natgrad_diag.tolerance import default_tolerance, resolve, validate_tolerance
 from natgrad_diag.typing import Array
 
 __all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
@@ -41,8 +32,7 @@ MODES = ("full", "fast")
 
 
 def default_settings(dtype: Any) -> tuple[float, float, float]:
-    """(eps, rtol, atol) for central differences in ``dtype``: :func:`natgrad_diag.tolerance.default_tolerance`'s
-    ``"finite_difference"`` kind (ε ≈ ∛(machine ε) balances truncation and rounding).
+    """(eps, rtol, atol) for central differences in ``dtype``: the policy's ``"finite_difference"`` kind (ε ≈ ∛(machine ε)).
 
     Examples:
         >>> default_settings("float64")
@@ -74,23 +64,21 @@ def check_gradients(
     For each output y_i and input x_j, with perturbations d that respect x_j's structure, numerical
     (y_i(x + ε d) − y_i(x − ε d)) / 2ε against analytical J_ij·d (full mode: every coordinate) or
     ⟨v, numerical⟩ against ⟨J_ijᵀ·v, d⟩ (fast mode: k random unit pairs (d, v)); an entry passes when
-    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise). See :func:`_rows` for the modes.
+    |numerical − analytical| ≤ atol + rtol·|analytical| (elementwise).
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).
-        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies. Python
-            numbers and lists become float64 (GPflow's default float) and are checked with float64's tolerances.
-        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``
-            (:func:`~natgrad_diag.gradcheck.structures.coordinates`): one string, a sequence or a dict by
-            input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
+        inputs: the point, float tensors/arrays (a dict: its keys name them); ``fn`` sees copies; Python numbers
+            and lists become float64.
+        structure: per input ``"general"``, ``"symmetric"`` or ``"lower_triangular"``: one string, a sequence or a
+            dict by input name. ``None`` infers it: GPflow's natgrad maps have a symmetric η₂ or θ₂ and a
             lower-triangular varsqrt; anything else is general.
         mode: ``"full"`` (every coordinate against the explicit Jacobian) or ``"fast"`` (matrix-free).
-        cotangents: fast mode: fixed cotangents v, one per flattened output (exact shape and dtype; ``None``
-            for ones) instead of random ones; validated but not needed in full mode.
+        cotangents: fast mode's fixed cotangents v (one per flattened output, exact shape and dtype, ``None`` for
+            ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
         seed, num_directions: fast mode's random seed and direction pairs per block (k).
-        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...;
-            nested dict outputs are named by paths such as ``"z/0"``, in ``tf.nest.flatten``'s order).
+        input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
     Returns:
@@ -112,7 +100,7 @@ def check_gradients(
         ('general', 'symmetric')
     """
     _check_options(fn, mode, seed)
-    num_directions = require_positive_int(num_directions, "num_directions")
+    num_directions = require_int(num_directions, "num_directions", minimum=1)
     max_bytes = require_max_bytes(max_bytes)
     input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
     arrays, names = to_arrays(inputs, input_names)
@@ -138,16 +126,11 @@ def _rows(
 ) -> tuple[GradientCheckRow, ...]:  # fmt: skip
     """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
 
-    Central differences are the only oracle independent of TensorFlow's registered gradients: forward
-    mode (``tf.autodiff.ForwardAccumulator``) is built by transposing a registered op gradient, so
-    ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when that gradient is wrong. Full mode compares every coordinate
-    with the explicit reverse-mode Jacobian; fast mode compares ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random
-    unit pairs (u, v), never forming J, and after a failure on a small block re-runs full mode on that
-    block to name the worst entry.
-
-    References:
-        torch.autograd.gradcheck (slow and fast mode); Salimbeni et al., "Natural Gradients in
-        Practice", AISTATS 2018 (the maps of ``gpflow.optimizers.natgrad``).
+    Central differences are the only oracle independent of TensorFlow's registered gradients (forward mode is
+    built by transposing them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when one is wrong). Full mode compares every
+    coordinate with the explicit reverse-mode Jacobian; fast mode ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random unit
+    pairs (u, v), and re-runs full mode on a small failing block to name the worst entry.
+    References: torch.autograd.gradcheck; Salimbeni et al., AISTATS 2018 (gpflow.optimizers.natgrad's maps).
     """
     eps, rtol, atol = settings.eps, settings.rtol, settings.atol
     if mode == "full":
@@ -199,7 +182,7 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> _Setti
         source = "all given"
     else:
         source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
-    tol = tolerances(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
+    tol = resolve(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
     if eps is not None and validate_tolerance("eps", eps) == 0:
         raise input_error("eps must be > 0.", "eps", "a finite step > 0, e.g. 1e-6", repr(eps), "pass eps > 0, or leave it out.")
     return _Settings(eps=d_eps if eps is None else float(eps), rtol=tol.rtol, atol=tol.atol, source=source)
@@ -222,8 +205,7 @@ def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
 
 
 def _worst_vs_max(r: GradientCheckRow) -> str:
-    """Why the error here can differ from the Blocks table's: this one is the worst entry's, judged against its
-    own tolerance (atol + rtol·|analytical| is per entry); the table shows the block's largest errors."""
+    """Why the worst entry's error (against its own tolerance) can differ from the block's largest, in the table."""
     if r.worst_abs_error == r.max_abs_error:
         return ""
     return (
@@ -265,22 +247,9 @@ def assert_gradients(
     output_names: Sequence[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> GradientCheckReport:
-    """Like :func:`check_gradients`, but raise :class:`~natgrad_diag.JacobianMismatchError` on a mismatch.
-
-    The message names the output and the input, the worst entry, the numerical value against the
-    analytical one, the tolerances, and one line of remedy (e.g. to use ``structure="symmetric"``).
-
-    Args:
-        fn, inputs, structure, mode, cotangents, eps, rtol, atol, seed, num_directions, input_names,
-            output_names, max_bytes: as for :func:`check_gradients`.
-
-    Returns:
-        The :class:`GradientCheckReport`, when every block passes.
-
-    Raises:
-        JacobianMismatchError: a block fails (also an ``AssertionError``, so pytest shows it as a failure).
-        InputError, MemoryLimitError: as for :func:`check_gradients`.
-    """
+    """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
+    ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,
+    the tolerances and a remedy; returns the report when every block passes."""
     report = check_gradients(
         fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol, atol=atol,
         seed=seed, num_directions=num_directions, input_names=input_names, output_names=output_names,

@@ -34,9 +34,13 @@ def fast_rows(
         vs = [[random_direction(rng, y.shape, "general", prob.dtype) for y in prob.y] for _ in range(n_dirs)]
     vnorms = [float(np.linalg.norm(vs[0][i])) if cotangents is not None else 1.0 for i in range(len(prob.y))]
     atols = [atol * max(vn, 1.0) for vn in vnorms]
-    m = _measure_compiled(prob, us, vs, eps, rtol, atols)
-    if m is None:  # fn cannot be traced, or failed at a point: the eager path raises the named error
-        m = _measure(prob, names, us, vs, eps)
+    try:
+        m = _measure(prob, names, us, vs, eps, rtol, atols, compiled=True)
+    except Exception:  # noqa: BLE001 - fn cannot be traced: the eager run below
+        m = None
+    if m is None:  # not traceable, or not finite at a point: the eager run names the cause
+        m = _measure(prob, names, us, vs, eps, rtol, atols, compiled=False)
+        assert m is not None
 
     rows = []
     for i in range(len(prob.y)):
@@ -71,45 +75,8 @@ class _Measured:
     forward_error: str  # why forward mode is unavailable ("" when it ran)
 
 
-def _measure(
-    prob: Problem, names: tuple[str, ...], us: list[list[Array]], vs: list[list[Array]], eps: float
-) -> _Measured:
-    """For every direction k: reverse mode ⟨Jᵀ·v, u⟩, central differences ⟨v, D_u y⟩, forward mode ⟨v, J·u⟩."""
-    import tensorflow as tf
-
-    from natgrad_diag.progress import progress_bar
-
-    n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
-    numerical, analytical, forward = (np.full((n_out, n_in, n_dirs), np.nan) for _ in range(3))
-    forward_error = ""
-    xs = [tf.constant(a) for a in prob.x]
-    zero = tf.UnconnectedGradients.ZERO
-    total = sum(len(d) for d in us)
-    with progress_bar(total=total, description=f"gradient check (fast, {n_dirs} direction(s))") as advance:
-        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
-            tape.watch(xs)
-            ys = [tf.convert_to_tensor(y) for y in tf.nest.flatten(prob.fn(*xs))]
-        for k in range(n_dirs):
-            for i in range(n_out):
-                grads = tape.gradient(ys[i], xs, output_gradients=tf.constant(vs[k][i]), unconnected_gradients=zero)
-                for j in range(n_in):
-                    if k < len(us[j]):
-                        analytical[i, j, k] = float(np.vdot(grads[j].numpy(), us[j][k]))
-            for j in range(n_in):
-                if k >= len(us[j]):
-                    continue
-                diffs = prob.central(j, us[j][k], eps, f"{names[j]} ± eps·u (direction {k})")
-                for i in range(n_out):
-                    numerical[i, j, k] = float(np.vdot(vs[k][i], diffs[i]))
-                if not forward_error:
-                    forward_error = _forward_products(prob, xs, j, us[j][k], vs[k], forward[:, j, k])
-                advance()
-        del tape
-    return _Measured(numerical, analytical, forward, forward_error)
-
-
 class _Engine:
-    """fn's compiled pieces for one point (shapes, dtype): each traced once, called once per direction.
+    """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager.
 
     * ``analytical(n_dirs)(xs, vs, us)``: f at x once and one VJP per output and direction (the forward
       pass shared by all of them), contracted with every input direction: [n_dirs, n_out, n_in] scalars.
@@ -119,41 +86,34 @@ class _Engine:
     * ``jvp()(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
     """
 
-    def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any) -> None:
+    def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any, compiled: bool) -> None:
         import tensorflow as tf
 
-        self.fn = fn
+        self.fn, self.compiled = fn, compiled
         self.xspecs = [tf.TensorSpec(s, dtype) for s in xshapes]
         self.yspecs = [tf.TensorSpec(s, dtype) for s in yshapes]
         self._built: dict[Any, Any] = {}
-        self._jvp: Any = None
 
     def _outputs(self, xs: list[Any]) -> list[Any]:
         import tensorflow as tf
 
+        if self.compiled:
+            from natgrad_diag._compile import note_trace
+
+            note_trace("gradcheck_fast")
         return [tf.convert_to_tensor(y) for y in tf.nest.flatten(self.fn(*xs))]
 
-    def analytical(self, n_dirs: int) -> Any:
-        key = ("analytical", n_dirs)
-        if key not in self._built:
-            self._built[key] = self._build_analytical(n_dirs)
-        return self._built[key]
-
-    def central(self, active: tuple[bool, ...]) -> Any:
-        key = ("central", active)
-        if key not in self._built:
-            self._built[key] = self._build_central(active)
-        return self._built[key]
-
-    def _build_analytical(self, n_dirs: int) -> Any:
+    def _piece(self, key: Any, body: Any, *specs: Any) -> Any:
         import tensorflow as tf
 
-        from natgrad_diag._compile import note_trace
+        if key not in self._built:
+            self._built[key] = tf.function(body).get_concrete_function(*specs) if self.compiled else body
+        return self._built[key]
 
-        zero = tf.UnconnectedGradients.ZERO
+    def analytical(self, n_dirs: int) -> Any:
+        import tensorflow as tf
 
         def body(xs: list[Any], vs: list[list[Any]], us: list[list[Any]]) -> Any:
-            note_trace("gradcheck_fast")
             with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
                 tape.watch(xs)
                 ys = self._outputs(xs)
@@ -161,21 +121,17 @@ class _Engine:
             for vk, uk in zip(vs, us):
                 rows = []
                 for y, v in zip(ys, vk):
-                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=zero)
+                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
                     rows.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)]))
                 out.append(tf.stack(rows))
             return tf.stack(out)
 
-        specs = ([self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
-        return tf.function(body).get_concrete_function(self.xspecs, *specs)
+        return self._piece(("analytical", n_dirs), body, self.xspecs, [self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
 
-    def _build_central(self, active: tuple[bool, ...]) -> Any:
+    def central(self, active: tuple[bool, ...]) -> Any:
         import tensorflow as tf
 
-        from natgrad_diag._compile import note_trace
-
         def body(xs: list[Any], vs: list[Any], xp: list[Any], xm: list[Any]) -> Any:
-            note_trace("gradcheck_fast")
             num, finite = [], [tf.constant(True)]
             for j, on in enumerate(active):
                 if not on:
@@ -187,28 +143,23 @@ class _Engine:
                 finite += [tf.reduce_all(tf.math.is_finite(t)) for t in plus + minus]
             return tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
 
-        return tf.function(body).get_concrete_function(self.xspecs, self.yspecs, self.xspecs, self.xspecs)
+        return self._piece(("central", active), body, self.xspecs, self.yspecs, self.xspecs, self.xspecs)
 
     def jvp(self) -> Any:
-        if self._jvp is None:
-            import tensorflow as tf
+        import tensorflow as tf
 
-            from natgrad_diag._compile import note_trace
+        def body(xs: list[Any], tangents: list[Any], vs: list[Any]) -> Any:
+            with tf.autodiff.ForwardAccumulator(primals=xs, tangents=tangents) as acc:
+                ys = self._outputs(xs)
+            jv = [acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO) for y in ys]
+            return tf.stack([tf.reduce_sum(v * t) for v, t in zip(vs, jv)])
 
-            def body(xs: list[Any], tangents: list[Any], vs: list[Any]) -> Any:
-                note_trace("gradcheck_fast")
-                with tf.autodiff.ForwardAccumulator(primals=xs, tangents=tangents) as acc:
-                    ys = self._outputs(xs)
-                jv = [acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO) for y in ys]
-                return tf.stack([tf.reduce_sum(v * t) for v, t in zip(vs, jv)])
-
-            self._jvp = tf.function(body).get_concrete_function(self.xspecs, self.xspecs, self.yspecs)
-        return self._jvp
+        return self._piece("jvp", body, self.xspecs, self.xspecs, self.yspecs)
 
 
-def _engine(prob: Problem) -> _Engine:
-    """The compiled engine of ``prob.fn`` at this shape: cached across checks for GPflow's (pure) maps only,
-    since a user's function may read Python state that a cached trace would freeze."""
+def _engine(prob: Problem, compiled: bool) -> _Engine:
+    """The engine of ``prob.fn`` at this shape; a compiled one is cached across checks for GPflow's (pure) maps
+    only, since a user's function may read Python state that a cached trace would freeze."""
     from natgrad_diag import _compile
 
     xshapes = [tuple(x.shape) for x in prob.x]
@@ -216,20 +167,21 @@ def _engine(prob: Problem) -> _Engine:
     name = gpflow_map_name(prob.fn)
 
     def build() -> _Engine:
-        return _Engine(prob.fn, xshapes, yshapes, prob.dtype)
+        return _Engine(prob.fn, xshapes, yshapes, prob.dtype, compiled)
 
-    if name is None:
+    if name is None or not compiled:
         return build()
     engine: _Engine = _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
     return engine
 
 
-def _measure_compiled(
-    prob: Problem, us: list[list[Array]], vs: list[list[Array]], eps: float, rtol: float, atols: list[float]
-) -> _Measured | None:
-    """:func:`_measure` with fn compiled once: one call for every VJP (f once, n_out VJPs per direction), one
-    call per direction for the central differences (2 f per input), then forward mode at each block's worst
-    direction. ``None`` when fn cannot be traced or fails at a point (the eager path then names the cause)."""
+def _measure(
+    prob: Problem, names: tuple[str, ...], us: list[list[Array]], vs: list[list[Array]], eps: float, rtol: float,
+    atols: list[float], *, compiled: bool,
+) -> _Measured | None:  # fmt: skip
+    """⟨Jᵀ·v, u⟩ (one call for every VJP: f once, n_out VJPs per direction), ⟨v, D_u y⟩ by central differences
+    (2 f per input and direction), then forward mode at each block's worst direction. Compiled: ``None`` when fn
+    is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
     import tensorflow as tf
 
     from natgrad_diag.progress import progress_bar
@@ -238,28 +190,29 @@ def _measure_compiled(
     numerical, analytical, forward = (np.full((n_out, n_in, n_dirs), np.nan) for _ in range(3))
     xs = [tf.constant(a) for a in prob.x]
     step = np.asarray(eps, prob.dtype)
-    try:
-        engine = _engine(prob)
-        u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
-        v_all = [[tf.constant(v) for v in vk] for vk in vs]
-        ana = engine.analytical(n_dirs)(xs, v_all, [[tf.constant(a) for a in uk] for uk in u_all]).numpy()
-        with progress_bar(
-            total=n_dirs, description=f"gradient check (fast, compiled, {n_dirs} direction(s))"
-        ) as advance:
-            for k in range(n_dirs):
-                active = tuple(k < len(us[j]) for j in range(n_in))
+    engine = _engine(prob, compiled)
+    u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
+    v_all = [[tf.constant(v) for v in vk] for vk in vs]
+    ana = np.asarray(engine.analytical(n_dirs)(xs, v_all, [[tf.constant(a) for a in uk] for uk in u_all]))
+    with progress_bar(total=n_dirs, description=f"gradient check (fast, {n_dirs} direction(s))") as advance:
+        for k in range(n_dirs):
+            active = [j for j in range(n_in) if k < len(us[j])]
+            if compiled:
                 xp = [tf.constant(prob.x[j] + step * u_all[k][j]) for j in range(n_in)]
                 xm = [tf.constant(prob.x[j] - step * u_all[k][j]) for j in range(n_in)]
-                num, finite = engine.central(active)(xs, v_all[k], xp, xm)
+                num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     return None
-                for j in range(n_in):
-                    if active[j]:
-                        analytical[:, j, k] = ana[k, :, j]
-                        numerical[:, j, k] = num.numpy()[:, j] / (2 * eps)
-                advance()
-    except Exception:  # noqa: BLE001 - not traceable, or failed at a point: the eager path names the cause
-        return None
+                num = num.numpy() / (2 * eps)
+            else:
+                num = np.zeros((n_out, n_in))
+                for j in active:
+                    diffs = prob.central(j, us[j][k], eps, f"{names[j]} ± eps·u (direction {k})")
+                    num[:, j] = [np.vdot(vs[k][i], diffs[i]) for i in range(n_out)]
+            for j in active:
+                analytical[:, j, k] = ana[k, :, j]
+                numerical[:, j, k] = num[:, j]
+            advance()
     m = _Measured(numerical, analytical, forward, "")
     return dataclasses.replace(m, forward_error=_forward_at_worst(prob, engine, xs, us, vs, m, rtol, atols))
 
@@ -285,21 +238,6 @@ def _forward_at_worst(
             vals = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()
             for i in outs:
                 m.forward[i, j, k] = vals[i]
-    except Exception as e:  # noqa: BLE001 - forward mode is information only
-        return f"forward mode unavailable ({type(e).__name__})."
-    return ""
-
-
-def _forward_products(prob: Problem, xs: list[Any], j: int, u: Array, v: list[Array], out: Array) -> str:
-    """out[i] = ⟨v_i, J_ij·u⟩ by ForwardAccumulator (information only); the reason when it fails, else ""."""
-    import tensorflow as tf
-
-    try:
-        with tf.autodiff.ForwardAccumulator(primals=xs[j], tangents=tf.constant(u)) as acc:
-            yf = [tf.convert_to_tensor(y) for y in tf.nest.flatten(prob.fn(*xs))]
-        for i in range(len(prob.y)):
-            jv = acc.jvp(yf[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            out[i] = float(np.vdot(v[i], jv.numpy()))
     except Exception as e:  # noqa: BLE001 - forward mode is information only
         return f"forward mode unavailable ({type(e).__name__})."
     return ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,38 +12,23 @@ from natgrad_diag._validate import (
     as_float_tensor,
     flat_outputs,
     input_error,
+    names_of,
     output_labels,
     require_finite,
     require_output_dtypes,
     require_same_dtype,
     shape_str,
+    split_inputs,
 )
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 from natgrad_diag.typing import Array
 
 __all__ = ["Comparison", "Problem", "compare", "to_arrays"]
 
+
 def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Array], tuple[str, ...]]:
-    if inputs is None:
-        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
-    if isinstance(inputs, Mapping):
-        names = tuple(str(k) for k in inputs) if input_names is None else tuple(input_names)
-        values = list(inputs.values())
-    elif isinstance(inputs, (list, tuple)):
-        values = list(inputs)
-        names = tuple(input_names) if input_names is not None else tuple(f"x{k}" for k in range(len(values)))
-    else:
-        values = [inputs]
-        names = tuple(input_names) if input_names is not None else ("x0",)
-    if not values:
-        raise input_error(
-            "inputs is empty.", "inputs", "one or more float tensors", "0 inputs", "pass the point to check at, e.g. [eta1, eta2]."
-        )
-    if len(names) != len(values):
-        raise input_error(
-            f"input_names must name each of the {len(values)} inputs.", "input_names", f"{len(values)} names",
-            f"{len(names)}: {names}", f"pass {len(values)} names, or leave input_names=None.",
-        )  # fmt: skip
+    """Copies of the inputs as finite, non-empty float arrays of one dtype, and their names."""
+    values, names = split_inputs(inputs, input_names, remedy="pass the point to check at, e.g. [eta1, eta2].")
     arrays = []
     for k, (name, v) in enumerate(zip(names, values)):
         # numbers and lists become float64 (GPflow's default float), as in every function of the package
@@ -83,14 +68,7 @@ class Problem:
         if output_names is None:
             output_names = output_labels(outputs)  # a dict's keys or paths, in tf.nest.flatten's order
         ys = [np.asarray(y.numpy()) for y in flat]
-        if output_names is None:
-            output_names = tuple(f"y{k}" for k in range(len(ys)))
-        output_names = tuple(output_names)
-        if len(output_names) != len(ys):
-            raise input_error(
-                f"output_names must name each of the {len(ys)} outputs.", "output_names", f"{len(ys)} names",
-                f"{len(output_names)}: {output_names}", f"pass {len(ys)} names, or leave output_names=None.",
-            )  # fmt: skip
+        output_names = names_of(output_names, len(ys), "outputs")
         for name, y in zip(output_names, ys):
             if y.dtype.kind != "f":
                 raise input_error(
@@ -137,17 +115,13 @@ class Problem:
 
 @dataclass(frozen=True)
 class Comparison:
-    """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana|.
-
-    This rule is elementwise (rtol scales each entry's own |analytical|), stricter than
-    :mod:`natgrad_diag.tolerance`'s block rule (atol + rtol·max|want|); the gradient check keeps it, so that
-    its verdicts and reported tolerances are unchanged.
+    """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana| (rtol scales each
+    entry's own |analytical|: stricter than :mod:`natgrad_diag.tolerance`'s block rule, atol + rtol·max|want|).
 
     Attributes:
-        worst: the flat index of the largest error relative to its tolerance.
-        worst_abs_error, worst_tolerance: the error and its bound at ``worst``.
-        max_abs_error: max |num − ana|.
-        max_rel_error: max |num − ana| / |ana| over entries with |ana| > atol.
+        worst: the flat index of the largest error relative to its tolerance; ``worst_abs_error``,
+            ``worst_tolerance``: the error and its bound there.
+        max_abs_error, max_rel_error: max |num − ana|, and max |num − ana| / |ana| over entries with |ana| > atol.
         passed: every entry within its bound.
     """
 

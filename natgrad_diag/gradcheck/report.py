@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import InputError, JacobianMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import JacobianMismatchError
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
 
@@ -29,18 +30,16 @@ class GradientCheckRow:
     Attributes:
         output, input: names of the output and the input; ``output_index``, ``input_index`` their positions.
         structure: the input's structure (``"general"``, ``"symmetric"``, ``"lower_triangular"``).
-        method: how the block was compared, e.g. ``"central differences, 36 coordinates"``.
-        compared: how many numbers were compared (coordinates × output elements, or directions).
-        worst_entry: the entry (full mode, or fast mode after a full re-run) or direction with the largest
-            error relative to its tolerance, e.g. ``"∂varsqrt[0,2,1]/∂eta2[0,2,1]+eta2[0,1,2]"``.
-        numerical, analytical: the two values at ``worst_entry``.
-        forward: fast mode: ⟨v, J·u⟩ from forward mode at the worst direction (information only).
-        max_abs_error: max |numerical − analytical| over the block.
-        max_rel_error: max |numerical − analytical| / |analytical| over entries with |analytical| > atol.
+        method, compared: how the block was compared (``"central differences, 36 coordinates"``) and how many numbers.
+        worst_entry: the entry (full mode, or fast mode after a full re-run) or direction with the largest error
+            relative to its tolerance, e.g. ``"∂varsqrt[0,2,1]/∂eta2[0,2,1]+eta2[0,1,2]"``; ``numerical``,
+            ``analytical``: the two values there; ``forward``: fast mode's ⟨v, J·u⟩ there (information only).
+        max_abs_error, max_rel_error: max |numerical − analytical| over the block, and relative to |analytical| where
+            that exceeds atol.
         worst_abs_error, worst_tolerance: error and bound atol + rtol·|analytical| at ``worst_entry``.
         passed: every compared value within atol + rtol·|analytical|.
-        hint: why it may have failed and what to do (empty when passed).
-        note: further information (e.g. the full re-run after a fast-mode failure).
+        hint, note: why it may have failed and what to do (empty when passed); further information (e.g. the full
+            re-run after a fast-mode failure).
     """
 
     output: str
@@ -72,18 +71,14 @@ class GradientCheckReport(Report):
     """Finite differences against reverse mode, one row per (output, input) block.
 
     Attributes:
-        function: the checked function's name.
-        mode: ``"full"`` or ``"fast"``.
-        dtype: the inputs' dtype.
+        function, mode, dtype: the checked function's name, ``"full"`` or ``"fast"``, the inputs' dtype.
         eps, rtol, atol: the step and tolerances used; ``settings_source`` says which came from the dtype.
-        structures: one structure per input.
-        input_names, output_names, input_shapes, output_shapes: the blocks' names and shapes.
-        num_directions: fast mode: random (u, v) pairs per block.
-        seed: the random seed of fast mode.
-        rows: one :class:`GradientCheckRow` per block, outputs outer, inputs inner.
-        checks: one :class:`~natgrad_diag.report.records.Check` per row.
-        cotangents_given: whether fixed cotangents v were passed (used by fast mode; full mode compares every
-            entry of J, which covers every v).
+        structures, input_names, output_names, input_shapes, output_shapes: one structure per input; the blocks'
+            names and shapes.
+        num_directions, seed, cotangents_given: fast mode's random (u, v) pairs per block, its seed, and whether fixed
+            cotangents v were passed (full mode compares every entry of J, which covers every v).
+        rows: one :class:`GradientCheckRow` per block, outputs outer, inputs inner; ``checks``: one
+            :class:`~natgrad_diag.Check` per row.
     """
 
     function: str
@@ -119,15 +114,9 @@ class GradientCheckReport(Report):
         for r in self.rows:
             if output in (r.output, r.output_index) and input in (r.input, r.input_index):
                 return r
-        raise InputError(
-            f"no block ∂{output}/∂{input} in this report.",
-            context=[
-                ("Argument", "output, input"),
-                ("Expected", f"outputs {self.output_names}, inputs {self.input_names}"),
-                ("Got", f"{output!r}, {input!r}"),
-            ],
-            remedy="use names from report.output_names and report.input_names (or their indices).",
-        )
+        raise input_error(f"no block ∂{output}/∂{input} in this report.", "output, input",
+                          f"outputs {self.output_names}, inputs {self.input_names}", f"{output!r}, {input!r}",
+                          "use names from report.output_names and report.input_names (or their indices).")
 
     def sections(self) -> tuple[Section, ...]:
         how = (
@@ -175,24 +164,8 @@ class GradientCheckReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        d.update(
-            function=self.function,
-            mode=self.mode,
-            dtype=self.dtype,
-            eps=self.eps,
-            rtol=self.rtol,
-            atol=self.atol,
-            settings_source=self.settings_source,
-            structures=list(self.structures),
-            input_names=list(self.input_names),
-            output_names=list(self.output_names),
-            input_shapes=[list(s) for s in self.input_shapes],
-            output_shapes=[list(s) for s in self.output_shapes],
-            num_directions=self.num_directions,
-            seed=self.seed,
-            cotangents_given=self.cotangents_given,
-            rows=[r.to_dict() for r in self.rows],
-        )
+        d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rows", "checks", "cotangents_given")})
+        d.update(cotangents_given=self.cotangents_given, rows=[r.to_dict() for r in self.rows])
         out: dict[str, Any] = to_jsonable(d)
         return out
 

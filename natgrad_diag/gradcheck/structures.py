@@ -92,14 +92,11 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
 def coordinates(shape: tuple[int, ...], structure: str, name: str) -> list[tuple[tuple[int, ...], ...]]:
     """The perturbations of one input: tuples of multi-indices set to 1 (E_ab, or E_ab + E_ba).
 
-    ``"general"``: d = E_ab, one entry at a time; compared with g_ab.
-    ``"symmetric"``: d = E_ab + E_ba (a > b) or E_aa, compared with g_ab + g_ba (or g_aa). A function
-    that reads one triangle of a symmetric matrix (``tf.linalg.cholesky``) has a symmetrised gradient
-    from TensorFlow; a one-entry difference then gives 2·g_ab below the diagonal and 0 above it, a
-    false mismatch.
-    ``"lower_triangular"``: d = E_ab for every (a, b), as for ``"general"``; above the diagonal the
-    analytical gradient must equal the finite difference, which is zero when ``fn`` reads only the
-    lower triangle (``tf.linalg.triangular_solve``, ``tf.linalg.cholesky``). Labels mark those entries.
+    ``"general"`` and ``"lower_triangular"``: d = E_ab, one entry at a time, compared with g_ab (above the diagonal of
+    a lower-triangular input the finite difference is zero when ``fn`` reads only the lower triangle, and labels mark
+    those entries). ``"symmetric"``: d = E_ab + E_ba (a > b) or E_aa, compared with g_ab + g_ba (or g_aa): a function
+    that reads one triangle (``tf.linalg.cholesky``) has a symmetrised gradient, so one-entry differences would give
+    2·g_ab below the diagonal and 0 above it, a false mismatch.
 
     Examples:
         >>> coordinates((2, 2), "symmetric", "S")

@@ -1,1 +1,4 @@
-"""The lesson: what output_gradients computes, the torch.outer example, the seed scenario and the PyTorch bridge."""
+"""The lesson: what output_gradients computes, the torch.outer example and the seed scenario.
+
+Internal: the public names are re-exported by :mod:`natgrad_diag`; PyTorch's side is :mod:`natgrad_diag.torch_bridge`.
+"""

@@ -1,4 +1,4 @@
-"""Why ``dL_deta1 != dtheta_deta1 * q_mu_grad``: the lesson, with every claim computed and checked.
+"""Why ``dL_deta1 != dtheta_deta1 * q_mu_grad``: the lesson, every claim computed and checked, and the question's setup.
 
 With J = ∂(mean, varsqrt)/∂(η₁, η₂) and v = (∂L/∂mean, ∂L/∂varsqrt):
 
@@ -13,6 +13,7 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,10 +24,54 @@ from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
-from natgrad_diag.tolerance import default_tolerance, resolve
+from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
-__all__ = ["Explanation", "default_tolerances", "explain_output_gradients"]
+__all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scenario"]
+
+
+#: q_mu of the user's report, [M, L] = [5, 1].
+SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
+
+
+@dataclass(frozen=True)
+class SeedScenario:
+    """Fresh GPflow Parameters and the gradients the user fed to the natural-gradient step.
+
+    Attributes:
+        q_mu: ``gpflow.Parameter`` [M, L], identity transform.
+        q_sqrt: ``gpflow.Parameter`` [L, M, M] with ``gpflow.utilities.triangular()``; its
+            unconstrained variable is [L, M(M+1)/2].
+        q_mu_grad: [M, L], plays dL/dq_mu (unconstrained): ``0.33 · q_mu.unconstrained_variable``.
+        q_sqrt_grad: [L, M(M+1)/2], plays dL/dq_sqrt (unconstrained): ``q_sqrt.unconstrained_variable``.
+    """
+
+    q_mu: Any
+    q_sqrt: Any
+    q_mu_grad: Any
+    q_sqrt_grad: Any
+
+    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
+        return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
+
+
+def seed_scenario() -> SeedScenario:
+    """Build the user's setup exactly (float64, M = 5, L = 1), with new Parameters on every call.
+
+    Example:
+        >>> from natgrad_diag import natgrad_trace, seed_scenario
+        >>> trace = natgrad_trace(*seed_scenario())
+    """
+    import gpflow
+    import tensorflow as tf
+
+    q_mu = gpflow.Parameter(list(map(list, SEED_Q_MU)), dtype=tf.float64)
+    q_sqrt = gpflow.Parameter(
+        tf.eye(5, batch_shape=[1], dtype=tf.float64), transform=gpflow.utilities.triangular()
+    )
+    q_mu_grad = tf.convert_to_tensor(q_mu.unconstrained_variable) * 0.33
+    q_sqrt_grad = tf.convert_to_tensor(q_sqrt.unconstrained_variable)
+    return SeedScenario(q_mu=q_mu, q_sqrt=q_sqrt, q_mu_grad=q_mu_grad, q_sqrt_grad=q_sqrt_grad)
 
 
 #: The one line that refuses the original mistake where it is made (see natgrad_diag.strict).
@@ -36,12 +81,6 @@ _CATCH_IT = (
     "(or the tests with pytest --strict-gradients), and tape.gradient(meanvarsqrt, [eta1, eta2]) without "
     "output_gradients raises, as PyTorch would."
 )
-
-
-def default_tolerances(dtype: Any) -> tuple[float, float]:
-    """(rtol, atol) for comparing two exact routes to the same derivative in ``dtype`` (see :mod:`natgrad_diag.tolerance`)."""
-    tol = default_tolerance(dtype, "exact")
-    return tol.rtol, tol.atol
 
 
 @dataclass(frozen=True)
@@ -107,19 +146,10 @@ class Explanation(Report):
             "the gradient of the sum of all output elements, summed over both targets. It is not the\n"
             "Jacobian, and multiplying it elementwise by dL/dmean is not the chain rule."
         )
-        rows = []
-        for idx in np.ndindex(M, L):
-            rows.append((
-                f"eta1[{idx[0]},{idx[1]}]",
-                format_number(t.dL_deta1[idx]),
-                format_number(t.dtheta_deta1[idx]),
-                format_number(self.naive_product[idx]),
-                format_number(self.mean_path[idx]),
-                format_number(self.varsqrt_path[idx]),
-            ))  # fmt: skip
+        series = (t.dL_deta1, t.dtheta_deta1, self.naive_product, self.mean_path, self.varsqrt_path)
         table = Table(
             columns=("", "Jᵀ·v", "Jᵀ·1", "(Jᵀ·1)⊙v", "mean path", "varsqrt path"),
-            rows=tuple(rows),
+            rows=tuple((f"eta1[{m},{l}]", *(format_number(a[m, l]) for a in series)) for m, l in np.ndindex(M, L)),
             title="eta1: Jᵀ·v = dL/deta1 (output_gradients), Jᵀ·1 = dtheta/deta1 (default seed), (Jᵀ·1)⊙v the "
             "naive product, and Jᵀ·v split into its mean and varsqrt paths",
         )
@@ -175,24 +205,10 @@ class Explanation(Report):
     def to_dict(self) -> dict[str, Any]:
         t = self.trace
         d = super().to_dict()
-        d.update(
-            M=t.num_inducing,
-            L=t.num_latent,
-            dtype=str(t.eta1.dtype),
-            xi_transform=t.xi_transform,
-            gamma=t.gamma,
-            dL_dmean=t.dL_dmean,
-            dL_dvarsqrt=t.dL_dvarsqrt,
-            dL_deta1=t.dL_deta1,
-            dL_deta2=t.dL_deta2,
-            dtheta_deta1=t.dtheta_deta1,
-            dtheta_deta2=t.dtheta_deta2,
-            naive_product=self.naive_product,
-            mean_path=self.mean_path,
-            varsqrt_path=self.varsqrt_path,
-            jacobian_shape=list(self.jacobian.matrix.shape),
-            onehot_row_label=self.row_label,
-        )
+        d.update(M=t.num_inducing, L=t.num_latent, dtype=str(t.eta1.dtype), xi_transform=t.xi_transform, gamma=t.gamma)
+        d.update({k: getattr(t, k) for k in ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2")})
+        d.update(naive_product=self.naive_product, mean_path=self.mean_path, varsqrt_path=self.varsqrt_path)
+        d.update(jacobian_shape=list(self.jacobian.matrix.shape), onehot_row_label=self.row_label)
         out: dict[str, Any] = to_jsonable(d)
         return out
 
@@ -278,7 +294,7 @@ def explain_output_gradients(
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
 
     Args:
-        source: a :class:`NatGradTrace`, a :class:`~natgrad_diag.lessons.scenario.SeedScenario` (or any
+        source: a :class:`NatGradTrace`, a :class:`SeedScenario` (or any
             ``(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)`` tuple), or ``None`` for ``seed_scenario()``.
         gamma, xi_transform: passed to :func:`natgrad_trace` when ``source`` is not a trace.
         rtol, atol: tolerances for "equal" (default from the dtype: 1e-10/1e-12 in float64).
@@ -288,8 +304,6 @@ def explain_output_gradients(
         It never raises on a failed check; see ``Explanation.passed``.
     """
     if source is None:
-        from natgrad_diag.lessons.scenario import seed_scenario
-
         source = seed_scenario()
     _check_source(source)
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)

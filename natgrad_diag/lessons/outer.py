@@ -23,17 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import shape_str
+from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
-from natgrad_diag.exceptions import (
-    InputError,
-    NonFiniteError,
-    ShapeMismatchError,
-)
-from natgrad_diag.lessons.outer_runs import by_hand, first_line, outer_checks, tensorflow_run, torch_checks, torch_run
+from natgrad_diag.exceptions import MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
-from natgrad_diag.typing import Array
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
+from natgrad_diag.typing import Array, FloatArray
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
 
@@ -47,31 +42,24 @@ MAX_ABS_X = 1e76
 
 @dataclass(frozen=True)
 class OuterExample(Report):
-    """The ``torch.outer`` lesson, every number computed in TensorFlow (and PyTorch, when installed).
+    """The ``torch.outer`` lesson, every number computed in TensorFlow (and PyTorch, when installed); shapes for n = len(x).
 
     Attributes:
-        x: [n], the point.
-        y: [n, n], x xᵀ.
-        gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``.
-        default_seed_gradient: [n], ``tape.gradient(y, x)`` with no seed (TensorFlow's default).
-        closed_form: [n], 2·sum(x).
-        jacobian: the explicit Jacobian from :func:`~natgrad_diag.jacobian` (a
-            :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`, one block ∂y/∂x; HTML reports draw it).
-        jacobian_closed_form: [n, n, n], δ_ij x_k + x_j δ_ik built by hand.
-        contraction: [n], Σ_jk 1 · J[j, k, i], the Jacobian contracted with the seed of ones.
-        dL_dy: [n, n], the first step of the chain z = y²: 2y (seed of ones on z).
-        chain_two_step: [n], (∂y/∂x)ᵀ·dL_dy.
-        chain_one_step: [n], ``checked_gradient(tape, z, x, tf.ones_like(z))``.
-        chain_closed_form: [n], 4 x_i Σ_k x_k².
-        wrong_seed_error: our message for the seed ``tf.ones_like(x)``.
-        tensorflow_wrong_seed: what plain ``tape.gradient`` did with that seed.
-        broadcast_seed_error: our message for y = sin(x) with a seed of shape [n, 1].
-        tensorflow_broadcast_shape: the shape of the "gradient" plain ``tape.gradient`` returned for it
-            (``None`` if it raised).
-        torch: the PyTorch run (a :class:`~natgrad_diag.lessons.torch_bridge.TorchOuter`), or ``None``.
-        torch_status: "torch <version>" or why the cross-check did not run.
-        checks: the claims, each decided by its numbers.
-        rtol, atol: the tolerances of every "equal".
+        x, y: [n] the point and [n, n] y = x xᵀ.
+        gradient_ones_seed: [n], ``checked_gradient(tape, y, x, tf.ones_like(y))``; ``default_seed_gradient``:
+            ``tape.gradient(y, x)`` with no seed; ``closed_form``: 2·sum(x).
+        jacobian: the :class:`~natgrad_diag.BlockJacobian` ∂y/∂x from :func:`~natgrad_diag.jacobian` (HTML reports
+            draw it); ``jacobian_closed_form``: [n, n, n], δ_ij x_k + x_j δ_ik built by hand; ``contraction``: [n],
+            Σ_jk 1 · J[j, k, i].
+        dL_dy, chain_two_step, chain_one_step, chain_closed_form: the chain z = y²: dL/dy = 2y [n, n], then
+            (∂y/∂x)ᵀ·dL_dy, against ``checked_gradient(tape, z, x, tf.ones_like(z))`` and 4 x_i Σ_k x_k² ([n] each).
+        wrong_seed_error, tensorflow_wrong_seed: our message, and what plain ``tape.gradient`` did, for the seed
+            ``tf.ones_like(x)``.
+        broadcast_seed_error, tensorflow_broadcast_shape: our message for y = sin(x) with a seed [n, 1], and the shape
+            of the "gradient" plain ``tape.gradient`` returned (``None`` if it raised).
+        torch, torch_status: the PyTorch run (a :class:`~natgrad_diag.torch_bridge.TorchOuter`) or ``None``, and
+            "torch <version>" or why it did not run.
+        checks: the claims, each decided by its numbers; ``rtol``, ``atol``: the tolerances of every "equal".
     """
 
     x: Array
@@ -112,7 +100,9 @@ class OuterExample(Report):
     def sections(self) -> tuple[Section, ...]:
         return (
             self._seed_section(),
-            Section("The seed of ones", "", (self._numbers_table(),)),
+            Section("The seed of ones", "", (self._by_element(
+                ("x_i", "dL/dx_i (seed of ones)", "2·sum(x)", "Σ_jk J[j,k,i]"),
+                (self.x, self.gradient_ones_seed, self.closed_form, self.contraction), "gradient_ones_seed"),)),  # fmt: skip
             self._jacobian_section(),
             self._chain_section(),
             Section("The wrong seed", self._wrong_seed_text()),
@@ -131,19 +121,11 @@ class OuterExample(Report):
         )
         return Section("What the seed is", intro)
 
-    def _numbers_table(self) -> Table:
-        n = self.n
-        cols = ["i", "x_i", "dL/dx_i (seed of ones)", "2·sum(x)", "Σ_jk J[j,k,i]"]
+    def _by_element(self, columns: tuple[str, ...], series: tuple[Array, ...], torch_series: str) -> Table:
+        """One row per i: i, then each series at i, then PyTorch's ``torch_series`` at i when it ran."""
         if self.torch is not None:
-            cols.append("torch")
-        rows = []
-        for i in range(n):
-            row = [str(i), format_number(self.x[i]), format_number(self.gradient_ones_seed[i]),
-                   format_number(self.closed_form[i]), format_number(self.contraction[i])]  # fmt: skip
-            if self.torch is not None:
-                row.append(format_number(self.torch.gradient_ones_seed[i]))
-            rows.append(tuple(row))
-        return Table(columns=tuple(cols), rows=tuple(rows))
+            columns, series = (*columns, "torch"), (*series, getattr(self.torch, torch_series))
+        return Table(columns=("i", *columns), rows=tuple((str(i), *(format_number(a[i]) for a in series)) for i in range(self.n)))
 
     def _jacobian_section(self) -> Section:
         n = self.n
@@ -168,14 +150,6 @@ class OuterExample(Report):
 
     def _chain_section(self) -> Section:
         c = {ch.name: ch for ch in self.checks}
-        chain_cols = ["i", "two steps", "one step", "4·x_i·Σx²"] + (["torch"] if self.torch is not None else [])
-        chain_rows = []
-        for i in range(self.n):
-            row = [str(i), format_number(self.chain_two_step[i]), format_number(self.chain_one_step[i]),
-                   format_number(self.chain_closed_form[i])]  # fmt: skip
-            if self.torch is not None:
-                row.append(format_number(self.torch.chain_two_step[i]))
-            chain_rows.append(tuple(row))
         chain_text = (
             "For x → y = x xᵀ → z = y², reverse mode runs two vector-Jacobian products: first "
             "dL/dy = (∂z/∂y)ᵀ·dL/dz = 2y ⊙ dL/dz (a seed of ones on z), then dL/dx = (∂y/∂x)ᵀ·dL/dy, "
@@ -183,8 +157,10 @@ class OuterExample(Report):
             f"(max difference {format_number(c['chain_two_steps_equal_one'].max_abs_error)}), and equals "
             "d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
         )
-        return Section("A chain: z = y², in two steps and in one", chain_text,
-                       (Table(columns=tuple(chain_cols), rows=tuple(chain_rows)),))  # fmt: skip
+        table = self._by_element(
+            ("two steps", "one step", "4·x_i·Σx²"), (self.chain_two_step, self.chain_one_step, self.chain_closed_form), "chain_two_step"
+        )
+        return Section("A chain: z = y², in two steps and in one", chain_text, (table,))
 
     def _wrong_seed_text(self) -> str:
         n = self.n
@@ -223,36 +199,173 @@ class OuterExample(Report):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         t = self.torch
-        d.update(
-            x=self.x,
-            y=self.y,
-            gradient_ones_seed=self.gradient_ones_seed,
-            default_seed_gradient=self.default_seed_gradient,
-            closed_form=self.closed_form,
-            jacobian_shape=list(self.jacobian_array.shape),
-            jacobian=self.jacobian_array,
-            contraction=self.contraction,
-            dL_dy=self.dL_dy,
-            chain_two_step=self.chain_two_step,
-            chain_one_step=self.chain_one_step,
-            chain_closed_form=self.chain_closed_form,
-            wrong_seed_error=self.wrong_seed_error,
-            tensorflow_wrong_seed=self.tensorflow_wrong_seed,
-            broadcast_seed_error=self.broadcast_seed_error,
-            tensorflow_broadcast_shape=None if self.tensorflow_broadcast_shape is None else list(self.tensorflow_broadcast_shape),
-            torch={
-                "available": t is not None,
-                "status": self.torch_status,
-                "gradient_ones_seed": None if t is None else t.gradient_ones_seed,
-                "chain_two_step": None if t is None else t.chain_two_step,
-                "chain_one_step": None if t is None else t.chain_one_step,
-                "wrong_seed_error": None if t is None else t.wrong_seed_error,
-            },
-            rtol=self.rtol,
-            atol=self.atol,
-        )
+        d.update({k: getattr(self, k) for k in ("x", "y", "gradient_ones_seed", "default_seed_gradient", "closed_form")})
+        d.update(jacobian_shape=list(self.jacobian_array.shape), jacobian=self.jacobian_array)
+        d.update({k: getattr(self, k) for k in (
+            "contraction", "dL_dy", "chain_two_step", "chain_one_step", "chain_closed_form", "wrong_seed_error",
+            "tensorflow_wrong_seed", "broadcast_seed_error", "tensorflow_broadcast_shape",
+        )})  # fmt: skip
+        d["torch"] = {"available": t is not None, "status": self.torch_status}
+        d["torch"].update({k: None if t is None else getattr(t, k) for k in ("gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error")})
+        d.update(rtol=self.rtol, atol=self.atol)
         out: dict[str, Any] = to_jsonable(d)
         return out
+
+
+def first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+@dataclass(frozen=True)
+class TensorFlowRun:
+    """What TensorFlow computes for y = x xᵀ, z = y², s = sin(x): gradients and the wrong seeds' fates."""
+
+    y: FloatArray
+    g_ones: FloatArray
+    g_default: FloatArray
+    dL_dy: FloatArray
+    two: FloatArray
+    one: FloatArray
+    wrong_seed_error: str
+    tf_wrong: str
+    broadcast_error: str
+    b_shape: tuple[int, ...] | None
+
+
+def tensorflow_run(xn: FloatArray) -> TensorFlowRun:
+    import tensorflow as tf
+
+    from natgrad_diag.autodiff.seeded import checked_gradient
+
+    n = xn.shape[0]
+    xt = tf.constant(xn)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        y = xt[:, None] * xt[None, :]
+        z = y**2
+        s = tf.sin(xt)
+    g_ones = checked_gradient(tape, y, xt, tf.ones_like(y)).numpy()
+    g_default = tape.gradient(y, xt).numpy()
+    dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
+    two = checked_gradient(tape, y, xt, dL_dy).numpy()
+    one = checked_gradient(tape, z, xt, tf.ones_like(z)).numpy()
+    wrong_seed_error = tf_wrong = broadcast_error = ""
+    try:
+        checked_gradient(tape, y, xt, tf.ones_like(xt))
+    except OutputGradientsError as e:
+        wrong_seed_error = str(e)
+    try:
+        raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
+        tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        tf_wrong = error_line(e, with_type=True)
+    try:
+        checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
+    except OutputGradientsError as e:
+        broadcast_error = str(e)
+    try:
+        seed = tf.ones([n, 1], tf.float64)
+        b_shape: tuple[int, ...] | None = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=seed).shape)
+    except (tf.errors.OpError, ValueError, TypeError):
+        b_shape = None
+    return TensorFlowRun(
+        y=y.numpy(), g_ones=g_ones, g_default=g_default, dL_dy=dL_dy.numpy(), two=two, one=one,
+        wrong_seed_error=wrong_seed_error, tf_wrong=tf_wrong, broadcast_error=broadcast_error, b_shape=b_shape,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ByHand:
+    """The oracles: the explicit Jacobian (from :func:`jacobian` and by hand) and the closed forms."""
+
+    J_block: BlockJacobian
+    J: FloatArray
+    J_hand: FloatArray
+    contraction: FloatArray
+    closed: FloatArray
+    chain_closed: FloatArray
+
+
+def by_hand(xn: FloatArray) -> ByHand:
+    import tensorflow as tf
+
+    from natgrad_diag.autodiff.dense import jacobian
+
+    n = xn.shape[0]
+    J_block = jacobian(lambda a: a[:, None] * a[None, :], [tf.constant(xn)], input_names=("x",), output_names=("y",))
+    J = J_block.block(0, 0)
+    eye = np.eye(n)
+    J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
+    return ByHand(
+        J_block=J_block, J=J, J_hand=J_hand, contraction=np.tensordot(np.ones((n, n)), J, axes=2),
+        closed=np.full(n, 2.0 * xn.sum()), chain_closed=4.0 * xn * np.sum(xn**2),
+    )  # fmt: skip
+
+
+def outer_checks(xn: FloatArray, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
+    n = xn.shape[0]
+    shapes_named = f"[{n}] and [{n}, {n}]"
+    return [
+        close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(h.closed[0])}",
+               r.g_ones, h.closed, rtol=rtol, atol=atol),
+        close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
+               r.g_default, r.g_ones, rtol=rtol, atol=atol),
+        close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
+               h.J, h.J_hand, rtol=rtol, atol=atol),
+        close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
+               "equals the output_gradients result", h.contraction, r.g_ones, rtol=rtol, atol=atol),
+        close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
+               r.two, r.one, rtol=rtol, atol=atol),
+        close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", r.one, h.chain_closed, rtol=rtol, atol=atol),
+        Check(
+            name="wrong_seed_caught",
+            claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
+            status=status_of(status_of(r.wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in r.wrong_seed_error),
+            detail=f"plain tape.gradient: {r.tf_wrong}" if r.wrong_seed_error else f"no error for shapes {shapes_named}",
+        ),
+        Check(
+            name="broadcast_seed_caught",
+            claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
+            status=status_of(r.broadcast_error),
+            detail=(
+                f"plain tape.gradient returned shape {shape_str(r.b_shape)} for a [{n}] source"
+                if r.b_shape is not None else "plain tape.gradient raised"
+            ),
+        ),
+    ]  # fmt: skip
+
+
+def torch_run(xn: FloatArray, use_torch: bool | None) -> tuple[Any, str]:
+    """(the PyTorch run or None, its status line)."""
+    if use_torch is False:
+        return None, "skipped (use_torch=False)"
+    from natgrad_diag.torch_bridge import torch_outer
+
+    try:
+        run = torch_outer(xn)
+    except MissingExtraError:
+        if use_torch:
+            raise
+        return None, "torch is not installed (pip install torch==2.13.0 to run it)"
+    return run, f"torch {run.torch_version}"
+
+
+def torch_checks(t: Any, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
+    return [
+        close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+               t.gradient_ones_seed, r.g_ones, rtol=rtol, atol=atol),
+        close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
+               t.jacobian, h.J, rtol=rtol, atol=atol),
+        close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+               np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
+               np.concatenate([r.two, r.one, np.ravel(r.dL_dy)]), rtol=rtol, atol=atol),
+        Check(
+            name="torch_rejects_wrong_seed",
+            claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
+            status=status_of("Mismatch in shape" in t.wrong_seed_error),
+            detail=f"torch: {first_line(t.wrong_seed_error) or '(no error)'}",
+        ),
+    ]  # fmt: skip
 
 
 def _vec(a: Array) -> str:
@@ -265,35 +378,23 @@ def _validate_x(x: Any) -> Array:
     try:
         a = np.array(x, dtype=np.float64)  # a copy: the caller's x is never touched
     except (TypeError, ValueError) as e:
-        raise InputError(
-            "x must be a list of numbers.",
-            context=[("Argument", "x"), ("Expected", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]"), ("Got", repr(x)[:80])],
-            remedy="pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
-        ) from e
+        raise input_error("x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
+                          "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.") from e
     if a.ndim != 1:
-        raise ShapeMismatchError(
-            "x must be a vector.",
-            context=[("Argument", "x"), ("Expected", "[n]"), ("Actual", shape_str(a.shape))],
-            remedy="pass a flat list of numbers, e.g. [1, 2, 3, 4].",
-        )
+        raise input_error("x must be a vector.", "x", "[n]", shape_str(a.shape),
+                          "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError, label="Actual")
     if not 1 <= a.shape[0] <= MAX_LENGTH:
-        raise ShapeMismatchError(
-            f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).",
-            context=[("Argument", "x"), ("Expected", f"[n] with 1 ≤ n ≤ {MAX_LENGTH}"), ("Actual", shape_str(a.shape))],
-            remedy="pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.",
-        )
+        raise input_error(f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).", "x",
+                          f"[n] with 1 ≤ n ≤ {MAX_LENGTH}", shape_str(a.shape),
+                          "pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.", kind=ShapeMismatchError, label="Actual")
     if not np.all(np.isfinite(a)):
-        raise NonFiniteError(
-            f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
-            context=[("Argument", "x"), ("Expected", "finite numbers"), ("Got", _vec(a))],
-            remedy="pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.",
-        )
+        raise input_error(f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).", "x",
+                          "finite numbers", _vec(a),
+                          "pass finite numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.", kind=NonFiniteError)
     if np.max(np.abs(a)) > MAX_ABS_X:
-        raise InputError(
-            "x is too large: the chain z = (x xᵀ)² would overflow float64.",
-            context=[("Argument", "x"), ("Expected", f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)"), ("Got", _vec(a))],
-            remedy="rescale x; the lesson does not depend on its size, e.g. outer_example([1, 2, 3, 4]).",
-        )
+        raise input_error("x is too large: the chain z = (x xᵀ)² would overflow float64.", "x",
+                          f"|x_i| ≤ {MAX_ABS_X:g} (so that x_i⁴ stays finite)", _vec(a),
+                          "rescale x; the lesson does not depend on its size, e.g. outer_example([1, 2, 3, 4]).")
     return a
 
 
@@ -304,27 +405,22 @@ def outer_example(
     atol: float = 1e-12,
     use_torch: bool | None = None,
 ) -> OuterExample:
-    """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked.
+    """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked; never raises on a failed check.
 
     For y = x xᵀ (J[j, k, i] = ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik, shape [n, n, n]) it computes with
     :func:`~natgrad_diag.checked_gradient` and checks against closed forms:
 
         seed of ones:  ∂L/∂x = Jᵀ·1 = 2·sum(x)            (= Σ_jk J[j, k, :], the contraction)
         chain z = y²:  (∂y/∂x)ᵀ·((∂z/∂y)ᵀ·1) = one step = 4 x Σ_k x_k²
-        seed ones_like(x) [n] for y [n, n]:  refused with OutputGradientsError (TensorFlow fails deep
-        inside); seed [n, 1] for sin(x) [n]: refused (TensorFlow broadcasts silently)
+        seed ones_like(x) [n] for y [n, n], and seed [n, 1] for sin(x) [n]: refused (TensorFlow fails deep
+        inside on the first and broadcasts the second)
 
     and, when PyTorch is installed, runs the same with ``torch.autograd.grad`` and compares.
 
     Args:
-        x: [n] the point, 1 ≤ n ≤ 64 (default [1, 2, 3, 4], PyTorch's example). Copied, never changed.
-        rtol, atol: "equal" means max |a − b| ≤ atol + rtol · max |reference| (float64 defaults).
-        use_torch: ``None`` (default): cross-check with PyTorch if it is installed; ``True``: require
-            it; ``False``: skip it.
-
-    Returns:
-        A frozen :class:`OuterExample`; ``str()`` is the lesson, ``to_dict()`` its JSON (with
-        ``gradient_ones_seed``, ``jacobian_shape`` and ``checks``). Never raises on a failed check.
+        x: [n] the point, 1 ≤ n ≤ 64 (default [1, 2, 3, 4], PyTorch's example); copied, never changed.
+        rtol, atol: "equal" means max |a − b| ≤ atol + rtol · max |reference|.
+        use_torch: ``None``: cross-check with PyTorch if it is installed; ``True``: require it; ``False``: skip it.
 
     Raises:
         InputError: x is not a finite vector of 1 to 64 numbers, or a tolerance is negative.
@@ -352,26 +448,11 @@ def outer_example(
             checks += torch_checks(torch_result, tf_run, hand, rtol=rtol, atol=atol)
         advance()
 
+    r = tf_run
     return OuterExample(
-        x=xn,
-        y=tf_run.y,
-        gradient_ones_seed=tf_run.g_ones,
-        default_seed_gradient=tf_run.g_default,
-        closed_form=hand.closed,
-        jacobian=hand.J_block,
-        jacobian_closed_form=hand.J_hand,
-        contraction=hand.contraction,
-        dL_dy=tf_run.dL_dy,
-        chain_two_step=tf_run.two,
-        chain_one_step=tf_run.one,
-        chain_closed_form=hand.chain_closed,
-        wrong_seed_error=tf_run.wrong_seed_error,
-        tensorflow_wrong_seed=tf_run.tf_wrong,
-        broadcast_seed_error=tf_run.broadcast_error,
-        tensorflow_broadcast_shape=tf_run.b_shape,
-        torch=torch_result,
-        torch_status=status,
-        checks=tuple(checks),
-        rtol=rtol,
-        atol=atol,
-    )
+        x=xn, y=r.y, gradient_ones_seed=r.g_ones, default_seed_gradient=r.g_default, closed_form=hand.closed,
+        jacobian=hand.J_block, jacobian_closed_form=hand.J_hand, contraction=hand.contraction, dL_dy=r.dL_dy,
+        chain_two_step=r.two, chain_one_step=r.one, chain_closed_form=hand.chain_closed,
+        wrong_seed_error=r.wrong_seed_error, tensorflow_wrong_seed=r.tf_wrong, broadcast_seed_error=r.broadcast_error,
+        tensorflow_broadcast_shape=r.b_shape, torch=torch_result, torch_status=status, checks=tuple(checks), rtol=rtol, atol=atol,
+    )  # fmt: skip

@@ -1,1 +1,5 @@
-"""Reports: records at the bottom (importing nothing else of the package), then text, HTML, Markdown, pictures and files."""
+"""Reports: records at the bottom (importing nothing else of the package), then text, HTML, Markdown and files.
+
+Internal: :mod:`natgrad_diag` re-exports ``Check``, ``to_terminal`` and ``write_report``; pictures are
+:mod:`natgrad_diag.pictures`.
+"""

@@ -1,9 +1,7 @@
 """The base class of every report: its checks, its layout, and ``str()``/Jupyter output through the renderers.
 
-A report is a frozen dataclass that derives from :class:`Report`. It lists its ``checks`` and lays itself
-out as ``sections()``; from that one layout the renderers below draw every output form (they take any object
-with ``title``, ``checks`` and ``sections()``, so they never import this module): ``str()`` is the plain
-terminal text, ``_repr_html_`` the Jupyter fragment, ``figures()`` the pictures; ``to_dict()`` gives JSON.
+A report is a frozen dataclass that lists its ``checks`` and lays itself out as ``sections()``; the renderers
+draw every output form from that one layout (they take any object with ``title``, ``checks`` and ``sections()``).
 """
 
 from __future__ import annotations
@@ -48,14 +46,9 @@ class Report:
         return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
-        """The pictures of this report, as ``natgrad_diag.report.pictures.Picture`` (name, caption, PNG bytes).
-
-        By default drawn from what the report carries (see ``natgrad_diag.report.pictures.picture_kinds``):
-        a heatmap of ``jacobian``, the η₁ chart of an explanation, the numeric checks against their
-        tolerances. Override to add or replace pictures. Empty when there is nothing to draw; raises
-        ``MissingExtraError`` when there is and matplotlib is not installed.
-        """
-        from natgrad_diag.report.pictures import report_pictures
+        """The pictures of this report as ``natgrad_diag.pictures.Picture`` (name, caption, PNG bytes), drawn from
+        what it carries (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace pictures."""
+        from natgrad_diag.pictures import report_pictures
 
         return report_pictures(self)
 

@@ -16,29 +16,13 @@ __all__ = ["emit"]
 
 
 def emit(
-    report: Any,
-    *,
-    as_json: bool = False,
-    plain: bool = False,
-    report_path: str | os.PathLike[str] | None = None,
-    stream: TextIO | None = None,
-    err_stream: TextIO | None = None,
-) -> WrittenReport | None:
-    """Print ``report`` to ``stream`` (stdout), then write the report file if ``report_path`` is given.
-
-    The result is printed first, whatever happens to the file. A file that cannot be written is
-    reported on ``err_stream`` (stderr) as a :class:`ReportWriteError` message and not raised, so
-    the command keeps its exit code (0 when every check holds, 1 otherwise).
-
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        as_json: print ``report.to_dict()`` as JSON instead of the tables.
-        plain: no colour and no table borders. Colour is used only when ``stream`` is a terminal.
-        report_path: also write an ``.html`` or ``.md`` report there (see :func:`write_report`).
-        stream, err_stream: where to print (default stdout, stderr).
-
-    Returns:
-        The :class:`WrittenReport`, or ``None`` when no file was asked for or it could not be written.
+    report: Any, *, as_json: bool = False, plain: bool = False, report_path: str | os.PathLike[str] | None = None,
+    stream: TextIO | None = None, err_stream: TextIO | None = None,
+) -> WrittenReport | None:  # fmt: skip
+    """Print ``report`` to ``stream`` (stdout): tables (``plain``: no colour or borders; colour only on a terminal) or,
+    ``as_json``, ``report.to_dict()``; then write ``report_path`` (``.html`` or ``.md``) if given and return the
+    :class:`WrittenReport`. A file that cannot be written is reported on ``err_stream`` (stderr) and ``None`` returned,
+    not raised, so the command keeps its exit code (0 when every check holds, 1 otherwise).
     """
     stream = sys.stdout if stream is None else stream
     err_stream = sys.stderr if err_stream is None else err_stream

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from natgrad_diag.exceptions import InputError, ReportWriteError
+from natgrad_diag.exceptions import ReportWriteError
 from natgrad_diag.report.html import html_document
 from natgrad_diag.report.layout import report_pictures_or_note
 from natgrad_diag.report.markdown import to_markdown
+from natgrad_diag._validate import input_error
 
 __all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
 
@@ -29,24 +30,16 @@ def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> st
     _check_path(path, argument)
     suffix = Path(os.fspath(path)).suffix.lower()
     if suffix not in REPORT_FORMATS:
-        raise InputError(
-            "the report format is chosen by the file extension.",
-            context=[("Argument", argument), ("Expected", "a path ending in .html, .htm or .md"), ("Got", repr(os.fspath(path)))],
-            remedy="name the file report.html (self-contained, pictures embedded) or report.md (pictures beside it).",
-        )
+        raise input_error("the report format is chosen by the file extension.", argument,
+                          "a path ending in .html, .htm or .md", repr(os.fspath(path)),
+                          "name the file report.html (self-contained, pictures embedded) or report.md (pictures beside it).")
     return REPORT_FORMATS[suffix]
 
 
 @dataclass(frozen=True)
 class WrittenReport:
-    """What :func:`write_report` wrote.
-
-    Attributes:
-        path: the report file.
-        format: ``"html"`` or ``"markdown"``.
-        images: the picture files written beside a Markdown report (none for HTML: embedded).
-        note: why pictures are missing, if they are ("" otherwise).
-    """
+    """What :func:`write_report` wrote: the report's ``path``, its ``format`` ("html" or "markdown"), the picture
+    files written beside a Markdown report (``images``; HTML embeds them) and why pictures are missing (``note``)."""
 
     path: Path
     format: str
@@ -88,11 +81,8 @@ def _discard(paths: list[Path]) -> None:
 
 
 def _write_all(files: list[tuple[Path, bytes]]) -> None:
-    """Write every file or none: all are staged to temporary files first, then moved into place in order.
-
-    A failure while staging (disk full, directory not writable) removes the staged files and changes
-    nothing. Moving into place is ``os.replace`` (atomic per file) with the report itself last.
-    """
+    """Write every file or none: all are staged to temporary files (a failure removes them and changes nothing),
+    then moved into place in order with ``os.replace`` (atomic per file), the report itself last."""
     staged: list[Path] = []
     try:
         for path, data in files:
@@ -110,21 +100,17 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
 
 def _check_path(path: Any, argument: str) -> None:
     if not isinstance(path, (str, os.PathLike)):
-        raise InputError(
-            "the report path must be a file path.",
-            context=[("Argument", argument), ("Expected", "a str or os.PathLike ending in .html, .htm or .md"), ("Got", type(path).__name__)],
-            remedy="pass a path such as 'report.html' or pathlib.Path('out/report.md').",
-        )
+        raise input_error("the report path must be a file path.", argument,
+                          "a str or os.PathLike ending in .html, .htm or .md", type(path).__name__,
+                          "pass a path such as 'report.html' or pathlib.Path('out/report.md').")
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
     """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it.
 
-    The format follows the extension: ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md``
-    writes ``<stem>-<picture>.png`` in the same directory and links them relatively. Everything is
-    rendered in memory first; each file then goes to a temporary file in the target directory and
-    is moved into place with ``os.replace``, so a failure at any point leaves any previous report at
-    ``path`` as it was. Without matplotlib the report is written without pictures and ``note`` says so.
+    ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md`` writes ``<stem>-<picture>.png`` beside it,
+    linked relatively. Everything is rendered in memory, then written atomically: a failure leaves any previous
+    report at ``path`` as it was. Without matplotlib the report has no pictures and ``note`` says so.
 
     Args:
         report: any :class:`~natgrad_diag.report.records.Report`.
@@ -142,12 +128,9 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     fmt = report_format(path, argument=argument)
     target = Path(os.fspath(path))
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
-        raise InputError(
-            "only a natgrad-diag report can be written.",
-            context=[("Argument", "report"), ("Expected", "a report (check_natgrad(...), explain_output_gradients(), ...)"),
-                     ("Got", type(report).__name__)],
-            remedy="pass the report a natgrad-diag function returned.",
-        )  # fmt: skip
+        raise input_error("only a natgrad-diag report can be written.", "report",
+                          "a report (check_natgrad(...), explain_output_gradients(), ...)", type(report).__name__,
+                          "pass the report a natgrad-diag function returned.")
     pics, note = report_pictures_or_note(report)
     images: list[tuple[Path, bytes]] = []
     if fmt == "html":

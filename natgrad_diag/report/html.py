@@ -8,17 +8,10 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import (
-    check_mark,
-    check_numbers,
-    report_pictures_or_note,
-    report_status,
-    text_blocks,
-    verdict,
-)
-from natgrad_diag.report.records import Check, Table
+from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
+from natgrad_diag.report.records import Check, Table, worst_status
 
-__all__ = ["html_document", "to_html", "to_html_fragment"]
+__all__ = ["html_document", "to_html_fragment"]
 
 
 _CSS = """
@@ -60,8 +53,7 @@ def _html_checks(checks: Sequence[Check]) -> str:
         "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
     ]
     for c in checks:
-        status, word = check_mark(c)
-        mark = f'<span class="{status}">{word}</span>'
+        mark = f'<span class="{c.status}">{c.mark}</span>'
         err, bound = check_numbers(c)
         claim = e(c.claim) + (f"<br><small>{e(c.detail)}</small>" if c.detail else "")
         parts.append(
@@ -75,7 +67,7 @@ def _html_checks(checks: Sequence[Check]) -> str:
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     e = html.escape
     parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
-    verdict_class = report_status(report)
+    verdict_class = worst_status(c.status for c in report.checks)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
     for section in report.sections():
         if section.heading:
@@ -108,6 +100,7 @@ def to_html_fragment(report: Any) -> str:
 
 
 def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
+    """A self-contained HTML document: the report, ``pics`` as base64 PNG data URIs, ``note`` where pictures are missing."""
     from natgrad_diag import __version__
 
     return "\n".join([
@@ -122,12 +115,3 @@ def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
         "</body></html>",
         "",
     ])  # fmt: skip
-
-
-def to_html(report: Any, *, pictures: bool = True) -> str:
-    """A self-contained HTML document: the report, its pictures as base64 PNG data URIs, and styles.
-
-    Without matplotlib the document has no pictures and a note that names the extra to install.
-    """
-    pics, note = report_pictures_or_note(report) if pictures else ((), "")
-    return html_document(report, pics, note)

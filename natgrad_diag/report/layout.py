@@ -7,17 +7,11 @@ from typing import Any
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, format_number
 
-__all__ = ["STATUS_STYLES", "check_mark", "check_numbers", "report_pictures_or_note", "report_status", "text_blocks", "verdict"]
+__all__ = ["STATUS_STYLES", "check_numbers", "report_pictures_or_note", "text_blocks", "verdict"]
 
 
 #: The terminal colour of each status (PASS green, WARN yellow, FAIL red).
 STATUS_STYLES = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red"}
-
-
-def check_mark(check: Any) -> tuple[str, str]:
-    """(status, mark) of a check: ("pass", "PASS"), ("warn", "WARN") or ("fail", "FAIL")."""
-    status = getattr(check, "status", None) or ("pass" if check.passed else "fail")
-    return status, status.upper()
 
 
 def text_blocks(text: str) -> list[tuple[str, str]]:
@@ -57,7 +51,7 @@ def check_numbers(check: Check) -> tuple[str, str]:
 
 def verdict(report: Any) -> str:
     """The verdict line: "all checks hold.", or how many checks failed and how many are inconclusive (WARN)."""
-    statuses = [getattr(c, "status", "pass" if c.passed else "fail") for c in report.checks]
+    statuses = [c.status for c in report.checks]
     failed, warned = statuses.count("fail"), statuses.count("warn")
     if not failed and not warned:
         return "all checks hold."
@@ -67,22 +61,16 @@ def verdict(report: Any) -> str:
     return " ".join(parts)
 
 
-def report_status(report: Any) -> str:
-    """The report's worst status ("pass", "warn", "fail"), for any object with ``checks``."""
-    statuses = [getattr(c, "status", "pass" if c.passed else "fail") for c in report.checks]
-    return "fail" if "fail" in statuses else ("warn" if "warn" in statuses else "pass")
-
-
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
     """(pictures, note): the report's pictures, or none and a note saying why."""
     figures = getattr(report, "figures", None)
     try:
         if callable(figures):
             return tuple(figures()), ""
-        from natgrad_diag.report.pictures import report_pictures
+        from natgrad_diag.pictures import report_pictures
 
         return report_pictures(report), ""
     except MissingExtraError:
-        from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY
+        from natgrad_diag.pictures import PLOT_EXTRA_REMEDY
 
         return (), f"Pictures are not included: matplotlib is not installed. To add them: {PLOT_EXTRA_REMEDY}."

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from natgrad_diag.report.layout import check_mark, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
 
 __all__ = ["to_markdown"]
 
@@ -30,13 +30,9 @@ def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: bool
 
 
 def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Sequence[Any] = (), note: str = "") -> str:
-    """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks.
-
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        image_names: relative file names of ``pictures``, in order (linked with ``![caption](name)``).
-        pictures: :class:`~natgrad_diag.report.pictures.Picture` records (only their captions are used here).
-        note: a line shown where the pictures would be (e.g. that matplotlib is missing).
+    """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks; ``pictures``
+    (:class:`~natgrad_diag.pictures.Picture`) linked by their relative ``image_names`` with their captions, or ``note``
+    where they would be (e.g. that matplotlib is missing).
     """
     parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
     for section in report.sections():
@@ -58,6 +54,6 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     for c in report.checks:
         err, bound = check_numbers(c)
         claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
-        rows.append([f"**{check_mark(c)[1]}**", f"`{c.name}`", claim, _md(err), _md(bound)])
+        rows.append([f"**{c.mark}**", f"`{c.name}`", claim, _md(err), _md(bound)])
     parts += ["", "## Checks", "", _md_table(["", "check", "claim", "max abs error", "tolerance"], rows), ""]
     return "\n".join(parts)

@@ -1,7 +1,5 @@
-"""Result records at the bottom of the package: a named check, a table, a section, number formatting.
-
-This module imports nothing else of natgrad-diag (and no TensorFlow): every report, renderer and check
-builds on it. The report base class, which knows its renderers, is :mod:`natgrad_diag.report.base`.
+"""Result records at the bottom of the package: a named check, a table, a section, number formatting. Imports nothing
+else of natgrad-diag (and no TensorFlow); the report base class, which knows its renderers, is in ``report.base``.
 """
 
 from __future__ import annotations
@@ -78,8 +76,6 @@ def to_jsonable(value: Any) -> Any:
 #: verify the claim at this precision); the claim does not hold.
 STATUSES = ("pass", "warn", "fail")
 
-_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
-
 
 def worst_status(statuses: Any) -> str:
     """The worst of ``statuses`` ("pass" for none).
@@ -141,7 +137,7 @@ class Check:
     @property
     def mark(self) -> str:
         """"PASS", "WARN" or "FAIL"."""
-        return _MARKS[str(self.status)]
+        return self.status.upper()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import STATUS_STYLES, check_mark, check_numbers, report_status, text_blocks, verdict
-from natgrad_diag.report.records import Check, Table
+from natgrad_diag.report.layout import STATUS_STYLES, check_numbers, text_blocks, verdict
+from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
 
 
-def _plain_box() -> Any:
-    from rich.box import Box
+def _rich_table_of(plain: bool, **options: Any) -> Any:
+    """A rich Table: rounded borders and bold headers, or (``plain``) only a dashed line under the header."""
+    from rich import box
+    from rich.table import Table as RichTable
 
-    # top, head, head row, mid, row, foot row, foot, bottom: only a dashed line under the header.
-    return Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    # top, head, head row, mid, row, foot row, foot, bottom
+    plain_box = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+    return RichTable(box=plain_box if plain else box.ROUNDED, header_style="" if plain else "bold", show_edge=not plain,
+                     pad_edge=not plain, **options)  # fmt: skip
 
 
 def column_widths(table: Table) -> list[int]:
@@ -30,14 +34,7 @@ def fits(table: Table, width: int) -> bool:
 
 def _rich_table(table: Table, plain: bool, width: int) -> Any:
     """The table as columns, every header and cell on one line (callers use :func:`vertical` when it does not fit)."""
-    from rich import box
-    from rich.table import Table as RichTable
-
-    t = RichTable(
-        title=table.title or None, title_justify="left", title_style="" if plain else "italic",
-        box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
-        show_edge=not plain, pad_edge=not plain,
-    )  # fmt: skip
+    t = _rich_table_of(plain, title=table.title or None, title_justify="left", title_style="" if plain else "italic")
     for k, (column, cells) in enumerate(zip(table.columns, column_widths(table))):
         t.add_column(column, justify="left" if k == 0 else "right", no_wrap=True, min_width=cells)
     for row in table.rows:
@@ -68,21 +65,15 @@ def vertical(table: Table) -> str:
 
 
 def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
-    from rich import box
-    from rich.table import Table as RichTable
     from rich.text import Text
 
-    t = RichTable(
-        box=_plain_box() if plain else box.ROUNDED, header_style="" if plain else "bold",
-        show_edge=not plain, pad_edge=not plain, expand=True, show_lines=True,
-    )  # fmt: skip
+    t = _rich_table_of(plain, expand=True, show_lines=True)
     t.add_column("", no_wrap=True)
     t.add_column("check: claim", overflow="fold", ratio=1)
     t.add_column("error", justify="right", no_wrap=True)
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
-        status, word = check_mark(c)
-        mark = Text(word, style="" if plain else STATUS_STYLES[status])
+        mark = Text(c.mark, style="" if plain else STATUS_STYLES[c.status])
         cell = Text()
         cell.append(c.name, style="" if plain else "bold")
         cell.append("\n" + c.claim)
@@ -120,7 +111,7 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
         console.print("------")
     console.print(_rich_checks(report.checks, plain))
     console.print()
-    style = "" if plain else STATUS_STYLES[report_status(report)]
+    style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
     console.print(Text(f"Verdict: {verdict(report)}", style=style))
 
 
@@ -135,16 +126,9 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 
 
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
-    """The report as the terminal shows it: title, sections, aligned tables, the checks with PASS/FAIL.
-
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        plain: no colour and no table borders (only a dashed line under each header).
-        width: the width to lay out for, in columns (80 is readable everywhere).
-        color: include ANSI colour codes (as on a terminal); ignored when ``plain``.
-
-    Returns:
-        The text, lines at most ``width`` columns wide.
+    """The report as the terminal shows it, lines at most ``width`` columns: title, sections, aligned tables, the checks
+    with PASS/FAIL; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not
+    with ``plain``).
     """
     import io
 

@@ -51,14 +51,9 @@ def _skip_autograph(frame: FrameType | None, autograph_dir: str) -> FrameType | 
 
 
 def is_exempt(caller: FrameType | None) -> bool:
-    """True when ``tape.gradient`` was called by TensorFlow's own tape code or by natgrad-diag.
-
-    ``tape.jacobian`` and ``tape.batch_jacobian`` call ``self.gradient`` once per row without a
-    seed (a scalar row for ``jacobian``, a [batch] column for ``batch_jacobian``): that is their
-    implementation, not the user's seed, so calls from ``backprop.py`` are not judged. natgrad-diag's
-    lessons compute TensorFlow's default seed deliberately (``dtheta_deta``), so they are exempt too.
-    AutoGraph's dispatch frames between a ``tf.function`` body and the call are looked through.
-    """
+    """True when ``tape.gradient`` was called by TensorFlow's tape code (``tape.jacobian`` and ``batch_jacobian``
+    call it per row without a seed) or by natgrad-diag (its lessons use the default seed on purpose), looking
+    through AutoGraph's dispatch frames."""
     _, autograph_dir, backprop_file = _tensorflow_dirs()
     frame = _skip_autograph(caller, autograph_dir)
     if frame is None:
@@ -68,12 +63,9 @@ def is_exempt(caller: FrameType | None) -> bool:
 
 
 def call_site(caller: FrameType | None) -> CallSite:
-    """The first frame at or above ``caller`` outside natgrad-diag and TensorFlow, as a :class:`CallSite`.
-
-    Inside a ``tf.function`` that frame is AutoGraph's generated code; its line is mapped back to the
-    user's file and line with the converted function's ``ag_source_map`` (as TensorFlow's own error
-    messages do). Unknown when there is no such frame (``<unknown>:0``).
-    """
+    """The first frame at or above ``caller`` outside natgrad-diag and TensorFlow, as a :class:`CallSite`
+    (``<unknown>:0`` when there is none); AutoGraph's generated code is mapped back to the user's line with the
+    converted function's ``ag_source_map``, as TensorFlow's own error messages do."""
     tf_dir, _, _ = _tensorflow_dirs()
     frame = caller
     while frame is not None and frame.f_code.co_filename.startswith((tf_dir, _PACKAGE_DIR)):
@@ -117,11 +109,8 @@ def _without_comment(origin: Any) -> str:
 
 
 def _call_text(frame: FrameType) -> str:
-    """The source text of the call the frame is executing (``tape.gradient(y, x)``), on one line.
-
-    Python 3.11+ records each instruction's span (``co_positions``); before that, or without the
-    source, the frame's line is used.
-    """
+    """The source text of the call the frame is executing (``tape.gradient(y, x)``), on one line: the
+    instruction's span (``co_positions``, Python 3.11+), else the frame's line."""
     code = frame.f_code
     try:
         start, end, col, end_col = list(code.co_positions())[frame.f_lasti // 2]  # type: ignore[attr-defined]  # 3.11+

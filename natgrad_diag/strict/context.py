@@ -1,10 +1,9 @@
 """``strict_gradients()``: PyTorch's seed rules on every ``tf.GradientTape.gradient`` call made in a block.
 
-How it works: entering the first context (in any thread) replaces ``tf.GradientTape.gradient`` with a
-thin wrapper; leaving the last one puts TensorFlow's own method back, also after an exception. The
-wrapper judges a call only when the calling thread is inside a context (a ``threading.local`` stack,
-innermost wins), so other threads see TensorFlow's behaviour. It reads static shapes only and then
-calls TensorFlow's method with the arguments exactly as given: same results, same tape semantics.
+Entering the first context (in any thread) replaces ``tf.GradientTape.gradient`` with a thin wrapper; leaving the
+last one puts TensorFlow's method back, also after an exception. The wrapper judges a call only in a thread inside
+a context (a ``threading.local`` stack, innermost wins), reads static shapes only, then calls TensorFlow's method
+with the arguments as given.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error
 from natgrad_diag.strict.callsite import call_site, is_exempt
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
 
@@ -53,12 +52,9 @@ class StrictGradients(contextlib.ContextDecorator):
 
     def __init__(self, action: str = "raise", *, allow_implicit_sum: bool = False) -> None:
         if action not in ACTIONS:
-            raise InputError(
-                "action must say what a violation does.",
-                context=[("Argument", "action"), ("Expected", '"raise" or "warn"'), ("Got", repr(action))],
-                remedy='pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
-                "and TensorFlow's result).",
-            )
+            raise input_error("action must say what a violation does.", "action", '"raise" or "warn"', repr(action),
+                              'pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
+                              "and TensorFlow's result).")
         self.action = action
         self.allow_implicit_sum = bool(allow_implicit_sum)
         self.violations: list[Violation] = []
@@ -87,12 +83,9 @@ class StrictGradients(contextlib.ContextDecorator):
     def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
         if is_exempt(caller):
             return None
-        if args:
-            target = args[0]
-        elif "target" in kwargs:
-            target = kwargs["target"]
-        else:
+        if not args and "target" not in kwargs:
             return None  # TensorFlow reports the missing argument itself
+        target = args[0] if args else kwargs["target"]
         output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
         self.checked_calls += 1
         found = check_call(target, output_gradients, allow_implicit_sum=self.allow_implicit_sum, site=lambda: call_site(caller))
@@ -110,25 +103,15 @@ def strict_gradients(action: str = "raise", *, allow_implicit_sum: bool = False)
 def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False) -> Any:
     """Apply PyTorch's seed rules to every ``tf.GradientTape.gradient`` call in a block or function.
 
-    ``tape.gradient(y, x)`` with a ``y`` of more than one element and no ``output_gradients`` returns
-    Jᵀ·1 = ∂(Σ y)/∂x, the gradient of the sum, where the chain rule needs Jᵀ·v with v = ∂L/∂y; and a seed
-    v of another shape than y is broadcast or fails deep inside. PyTorch refuses both; under this
-    context so does TensorFlow, eager or while a ``tf.function`` is being traced:
-
-    - a target of more than one element without a seed (``None``, or a ``None`` entry): ``grad can be
-      implicitly created only for scalar outputs``, naming the target, its shape and the two fixes;
-    - a seed of the wrong count, shape or dtype: the message of
-      :func:`~natgrad_diag.autodiff.seeded.checked_gradient` (no broadcasting, no cast).
-
-    Each message starts with the call and its ``file:line``. A refused call computes nothing, so a
-    non-persistent tape is still usable. Everything else is TensorFlow's own method with the arguments
-    as given: results, persistent and nested tapes and ``unconnected_gradients`` are unchanged.
-    ``tape.jacobian`` and ``tape.batch_jacobian`` (which call ``gradient`` per row without a seed) and
-    natgrad-diag's own lessons are not judged.
-
-    Scope: the calling thread only (other threads run TensorFlow's method unchanged); a ``tf.function``
-    is judged when it is traced, so one traced before the context is not re-checked; a target whose
-    element count is unknown while tracing (all known dims 1) is not judged.
+    ``tape.gradient(y, x)`` with a ``y`` of more than one element and no seed returns Jᵀ·1 = ∂(Σ y)/∂x where the
+    chain rule needs Jᵀ·v, and a seed of another shape than y is broadcast or fails deep inside. Under this
+    context both are refused, eager or while a ``tf.function`` is traced, as PyTorch does: a target of more than
+    one element without a seed (``grad can be implicitly created only for scalar outputs``), and a seed of the
+    wrong count, shape or dtype (:func:`~natgrad_diag.checked_gradient`'s message). Each message starts with the
+    call and its ``file:line``; a refused call computes nothing. Everything else is TensorFlow's own method:
+    results, persistent and nested tapes and ``unconnected_gradients`` are unchanged. ``tape.jacobian``,
+    ``tape.batch_jacobian`` and natgrad-diag's own lessons are not judged; nor are other threads, a
+    ``tf.function`` traced before the context, or a target whose element count is unknown while tracing.
 
     Args:
         action: ``"raise"`` (default) raises :class:`~natgrad_diag.exceptions.OutputGradientsError` at

@@ -1,14 +1,9 @@
-"""The pytest plugin: ``--strict-gradients``, the ``strict_gradients`` marker and fixture.
+"""The pytest plugin, loaded through the package's ``pytest11`` entry point; nothing heavy is imported until a test
+asks for the rules.
 
-Registered through the package's ``pytest11`` entry point, so it loads wherever natgrad-diag is
-installed; it imports nothing heavy until a test asks for the rules.
-
-- ``pytest --strict-gradients``: every test (its set-up, call and tear-down) runs under
-  ``natgrad_diag.strict_gradients()``; a ``tape.gradient`` call that breaks PyTorch's seed rules fails
-  its test at the user's line.
-- ``@pytest.mark.strict_gradients`` (or ``(action="warn", allow_implicit_sum=True)``): one test under
-  the rules, with or without the option; its arguments are ``strict_gradients()``'s.
-- the ``strict_gradients`` fixture: the rules for one test, yielding the context (``.violations``).
+``pytest --strict-gradients`` runs every test (set-up, call and tear-down) under ``natgrad_diag.strict_gradients()``;
+``@pytest.mark.strict_gradients`` (with ``strict_gradients()``'s arguments, e.g. ``action="warn"``) one test; the
+``strict_gradients`` fixture yields the context (``.violations``).
 """
 
 from __future__ import annotations
@@ -55,21 +50,13 @@ def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: Any) -> Iterator[None]:
+def _under_the_rules(item: Any) -> Iterator[None]:
     with _context(item):
         return (yield)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: Any) -> Iterator[None]:
-    with _context(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: Any) -> Iterator[None]:
-    with _context(item):
-        return (yield)
+# a test's set-up, call and tear-down, each under the rules (pytest finds hooks by these names)
+pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = _under_the_rules
 
 
 @pytest.fixture(name=MARKER)

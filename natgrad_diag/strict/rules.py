@@ -1,17 +1,10 @@
 """The per-call rule: does one ``tape.gradient(target, sources, output_gradients)`` break PyTorch's seed rules?
 
-PyTorch's ``torch.autograd.grad(outputs, inputs, grad_outputs)`` refuses what TensorFlow silently does:
-
-- an output with more than one element and no ``grad_outputs`` (``grad can be implicitly created only
-  for scalar outputs``); TensorFlow seeds every element with 1 and returns Jᵀ·1, the gradient of the
-  output's sum, which is not the Jacobian and not the chain rule's Jᵀ·v;
-- a ``grad_outputs[i]`` whose shape is not exactly ``outputs[i]``'s (``Mismatch in shape: grad_output[0]
-  has a shape of ...``); TensorFlow broadcasts it (y = sin(x), x [4], a seed [4, 1] gives a [4, 4]
-  "gradient") or fails deep inside with a reshape error.
-
-The seed checks and their messages are :func:`natgrad_diag._validate.validate_seeds`, the ones
-:func:`~natgrad_diag.autodiff.seeded.checked_gradient` raises; this module adds the no-seed rule and
-the call site. Nothing here creates a TensorFlow op: only static shapes are read.
+``torch.autograd.grad`` refuses an output of more than one element without ``grad_outputs`` (TensorFlow returns
+Jᵀ·1, the gradient of the output's sum) and a ``grad_outputs[i]`` not exactly of ``outputs[i]``'s shape
+(TensorFlow broadcasts it or fails deep inside). The seed checks are :func:`natgrad_diag._validate.validate_seeds`,
+as in :func:`~natgrad_diag.checked_gradient`; this module adds the no-seed rule and the call site, from static
+shapes only.
 
 References:
     PyTorch, ``torch.autograd.grad`` and ``_make_grads`` (torch/autograd/__init__.py).
@@ -73,12 +66,8 @@ class Violation:
 
 
 def check_call(
-    target: Any,
-    output_gradients: Any,
-    *,
-    allow_implicit_sum: bool,
-    site: Callable[[], CallSite],
-) -> Violation | None:
+    target: Any, output_gradients: Any, *, allow_implicit_sum: bool, site: Callable[[], CallSite],
+) -> Violation | None:  # fmt: skip
     """The rule the call ``tape.gradient(target, ..., output_gradients=output_gradients)`` breaks, or None.
 
     Args:

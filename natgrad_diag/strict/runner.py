@@ -23,21 +23,12 @@ USAGE = "usage: {prog} [--] [python] SCRIPT [ARGS ...]   or   {prog} [--] [pytho
 
 
 def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.strict", stream: TextIO | None = None) -> int:
-    """Run ``python SCRIPT ARGS`` (or ``-m MODULE``) in this process under the rules; return the exit code.
+    """Run ``[python] [--] SCRIPT ARGS`` (or ``-m MODULE``) in this process under the rules; return the exit code.
 
-    The script runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and its folder first on
-    ``sys.path``, as ``python SCRIPT`` would. Violations are collected (not raised, so one run finds
-    them all; not warned as they happen) and reported on ``stream`` (stderr), one block per call site.
-
-    Args:
-        command: ``["python", "my_script.py", "--epochs", "3"]``; the leading ``python`` and a ``--``
-            are optional.
-        prog: the name the usage message shows.
-        stream: where the report goes (default ``sys.stderr``).
-
-    Returns:
-        The script's own exit code when it fails (an uncaught exception: 1, printed as Python would);
-        otherwise 1 if any call broke a rule, else 0. 2 for bad usage (no script, a missing file).
+    The script runs as ``python SCRIPT`` would (``__main__``, ``sys.argv``, its folder first on ``sys.path``).
+    Violations are collected, not raised, and reported on ``stream`` (stderr), one block per call site. The exit
+    code is the script's own when it fails (1 for an uncaught exception), else 1 if a call broke a rule, else 0;
+    2 for bad usage (no script, a missing file).
     """
     from natgrad_diag.strict.context import StrictGradients
 

@@ -1,8 +1,8 @@
 """The guard around a user's natural-gradient step: snapshot q(u), judge the step, warn, raise or roll back.
 
-``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it notes whether something other
-than the guarded steps moved q(u) since the guard's last exit, snapshots every (q_mu, q_sqrt) pair (their
-unconstrained variables, bit for bit), reads γ from the optimizer and evaluates the loss. On exit it judges the step:
+``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it notes whether something else
+moved q(u) since its last exit, snapshots every (q_mu, q_sqrt) pair (their unconstrained variables, bit for bit),
+reads γ and evaluates the loss. On exit it judges the step:
 
 1. the step raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient raises it when the new q(u) has NaN:
    its Cholesky or ``check_numerics`` fails);
@@ -10,11 +10,10 @@ unconstrained variables, bit for bit), reads γ from the optimizer and evaluates
 3. the loss after the step is not finite;
 4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
 
-On a failure, ``on_failure="rollback"`` restores the snapshot bit for bit, lowers γ on the optimizer to the next
-value of :data:`~natgrad_diag.checks.health.GAMMA_GRID` below it (half of γ below the grid) and swallows the
-step's error; ``"raise"`` raises :class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ;
-``"warn"`` warns and leaves everything as the step left it. Each exit appends a
-:class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
+A failed step is, by ``on_failure``: rolled back ("rollback": q(u) restored bit for bit, γ lowered to the next value
+of :data:`~natgrad_diag.checks.health.GAMMA_GRID`, or halved below it, the step's error swallowed), raised as a
+:class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ, or warned about. Each exit appends
+a :class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
 """
 
 from __future__ import annotations
@@ -119,20 +118,13 @@ class StepGuard:
     def __init__(self, monitor: Any, step: int, optimizer: Any) -> None:
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
-            from natgrad_diag.exceptions import InputError
+            from natgrad_diag._validate import input_error
 
-            raise InputError(
-                "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.",
-                context=[
-                    ("Argument", "optimizer"),
-                    (
-                        "Expected",
-                        "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
-                    ),
-                    ("Got", type(optimizer).__name__),
-                ],
-                remedy="pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
-            )
+            raise input_error(
+                "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.", "optimizer",
+                "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
+                type(optimizer).__name__, "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
+            )  # fmt: skip
         self.monitor, self.step, self.optimizer, self.optimizers = monitor, int(step), optimizers[0], optimizers
 
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
@@ -212,10 +204,6 @@ class StepGuard:
                 remedy=f"use gamma = {lower_gamma(self.gamma_before):g}, or on_failure='rollback' to restore q(u) and lower γ automatically.",
             ) from exc
         if m.on_failure == "warn":
-            warnings.warn(
-                f"natural-gradient step at training step {self.step} failed: {cause}; {record}",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(f"natural-gradient step at training step {self.step} failed: {cause}; {record}", UserWarning, stacklevel=2)
             return False
         return True  # rolled back: the step's error, if any, is swallowed

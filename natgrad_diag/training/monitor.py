@@ -1,22 +1,7 @@
 """``NatGradMonitor``: the cheap natural-gradient checks inside a training loop, as a GPflow monitor task.
 
-Every ``every`` steps it runs :func:`natgrad_diag.check_natgrad` in fast mode (compiled once, reused) on the
-current parameters and records whether the next natural-gradient step is healthy (finite, q_sqrt
-lower-triangular with a positive diagonal, S positive definite) and whether natgrad-diag's step reproduces
-what ``gpflow.optimizers.NaturalGradient`` would assign. The model is never changed.
-
-Use it as any ``gpflow.monitor.MonitorTask``::
-
-    monitor = NatGradMonitor(model, data, gamma=0.1, every=10)
-    for step in range(1000):
-        natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
-        adam.minimize(loss, hyperparameters)
-        monitor(step)
-    print(monitor.records[-1])
-
-or inside ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))`` (then leave ``every=1``).
-The class derives from ``gpflow.monitor.MonitorTask``, so this module imports GPflow: :mod:`natgrad_diag` imports it
-on first access to ``NatGradMonitor``.
+The class derives from ``gpflow.monitor.MonitorTask``, so this module imports GPflow (:mod:`natgrad_diag` imports
+it on first access to ``NatGradMonitor``).
 """
 
 from __future__ import annotations
@@ -25,7 +10,7 @@ from typing import Any
 
 from gpflow.monitor import MonitorTask
 
-from natgrad_diag.exceptions import InputError
+from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.api import validate_gamma_steps
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard
 from natgrad_diag.training.tensorboard import ScalarLog
@@ -38,14 +23,18 @@ __all__ = ["NatGradMonitor"]
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
     """A ``gpflow.monitor.MonitorTask`` that records natural-gradient step health and reproduction every k steps.
 
-    ``monitor(step)`` runs the periodic checks; ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards
-    the user's own step (see :mod:`natgrad_diag.training.guard`)::
+    ``monitor(step)`` runs :func:`~natgrad_diag.check_natgrad` in fast mode (compiled once) when ``step % every == 0``
+    and records whether the next step is healthy and reproduces GPflow's ``NaturalGradient``; the model is not
+    changed. ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards the user's own step (see
+    :mod:`natgrad_diag.training.guard`). Inside ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))``
+    leave ``every=1``::
 
         monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
         for step in range(1000):
             with monitor.guard(step, natgrad):
                 natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
             adam.minimize(loss, hyperparameters)
+            monitor(step)
 
     Args:
         model: the SVGP, VGP or GPflux DeepGP being trained (read only, except for a guard's rollback).
@@ -53,16 +42,13 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         gamma: the natural-gradient step length used in training.
         xi_transform: the ξ transform used in training (None: ``XiNat()``).
         every: run the checks when ``step % every == 0``.
-        raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record
-            (as ``on_failure="raise"`` does for the periodic checks).
-        on_failure: what a guard does with a failed step: "warn" (a warning; q(u) stays as the step left it),
-            "raise" (NatGradCheckError with the cause and a γ to use) or "rollback" (restore q(u) bit for bit,
-            lower the optimizer's γ, swallow the step's error and go on). "raise" also raises on a failed
-            periodic check.
-        loss_increase: a guarded step fails when the loss rises by more than
-            ``loss_increase · max(|loss before|, 1)``; the default 0.5 lets a step raise the loss by half its size
-            (minibatch noise, a first step from a poor q(u)) and catches blow-ups (50× and more on GPflow's
-            heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and non-finite values.
+        raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
+        on_failure: what a guard does with a failed step: "warn" (q(u) stays as the step left it), "raise"
+            (NatGradCheckError with the cause and a γ to use; also on a failed periodic check) or "rollback"
+            (restore q(u) bit for bit, lower the optimizer's γ, swallow the step's error and go on).
+        loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
+            1)``; 0.5 allows minibatch noise and a first step from a poor q(u), and catches blow-ups (50× and more
+            on GPflow's heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and NaN.
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there.
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
             −ELBO for a GPflux DeepGP); needed with ``var_list``.
@@ -94,14 +80,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     ) -> None:
         super().__init__()
         _validate_options(on_failure, loss_increase)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise InputError(
-                "every must be a positive integer.",
-                context=[("Argument", "every"), ("Expected", "an int ≥ 1"), ("Got", repr(every))],
-                remedy="pass every=10 to check every tenth step.",
-            )
-        from natgrad_diag._validate import require_positive_float
-
+        every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
         self.model = model
         self.data = data
         self.gamma = require_positive_float(gamma, "gamma")
@@ -121,7 +100,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
 
     def guard(self, step: int, optimizer: Any) -> StepGuard:
-        """A context manager around the user's natural-gradient step with ``optimizer`` (see :mod:`~natgrad_diag.training.guard`)."""
+        """A context manager around the user's natural-gradient step with ``optimizer``."""
         return StepGuard(self, step, optimizer)
 
     @property
@@ -182,13 +161,9 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             )
 
     def check(self, step: int) -> NatGradRecord:
-        """Run the cheap checks now and return the record (not appended).
-
-        An SVGP or VGP gets :func:`~natgrad_diag.check_natgrad`'s fast checks; a GPflux DeepGP or a ``var_list``
-        gets the pair-by-pair checks (:mod:`natgrad_diag.checks.pairs`), folded into one record: the largest
-        reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when there is one
-        pair.
-        """
+        """Run the cheap checks now and return the record (not appended); a GPflux DeepGP or a ``var_list`` gets the
+        pair-by-pair checks, folded into one record (the largest reproduction error, every pair healthy, the
+        smallest suggested γ, the loss after the step when there is one pair)."""
         from natgrad_diag.checks.api import check_natgrad
 
         data = self.batch()
@@ -225,17 +200,13 @@ def _validate_options(on_failure: Any, loss_increase: Any) -> None:
     import math
 
     if on_failure not in ON_FAILURE:
-        raise InputError(
-            "on_failure must be 'warn', 'raise' or 'rollback'.",
-            context=[("Argument", "on_failure"), ("Expected", "'warn' | 'raise' | 'rollback'"), ("Got", repr(on_failure))],
-            remedy="pass on_failure='rollback' to restore q(u) and lower γ after a failed step.",
-        )
+        raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
+                          "'warn' | 'raise' | 'rollback'", repr(on_failure),
+                          "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.")
     if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0 or math.isnan(loss_increase):
-        raise InputError(
-            "loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).",
-            context=[("Argument", "loss_increase"), ("Expected", "a float ≥ 0"), ("Got", repr(loss_increase))],
-            remedy="pass loss_increase=0.5 (a step may raise the loss by half its size).",
-        )
+        raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
+                          "a float ≥ 0", repr(loss_increase),
+                          "pass loss_increase=0.5 (a step may raise the loss by half its size).")
 
 
 NatGradMonitor.__module__ = "natgrad_diag"  # where users import it from

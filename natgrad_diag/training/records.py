@@ -13,14 +13,12 @@ class NatGradRecord:
 
     Attributes:
         step: the training step the monitor was called with.
-        loss: the training loss before the checked natural-gradient step.
-        loss_after: the loss after it (None if the step failed).
-        reproduction_error: max |natgrad-diag's step − GPflow's| (None if the step failed for both).
-        reproduction_passed: the ``reproduction`` check's verdict.
-        step_healthy: the ``step_health`` check's verdict.
-        suggested_gamma: of the healthy steps that lower the loss, the γ with the lowest loss after it (fast search: γ itself when it is fine).
-        passed: every check of the fast report held.
-        detail: the failed checks' details ("" when all passed).
+        loss, loss_after: the training loss before the checked natural-gradient step and after it (None if it failed).
+        reproduction_error, reproduction_passed: max |natgrad-diag's step − GPflow's| (None if both failed) and the
+            ``reproduction`` check's verdict; ``step_healthy``: the ``step_health`` check's verdict.
+        suggested_gamma: of the healthy steps that lower the loss, the γ with the lowest loss after it (fast search:
+            γ itself when it is fine).
+        passed, detail: every check of the fast report held; the failed checks' details ("" when all passed).
     """
 
     step: int
@@ -47,16 +45,12 @@ class GuardRecord:
     """What ``NatGradMonitor.guard`` found at one guarded natural-gradient step.
 
     Attributes:
-        step: the training step the guard was called with.
-        status: "ok" or "failed".
+        step, status: the training step the guard was called with; "ok" or "failed", and ``cause``: why ("" if ok).
         rolled_back: q(u) was restored to its value before the step (``on_failure="rollback"``).
-        gamma_before: the optimizer's γ when the step was taken.
-        gamma_after: its γ after the guard (lower than ``gamma_before`` after a rollback).
-        cause: why the step failed ("" when it did not).
-        loss_before: the loss before the step (None if not finite).
-        loss_after: the loss after the step, or after the rollback (None if not finite or not computed).
-        moved_by_other: the parameters that something other than the guarded step changed since the guard's
-            previous exit (() when none).
+        gamma_before, gamma_after: the optimizer's γ for the step, and after the guard (lower after a rollback).
+        loss_before, loss_after: the loss before the step, and after it or the rollback (None if not finite or not
+            computed).
+        moved_by_other: the parameters something other than the guarded step changed since the guard's previous exit.
     """
 
     step: int

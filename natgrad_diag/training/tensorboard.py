@@ -1,8 +1,5 @@
-"""The monitor's TensorBoard scalars, written with tf.summary as gpflow.monitor's TensorBoard tasks write theirs.
-
-``tf.summary.scalar`` needs the tensorboard package; :func:`tf.summary.write` with the scalar plugin's metadata
-(plugin name "scalars", what ``tf.summary.scalar`` attaches) writes the same event without it, so the monitor logs
-whether or not tensorboard is installed, and TensorBoard shows the values as scalars.
+"""The monitor's TensorBoard scalars, written as gpflow.monitor's TensorBoard tasks write theirs: ``tf.summary.write``
+with the scalar plugin's metadata writes what ``tf.summary.scalar`` writes, without needing the tensorboard package.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Pictures of reports, drawn with matplotlib (the optional extra ``plot``).
+"""Pictures of reports and Jacobians, drawn with matplotlib (the optional extra ``plot``).
 
-Three pictures, chosen by what a report has, never by its class:
+Three pictures, chosen by what a report has, never by its class: a heatmap of a ``jacobian``
+(:class:`~natgrad_diag.BlockJacobian`) with its blocks labelled (for GPflow's map (mean, varsqrt) =
+(η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per element
+of η₁ for an ``Explanation``, dL/dη₁ = Jᵀ·v, the naive (Jᵀ·1)⊙v and the mean and varsqrt paths that add up
+to it; each numeric check's error against its tolerance, on a log scale.
 
-* ``jacobian`` (a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`): a heatmap of the explicit Jacobian
-  J = ∂(mean, varsqrt)/∂(eta1, eta2), rows = output elements, columns = input elements, with the
-  block boundaries drawn and each block labelled by its name and shape. For GPflow's map
-  (mean, varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the mean–eta2 block is zero and the varsqrt–eta1 block
-  is not: that block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``.
-* ``trace`` with ``naive_product``, ``mean_path`` and ``varsqrt_path`` (an ``Explanation``): one small
-  chart per element of η₁ comparing dL/dη₁ = Jᵀ·v, the naive product (Jᵀ·1)⊙v, and the two terms of
-  dL/dη₁ = (∂mean/∂η₁)ᵀ·dL/dmean + (∂varsqrt/∂η₁)ᵀ·dL/dvarsqrt.
-* numeric ``checks``: each check's max abs error against its tolerance, on a log scale.
-
-The data each picture draws is exposed (:func:`heatmap_data`, :func:`eta1_comparison_data`,
-:func:`check_errors_data`) so that it can be tested without looking at pixels. matplotlib is imported
-inside the functions, with its object-oriented API and the Agg canvas only: no pyplot, no window,
-no global state. Without matplotlib the drawing functions raise :class:`MissingExtraError`.
+The data behind each picture (:func:`heatmap_data`, :func:`eta1_comparison_data`, :func:`check_errors_data`)
+needs no matplotlib. Drawing uses matplotlib's object-oriented API on an Agg canvas (no pyplot, no window, no
+global state) and raises :class:`~natgrad_diag.exceptions.MissingExtraError` without matplotlib.
 """
 
 from __future__ import annotations
@@ -28,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.exceptions import InputError, MissingExtraError
+from natgrad_diag._validate import input_error
+from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
@@ -86,8 +80,7 @@ def figure_to_png(fig: Any, *, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-# ---------------------------------------------------------------------------------------------------
-# (1) the Jacobian heatmap
+# ---- (1) the Jacobian heatmap ----
 
 
 @dataclass(frozen=True)
@@ -128,11 +121,9 @@ class HeatmapData:
         cols = {b.name: b for b in self.col_blocks}
         for argument, name, spans in (("output", output, rows), ("input", input, cols)):
             if name not in spans:
-                raise InputError(
-                    f"the heatmap has no {argument} named {name!r}.",
-                    context=[("Argument", argument), ("Expected", f"one of {sorted(spans)}"), ("Got", repr(name))],
-                    remedy=f"use a name from .{'row' if argument == 'output' else 'col'}_blocks.",
-                )
+                raise input_error(f"the heatmap has no {argument} named {name!r}.", argument,
+                                  f"one of {sorted(spans)}", repr(name),
+                                  f"use a name from .{'row' if argument == 'output' else 'col'}_blocks.")
         r, c = rows[output], cols[input]
         return self.matrix[r.start : r.stop, c.start : c.stop]
 
@@ -147,25 +138,14 @@ def _spans(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[Block
 
 
 def heatmap_data(jacobian: Any) -> HeatmapData:
-    """The matrix, labels and block boundaries that :func:`plot_jacobian_heatmap` draws.
-
-    Args:
-        jacobian: a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian` (e.g. ``Explanation.jacobian``).
-
-    Returns:
-        A :class:`HeatmapData`; ``block("mean", "eta2")`` and friends slice it by name.
-
-    Raises:
-        InputError: ``jacobian`` is not a BlockJacobian.
-    """
+    """The matrix, labels and block boundaries that :func:`plot_jacobian_heatmap` draws, from a
+    :class:`~natgrad_diag.BlockJacobian` (e.g. ``Explanation.jacobian``); an InputError for anything else."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
     if not isinstance(jacobian, BlockJacobian):
-        raise InputError(
-            "the heatmap needs the explicit Jacobian.",
-            context=[("Argument", "jacobian"), ("Expected", "a natgrad_diag.BlockJacobian"), ("Got", type(jacobian).__name__)],
-            remedy="pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.",
-        )
+        raise input_error("the heatmap needs the explicit Jacobian.", "jacobian",
+                          "a natgrad_diag.BlockJacobian", type(jacobian).__name__,
+                          "pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.")
     return HeatmapData(
         matrix=np.array(jacobian.matrix, copy=True),
         row_labels=tuple(jacobian.row_labels),
@@ -176,20 +156,11 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
 
 
 def plot_jacobian_heatmap(jacobian: Any) -> Any:
-    """A heatmap of the explicit Jacobian with block boundaries and block labels.
+    """A heatmap of a :class:`~natgrad_diag.BlockJacobian` with block boundaries and labels: a
+    ``matplotlib.figure.Figure`` on an Agg canvas (save it with ``fig.savefig``).
 
-    Colours are symmetric about zero (white = 0), so a block of zeros (mean–eta2 for GPflow's map)
-    shows as a white rectangle and is also marked "all 0".
-
-    Args:
-        jacobian: a :class:`~natgrad_diag.autodiff.blocks.BlockJacobian`.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` (on an Agg canvas; save it with ``fig.savefig``).
-
-    Raises:
-        MissingExtraError: matplotlib is not installed.
-        InputError: ``jacobian`` is not a BlockJacobian.
+    Colours are symmetric about zero (white = 0); a block of zeros (mean–eta2 for GPflow's map) is also
+    marked "all 0". Raises MissingExtraError without matplotlib, InputError for anything but a BlockJacobian.
     """
     data = heatmap_data(jacobian)
     require_matplotlib()
@@ -225,8 +196,7 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# (2) dL/deta1 element by element
+# ---- (2) dL/deta1 element by element ----
 
 
 @dataclass(frozen=True)
@@ -263,30 +233,19 @@ def has_eta1_comparison(report: Any) -> bool:
 
 
 def eta1_comparison_data(report: Any) -> Eta1Comparison:
-    """The four series per element of η₁ from an explanation, flattened in row-major [M, L] order.
-
-    Args:
-        report: an :class:`~natgrad_diag.lessons.explain.Explanation` (anything with ``trace.dL_deta1``,
-            ``naive_product``, ``mean_path`` and ``varsqrt_path``, each [M, L]).
-
-    Raises:
-        InputError: ``report`` lacks one of those, or their shapes differ.
-    """
+    """The four series per element of η₁, flattened in row-major [M, L] order, from an
+    :class:`~natgrad_diag.Explanation` (anything with ``trace.dL_deta1``, ``naive_product``, ``mean_path`` and
+    ``varsqrt_path``, each [M, L]); an InputError when one is missing or their shapes differ."""
     if not has_eta1_comparison(report):
-        raise InputError(
-            "the eta1 chart needs an explanation of output_gradients.",
-            context=[("Argument", "report"), ("Expected", "trace.dL_deta1, naive_product, mean_path, varsqrt_path"),
-                     ("Got", type(report).__name__)],  # fmt: skip
-            remedy="pass the result of natgrad_diag.explain_output_gradients().",
-        )
+        raise input_error("the eta1 chart needs an explanation of output_gradients.", "report",
+                          "trace.dL_deta1, naive_product, mean_path, varsqrt_path", type(report).__name__,
+                          "pass the result of natgrad_diag.explain_output_gradients().")
     arrays = [np.asarray(a) for a in (report.trace.dL_deta1, report.naive_product, report.mean_path, report.varsqrt_path)]
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
-        raise InputError(
-            "the eta1 series do not have one shape.",
-            context=[("Argument", "report"), ("Expected", "four [M, L] arrays"), ("Got", str([a.shape for a in arrays]))],
-            remedy="build the report with explain_output_gradients().",
-        )
+        raise input_error("the eta1 series do not have one shape.", "report",
+                          "four [M, L] arrays", str([a.shape for a in arrays]),
+                          "build the report with explain_output_gradients().")
     shape = arrays[0].shape
     labels = tuple(f"eta1[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape))
     vjp, naive, mean_path, varsqrt_path = (np.array(a, dtype=float).ravel() for a in arrays)
@@ -294,29 +253,16 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
 
 
 def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -> Any:
-    """One bar chart per element of η₁: dL/dη₁ (the VJP), the naive product, the mean and varsqrt paths.
+    """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁
+    (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal.
 
-    The VJP bar equals the mean-path bar plus the varsqrt-path bar; the naive bar is (Jᵀ·1)⊙v, which
-    matches the VJP only when J is diagonal.
-
-    Args:
-        report: an :class:`~natgrad_diag.lessons.explain.Explanation`.
-        max_charts: draw at most this many elements (the title says how many there are).
-
-    Returns:
-        A ``matplotlib.figure.Figure``.
-
-    Raises:
-        MissingExtraError: matplotlib is not installed.
-        InputError: ``report`` is not an explanation, or ``max_charts`` < 1.
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when
+    ``report`` is not an explanation or ``max_charts`` < 1.
     """
     data = eta1_comparison_data(report)
     if not isinstance(max_charts, int) or max_charts < 1:
-        raise InputError(
-            "max_charts must be a positive integer.",
-            context=[("Argument", "max_charts"), ("Expected", "an int ≥ 1"), ("Got", repr(max_charts))],
-            remedy="pass e.g. max_charts=24.",
-        )
+        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts),
+                          "pass e.g. max_charts=24.")
     require_matplotlib()
     n = min(len(data.labels), max_charts)
     ncols = min(n, 5)
@@ -339,8 +285,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# (3) each check's error against its tolerance
+# ---- (3) each check's error against its tolerance ----
 
 
 @dataclass(frozen=True)
@@ -365,26 +310,16 @@ def check_errors_data(report: Any) -> tuple[CheckError, ...]:
 
 
 def plot_check_errors(report: Any) -> Any:
-    """Each numeric check's max abs error (a bar) against its tolerance (a black tick), log scale.
+    """Each numeric check's max abs error (a bar, green when it passes) against its tolerance (a black tick), on a
+    log scale; errors of exactly 0 are drawn at the left edge and labelled "0".
 
-    A check passes when its error is at most its tolerance, except a check that must show a
-    difference (``expect_difference``), which passes when its error exceeds the tolerance. Errors of
-    exactly 0 cannot sit on a log axis: they are drawn at the left edge and labelled "0".
-
-    Returns:
-        A ``matplotlib.figure.Figure``.
-
-    Raises:
-        MissingExtraError: matplotlib is not installed.
-        InputError: the report has no check with both an error and a tolerance.
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when the
+    report has no check with both an error and a tolerance.
     """
     rows = check_errors_data(report)
     if not rows:
-        raise InputError(
-            "the report has no numeric check to draw.",
-            context=[("Argument", "report"), ("Expected", "checks with max_abs_error and tolerance"), ("Got", "none")],
-            remedy="draw this picture only for reports with numeric checks (see check_errors_data).",
-        )
+        raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
+                          "draw this picture only for reports with numeric checks (see check_errors_data).")
     require_matplotlib()
     values = [v for r in rows for v in (r.max_abs_error, r.tolerance) if np.isfinite(v) and v > 0]
     floor = 10.0 ** (math.floor(math.log10(min(values))) - 2) if values else 1e-18
@@ -411,8 +346,7 @@ def plot_check_errors(report: Any) -> Any:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
-# dispatch
+# ---- dispatch ----
 
 
 @dataclass(frozen=True)
@@ -438,51 +372,36 @@ def picture_kinds(report: Any) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+def _caption(kind: str, report: Any) -> str:
+    if kind == "jacobian":
+        J = report.jacobian
+        return (
+            f"The explicit Jacobian ∂({', '.join(J.output_names)})/∂({', '.join(J.input_names)}) from tape.jacobian, "
+            f"{J.matrix.shape[0]} × {J.matrix.shape[1]}, with block boundaries. White is 0."
+        )
+    if kind == "eta1":
+        return (
+            "Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
+            "and the mean-path and varsqrt-path terms that add up to dL/deta1."
+        )
+    return "Each check's max abs error against its tolerance (log scale)."
+
+
+_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison, "checks": plot_check_errors}
+
+
 def report_pictures(report: Any) -> tuple[Picture, ...]:
-    """Draw every picture ``report`` has (see :func:`picture_kinds`) as PNG.
-
-    Returns:
-        A tuple of :class:`Picture`, empty when the report has nothing to draw (then matplotlib is
-        not needed).
-
-    Raises:
-        MissingExtraError: there is something to draw and matplotlib is not installed.
-    """
+    """Every picture ``report`` has (see :func:`picture_kinds`) as PNG; empty, and no matplotlib needed, when there
+    is nothing to draw. Raises MissingExtraError when there is and matplotlib is not installed."""
     kinds = picture_kinds(report)
     if not kinds:
         return ()
     require_matplotlib()
     from natgrad_diag.progress import progress_bar
 
-    def jacobian_picture() -> Picture:
-        J = report.jacobian
-        outs, ins = ", ".join(J.output_names), ", ".join(J.input_names)
-        return Picture(
-            "jacobian",
-            f"The explicit Jacobian ∂({outs})/∂({ins}) from tape.jacobian, {J.matrix.shape[0]} × {J.matrix.shape[1]}, "
-            "with block boundaries. White is 0.",
-            figure_to_png(plot_jacobian_heatmap(J)),
-        )
-
-    def eta1_picture() -> Picture:
-        return Picture(
-            "eta1",
-            "Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
-            "and the mean-path and varsqrt-path terms that add up to dL/deta1.",
-            figure_to_png(plot_eta1_comparison(report)),
-        )
-
-    def checks_picture() -> Picture:
-        return Picture(
-            "checks",
-            "Each check's max abs error against its tolerance (log scale).",
-            figure_to_png(plot_check_errors(report)),
-        )
-
-    draw = {"jacobian": jacobian_picture, "eta1": eta1_picture, "checks": checks_picture}
     pictures = []
     with progress_bar(total=len(kinds), description="drawing pictures") as advance:
         for kind in kinds:
-            pictures.append(draw[kind]())
+            pictures.append(Picture(kind, _caption(kind, report), figure_to_png(_DRAW[kind](report))))
             advance()
     return tuple(pictures)

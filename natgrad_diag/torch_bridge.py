@@ -1,20 +1,11 @@
-"""PyTorch's side of the ``grad_outputs`` lesson: the same numbers from ``torch.autograd.grad``.
-
-PyTorch is an optional extra (``pip install natgrad-diag[torch]``; install a CPU build first, e.g.
-``pip install torch==2.13.0``). It is imported only inside these functions, so the package works
-without it; :func:`torch_available` says whether it is there.
+"""PyTorch's side of the ``grad_outputs`` lesson: the same numbers from ``torch.autograd.grad`` (public).
 
 ``torch.autograd.grad(outputs, inputs, grad_outputs=v)`` computes the same vector-Jacobian product as
-TensorFlow's ``tape.gradient(target, sources, output_gradients=v)``:
+``tape.gradient(target, sources, output_gradients=v)``, (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂output_i[a]/∂input_j, but
+checks each v_i against its output's shape first. PyTorch is an optional extra (install a CPU build first, e.g.
+``pip install torch==2.13.0``), imported only inside these functions.
 
-    (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂output_i[a]/∂input_j
-
-but checks each v_i against its output's shape first (``Mismatch in shape: grad_output[0] has a shape
-of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4]).``).
-
-References:
-    PyTorch, ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian``
-    (https://pytorch.org/docs/stable/autograd.html).
+References: ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian`` (https://pytorch.org/docs/stable/autograd.html).
 """
 
 from __future__ import annotations
@@ -57,15 +48,14 @@ def require_torch() -> Any:
 
 @dataclass(frozen=True)
 class TorchOuter:
-    """``y = torch.outer(x, x)`` differentiated by ``torch.autograd.grad`` in float64 (shapes for n = len(x)).
+    """``y = torch.outer(x, x)`` differentiated by ``torch.autograd.grad`` in float64 (n = len(x)).
 
     Attributes:
         x: [n], the point.
         gradient_ones_seed: [n], ``grad(y, x, grad_outputs=ones_like(y))`` (= 2·sum(x)).
         jacobian: [n, n, n], ``torch.autograd.functional.jacobian``: J[j, k, i] = ∂y_jk/∂x_i.
-        dL_dy: [n, n], the first step of the chain z = y²: ``grad(z, y, grad_outputs=ones_like(z))`` = 2y.
-        chain_two_step: [n], the second step: ``grad(y, x, grad_outputs=dL_dy)``.
-        chain_one_step: [n], ``grad(z, x, grad_outputs=ones_like(z))``.
+        dL_dy, chain_two_step, chain_one_step: the chain z = y²: ``grad(z, y, ones)`` = 2y [n, n], then
+            ``grad(y, x, dL_dy)`` [n], and ``grad(z, x, ones)`` [n].
         wrong_seed_error: torch's own message for ``grad_outputs=ones_like(x)`` ("" if torch accepted it).
         torch_version: ``torch.__version__``.
     """
@@ -81,16 +71,8 @@ class TorchOuter:
 
 
 def torch_outer(x: Sequence[float] | Array) -> TorchOuter:
-    """Run the ``torch.outer`` example of the ``grad_outputs`` docs in PyTorch, float64, on CPU.
-
-    Args:
-        x: [n] the point (converted to float64).
-
-    Returns:
-        A :class:`TorchOuter` with every number as a numpy array.
-
-    Raises:
-        MissingExtraError: PyTorch is not installed.
+    """The ``torch.outer`` example of the ``grad_outputs`` docs run by PyTorch in float64 on CPU at ``x`` [n], every
+    number as a numpy array; MissingExtraError without PyTorch.
     """
     torch = require_torch()
     xn = np.array(x, dtype=np.float64).reshape(-1)
@@ -123,19 +105,11 @@ def torch_outer(x: Sequence[float] | Array) -> TorchOuter:
 def torch_vjp(
     fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any]
 ) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
-    """The outputs of ``fn(*primals)`` and Jᵀ·v by ``torch.autograd.grad``, in float64.
+    """The outputs of ``fn(*primals)`` and Jᵀ·v by ``torch.autograd.grad`` in float64, as tuples of numpy arrays.
 
-    Args:
-        fn: a function of torch tensors returning a tensor or a tuple/list of tensors.
-        primals: the inputs, arrays (converted to float64 torch tensors).
-        cotangents: one array per output (``grad_outputs``); torch checks their shapes.
-
-    Returns:
-        ``(outputs, grads)``: tuples of numpy arrays; an input ``fn`` does not use gets zeros.
-
-    Raises:
-        MissingExtraError: PyTorch is not installed.
-        RuntimeError: torch's own error, e.g. for a cotangent of the wrong shape.
+    ``fn`` takes torch tensors and returns a tensor or a tuple/list of them; ``cotangents`` has one array per output
+    (torch checks their shapes); an input ``fn`` does not use gets zeros. Raises MissingExtraError without PyTorch,
+    and torch's own RuntimeError, e.g. for a cotangent of the wrong shape.
     """
     torch = require_torch()
     xs = [torch.tensor(np.asarray(p, dtype=np.float64), dtype=torch.float64, requires_grad=True) for p in primals]
@@ -159,24 +133,23 @@ def compare_with_tensorflow(
     rtol: float = 1e-12,
     atol: float = 1e-12,
 ) -> Check:
-    """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared.
-
-    The check passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient.
+    """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared; never raises on a
+    disagreement.
 
     Args:
         tf_fn, torch_fn: the same function written for TensorFlow and for PyTorch.
         primals: the inputs, float64 arrays.
         cotangents: one seed per output.
         name: the check's name.
-        rtol, atol: tolerances (keyword-only; 1e-12 suits float64).
+        rtol, atol: the check passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient.
 
     Returns:
-        A :class:`~natgrad_diag.report.records.Check`; it never raises on a disagreement.
+        A :class:`~natgrad_diag.Check`.
 
     Raises:
         MissingExtraError: PyTorch is not installed.
-        OutputGradientsError: a cotangent does not match TensorFlow's output (natgrad-diag's check).
-        RuntimeError: a cotangent does not match torch's output (torch's own check).
+        OutputGradientsError, RuntimeError: a cotangent does not match TensorFlow's output (natgrad-diag's check) or
+            torch's (torch's own).
     """
     from natgrad_diag.autodiff.seeded import vjp
 
