@@ -1,4 +1,4 @@
-"""Verdicts you can trust (issue 11): three outcomes, bounds from condition numbers, the same verdict on every call,
+"""Verdicts you can trust: three outcomes, bounds from condition numbers, the same verdict on every call,
 and a named cause, on GPflow's own ill-conditioned states (tests/gpflow/optimizers/test_natural_gradient.py:
 N = 4, D = 2, noise 0.1, data from RandomState(42), q_sqrt = 1e-3·I for #767), against GPflow's GPR/SGPR objectives."""
 
