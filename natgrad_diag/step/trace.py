@@ -443,9 +443,13 @@ def natgrad_trace(
         result = _natgrad_trace_compiled(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi, build=bool(compiled))
         if result is not None:
             return result
+    return _natgrad_trace_eager(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi)
+
+
+def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any) -> NatGradTrace:
+    """The reference path: validate every input (the errors), then the step eagerly."""
     import tensorflow as tf
 
-    # the eager reference path: validate every input (the errors), then the step eagerly
     mu_p = param_parts(q_mu, "q_mu")
     sq_p = param_parts(q_sqrt, "q_sqrt")
     validate_q(mu_p, sq_p)
