@@ -1,4 +1,4 @@
-"""γ by the loss after k steps (issue 13, item 1): check_natgrad(..., gamma_steps=k) against GPflow's own optimizer.
+"""γ by the loss after k steps: check_natgrad(..., gamma_steps=k) against GPflow's own optimizer.
 
 The oracle is ``gpflow.optimizers.NaturalGradient(γ).minimize`` run k times on a ``gpflow.utilities.deepcopy`` of the
 model, the loss read after each step (None from the first step that raises or leaves a non-finite loss).

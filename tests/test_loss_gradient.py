@@ -116,10 +116,10 @@ class SlightlyOffGaussian(gpflow.likelihoods.Gaussian):
 
 
 def test_loss_gradient__a_gradient_0_1_percent_off_is_caught_at_larger_M_in_fast_mode():
-    # M = 150: n = 11 475 parameters. A unit random direction's derivative is about ‖∇L‖/√n, so the bound before,
-    # relative to ‖∇L‖ itself, grew with √n ≈ 107 and let this gradient pass; the bound now is relative to the
-    # directional derivative's scale. The oracle for "0.1% off": GPflow's Gaussian on the same data, whose loss
-    # is identical and whose gradient (GPflow's tape) gives the old bound's ‖∇L‖.
+    # M = 150: n = 11 475 parameters. A unit random direction's derivative is about ‖∇L‖/√n, so a bound relative
+    # to ‖∇L‖ itself would be √n ≈ 107 times too loose and let this gradient pass; the check's bound is relative to
+    # the directional derivative's scale. The oracle for "0.1% off": GPflow's Gaussian on the same data, whose loss
+    # is identical and whose gradient (GPflow's tape) gives ‖∇L‖.
     m, data = _svgp_large(SlightlyOffGaussian(variance=0.1))
     ok, _ = _svgp_large(gpflow.likelihoods.Gaussian(variance=0.1))
     assert float(m.training_loss(data)) == float(ok.training_loss(data))
@@ -133,4 +133,4 @@ def test_loss_gradient__a_gradient_0_1_percent_off_is_caught_at_larger_M_in_fast
     assert c_ok.status == "pass", str(c_ok)
     assert c_off.status == "fail" and "wrong_gradient" in [x.name for x in r_off.causes], str(c_off)
     assert c_off.max_abs_error > 100 * c_ok.max_abs_error  # the injected error, not noise
-    assert c_off.max_abs_error < 1e-5 * grad_norm  # what the old bound, rtol·‖∇L‖ (rtol = 1e-5), let through
+    assert c_off.max_abs_error < 1e-5 * grad_norm  # below rtol·‖∇L‖ (rtol = 1e-5): a bound relative to ‖∇L‖ would pass it

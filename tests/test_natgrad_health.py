@@ -55,7 +55,7 @@ def test_gamma_grid__is_decreasing_and_starts_at_one():
 
 
 # --------------------------------------------------------------------------------------------------
-# γ by measured loss (issue 13, item 1)
+# best_gamma: the γ whose healthy step has the lowest measured loss after it
 # --------------------------------------------------------------------------------------------------
 
 

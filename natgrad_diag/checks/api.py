@@ -69,11 +69,6 @@ class Stage:
     ticks: Callable[[Evaluator], int] = lambda ev: 0
 
 
-def _conditioning_numbers(run: Run) -> Outcome:
-    """κ(S), κ(S_new), κ(Kuu) and κ(F) among the report's numbers."""
-    return Outcome(numbers=run.cond.numbers())
-
-
 #: The checks, in the order they run and are reported. Adding a check is one oracle module (a ``stage(run) ->
 #: Outcome``) and one line here.
 STAGES: tuple[Stage, ...] = (
@@ -81,7 +76,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(loss_gradient.stage),
     Stage(fisher.stage, fisher.ticks),
     Stage(xi_forward.stage),
-    Stage(_conditioning_numbers),
+    Stage(lambda run: Outcome(numbers=run.cond.numbers())),  # κ(S), κ(S_new), κ(Kuu), κ(F) among the numbers
     Stage(conjugate.stage),
     Stage(health.stage, health.ticks),
     Stage(mapping.stage),
@@ -124,21 +119,11 @@ def _skip(mode: str, resolved: str, M: int, L: int, fisher: bool | None) -> tupl
 
 
 def check_natgrad(
-    model: Any,
-    data: Any = None,
-    *,
-    gamma: float = 1.0,
-    xi_transform: Any = None,
-    mode: str = "auto",
-    rtol: float | None = None,
-    atol: float | None = None,
-    fisher_rtol: float | None = None,
-    conjugate_rtol: float | None = None,
-    fisher: bool | None = None,
-    progress: bool = True,
-    var_list: Any = None,
+    model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, mode: str = "auto",
+    rtol: float | None = None, atol: float | None = None, fisher_rtol: float | None = None,
+    conjugate_rtol: float | None = None, fisher: bool | None = None, progress: bool = True, var_list: Any = None,
     gamma_steps: int = 1,
-) -> NatGradReport:
+) -> NatGradReport:  # fmt: skip
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
     The checks are those of :data:`STAGES`: ``reproduction`` (against ``gpflow.optimizers.NaturalGradient``),
@@ -295,13 +280,7 @@ def _remedy(failed: list[Check], report: NatGradReport) -> str:
 
 
 def assert_natgrad_step_matches_gpflow(
-    model: Any,
-    data: Any = None,
-    *,
-    gamma: float = 1.0,
-    xi_transform: Any = None,
-    atol: float | None = None,
-    rtol: float | None = None,
+    model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, atol: float | None = None, rtol: float | None = None
 ) -> Check:
     """Assert that natgrad-diag's step equals the one ``gpflow.optimizers.NaturalGradient`` applies.
 
@@ -309,10 +288,7 @@ def assert_natgrad_step_matches_gpflow(
     :func:`natgrad_diag.natgrad_trace` on the model's own parameters. The model is not changed.
 
     Args:
-        model: an SVGP or VGP (see :func:`check_natgrad`).
-        data: (X, Y) for SVGP, None for VGP.
-        gamma: the step length γ > 0.
-        xi_transform: a ``gpflow.optimizers.XiTransform`` instance; None means ``XiNat()``.
+        model, data, gamma, xi_transform: as for :func:`check_natgrad`.
         atol, rtol: |ours − GPflow's| ≤ atol + rtol·max|GPflow's| (default 1e-10 each in float64, 1e-4 in float32).
 
     Returns:

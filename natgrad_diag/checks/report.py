@@ -58,13 +58,8 @@ class Outcome:
     health: HealthResult | None = None
 
     def __add__(self, other: Outcome) -> Outcome:
-        return Outcome(
-            checks=self.checks + other.checks,
-            skipped=self.skipped + other.skipped,
-            numbers=self.numbers + other.numbers,
-            warnings=self.warnings + other.warnings,
-            health=other.health or self.health,
-        )
+        joined = {f: getattr(self, f) + getattr(other, f) for f in ("checks", "skipped", "numbers", "warnings")}
+        return Outcome(**joined, health=other.health or self.health)
 
 
 @dataclass(frozen=True)
@@ -72,18 +67,12 @@ class NatGradReport(Report):
     """The natural-gradient checks on one model, one step length and one ξ transform.
 
     Attributes:
-        model_name: the model's class name ("SVGP", "VGP", ...).
-        likelihood: the likelihood's class name.
-        num_inducing: M (N for a VGP).
-        num_latent: L.
-        num_data: N of the data used (None if unknown).
-        dtype: "float64" or "float32".
+        model_name, likelihood, xi_transform: class names ("SVGP", "VGP", ...; "Gaussian", ...; "XiNat", ...).
+        num_inducing, num_latent, num_data: M (N for a VGP), L, and N of the data used (None if unknown).
+        dtype, gamma: "float64" or "float32"; the step length checked.
         whiten: SVGP's whitening (True for a VGP, whose q(u) is always whitened).
-        xi_transform: the ξ transform's class name.
-        gamma: the step length checked.
         mode: "full" (explicit Jacobians, grid search) or "fast" (matrix-free, compiled).
-        loss_before: the training loss at the current parameters.
-        loss_after: the training loss after the step (None if the step failed).
+        loss_before, loss_after: the training loss now and after the step (None if the step failed).
         suggested_gamma: the γ of the grid tried whose healthy step has the lowest loss after it, among those that
             lower the loss; ties to the smaller γ (None if none did or none was searched).
         step_error: why the step failed ("" when it did not).

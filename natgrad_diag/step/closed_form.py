@@ -93,12 +93,6 @@ def _cov_times(sqrt: Any, v: Any) -> Any:
     return tf.linalg.matmul(sqrt, tf.linalg.matmul(sqrt, v, transpose_a=True))
 
 
-def _sym(x: Any) -> Any:
-    import tensorflow as tf
-
-    return 0.5 * (x + tf.linalg.matrix_transpose(x))
-
-
 def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any]:
     """The four inputs as tensors, after static shape and dtype checks: q_mu [M, L], q_sqrt [L, M, M], each
     gradient like its parameter."""
@@ -173,7 +167,7 @@ def cholesky_vjp(chol: Any, grad: Any) -> Any:
     p = _phi(tf.linalg.matmul(chol, grad, transpose_a=True))
     x = tf.linalg.triangular_solve(chol, p, lower=True, adjoint=True)  # C⁻ᵀ P
     x = tf.linalg.triangular_solve(chol, tf.linalg.matrix_transpose(x), lower=True, adjoint=True)  # (C⁻ᵀ P C⁻¹)ᵀ
-    return _sym(x)  # exactly symmetric, as TensorFlow's (X + Xᵀ)/2
+    return 0.5 * (x + tf.linalg.matrix_transpose(x))  # exactly symmetric, as TensorFlow's (X + Xᵀ)/2
 
 
 def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> tuple[Any, Any]:
@@ -308,8 +302,6 @@ def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsq
     xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
     new_q_mu, new_q_sqrt = natgrad_step_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
     return dict(
-        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2,
-        dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
-        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2,
-        new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
+        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2, dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
+        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2, new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
     )  # fmt: skip

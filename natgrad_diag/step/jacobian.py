@@ -137,8 +137,7 @@ def _cholesky(S: Array, l: int) -> Array:
         ) from None
 
 
-def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: Array,
-                        w: Array) -> None:  # fmt: skip
+def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: Array, w: Array) -> None:
     """cols[r0 + i·M + k, m] = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km] for k ≤ i (the η₁ columns of one latent GP)."""
     M = Cinv.shape[0]
     for i in range(M):
@@ -174,14 +173,9 @@ def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: A
 
 
 def natgrad_map_jacobian(
-    eta1: Any,
-    eta2: Any,
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    symmetric: bool = True,
-    chunk_size: int | None = None,
+    eta1: Any, eta2: Any, *, max_bytes: int = DEFAULT_MAX_BYTES, symmetric: bool = True, chunk_size: int | None = None,
     method: str = "closed_form",
-) -> BlockJacobian:
+) -> BlockJacobian:  # fmt: skip
     """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁ [M, L], η₂ [L, M, M]).
 
     The blocks are labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
@@ -221,12 +215,7 @@ def natgrad_map_jacobian(
         return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
-    return jacobian(
-        expectation_to_meanvarsqrt,  # one function object, so the compiled Jacobian is cached
-        [e1, e2],
-        input_names=("eta1", "eta2"),
-        output_names=("mean", "varsqrt"),
-        max_bytes=max_bytes,
-        symmetric=(False, bool(symmetric)),
-        chunk_size=chunk_size,
+    return jacobian(  # one function object, so the compiled Jacobian is cached
+        expectation_to_meanvarsqrt, [e1, e2], input_names=("eta1", "eta2"), output_names=("mean", "varsqrt"),
+        max_bytes=max_bytes, symmetric=(False, bool(symmetric)), chunk_size=chunk_size,
     )

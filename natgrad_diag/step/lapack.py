@@ -90,11 +90,6 @@ def _sym_tri(x: FloatArray) -> FloatArray:
     return full
 
 
-def _sym(x: FloatArray) -> FloatArray:
-    """½(X + Xᵀ), exactly symmetric, as TensorFlow's Cholesky gradient returns it."""
-    return 0.5 * (x + x.T)
-
-
 def _c_layout(x: FloatArray) -> FloatArray:
     """An exactly symmetric x as a C-ordered array without a transposing copy (xᵀ = x), for the output."""
     return x.T if x.flags.f_contiguous and not x.flags.c_contiguous else x
@@ -117,7 +112,7 @@ def _default_seed(k: Any, u: FloatArray, v: FloatArray, m: FloatArray) -> tuple[
     w += 0.5 * v
     w *= s[None, :]
     a_t = k.trmm(1.0, v, w, side=1, lower=0, trans_a=1, overwrite_b=1)  # (...)·Vᵀ = Aᵀ
-    sigma_bar = _sym(a_t)
+    sigma_bar = 0.5 * (a_t + a_t.T)  # exactly symmetric, as TensorFlow's Cholesky gradient returns it
     return 1.0 - 2.0 * _times(k, sigma_bar, m), sigma_bar
 
 
@@ -188,13 +183,11 @@ def natgrad_record_lapack(
     """``natgrad_tensors_closed_form``'s record by LAPACK, one latent GP at a time (the module docstring lists the kernels).
 
     Args:
-        q_mu: [M, L], m.
+        q_mu, dL_dmean: [M, L], m and ∂L/∂m.
         q_sqrt: [L, M, M], L_S, lower triangular: zeros above the diagonal (natgrad_trace's input check
             ensures it; GPflow's S = L_S L_Sᵀ would read them), negative diagonal entries allowed (C = L_S·D).
-        dL_dmean: [M, L], ∂L/∂m.
         dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (its upper triangle does not enter, as in GPflow).
-        gamma: the step length γ.
-        xi: ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
+        gamma, xi: the step length γ; ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
         full: ``False`` computes only ∂L/∂η, the natural gradient in ξ and the new q(u) (the fast check's needs),
             leaving out η, Jᵀ·1 and ξ.
         one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's

@@ -135,6 +135,7 @@ def _validate_gamma(gamma: Any) -> float:
 def _precheck(q_mu: Any, q_sqrt: Any) -> None:
     """What every path needs before any work: eager mode, float32/float64, M ≥ 1 and L ≥ 1, a lower-triangular
     q_sqrt (or a lower-triangular transform, which makes it one)."""
+    import gpflow
     import tensorflow as tf
 
     if not tf.executing_eagerly():
@@ -159,14 +160,8 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
                 context=[("Argument", name), ("Expected", f"{dims} with M ≥ 1 and L ≥ 1"), ("Actual", shape_str(shape))],
                 remedy="pass the q_mu and q_sqrt of a model with at least one inducing point and one latent GP.",
             )
-    _require_lower_triangular(q_sqrt)
-
-
-def _require_lower_triangular(q_sqrt: Any) -> None:
-    """A q_sqrt without a lower-triangular transform must be lower-triangular: GPflow's step reads the full matrix
-    in one place and its lower triangle in another, so entries above the diagonal make it mix two matrices."""
-    import gpflow
-
+    # without a lower-triangular transform q_sqrt must be lower-triangular: GPflow's step reads the full matrix in
+    # one place and its lower triangle in another, so entries above the diagonal make it mix two matrices
     if isinstance(q_sqrt, gpflow.Parameter) and is_lower_triangular_transform(q_sqrt.transform):
         return
     try:
@@ -226,10 +221,8 @@ def natgrad_tensors(
     xi2_new = xi2 - gamma * nat_dL_xi2
     new_q_mu, new_q_sqrt = xi_transform.xi_to_meanvarsqrt(xi1_new, xi2_new)
     return dict(
-        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2,
-        dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
-        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2,
-        new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
+        eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2, dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
+        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2, new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
     )  # fmt: skip
 
 
@@ -269,7 +262,13 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
 def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
     """The frozen trace from a record: RECORD_KEYS and the inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
     arrays = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
-    _check_finite_step(arrays, g, xi)
+    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
+    if bad:
+        raise StepFailedError(
+            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
+            context=[("gamma", g), ("xi_transform", type(xi).__name__)],
+            remedy="use a smaller gamma, or float64 if you are in float32.",
+        )
     return NatGradTrace(gamma=g, xi_transform=type(xi).__name__, **arrays)
 
 
@@ -395,20 +394,9 @@ def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: flo
     return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
-def _check_finite_step(arrays: dict[str, Array], g: float, xi: Any) -> None:
-    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
-    if bad:
-        raise StepFailedError(
-            f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
-            context=[("gamma", g), ("xi_transform", type(xi).__name__)],
-            remedy="use a smaller gamma, or float64 if you are in float32.",
-        )
-
-
 def natgrad_trace(
-    q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, *,
-    gamma: float = 1.0, xi_transform: Any = None, compiled: bool | None = None,
-) -> NatGradTrace:  # fmt: skip
+    q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, *, gamma: float = 1.0, xi_transform: Any = None, compiled: bool | None = None
+) -> NatGradTrace:
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
     Nothing is assigned: the parameters are bit-identical afterwards. The paths (module docstring) give the same
