@@ -124,14 +124,8 @@ def torch_vjp(
 
 
 def compare_with_tensorflow(
-    tf_fn: Callable[..., Any],
-    torch_fn: Callable[..., Any],
-    primals: Sequence[Any],
-    cotangents: Sequence[Any],
-    *,
-    name: str = "tf_equals_torch",
-    rtol: float = 1e-12,
-    atol: float = 1e-12,
+    tf_fn: Callable[..., Any], torch_fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any], *,
+    name: str = "tf_equals_torch", rtol: float = 1e-12, atol: float = 1e-12,
 ) -> Check:
     """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared; never raises on a
     disagreement.

@@ -185,12 +185,7 @@ def _raise_unconnected(
 
 @_raised_as_is
 def checked_gradient(
-    tape: Any,
-    target: Any,
-    sources: Any,
-    output_gradients: Any = None,
-    *,
-    unconnected: Any = "none",
+    tape: Any, target: Any, sources: Any, output_gradients: Any = None, *, unconnected: Any = "none",
 ) -> Any:
     """``tape.gradient`` that checks ``output_gradients`` before it calls: Jᵀ·v, never a broadcast.
 

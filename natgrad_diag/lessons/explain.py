@@ -284,11 +284,7 @@ def _check_source(source: Any) -> None:
 
 
 def explain_output_gradients(
-    source: NatGradTrace | Any = None,
-    *,
-    gamma: float = 1.0,
-    xi_transform: Any = None,
-    rtol: float | None = None,
+    source: NatGradTrace | Any = None, *, gamma: float = 1.0, xi_transform: Any = None, rtol: float | None = None,
     atol: float | None = None,
 ) -> Explanation:
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.

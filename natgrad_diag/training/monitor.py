@@ -63,20 +63,9 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     """
 
     def __init__(
-        self,
-        model: Any,
-        data: Any = None,
-        *,
-        gamma: float = 1.0,
-        xi_transform: Any = None,
-        every: int = 1,
-        raise_on_failure: bool = False,
-        on_failure: str = "warn",
-        loss_increase: float = 0.5,
-        log_dir: Any = None,
-        loss_fn: Any = None,
-        var_list: Any = None,
-        gamma_steps: int = 1,
+        self, model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, every: int = 1,
+        raise_on_failure: bool = False, on_failure: str = "warn", loss_increase: float = 0.5, log_dir: Any = None,
+        loss_fn: Any = None, var_list: Any = None, gamma_steps: int = 1,
     ) -> None:
         super().__init__()
         _validate_options(on_failure, loss_increase)
