@@ -141,10 +141,8 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
                           "a natgrad_diag.BlockJacobian", type(jacobian).__name__,
                           "pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.")
     return HeatmapData(
-        matrix=np.array(jacobian.matrix, copy=True),
-        row_labels=tuple(jacobian.row_labels),
-        col_labels=tuple(jacobian.col_labels),
-        row_blocks=_spans(jacobian.output_names, jacobian.output_shapes),
+        matrix=np.array(jacobian.matrix, copy=True), row_labels=tuple(jacobian.row_labels),
+        col_labels=tuple(jacobian.col_labels), row_blocks=_spans(jacobian.output_names, jacobian.output_shapes),
         col_blocks=_spans(jacobian.input_names, jacobian.input_shapes),
     )
 

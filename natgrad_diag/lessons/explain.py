@@ -316,22 +316,12 @@ def explain_output_gradients(
     row_label = f"varsqrt[0,{M - 1},0]"
     onehot = _onehot_row(trace, row_label)
     checks.append(close_check(
-        "e_onehot_row",
-        f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
+        "e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
         onehot, J.row(row_label), rtol=rtol, atol=atol,
     ))  # fmt: skip
     return Explanation(
-        trace=trace,
-        jacobian=J,
-        naive_product=trace.naive_product1,
-        mean_path=mean_path,
-        varsqrt_path=varsqrt_path,
-        counter_example=ce,
-        row_label=row_label,
-        onehot_row=onehot,
-        checks=tuple(checks),
-        rtol=rtol,
-        atol=atol,
+        trace=trace, jacobian=J, naive_product=trace.naive_product1, mean_path=mean_path, varsqrt_path=varsqrt_path,
+        counter_example=ce, row_label=row_label, onehot_row=onehot, checks=tuple(checks), rtol=rtol, atol=atol,
     )
 
 
@@ -359,8 +349,7 @@ def _claims_a_to_c(
             trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol=rtol, atol=atol,
         ),
         close_check(
-            "c_split",
-            "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
+            "c_split", "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
             trace.dL_deta1, mean_path + varsqrt_path, rtol=rtol, atol=atol,
         ),
     ]  # fmt: skip

@@ -144,8 +144,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             from natgrad_diag.exceptions import NatGradCheckError
 
             raise NatGradCheckError(
-                f"at training step {step}.",
-                context=[("Record", str(last))],
+                f"at training step {step}.", context=[("Record", str(last))],
                 remedy=(f"use gamma = {last.suggested_gamma:g}." if last.suggested_gamma else "use a smaller gamma, or float64."),
             )
 
