@@ -22,19 +22,9 @@ from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "BlockSpan",
-    "CheckError",
-    "Eta1Comparison",
-    "HeatmapData",
-    "Picture",
-    "check_errors_data",
-    "eta1_comparison_data",
-    "heatmap_data",
-    "plot_check_errors",
-    "plot_eta1_comparison",
-    "plot_jacobian_heatmap",
-    "report_pictures",
-    "require_matplotlib",
+    "BlockSpan", "CheckError", "Eta1Comparison", "HeatmapData", "Picture", "check_errors_data",
+    "eta1_comparison_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison", "plot_jacobian_heatmap",
+    "report_pictures", "require_matplotlib",
 ]
 
 #: What to run when matplotlib is missing.
@@ -207,9 +197,7 @@ class Eta1Comparison:
 
     #: (attribute, legend) in the order drawn.
     SERIES = (
-        ("vjp", "dL/deta1 = J^T v  (output_gradients)"),
-        ("naive", "naive (J^T 1) * v"),
-        ("mean_path", "mean path"),
+        ("vjp", "dL/deta1 = J^T v  (output_gradients)"), ("naive", "naive (J^T 1) * v"), ("mean_path", "mean path"),
         ("varsqrt_path", "varsqrt path"),
     )
 

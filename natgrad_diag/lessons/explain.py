@@ -185,12 +185,9 @@ class Explanation(Report):
             f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
         )
         sections = [
-            Section("What TensorFlow computes", intro),
-            Section("The numbers", "", (table,)),
-            Section("Where the difference comes from", why),
-            Section("When the naive product is right", ce_text),
-            Section("Reading J itself", row_text),
-            Section("What would have caught it", _CATCH_IT),
+            Section("What TensorFlow computes", intro), Section("The numbers", "", (table,)),
+            Section("Where the difference comes from", why), Section("When the naive product is right", ce_text),
+            Section("Reading J itself", row_text), Section("What would have caught it", _CATCH_IT),
         ]
         if M <= 6:
             def mat(a: Array, name: str) -> Table:
