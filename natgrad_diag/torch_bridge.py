@@ -113,8 +113,7 @@ def torch_vjp(
     vs = [torch.tensor(np.asarray(v, dtype=np.float64), dtype=torch.float64) for v in cotangents]
     grads = torch.autograd.grad(outs, xs, grad_outputs=vs, allow_unused=True, materialize_grads=True)
     return (
-        tuple(o.detach().numpy().copy() for o in outs),
-        tuple(g.detach().numpy().copy() for g in grads),
+        tuple(o.detach().numpy().copy() for o in outs), tuple(g.detach().numpy().copy() for g in grads),
     )
 
 

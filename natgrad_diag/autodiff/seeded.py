@@ -170,8 +170,7 @@ def _raise_unconnected(
         where = f"any of the {len(targets)} {target_name}s"
     target_text = "; ".join(f"{target_name}[{i}]: {_describe(t)}" for i, t in enumerate(targets))
     context: list[tuple[str, object]] = [
-        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"),
-        ("Target", target_text),
+        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"), ("Target", target_text),
     ]
     if len(missing) > 1:
         context.append(("Also unconnected", ", ".join(f"{source_name}[{k}]" for k in missing[1:])))
