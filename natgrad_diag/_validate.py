@@ -191,8 +191,7 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
         g = tf.convert_to_tensor(grad)
     except (TypeError, ValueError) as e:
         raise InputError(
-            f"{name} could not be converted to a tensor.",
-            context=[("Argument", name), ("Got", type(grad).__name__)],
+            f"{name} could not be converted to a tensor.", context=[("Argument", name), ("Got", type(grad).__name__)],
             remedy=f"pass the gradient of the loss with respect to {param_name}.unconstrained_variable.",
         ) from e
     if g.dtype.is_floating and g.dtype != part.value.dtype:

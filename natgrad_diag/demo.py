@@ -78,12 +78,7 @@ def _check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> 
 
 
 def make_data(
-    *,
-    num_data: int = 50,
-    num_latent: int = 1,
-    likelihood: str = "gaussian",
-    dtype: Any = "float64",
-    seed: int = 0,
+    *, num_data: int = 50, num_latent: int = 1, likelihood: str = "gaussian", dtype: Any = "float64", seed: int = 0,
 ) -> tuple[Array, Array]:
     """Seeded data (X [N, 1], Y [N, L]) as numpy arrays of ``dtype`` ("float64" or "float32"), N = ``num_data``,
     L = ``num_latent``, y drawn from f through ``likelihood`` (one of :data:`LIKELIHOODS`)."""
@@ -131,16 +126,8 @@ def _likelihood(name: str) -> Any:
 
 
 def make_model(
-    model: str = "svgp",
-    likelihood: str = "gaussian",
-    *,
-    num_inducing: int = 10,
-    num_latent: int = 1,
-    num_data: int = 50,
-    whiten: bool = True,
-    q_diag: bool = False,
-    dtype: Any = "float64",
-    seed: int = 0,
+    model: str = "svgp", likelihood: str = "gaussian", *, num_inducing: int = 10, num_latent: int = 1,
+    num_data: int = 50, whiten: bool = True, q_diag: bool = False, dtype: Any = "float64", seed: int = 0,
 ) -> DemoModel:
     """A seeded SVGP or VGP on :func:`make_data`, with a non-trivial q(u) so a step does something.
 

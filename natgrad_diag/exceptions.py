@@ -12,22 +12,10 @@ import re
 from collections.abc import Sequence
 
 __all__ = [
-    "DTypeMismatchError",
-    "InputError",
-    "JacobianMismatchError",
-    "MemoryLimitError",
-    "MissingExtraError",
-    "NatGradCheckError",
-    "NatGradDiagError",
-    "NonFiniteError",
-    "OutputGradientsError",
-    "ReportWriteError",
-    "ShapeMismatchError",
-    "SingularCovarianceError",
-    "StepFailedError",
-    "UnconnectedGradientError",
-    "UnsupportedModelError",
-    "error_line",
+    "DTypeMismatchError", "InputError", "JacobianMismatchError", "MemoryLimitError", "MissingExtraError",
+    "NatGradCheckError", "NatGradDiagError", "NonFiniteError", "OutputGradientsError", "ReportWriteError",
+    "ShapeMismatchError", "SingularCovarianceError", "StepFailedError", "UnconnectedGradientError",
+    "UnsupportedModelError", "error_line",
 ]
 
 

@@ -1,14 +1,9 @@
-"""Pictures of reports and Jacobians, drawn with matplotlib (the optional extra ``plot``).
+"""Pictures of reports and Jacobians, drawn with matplotlib (the extra ``plot``) on an Agg canvas, no pyplot.
 
-Three pictures, chosen by what a report has, never by its class: a heatmap of a ``jacobian``
-(:class:`~natgrad_diag.BlockJacobian`) with its blocks labelled (for GPflow's map (mean, varsqrt) =
-(η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per element
-of η₁ for an ``Explanation``, dL/dη₁ = Jᵀ·v, the naive (Jᵀ·1)⊙v and the mean and varsqrt paths that add up
-to it; each numeric check's error against its tolerance, on a log scale.
-
-The data behind each picture (:func:`heatmap_data`, :func:`eta1_comparison_data`, :func:`check_errors_data`)
-needs no matplotlib. Drawing uses matplotlib's object-oriented API on an Agg canvas (no pyplot, no window, no
-global state) and raises :class:`~natgrad_diag.exceptions.MissingExtraError` without matplotlib.
+Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
+varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
+element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; each check's error against its
+tolerance. The ``*_data`` functions need no matplotlib.
 """
 
 from __future__ import annotations
@@ -27,19 +22,9 @@ from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "BlockSpan",
-    "CheckError",
-    "Eta1Comparison",
-    "HeatmapData",
-    "Picture",
-    "check_errors_data",
-    "eta1_comparison_data",
-    "heatmap_data",
-    "plot_check_errors",
-    "plot_eta1_comparison",
-    "plot_jacobian_heatmap",
-    "report_pictures",
-    "require_matplotlib",
+    "BlockSpan", "CheckError", "Eta1Comparison", "HeatmapData", "Picture", "check_errors_data",
+    "eta1_comparison_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison", "plot_jacobian_heatmap",
+    "report_pictures", "require_matplotlib",
 ]
 
 #: What to run when matplotlib is missing.
@@ -63,7 +48,6 @@ def require_matplotlib() -> Any:
 
 
 def _new_figure(width: float, height: float) -> Any:
-    """A matplotlib Figure on an Agg canvas (no pyplot, no display)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -147,10 +131,8 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
                           "a natgrad_diag.BlockJacobian", type(jacobian).__name__,
                           "pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.")
     return HeatmapData(
-        matrix=np.array(jacobian.matrix, copy=True),
-        row_labels=tuple(jacobian.row_labels),
-        col_labels=tuple(jacobian.col_labels),
-        row_blocks=_spans(jacobian.output_names, jacobian.output_shapes),
+        matrix=np.array(jacobian.matrix, copy=True), row_labels=tuple(jacobian.row_labels),
+        col_labels=tuple(jacobian.col_labels), row_blocks=_spans(jacobian.output_names, jacobian.output_shapes),
         col_blocks=_spans(jacobian.input_names, jacobian.input_shapes),
     )
 
@@ -172,16 +154,12 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     ax = fig.add_subplot()
     finite = data.matrix[np.isfinite(data.matrix)]
     vmax = float(np.max(np.abs(finite), initial=0.0)) or 1.0
-    image = ax.imshow(
-        data.matrix, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -vmax, vmax), interpolation="nearest", aspect="auto"
-    )
+    image = ax.imshow(data.matrix, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -vmax, vmax), interpolation="nearest", aspect="auto")
     fig.colorbar(image, ax=ax, shrink=0.8, label="∂ output element / ∂ input element")
-    for span in data.row_blocks[:-1]:
-        ax.axhline(span.stop - 0.5, color="black", linewidth=1.2)
-    for span in data.col_blocks[:-1]:
-        ax.axvline(span.stop - 0.5, color="black", linewidth=1.2)
-    ax.set_yticks([(s.start + s.stop - 1) / 2 for s in data.row_blocks], [s.label for s in data.row_blocks])
-    ax.set_xticks([(s.start + s.stop - 1) / 2 for s in data.col_blocks], [s.label for s in data.col_blocks])
+    for blocks, line, ticks in ((data.row_blocks, ax.axhline, ax.set_yticks), (data.col_blocks, ax.axvline, ax.set_xticks)):
+        for span in blocks[:-1]:
+            line(span.stop - 0.5, color="black", linewidth=1.2)
+        ticks([(s.start + s.stop - 1) / 2 for s in blocks], [s.label for s in blocks])
     ax.tick_params(length=0)
     ax.xaxis.tick_top()
     for r in data.row_blocks:
@@ -219,9 +197,7 @@ class Eta1Comparison:
 
     #: (attribute, legend) in the order drawn.
     SERIES = (
-        ("vjp", "dL/deta1 = J^T v  (output_gradients)"),
-        ("naive", "naive (J^T 1) * v"),
-        ("mean_path", "mean path"),
+        ("vjp", "dL/deta1 = J^T v  (output_gradients)"), ("naive", "naive (J^T 1) * v"), ("mean_path", "mean path"),
         ("varsqrt_path", "varsqrt path"),
     )
 
@@ -261,8 +237,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
     """
     data = eta1_comparison_data(report)
     if not isinstance(max_charts, int) or max_charts < 1:
-        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts),
-                          "pass e.g. max_charts=24.")
+        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts), "pass e.g. max_charts=24.")
     require_matplotlib()
     n = min(len(data.labels), max_charts)
     ncols = min(n, 5)
@@ -301,12 +276,10 @@ class CheckError:
 
 def check_errors_data(report: Any) -> tuple[CheckError, ...]:
     """The checks of ``report`` that have both a ``max_abs_error`` and a ``tolerance``, in order."""
-    out = []
-    for c in getattr(report, "checks", ()) or ():
-        if c.max_abs_error is None or c.tolerance is None:
-            continue
-        out.append(CheckError(c.name, float(c.max_abs_error), float(c.tolerance), bool(c.passed), bool(c.expect_difference)))
-    return tuple(out)
+    return tuple(
+        CheckError(c.name, float(c.max_abs_error), float(c.tolerance), bool(c.passed), bool(c.expect_difference))
+        for c in getattr(report, "checks", ()) or () if c.max_abs_error is not None and c.tolerance is not None
+    )
 
 
 def plot_check_errors(report: Any) -> Any:
@@ -362,28 +335,18 @@ def picture_kinds(report: Any) -> tuple[str, ...]:
     """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
-    kinds = []
-    if isinstance(getattr(report, "jacobian", None), BlockJacobian):
-        kinds.append("jacobian")
-    if has_eta1_comparison(report):
-        kinds.append("eta1")
-    if check_errors_data(report):
-        kinds.append("checks")
-    return tuple(kinds)
+    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), bool(check_errors_data(report)))
+    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "checks"), has) if ok)
 
 
 def _caption(kind: str, report: Any) -> str:
     if kind == "jacobian":
         J = report.jacobian
-        return (
-            f"The explicit Jacobian ∂({', '.join(J.output_names)})/∂({', '.join(J.input_names)}) from tape.jacobian, "
-            f"{J.matrix.shape[0]} × {J.matrix.shape[1]}, with block boundaries. White is 0."
-        )
+        return (f"The explicit Jacobian ∂({', '.join(J.output_names)})/∂({', '.join(J.input_names)}) from tape.jacobian, "
+                f"{J.matrix.shape[0]} × {J.matrix.shape[1]}, with block boundaries. White is 0.")
     if kind == "eta1":
-        return (
-            "Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
-            "and the mean-path and varsqrt-path terms that add up to dL/deta1."
-        )
+        return ("Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
+                "and the mean-path and varsqrt-path terms that add up to dL/deta1.")
     return "Each check's max abs error against its tolerance (log scale)."
 
 

@@ -25,15 +25,9 @@ __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp
 
 
 def assert_vjp_matches_jacobian(
-    fn: Callable[..., Any],
-    inputs: Sequence[Any] | Mapping[str, Any] | Any,
-    cotangents: Sequence[Any] | Any,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, cotangents: Sequence[Any] | Any, *,
+    rtol: float | None = None, atol: float | None = None, input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> tuple[Array, ...]:
     """Assert that ``tape.gradient(fn(*inputs), inputs, output_gradients=cotangents)`` is Jᵀ·v.
 

@@ -34,13 +34,7 @@ import numpy.typing as npt
 from natgrad_diag._validate import input_error
 
 __all__ = [
-    "KINDS",
-    "Tolerance",
-    "default_tolerance",
-    "eps",
-    "resolve",
-    "rounding_bound",
-    "tolerance_bound",
+    "KINDS", "Tolerance", "default_tolerance", "eps", "resolve", "rounding_bound", "tolerance_bound",
     "validate_tolerance",
 ]
 

@@ -91,14 +91,9 @@ def torch_outer(x: Sequence[float] | Array) -> TorchOuter:
     (two,) = torch.autograd.grad(y, xt, grad_outputs=dL_dy, retain_graph=True)
     (one,) = torch.autograd.grad(z, xt, grad_outputs=torch.ones_like(z))
     return TorchOuter(
-        x=xn,
-        gradient_ones_seed=g_ones.detach().numpy().copy(),
-        jacobian=jac.detach().numpy().copy(),
-        dL_dy=dL_dy.detach().numpy().copy(),
-        chain_two_step=two.detach().numpy().copy(),
-        chain_one_step=one.detach().numpy().copy(),
-        wrong_seed_error=wrong,
-        torch_version=str(torch.__version__),
+        x=xn, gradient_ones_seed=g_ones.detach().numpy().copy(), jacobian=jac.detach().numpy().copy(),
+        dL_dy=dL_dy.detach().numpy().copy(), chain_two_step=two.detach().numpy().copy(),
+        chain_one_step=one.detach().numpy().copy(), wrong_seed_error=wrong, torch_version=str(torch.__version__),
     )
 
 
@@ -118,20 +113,13 @@ def torch_vjp(
     vs = [torch.tensor(np.asarray(v, dtype=np.float64), dtype=torch.float64) for v in cotangents]
     grads = torch.autograd.grad(outs, xs, grad_outputs=vs, allow_unused=True, materialize_grads=True)
     return (
-        tuple(o.detach().numpy().copy() for o in outs),
-        tuple(g.detach().numpy().copy() for g in grads),
+        tuple(o.detach().numpy().copy() for o in outs), tuple(g.detach().numpy().copy() for g in grads),
     )
 
 
 def compare_with_tensorflow(
-    tf_fn: Callable[..., Any],
-    torch_fn: Callable[..., Any],
-    primals: Sequence[Any],
-    cotangents: Sequence[Any],
-    *,
-    name: str = "tf_equals_torch",
-    rtol: float = 1e-12,
-    atol: float = 1e-12,
+    tf_fn: Callable[..., Any], torch_fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any], *,
+    name: str = "tf_equals_torch", rtol: float = 1e-12, atol: float = 1e-12,
 ) -> Check:
     """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared; never raises on a
     disagreement.
@@ -161,8 +149,7 @@ def compare_with_tensorflow(
     f_grads = [np.asarray(g) for g in f_grads]
     # both libraries check each seed against its output's shape, so the shapes here agree
     return close_check(
-        name,
-        "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
+        name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
         f_out + f_grads, list(t_out) + list(t_grads), rtol=rtol, atol=atol,
         detail=f"{len(f_out)} output(s), {len(f_grads)} input(s), float64",
     )  # fmt: skip

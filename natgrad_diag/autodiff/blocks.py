@@ -168,13 +168,9 @@ class BlockJacobian:
         in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
         compact.setflags(write=False)
         jac = cls(
-            blocks=(),
-            output_names=tuple(output_names),
-            input_names=tuple(input_names),
-            output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes),
-            input_shapes=in_shapes,
-            compact=compact,
-            symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
+            blocks=(), output_names=tuple(output_names), input_names=tuple(input_names),
+            output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
+            compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
         object.__setattr__(jac, "blocks", _BlockGrid(jac))
         return jac

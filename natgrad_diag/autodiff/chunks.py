@@ -36,11 +36,7 @@ class _Layout:
         in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
         in_sizes = tuple(int(np.prod(s)) for s in in_shapes)
         return cls(
-            dtype=xs[0].dtype,
-            chunk=chunk,
-            in_shapes=in_shapes,
-            out_shapes=out_shapes,
-            in_sizes=in_sizes,
+            dtype=xs[0].dtype, chunk=chunk, in_shapes=in_shapes, out_shapes=out_shapes, in_sizes=in_sizes,
             stored_sizes=tuple(vech_layout(s)[2] if f else n for s, f, n in zip(in_shapes, sym, in_sizes)),
             out_sizes=tuple(int(np.prod(s)) for s in out_shapes),
             layouts=tuple(vech_layout(s) if f else None for s, f in zip(in_shapes, sym)),

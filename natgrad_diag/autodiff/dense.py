@@ -49,15 +49,9 @@ def trace_count() -> int:
 
 
 def jacobian(
-    fn: Callable[..., Any],
-    inputs: Sequence[Any] | Mapping[str, Any],
-    *,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    symmetric: Sequence[bool] | bool | None = None,
-    chunk_size: int | None = None,
-    mode: str = "auto",
+    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any], *, input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+    symmetric: Sequence[bool] | bool | None = None, chunk_size: int | None = None, mode: str = "auto",
     compiled: bool | None = None,
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.

@@ -136,8 +136,7 @@ def _assert_same_shape_at_run_time(seed: Any, target: Any, seed_label: str, targ
         return seed  # decided statically by validate_seeds
     s_shape, t_shape = tf.shape(seed), tf.shape(target)
     same = tf.cond(
-        tf.equal(tf.size(s_shape), tf.size(t_shape)),
-        lambda: tf.reduce_all(tf.equal(s_shape, t_shape)),
+        tf.equal(tf.size(s_shape), tf.size(t_shape)), lambda: tf.reduce_all(tf.equal(s_shape, t_shape)),
         lambda: tf.constant(False),
     )
     check = tf.debugging.Assert(
@@ -171,26 +170,19 @@ def _raise_unconnected(
         where = f"any of the {len(targets)} {target_name}s"
     target_text = "; ".join(f"{target_name}[{i}]: {_describe(t)}" for i, t in enumerate(targets))
     context: list[tuple[str, object]] = [
-        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"),
-        ("Target", target_text),
+        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"), ("Target", target_text),
     ]
     if len(missing) > 1:
         context.append(("Also unconnected", ", ".join(f"{source_name}[{k}]" for k in missing[1:])))
     raise UnconnectedGradientError(
-        f"{source_name}[{j}] is not connected to {where}: TensorFlow's gradient is None.",
-        context=context,
+        f"{source_name}[{j}] is not connected to {where}: TensorFlow's gradient is None.", context=context,
         remedy=remedy,
     )
 
 
 @_raised_as_is
 def checked_gradient(
-    tape: Any,
-    target: Any,
-    sources: Any,
-    output_gradients: Any = None,
-    *,
-    unconnected: Any = "none",
+    tape: Any, target: Any, sources: Any, output_gradients: Any = None, *, unconnected: Any = "none",
 ) -> Any:
     """``tape.gradient`` that checks ``output_gradients`` before it calls: Jᵀ·v, never a broadcast.
 

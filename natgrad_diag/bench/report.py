@@ -68,8 +68,7 @@ class BenchReport(Report):
         for name, rows in groups.items():
             table = Table(columns=("what", "ours", "baseline", "ratio", "target"), rows=tuple(
                 (
-                    SHORT.get(r.what, r.what) + ("" if r.M is None else f", M={r.M}"),
-                    fmt_value(r.ours, r.unit),
+                    SHORT.get(r.what, r.what) + ("" if r.M is None else f", M={r.M}"), fmt_value(r.ours, r.unit),
                     f"{SHORT.get(r.baseline_name, r.baseline_name)} {fmt_value(r.baseline, r.unit)}",
                     "-" if r.ratio is None else f"{r.ratio:.3g}×" + (" faster" if r.higher_is_better else ""),
                     f"{r.target} {({True: 'yes', False: 'NO', None: '-'})[r.meets] if r.applies else 'n/a at this size'}",

@@ -15,12 +15,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 #: GPflow's conversion maps that ``natgrad-diag gradcheck --map`` can check.
 GPFLOW_MAPS = (
-    "expectation_to_meanvarsqrt",
-    "expectation_to_natural",
-    "meanvarsqrt_to_expectation",
-    "meanvarsqrt_to_natural",
-    "natural_to_expectation",
-    "natural_to_meanvarsqrt",
+    "expectation_to_meanvarsqrt", "expectation_to_natural", "meanvarsqrt_to_expectation", "meanvarsqrt_to_natural",
+    "natural_to_expectation", "natural_to_meanvarsqrt",
 )
 
 

@@ -44,20 +44,11 @@ def default_settings(dtype: Any) -> tuple[float, float, float]:
 
 
 def check_gradients(
-    fn: Callable[..., Any],
-    inputs: Sequence[Any] | Mapping[str, Any] | Any,
-    *,
-    structure: str | Sequence[str] | Mapping[str, str] | None = None,
-    mode: str = "full",
-    cotangents: Sequence[Any] | None = None,
-    eps: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int = 0,
-    num_directions: int = 4,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, *,
+    structure: str | Sequence[str] | Mapping[str, str] | None = None, mode: str = "full",
+    cotangents: Sequence[Any] | None = None, eps: float | None = None, rtol: float | None = None,
+    atol: float | None = None, seed: int = 0, num_directions: int = 4, input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> GradientCheckReport:
     """Check TensorFlow's gradients of ``fn`` against central differences, block by block; never raises on a mismatch.
 
@@ -232,20 +223,11 @@ def _check(r: GradientCheckRow) -> Check:
 
 
 def assert_gradients(
-    fn: Callable[..., Any],
-    inputs: Sequence[Any] | Mapping[str, Any] | Any,
-    *,
-    structure: str | Sequence[str] | Mapping[str, str] | None = None,
-    mode: str = "full",
-    cotangents: Sequence[Any] | None = None,
-    eps: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int = 0,
-    num_directions: int = 4,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, *,
+    structure: str | Sequence[str] | Mapping[str, str] | None = None, mode: str = "full",
+    cotangents: Sequence[Any] | None = None, eps: float | None = None, rtol: float | None = None,
+    atol: float | None = None, seed: int = 0, num_directions: int = 4, input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> GradientCheckReport:
     """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
     ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,

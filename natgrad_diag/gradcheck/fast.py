@@ -293,8 +293,7 @@ def _rerun_full(
                        "direction the finite difference was dominated by its O(ε²) error (try a smaller eps)."),
         )  # fmt: skip
     return dataclasses.replace(
-        row,
-        worst_entry=full.worst_entry, numerical=full.numerical, analytical=full.analytical, forward=None,
+        row, worst_entry=full.worst_entry, numerical=full.numerical, analytical=full.analytical, forward=None,
         compared=full.compared, max_abs_error=full.max_abs_error, max_rel_error=full.max_rel_error,
         worst_abs_error=full.worst_abs_error, worst_tolerance=full.worst_tolerance,
         method=row.method + f"; then full mode on this block ({full.method})",

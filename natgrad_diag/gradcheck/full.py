@@ -126,8 +126,7 @@ def _block_row(
         method += " (E_ab + E_ba)"
     return GradientCheckRow(
         output=prob.output_names[i], input=names[j], output_index=i, input_index=j,
-        structure=structures[j], method=method, compared=int(num.size),
-        worst_entry=f"∂{out_label}/∂{in_label}",
+        structure=structures[j], method=method, compared=int(num.size), worst_entry=f"∂{out_label}/∂{in_label}",
         numerical=float(num.flat[c.worst]) if num.size else 0.0,
         analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
         forward=None, max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error,

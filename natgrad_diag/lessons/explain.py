@@ -185,12 +185,9 @@ class Explanation(Report):
             f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
         )
         sections = [
-            Section("What TensorFlow computes", intro),
-            Section("The numbers", "", (table,)),
-            Section("Where the difference comes from", why),
-            Section("When the naive product is right", ce_text),
-            Section("Reading J itself", row_text),
-            Section("What would have caught it", _CATCH_IT),
+            Section("What TensorFlow computes", intro), Section("The numbers", "", (table,)),
+            Section("Where the difference comes from", why), Section("When the naive product is right", ce_text),
+            Section("Reading J itself", row_text), Section("What would have caught it", _CATCH_IT),
         ]
         if M <= 6:
             def mat(a: Array, name: str) -> Table:
@@ -284,11 +281,7 @@ def _check_source(source: Any) -> None:
 
 
 def explain_output_gradients(
-    source: NatGradTrace | Any = None,
-    *,
-    gamma: float = 1.0,
-    xi_transform: Any = None,
-    rtol: float | None = None,
+    source: NatGradTrace | Any = None, *, gamma: float = 1.0, xi_transform: Any = None, rtol: float | None = None,
     atol: float | None = None,
 ) -> Explanation:
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
@@ -320,22 +313,12 @@ def explain_output_gradients(
     row_label = f"varsqrt[0,{M - 1},0]"
     onehot = _onehot_row(trace, row_label)
     checks.append(close_check(
-        "e_onehot_row",
-        f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
+        "e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
         onehot, J.row(row_label), rtol=rtol, atol=atol,
     ))  # fmt: skip
     return Explanation(
-        trace=trace,
-        jacobian=J,
-        naive_product=trace.naive_product1,
-        mean_path=mean_path,
-        varsqrt_path=varsqrt_path,
-        counter_example=ce,
-        row_label=row_label,
-        onehot_row=onehot,
-        checks=tuple(checks),
-        rtol=rtol,
-        atol=atol,
+        trace=trace, jacobian=J, naive_product=trace.naive_product1, mean_path=mean_path, varsqrt_path=varsqrt_path,
+        counter_example=ce, row_label=row_label, onehot_row=onehot, checks=tuple(checks), rtol=rtol, atol=atol,
     )
 
 
@@ -363,8 +346,7 @@ def _claims_a_to_c(
             trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol=rtol, atol=atol,
         ),
         close_check(
-            "c_split",
-            "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
+            "c_split", "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
             trace.dL_deta1, mean_path + varsqrt_path, rtol=rtol, atol=atol,
         ),
     ]  # fmt: skip

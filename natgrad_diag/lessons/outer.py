@@ -399,10 +399,7 @@ def _validate_x(x: Any) -> Array:
 
 
 def outer_example(
-    x: Sequence[float] | Array | None = None,
-    *,
-    rtol: float = 1e-12,
-    atol: float = 1e-12,
+    x: Sequence[float] | Array | None = None, *, rtol: float = 1e-12, atol: float = 1e-12,
     use_torch: bool | None = None,
 ) -> OuterExample:
     """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked; never raises on a failed check.

@@ -124,8 +124,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
         InputError: the extension is not .html, .htm or .md.
         ReportWriteError: the file could not be written (directory missing, not writable, ...).
     """
-    _check_path(path, argument)
-    fmt = report_format(path, argument=argument)
+    fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
         raise input_error("only a natgrad-diag report can be written.", "report",

@@ -104,14 +104,10 @@ def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
     from natgrad_diag import __version__
 
     return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(str(report.title))}</title>",
-        f'<meta name="generator" content="natgrad-diag {__version__}">',
-        f"<style>{_CSS}</style></head><body>",
-        _html_body(report, pics, note),
-        f"<footer><small>Written by natgrad-diag {__version__}.</small></footer>",
-        "</body></html>",
-        "",
+        f'<meta name="generator" content="natgrad-diag {__version__}">', f"<style>{_CSS}</style></head><body>",
+        _html_body(report, pics, note), f"<footer><small>Written by natgrad-diag {__version__}.</small></footer>",
+        "</body></html>", "",
     ])  # fmt: skip

@@ -141,13 +141,9 @@ class Check:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "claim": self.claim,
-            "status": self.status,
-            "passed": bool(self.passed),
+            "name": self.name, "claim": self.claim, "status": self.status, "passed": bool(self.passed),
             "max_abs_error": None if self.max_abs_error is None else float(self.max_abs_error),
-            "tolerance": None if self.tolerance is None else float(self.tolerance),
-            "detail": self.detail,
+            "tolerance": None if self.tolerance is None else float(self.tolerance), "detail": self.detail,
             "expect_difference": self.expect_difference,
         }
 

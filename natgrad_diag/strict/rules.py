@@ -22,12 +22,7 @@ from natgrad_diag.exceptions import OutputGradientsError
 from natgrad_diag.strict.callsite import CallSite
 
 __all__ = [
-    "IMPLICIT_SUM",
-    "SEED_MISMATCH",
-    "TORCH_IMPLICIT_MESSAGE",
-    "StrictGradientsWarning",
-    "Violation",
-    "check_call",
+    "IMPLICIT_SUM", "SEED_MISMATCH", "TORCH_IMPLICIT_MESSAGE", "StrictGradientsWarning", "Violation", "check_call",
 ]
 
 #: The rule a call broke: a target of more than one element without a seed.

@@ -63,34 +63,18 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     """
 
     def __init__(
-        self,
-        model: Any,
-        data: Any = None,
-        *,
-        gamma: float = 1.0,
-        xi_transform: Any = None,
-        every: int = 1,
-        raise_on_failure: bool = False,
-        on_failure: str = "warn",
-        loss_increase: float = 0.5,
-        log_dir: Any = None,
-        loss_fn: Any = None,
-        var_list: Any = None,
-        gamma_steps: int = 1,
+        self, model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, every: int = 1,
+        raise_on_failure: bool = False, on_failure: str = "warn", loss_increase: float = 0.5, log_dir: Any = None,
+        loss_fn: Any = None, var_list: Any = None, gamma_steps: int = 1,
     ) -> None:
         super().__init__()
         _validate_options(on_failure, loss_increase)
         every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
-        self.model = model
-        self.data = data
+        self.model, self.data, self.xi_transform, self.every = model, data, xi_transform, every
         self.gamma = require_positive_float(gamma, "gamma")
-        self.xi_transform = xi_transform
-        self.every = every
         self.raise_on_failure = raise_on_failure or on_failure == "raise"
-        self.on_failure = on_failure
-        self.loss_increase = float(loss_increase)
-        self.loss_fn = loss_fn
-        self.var_list = var_list
+        self.on_failure, self.loss_increase = on_failure, float(loss_increase)
+        self.loss_fn, self.var_list = loss_fn, var_list
         self.gamma_steps = validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
@@ -155,8 +139,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             from natgrad_diag.exceptions import NatGradCheckError
 
             raise NatGradCheckError(
-                f"at training step {step}.",
-                context=[("Record", str(last))],
+                f"at training step {step}.", context=[("Record", str(last))],
                 remedy=(f"use gamma = {last.suggested_gamma:g}." if last.suggested_gamma else "use a smaller gamma, or float64."),
             )
 
