@@ -175,24 +175,23 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
         parts = per_output_parts(m)
         assert parts is not None  # conjugate_applicable refused an SVGP without per-output parts
         if len(parts) > 1:
-            claim = (
+            name, claim = "sum of per-output SGPR bounds", (
                 f"after one XiNat step with γ = 1, SVGP's {'batch-scaled ' if c != 1.0 else ''}ELBO equals the sum of the "
                 f"{len(parts)} per-output SGPR bounds (Titsias 2009; {type(m.kernel).__name__}, independent outputs)"
             )
-            return ref, "sum of per-output SGPR bounds", claim, (("sum of per-output SGPR bounds", ref),)
-        if c == 1.0:
-            claim = "after one full-batch XiNat step with γ = 1, SVGP's ELBO equals SGPR's bound (Titsias 2009) for the same kernel, Z and noise"
-            return ref, "SGPR bound", claim, (("SGPR bound", ref),)
-        assert m.num_data is not None  # c = 1 when it is None
-        claim = (
-            f"after one XiNat step with γ = 1 on this batch (model.num_data = {int(m.num_data)}, {N} rows), SVGP's batch-scaled "
-            f"ELBO equals the batch's optimum: SGPR's bound with noise σ²·{N}/{int(m.num_data)} plus a constant"
-        )
-        return ref, "batch-scaled SGPR bound", claim, (("batch-scaled SGPR bound", ref),)
-    X, Y = m.data
+        elif c == 1.0:
+            name, claim = "SGPR bound", "after one full-batch XiNat step with γ = 1, SVGP's ELBO equals SGPR's bound (Titsias 2009) for the same kernel, Z and noise"
+        else:
+            name, claim = "batch-scaled SGPR bound", (
+                f"after one XiNat step with γ = 1 on this batch (model.num_data = {int(m.num_data)}, {N} rows), SVGP's batch-scaled "
+                f"ELBO equals the batch's optimum: SGPR's bound with noise σ²·{N}/{int(m.num_data)} plus a constant"
+            )
+        return ref, name, claim, ((name, ref),)
     jitter = gpflow.config.default_jitter()
-    lml = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise)).log_marginal_likelihood().numpy())
-    lml_j = float(gpflow.models.GPR((X, Y), kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise + jitter)).log_marginal_likelihood().numpy())
+    lml, lml_j = (
+        float(gpflow.models.GPR(m.data, kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(s2)).log_marginal_likelihood().numpy())
+        for s2 in (noise, noise + jitter)
+    )
     claim = (
         f"after one XiNat step with γ = 1, VGP's ELBO equals GPR's log marginal likelihood with noise σ² + jitter "
         f"(jitter = {jitter:g}, VGP adds it to K)"

@@ -69,22 +69,18 @@ class NatGradReport(Report):
     Attributes:
         model_name, likelihood, xi_transform: class names ("SVGP", "VGP", ...; "Gaussian", ...; "XiNat", ...).
         num_inducing, num_latent, num_data: M (N for a VGP), L, and N of the data used (None if unknown).
-        dtype, gamma: "float64" or "float32"; the step length checked.
-        whiten: SVGP's whitening (True for a VGP, whose q(u) is always whitened).
-        mode: "full" (explicit Jacobians, grid search) or "fast" (matrix-free, compiled).
+        dtype, gamma, mode: "float64" or "float32"; the step length checked; "full" (explicit Jacobians, grid
+            search) or "fast" (matrix-free, compiled). whiten: SVGP's (True for a VGP, always whitened).
         loss_before, loss_after: the training loss now and after the step (None if the step failed).
         suggested_gamma: the γ of the grid tried whose healthy step has the lowest loss after it, among those that
             lower the loss; ties to the smaller γ (None if none did or none was searched).
-        step_error: why the step failed ("" when it did not).
-        gamma_trials: the step lengths tried for the suggestion, each measured by the loss after
+        step_error, gamma_trials: why the step failed ("" if it did not); the γ tried, each by the loss after
             :attr:`gamma_steps` steps.
         skipped: (check name, reason) for checks that do not apply or were skipped in fast mode.
         warnings: texts of the warnings issued (also sent through ``warnings.warn``).
-        numbers: (name, value) pairs of further numbers (jitter share, cond(F), ...).
-        checks: the named checks.
-        new_q_mu, new_q_sqrt: [M, L] and [L, M, M], the step natgrad-diag computed (None if it failed); not in
-            ``to_dict()``.
-        dL_deta1, dL_deta2: [M, L] and [L, M, M], ∂L/∂η of the step (None if unavailable); not in ``to_dict()``.
+        numbers, checks: (name, value) pairs of further numbers (jitter share, cond(F), ...); the named checks.
+        new_q_mu, new_q_sqrt, dL_deta1, dL_deta2: [M, L], [L, M, M], [M, L], [L, M, M]: the step natgrad-diag
+            computed and its ∂L/∂η (None if unavailable); not in ``to_dict()``.
         causes: why checks failed or were inconclusive (:class:`natgrad_diag.checks.causes.Cause` records, one of
             a documented set, each with evidence and fix); the reports show them first.
         pairs: the var_list form (``check_natgrad(loss_fn, var_list=...)``): one report per (q_mu, q_sqrt) pair;
@@ -140,10 +136,7 @@ class NatGradReport(Report):
 
     @property
     def gamma_steps(self) -> int:
-        """k: each γ tried was measured by the loss after k natural-gradient steps (``check_natgrad(..., gamma_steps=k)``).
-
-        Read from :attr:`gamma_trials` (each :class:`GammaTrial` records its ``steps``), so it is 1 when no γ was tried.
-        """
+        """k, each γ tried measured by the loss after k steps: the :attr:`gamma_trials`' ``steps`` (1 if none)."""
         return max((t.steps for t in self.gamma_trials), default=1)
 
     @property
@@ -179,22 +172,19 @@ class NatGradReport(Report):
                 ("suggested gamma", "-" if self.suggested_gamma is None else f"{self.suggested_gamma:g}"),
             ),
         )  # fmt: skip
-        out = []
-        if self.causes:
-            out.append(Section("Cause", "\n".join(f"- {c}" for c in self.causes)))
-        out.append(Section("Model and step", "", (info,)))
-        if self.step_error:
-            out.append(Section("The step failed", self.step_error))
-        if self.gamma_trials:
-            out.append(self._gamma_section())
-        if self.numbers:
-            nums = Table(columns=("number", "value"), rows=tuple((k, format_number(v, 6)) for k, v in self.numbers))
-            out.append(Section("Further numbers", "", (nums,)))
-        if self.skipped:
-            out.append(Section("Not checked", "\n".join(f"- {name}: {why}" for name, why in self.skipped)))
-        if self.warnings:
-            out.append(Section("Warnings", "\n".join(f"- {w}" for w in self.warnings)))
-        return tuple(out)
+        nums = Table(columns=("number", "value"), rows=tuple((k, format_number(v, 6)) for k, v in self.numbers))
+
+        def listed(items: Any) -> str:
+            return "\n".join(f"- {x}" for x in items)
+
+        candidates = (
+            (self.causes, lambda: Section("Cause", listed(self.causes))), (True, lambda: Section("Model and step", "", (info,))),
+            (self.step_error, lambda: Section("The step failed", self.step_error)), (self.gamma_trials, self._gamma_section),
+            (self.numbers, lambda: Section("Further numbers", "", (nums,))),
+            (self.skipped, lambda: Section("Not checked", listed(f"{name}: {why}" for name, why in self.skipped))),
+            (self.warnings, lambda: Section("Warnings", listed(self.warnings))),
+        )  # fmt: skip
+        return tuple(make() for present, make in candidates if present)
 
     def _gamma_section(self) -> Section:
         """The γ trials' table; with k > 1 its title and a note say the losses are after k steps."""
