@@ -178,13 +178,13 @@ class NatGradReport(Report):
             return "\n".join(f"- {x}" for x in items)
 
         candidates = (
-            (self.causes, lambda: Section("Cause", listed(self.causes))), (True, lambda: Section("Model and step", "", (info,))),
-            (self.step_error, lambda: Section("The step failed", self.step_error)), (self.gamma_trials, self._gamma_section),
-            (self.numbers, lambda: Section("Further numbers", "", (nums,))),
-            (self.skipped, lambda: Section("Not checked", listed(f"{name}: {why}" for name, why in self.skipped))),
-            (self.warnings, lambda: Section("Warnings", listed(self.warnings))),
+            (self.causes, Section("Cause", listed(self.causes))), (True, Section("Model and step", "", (info,))),
+            (self.step_error, Section("The step failed", self.step_error)), (self.gamma_trials, self._gamma_section()),
+            (self.numbers, Section("Further numbers", "", (nums,))),
+            (self.skipped, Section("Not checked", listed(f"{name}: {why}" for name, why in self.skipped))),
+            (self.warnings, Section("Warnings", listed(self.warnings))),
         )  # fmt: skip
-        return tuple(make() for present, make in candidates if present)
+        return tuple(section for present, section in candidates if present)
 
     def _gamma_section(self) -> Section:
         """The γ trials' table; with k > 1 its title and a note say the losses are after k steps."""
