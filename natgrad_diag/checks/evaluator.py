@@ -74,10 +74,8 @@ def dtype_context(dtype: Any) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Context:
-    """The validated inputs of one run of the checks (read only): the model (never changed; None in the var_list
-    form), the data (X [N, D], Y [N, P]) tensors or None for models that hold theirs, the ξ transform, γ, the
-    tolerances, the numpy dtype, M (N for a VGP) and L, k = ``gamma_steps`` (each γ tried is measured by the loss after
-    k steps), and ``skip``: (check name, why) for the checks this run leaves out for their cost."""
+    """The validated inputs of one run: the model (None in the var_list form), data (X [N, D], Y [N, P]) or None,
+    ξ, γ, tolerances, numpy dtype, M (N for a VGP), L, k = ``gamma_steps``, and (check, why) of the checks skipped."""
 
     model: Any
     data: Any
@@ -101,10 +99,8 @@ class Context:
 
 @dataclass(frozen=True)
 class Step:
-    """One natural-gradient step as natgrad-diag computes it, as arrays (None where it could not be computed): the
-    loss before it, the gradients w.r.t. q_mu's and q_sqrt's unconstrained variables, GPflow's constrained gradients
-    dL/dmean [M, L] and dL/dvarsqrt [L, M, M], ∂L/∂η, the natural gradient in ξ coordinates, the new q_mu [M, L] and
-    q_sqrt [L, M, M], and why the step failed ("" when it did not)."""
+    """natgrad-diag's step as arrays (None where not computed): the loss, the unconstrained and constrained gradients,
+    ∂L/∂η, the natural gradient in ξ, the new q(u), and why it failed ("")."""
 
     loss: float
     g_mu: Array
@@ -269,13 +265,9 @@ def _assign(param: Any, value: Any) -> None:
 
 
 def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Callable[..., dict[str, Any]]:
-    """One step of a k-step trial on the parameters ``q_mu``, ``q_sqrt`` (eager, or traced in a tf.function).
-
-    ``step(data, g_mu, g_sq, gamma)`` takes GPflow's update from the gradient it is given (the closed form where
-    :func:`~natgrad_diag.step.backend.step_backend` picks one, else GPflow's autodiff), assigns the new q(u), and
-    returns it with ``loss(data)`` there, its gradient, and the health flags q_ok (:func:`_looks_healthy`),
-    loss_ok and g_ok.
-    """
+    """``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``, ``q_sqrt`` (eager or traced) by the
+    code :func:`~natgrad_diag.step.backend.step_backend` picks; returns the new q(u), ``loss(data)`` there, its
+    gradient, and the health flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
     name = step_backend(xi, q_sqrt.transform).xi
 
     def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
@@ -337,10 +329,9 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
 class Evaluator:
     """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
 
-    Its capabilities are decided once, with it; the oracles ask them instead of the mode: ``explicit_jacobians``
-    (explicit F and ∂ξ/∂θ, maps exact by construction recomputed), ``loss_directions`` (of the loss-gradient check,
-    two losses each), ``whole_grid`` (the γ search measures every γ of the grid, else γ first and the grid below γ
-    only when γ's step is unhealthy or raises the loss), ``compares`` (how the reproduction's two steps were computed).
+    The oracles ask its capabilities, not the mode: ``explicit_jacobians`` (explicit F and ∂ξ/∂θ), ``loss_directions``
+    (of the loss-gradient check), ``whole_grid`` (else γ first, the grid below it only when γ's step is unhealthy or
+    raises the loss), ``compares`` (how the reproduction's two steps were computed).
     """
 
     explicit_jacobians = True
@@ -375,8 +366,7 @@ class Evaluator:
         return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
 
     def take(self) -> tuple[Step, GpflowStep]:
-        """The loss, its gradients and natgrad-diag's step (``natgrad_trace(..., compiled=False)``) on the model's
-        q(u); GPflow's update with the same gradients on the scratch copy, and the loss after it."""
+        """natgrad-diag's eager step on the model's q(u); GPflow's, same gradients, on the scratch copy."""
         ctx, m = self.ctx, self.ctx.model
         loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
         step = traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False)
@@ -384,8 +374,8 @@ class Evaluator:
         return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: ctx.loss(scratch))
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
-        """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]) with the model's other variables (as the scratch
-        copy holds them after :meth:`take` or :meth:`sync`); None if it is not finite or cannot be evaluated."""
+        """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), other variables as the scratch copy holds
+        them; None if it is not finite or cannot be evaluated."""
         return finite_loss(lambda: self._loss_at(q_mu, q_sqrt))
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
@@ -445,9 +435,8 @@ class Evaluator:
             yield scratch
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
-        """(the loss after k steps (:func:`one_step`) with ``gamma`` from the model's q(u), "") or (None, "step j of k:
-        why"), hyperparameters held fixed; ``g_mu``, ``g_sq``: the gradient at the current q(u) (the checked step's);
-        ``healthy`` judges the last step's q(u) and a step the graph's cheaper test failed."""
+        """(the loss after k steps with ``gamma`` from the model's q(u) and the gradient ``g_mu``, ``g_sq`` there, "")
+        or (None, "step j of k: why") (:func:`stepwise`)."""
         import tensorflow as tf
 
         if not finite(g_mu, g_sq):
@@ -474,11 +463,9 @@ def _gpflow_step(q_mu: Array, q_sqrt: Array, loss_after: float | None) -> Gpflow
 
 
 class _Pieces:
-    """The compiled (tf.function) pieces of one model, ξ transform and data signature, on one scratch copy; cached
-    weakly per model (:func:`natgrad_diag._compile.for_model`), so they hold only a weak reference to the model.
+    """The tf.function pieces of one model, ξ and data signature on one scratch copy, cached weakly per model.
 
-    They are called in turn, not fused: in one graph TensorFlow runs the independent branches (our step, GPflow's
-    update) concurrently, which on 2 cores made the whole about 25% slower than its parts (M = 1000).
+    Called in turn, not fused: one graph runs our step and GPflow's update concurrently, 25% slower on 2 cores.
     """
 
     def __init__(self, model: Any, xi: Any, has_data: bool) -> None:
@@ -551,12 +538,11 @@ class _Pieces:
 
 
 class CompiledEvaluator(Evaluator):
-    """The same computations by compiled pieces cached per model (fast mode): natgrad-diag's step (the closed form by
-    LAPACK, :func:`~natgrad_diag.step.lapack.natgrad_record_lapack`, where it applies) against GPflow's compiled update.
+    """The same computations by compiled pieces cached per model (fast mode).
 
-    The k-step trials run in one ``tf.while_loop`` traced once per model (γ and k are tensor arguments; a Python loop
-    calling a compiled step pays a call and a device-to-host read per step: 40–42 ms per γ against 35–40 ms at
-    M = 200, N = 400, k = 5); when an op raises inside it, the steps are replayed one compiled call at a time.
+    The k-step trials run in one ``tf.while_loop`` traced once per model (γ and k are tensors; a Python loop pays a
+    call and a host read per step: 40–42 ms per γ against 35–40 ms at M = 200, N = 400, k = 5); when an op raises
+    inside it, the steps are replayed one compiled call at a time.
     """
 
     explicit_jacobians = False
@@ -576,8 +562,7 @@ class CompiledEvaluator(Evaluator):
         self._step, self._fisher = self.pieces.step, self.pieces.fisher
 
     def take(self) -> tuple[Step, GpflowStep]:
-        """The pieces in turn on the model's current parameters: the loss and its gradients, natgrad-diag's step, and
-        GPflow's update on the scratch copy with the loss after it; a piece that raises gives the step's error."""
+        """:meth:`Evaluator.take` by the pieces in turn; a piece that raises gives the step's error."""
         import tensorflow as tf
 
         p, ctx = self.pieces, self.ctx
