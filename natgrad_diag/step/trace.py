@@ -31,22 +31,18 @@ __all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_tra
 class NatGradTrace:
     """Every intermediate of one natural-gradient step, as float arrays (shapes for M, L).
 
+    Every pair (x1, x2) below is ([M, L], [L, M, M]).
+
     Attributes:
-        eta1: [M, L], η₁ = m.
-        eta2: [L, M, M], η₂ = S + m mᵀ.
-        dL_dmean: [M, L], ∂L/∂m = ``_to_constrained(q_mu_grad, q_mu.transform)``.
-        dL_dvarsqrt: [L, M, M], ∂L/∂L_S = ``_to_constrained(q_sqrt_grad, q_sqrt.transform)``.
-        dL_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1, output_gradients=[dL_dmean, dL_dvarsqrt])`` = Jᵀ·v.
-        dL_deta2: [L, M, M], the same for η₂.
-        dtheta_deta1: [M, L], ``tape.gradient(meanvarsqrt, eta1)`` with the default seed: Jᵀ·1 (the
-            fast paths compute it in closed form, :func:`default_seed_gradient`, equal to rounding).
-        dtheta_deta2: [L, M, M], the same for η₂.
-        xi1, xi2: [M, L], [L, M, M], the current ξ = ``xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)``.
+        eta1, eta2: η₁ = m, η₂ = S + m mᵀ.
+        dL_dmean, dL_dvarsqrt: ∂L/∂m, ∂L/∂L_S (``_to_constrained`` of the gradients with the parameters' transforms).
+        dL_deta1, dL_deta2: ``tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt])`` = Jᵀ·v.
+        dtheta_deta1, dtheta_deta2: ``tape.gradient(meanvarsqrt, [eta1, eta2])``, the default seed: Jᵀ·1 (the fast
+            paths compute it in closed form, :func:`default_seed_gradient`, equal to rounding).
+        xi1, xi2: the current ξ = ``xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)``.
         nat_dL_xi1, nat_dL_xi2: the natural gradient in ξ coordinates (= ∂L/∂η for XiNat).
-        new_q_mu: [M, L], the q_mu GPflow's step would assign for ``gamma``.
-        new_q_sqrt: [L, M, M], the q_sqrt GPflow's step would assign.
-        gamma: the step length.
-        xi_transform: the name of the ξ transform's class.
+        new_q_mu, new_q_sqrt: what GPflow's step would assign for ``gamma``.
+        gamma, xi_transform: the step length; the name of the ξ transform's class.
     """
 
     eta1: Array
@@ -273,12 +269,8 @@ def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
 
 
 def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any, *, build: bool) -> Any:
-    """The cached tf.function for ``key``; ``None`` when there is none and ``build`` is false.
-
-    The first call with a key only records it (:func:`natgrad_diag._compile.remember`) and runs eagerly;
-    the second compiles (one trace per key, in the package's one compile cache). The step is
-    ``natgrad_tensors_closed_form`` where ``backend`` is a closed form, else ``natgrad_tensors``.
-    """
+    """The cached tf.function for ``key`` (``natgrad_tensors_closed_form`` or ``natgrad_tensors``, by ``backend``);
+    ``None`` when there is none and ``build`` is false: the first call with a key only records it, the second compiles."""
     import tensorflow as tf
 
     ckey, keep = ("natgrad_tensors", key), (xi, t_mu, t_sq)
@@ -407,12 +399,10 @@ def natgrad_trace(
     ξ transform, parameter transforms), from the second call with that key.
 
     Args:
-        q_mu: [M, L], a ``gpflow.Parameter`` (or a tf.Variable, tensor or array: identity transform).
-        q_sqrt: [L, M, M], a ``gpflow.Parameter`` (usually with ``gpflow.utilities.triangular()``).
-        q_mu_grad: dL/d(q_mu.unconstrained_variable), the shape of that variable ([M, L]).
-        q_sqrt_grad: dL/d(q_sqrt.unconstrained_variable) ([L, M(M+1)/2] for a triangular transform).
-        gamma: the step length γ > 0.
-        xi_transform: a ``gpflow.optimizers.XiTransform`` instance; ``None`` means ``XiNat()``.
+        q_mu, q_sqrt: [M, L], [L, M, M], ``gpflow.Parameter``s (q_sqrt usually ``triangular()``); a tf.Variable,
+            tensor or array has the identity transform.
+        q_mu_grad, q_sqrt_grad: dL/d of their unconstrained variables ([M, L]; [L, M(M+1)/2] if triangular).
+        gamma, xi_transform: the step length γ > 0; a ``gpflow.optimizers.XiTransform`` (``None``: ``XiNat()``).
         compiled: ``True``: a fast path (LAPACK, or the cached ``tf.function``, tracing on a first call);
             ``False``: always the eager reference path; ``None`` (default): LAPACK from the first call where it
             applies, else eager on the first call of a key and the ``tf.function`` after.
@@ -450,8 +440,7 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
     """The reference path: validate every input (the errors), then the step eagerly."""
     import tensorflow as tf
 
-    mu_p = param_parts(q_mu, "q_mu")
-    sq_p = param_parts(q_sqrt, "q_sqrt")
+    mu_p, sq_p = param_parts(q_mu, "q_mu"), param_parts(q_sqrt, "q_sqrt")
     validate_q(mu_p, sq_p)
     g_mu = validate_grad(q_mu_grad, mu_p, "q_mu_grad", "q_mu")
     g_sq = validate_grad(q_sqrt_grad, sq_p, "q_sqrt_grad", "q_sqrt")
