@@ -214,10 +214,8 @@ def validate_seeds(
     """Each given seed (``None`` means ones) must have exactly its target's shape and dtype, as torch's ``Mismatch in
     shape: grad_output[0] has a shape of ...``: no broadcasting, no silent cast.
 
-    ``seeds`` and ``targets`` are flattened (``tf.nest.flatten``); ``argument`` and ``target_name`` are their
-    names in the message (``"output_gradients"``/``"target"``, ``"cotangents"``/``"output"``). A seed without a
-    dtype (a Python number) is not dtype-checked; unknown static dims (inside ``tf.function``) are not compared.
-    Raises OutputGradientsError for a wrong number of seeds, or a seed of another shape or dtype.
+    ``argument`` and ``target_name`` name the flattened seeds and targets in the OutputGradientsError. A Python
+    number is not dtype-checked; unknown static dims (inside ``tf.function``) are not compared.
     """
 
     def static_dims(x: Any) -> tuple[int | None, ...] | None:

@@ -125,17 +125,12 @@ def _build(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array:  # fmt: skip
-    """The dispatcher: the stored matrix, by the first path that applies.
-
-    1. compiled chunks (:func:`_compiled_path`); the peak memory is the Jacobian plus one chunk's
-       intermediates (about 1.1-1.3× in all, measured at M = 80), not the 3-4× of ``tape.jacobian``'s
-       all-at-once pfor;
-    2. eager rows, one ``tape.gradient`` per row: a first call with at most 64 rows (tracing would
-       cost more than it saves), an untraceable ``fn`` with at most 256 rows, or any dtype but
-       float64 (TensorFlow 2.21's pfor segfaults on a float32 Cholesky gradient);
-    3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns when an
-       input is ``symmetric``.
-    """
+    """The stored matrix, by the first path that applies: 1. compiled chunks (:func:`_compiled_path`; peak memory
+    the Jacobian plus one chunk's intermediates, about 1.1-1.3× at M = 80, not the 3-4× of ``tape.jacobian``'s pfor);
+    2. eager rows, one ``tape.gradient`` each: a first call with ≤ 64 rows (tracing costs more than it saves), an
+    untraceable ``fn`` with ≤ 256 rows, or a dtype other than float64 (TensorFlow 2.21's pfor segfaults on a float32
+    Cholesky gradient); 3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns
+    when an input is ``symmetric``."""
     import tensorflow as tf
 
     dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)

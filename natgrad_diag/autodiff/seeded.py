@@ -1,10 +1,8 @@
 """``tape.gradient`` with its ``output_gradients`` checked first, and the functional ``vjp``.
 
-``tape.gradient(target, sources, output_gradients=v)`` computes (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂target_i[a]/∂source_j,
-where the seed v_i = ∂L/∂target_i must have exactly target i's shape. TensorFlow 2.21 does not check that: for
-``y = x[:, None] * x[None, :]`` a seed of shape [4] fails deep inside with a reshape error, and for ``y = tf.sin(x)``
-a seed [4, 1] is broadcast into a [4, 4] "gradient". PyTorch refuses both (``Mismatch in shape: grad_output[0]
-has a shape of ...``); so do the functions here.
+TensorFlow 2.21 does not check that a seed has its target's shape: for ``y = x[:, None] * x[None, :]`` a seed [4]
+fails deep inside with a reshape error, and for ``y = tf.sin(x)`` a seed [4, 1] is broadcast into a [4, 4]
+"gradient". PyTorch refuses both (``Mismatch in shape: grad_output[0] has a shape of ...``); so do these functions.
 
 References: ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py); ``torch.autograd.grad`` and its
 ``grad_outputs`` check (torch/autograd/__init__.py).
@@ -262,11 +260,8 @@ def _to_primal(x: Any, k: int) -> Any:
 
 @_raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
-    """The outputs of ``fn(*primals)`` and the vector-Jacobian product Jᵀ·v, with the seeds checked.
-
-    With outputs y_i = fn(x)_i (flattened as ``tf.nest.flatten`` does) and cotangents v_i = ∂L/∂y_i:
-
-        result_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (the functional form of output_gradients)
+    """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same maths and
+    seed checks, with y = ``fn(*primals)`` and the cotangents as v).
 
     Args:
         fn: a function of the primals returning a tensor or a nest of tensors.
@@ -280,8 +275,7 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
         (a single tensor for a single primal).
 
     Raises:
-        OutputGradientsError: a wrong number of cotangents, or one of another shape or dtype.
-        InputError: a primal is not a floating-point tensor.
+        OutputGradientsError: as :func:`checked_gradient`; InputError: a primal is not a floating-point tensor.
 
     Example:
         >>> import tensorflow as tf

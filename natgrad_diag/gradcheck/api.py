@@ -195,16 +195,6 @@ def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
     return cots
 
 
-def _worst_vs_max(r: GradientCheckRow) -> str:
-    """Why the worst entry's error (against its own tolerance) can differ from the block's largest, in the table."""
-    if r.worst_abs_error == r.max_abs_error:
-        return ""
-    return (
-        f" (error and tolerance at the entry closest to failing; the block's largest absolute error, "
-        f"{format_number(r.max_abs_error)}, is at an entry with a larger tolerance)"
-    )
-
-
 def _check(r: GradientCheckRow) -> Check:
     """The report's :class:`~natgrad_diag.report.records.Check` for one row."""
     return Check(
@@ -216,7 +206,9 @@ def _check(r: GradientCheckRow) -> Check:
         detail=(
             f"worst at {r.worst_entry}: numerical {format_number(r.numerical, 8)}, "
             f"analytical {format_number(r.analytical, 8)}."
-            + _worst_vs_max(r)
+            + (f" (error and tolerance at the entry closest to failing; the block's largest absolute error, "
+               f"{format_number(r.max_abs_error)}, is at an entry with a larger tolerance)"
+               if r.worst_abs_error != r.max_abs_error else "")
             + (f" {r.hint}" if r.hint else "")
         ),
     )

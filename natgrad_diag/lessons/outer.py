@@ -216,25 +216,13 @@ def first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
-@dataclass(frozen=True)
-class TensorFlowRun:
-    """What TensorFlow computes for y = x xᵀ, z = y², s = sin(x): gradients and the wrong seeds' fates."""
-
-    y: FloatArray
-    g_ones: FloatArray
-    g_default: FloatArray
-    dL_dy: FloatArray
-    two: FloatArray
-    one: FloatArray
-    wrong_seed_error: str
-    tf_wrong: str
-    broadcast_error: str
-    b_shape: tuple[int, ...] | None
-
-
-def tensorflow_run(xn: FloatArray) -> TensorFlowRun:
+def _computed(xn: FloatArray) -> dict[str, Any]:
+    """Every number of the lesson, keyed by :class:`OuterExample`'s fields: what TensorFlow computes for y = x xᵀ,
+    z = y², s = sin(x) (gradients and the wrong seeds' fates), and the oracles (the explicit Jacobian from
+    :func:`jacobian` and by hand, the closed forms)."""
     import tensorflow as tf
 
+    from natgrad_diag.autodiff.dense import jacobian
     from natgrad_diag.autodiff.seeded import checked_gradient
 
     n = xn.shape[0]
@@ -244,128 +232,89 @@ def tensorflow_run(xn: FloatArray) -> TensorFlowRun:
         y = xt[:, None] * xt[None, :]
         z = y**2
         s = tf.sin(xt)
-    g_ones = checked_gradient(tape, y, xt, tf.ones_like(y)).numpy()
-    g_default = tape.gradient(y, xt).numpy()
     dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
-    two = checked_gradient(tape, y, xt, dL_dy).numpy()
-    one = checked_gradient(tape, z, xt, tf.ones_like(z)).numpy()
-    wrong_seed_error = tf_wrong = broadcast_error = ""
+    f: dict[str, Any] = dict(
+        x=xn, y=y.numpy(), gradient_ones_seed=checked_gradient(tape, y, xt, tf.ones_like(y)).numpy(),
+        default_seed_gradient=tape.gradient(y, xt).numpy(), dL_dy=dL_dy.numpy(),
+        chain_two_step=checked_gradient(tape, y, xt, dL_dy).numpy(),
+        chain_one_step=checked_gradient(tape, z, xt, tf.ones_like(z)).numpy(),
+        wrong_seed_error="", broadcast_seed_error="", tensorflow_broadcast_shape=None,
+    )  # fmt: skip
     try:
         checked_gradient(tape, y, xt, tf.ones_like(xt))
     except OutputGradientsError as e:
-        wrong_seed_error = str(e)
+        f["wrong_seed_error"] = str(e)
     try:
         raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
-        tf_wrong = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
+        f["tensorflow_wrong_seed"] = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
     except (tf.errors.OpError, ValueError, TypeError) as e:
-        tf_wrong = error_line(e, with_type=True)
+        f["tensorflow_wrong_seed"] = error_line(e, with_type=True)
     try:
         checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
     except OutputGradientsError as e:
-        broadcast_error = str(e)
+        f["broadcast_seed_error"] = str(e)
     try:
         seed = tf.ones([n, 1], tf.float64)
-        b_shape: tuple[int, ...] | None = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=seed).shape)
+        f["tensorflow_broadcast_shape"] = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=seed).shape)
     except (tf.errors.OpError, ValueError, TypeError):
-        b_shape = None
-    return TensorFlowRun(
-        y=y.numpy(), g_ones=g_ones, g_default=g_default, dL_dy=dL_dy.numpy(), two=two, one=one,
-        wrong_seed_error=wrong_seed_error, tf_wrong=tf_wrong, broadcast_error=broadcast_error, b_shape=b_shape,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ByHand:
-    """The oracles: the explicit Jacobian (from :func:`jacobian` and by hand) and the closed forms."""
-
-    J_block: BlockJacobian
-    J: FloatArray
-    J_hand: FloatArray
-    contraction: FloatArray
-    closed: FloatArray
-    chain_closed: FloatArray
-
-
-def by_hand(xn: FloatArray) -> ByHand:
-    import tensorflow as tf
-
-    from natgrad_diag.autodiff.dense import jacobian
-
-    n = xn.shape[0]
-    J_block = jacobian(lambda a: a[:, None] * a[None, :], [tf.constant(xn)], input_names=("x",), output_names=("y",))
-    J = J_block.block(0, 0)
+        pass
+    J_block = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",))
     eye = np.eye(n)
-    J_hand = np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye)  # δ_ij x_k + x_j δ_ik at [j, k, i]
-    return ByHand(
-        J_block=J_block, J=J, J_hand=J_hand, contraction=np.tensordot(np.ones((n, n)), J, axes=2),
-        closed=np.full(n, 2.0 * xn.sum()), chain_closed=4.0 * xn * np.sum(xn**2),
+    f.update(
+        jacobian=J_block, contraction=np.tensordot(np.ones((n, n)), J_block.block(0, 0), axes=2),
+        jacobian_closed_form=np.einsum("ij,k->jki", eye, xn) + np.einsum("j,ik->jki", xn, eye),  # δ_ij x_k + x_j δ_ik at [j, k, i]
+        closed_form=np.full(n, 2.0 * xn.sum()), chain_closed_form=4.0 * xn * np.sum(xn**2),
     )  # fmt: skip
+    return f
 
 
-def outer_checks(xn: FloatArray, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
-    n = xn.shape[0]
-    shapes_named = f"[{n}] and [{n}, {n}]"
-    return [
-        close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(h.closed[0])}",
-               r.g_ones, h.closed, rtol=rtol, atol=atol),
+def _checks(f: dict[str, Any], t: Any, *, rtol: float, atol: float) -> tuple[Check, ...]:
+    """The claims on the numbers ``f`` of :func:`_computed`, and on PyTorch's run ``t`` unless it is ``None``."""
+    n, J = f["x"].shape[0], f["jacobian"].block(0, 0)
+    g_ones, two, one, wrong, b_shape = (f[k] for k in (
+        "gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error", "tensorflow_broadcast_shape"))  # fmt: skip
+    checks = [
+        close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(f['closed_form'][0])}",
+               g_ones, f["closed_form"], rtol=rtol, atol=atol),
         close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
-               r.g_default, r.g_ones, rtol=rtol, atol=atol),
+               f["default_seed_gradient"], g_ones, rtol=rtol, atol=atol),
         close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
-               h.J, h.J_hand, rtol=rtol, atol=atol),
+               J, f["jacobian_closed_form"], rtol=rtol, atol=atol),
         close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
-               "equals the output_gradients result", h.contraction, r.g_ones, rtol=rtol, atol=atol),
+               "equals the output_gradients result", f["contraction"], g_ones, rtol=rtol, atol=atol),
         close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
-               r.two, r.one, rtol=rtol, atol=atol),
-        close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", r.one, h.chain_closed, rtol=rtol, atol=atol),
+               two, one, rtol=rtol, atol=atol),
+        close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, f["chain_closed_form"], rtol=rtol, atol=atol),
         Check(
             name="wrong_seed_caught",
             claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
-            status=status_of(status_of(r.wrong_seed_error) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in r.wrong_seed_error),
-            detail=f"plain tape.gradient: {r.tf_wrong}" if r.wrong_seed_error else f"no error for shapes {shapes_named}",
+            status=status_of(status_of(wrong) and f"shape of [{n}] and target[0] has a shape of [{n}, {n}]" in wrong),
+            detail=f"plain tape.gradient: {f['tensorflow_wrong_seed']}" if wrong else f"no error for shapes [{n}] and [{n}, {n}]",
         ),
         Check(
             name="broadcast_seed_caught",
             claim=f"for y = sin(x) the seed of shape [{n}, 1] is refused instead of being broadcast",
-            status=status_of(r.broadcast_error),
-            detail=(
-                f"plain tape.gradient returned shape {shape_str(r.b_shape)} for a [{n}] source"
-                if r.b_shape is not None else "plain tape.gradient raised"
+            status=status_of(f["broadcast_seed_error"]),
+            detail=f"plain tape.gradient returned shape {shape_str(b_shape)} for a [{n}] source" if b_shape is not None
+            else "plain tape.gradient raised",
+        ),
+    ]  # fmt: skip
+    if t is not None:
+        checks += [
+            close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+                   t.gradient_ones_seed, g_ones, rtol=rtol, atol=atol),
+            close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian", t.jacobian, J, rtol=rtol, atol=atol),
+            close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+                   np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
+                   np.concatenate([two, one, np.ravel(f["dL_dy"])]), rtol=rtol, atol=atol),
+            Check(
+                name="torch_rejects_wrong_seed",
+                claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
+                status=status_of("Mismatch in shape" in t.wrong_seed_error),
+                detail=f"torch: {first_line(t.wrong_seed_error) or '(no error)'}",
             ),
-        ),
-    ]  # fmt: skip
-
-
-def torch_run(xn: FloatArray, use_torch: bool | None) -> tuple[Any, str]:
-    """(the PyTorch run or None, its status line)."""
-    if use_torch is False:
-        return None, "skipped (use_torch=False)"
-    from natgrad_diag.torch_bridge import torch_outer
-
-    try:
-        run = torch_outer(xn)
-    except MissingExtraError:
-        if use_torch:
-            raise
-        return None, "torch is not installed (pip install torch==2.13.0 to run it)"
-    return run, f"torch {run.torch_version}"
-
-
-def torch_checks(t: Any, r: TensorFlowRun, h: ByHand, *, rtol: float, atol: float) -> list[Check]:
-    return [
-        close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
-               t.gradient_ones_seed, r.g_ones, rtol=rtol, atol=atol),
-        close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian",
-               t.jacobian, h.J, rtol=rtol, atol=atol),
-        close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
-               np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
-               np.concatenate([r.two, r.one, np.ravel(r.dL_dy)]), rtol=rtol, atol=atol),
-        Check(
-            name="torch_rejects_wrong_seed",
-            claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
-            status=status_of("Mismatch in shape" in t.wrong_seed_error),
-            detail=f"torch: {first_line(t.wrong_seed_error) or '(no error)'}",
-        ),
-    ]  # fmt: skip
+        ]  # fmt: skip
+    return tuple(checks)
 
 
 def _vec(a: Array) -> str:
@@ -433,23 +382,20 @@ def outer_example(
 
     xn = _validate_x(x)
     rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
-    with progress_bar(total=4, description="outer example") as advance:
+    with progress_bar(total=3, description="outer example") as advance:
         advance()
-        tf_run = tensorflow_run(xn)
+        f = _computed(xn)
         advance()
-        hand = by_hand(xn)
-        advance()
-        checks = outer_checks(xn, tf_run, hand, rtol=rtol, atol=atol)
-        torch_result, status = torch_run(xn, use_torch)
-        if torch_result is not None:
-            checks += torch_checks(torch_result, tf_run, hand, rtol=rtol, atol=atol)
-        advance()
+        t, status = None, "skipped (use_torch=False)"
+        if use_torch is not False:
+            from natgrad_diag.torch_bridge import torch_outer
 
-    r = tf_run
-    return OuterExample(
-        x=xn, y=r.y, gradient_ones_seed=r.g_ones, default_seed_gradient=r.g_default, closed_form=hand.closed,
-        jacobian=hand.J_block, jacobian_closed_form=hand.J_hand, contraction=hand.contraction, dL_dy=r.dL_dy,
-        chain_two_step=r.two, chain_one_step=r.one, chain_closed_form=hand.chain_closed,
-        wrong_seed_error=r.wrong_seed_error, tensorflow_wrong_seed=r.tf_wrong, broadcast_seed_error=r.broadcast_error,
-        tensorflow_broadcast_shape=r.b_shape, torch=torch_result, torch_status=status, checks=tuple(checks), rtol=rtol, atol=atol,
-    )  # fmt: skip
+            try:
+                t = torch_outer(xn)
+                status = f"torch {t.torch_version}"
+            except MissingExtraError:
+                if use_torch:
+                    raise
+                status = "torch is not installed (pip install torch==2.13.0 to run it)"
+        advance()
+    return OuterExample(**f, torch=t, torch_status=status, checks=_checks(f, t, rtol=rtol, atol=atol), rtol=rtol, atol=atol)

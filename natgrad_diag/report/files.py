@@ -112,13 +112,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     linked relatively. Everything is rendered in memory, then written atomically: a failure leaves any previous
     report at ``path`` as it was. Without matplotlib the report has no pictures and ``note`` says so.
 
-    Args:
-        report: any :class:`~natgrad_diag.report.records.Report`.
-        path: where to write; the extension chooses the format.
-        argument: the name to use for ``path`` in error messages (the CLI passes ``"--report"``).
-
-    Returns:
-        A :class:`WrittenReport` (the paths written and any note).
+    ``argument`` names ``path`` in error messages (the CLI passes ``"--report"``). Returns a :class:`WrittenReport`.
 
     Raises:
         InputError: the extension is not .html, .htm or .md.

@@ -103,15 +103,12 @@ def strict_gradients(action: str = "raise", *, allow_implicit_sum: bool = False)
 def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False) -> Any:
     """Apply PyTorch's seed rules to every ``tf.GradientTape.gradient`` call in a block or function.
 
-    ``tape.gradient(y, x)`` with a ``y`` of more than one element and no seed returns Jᵀ·1 = ∂(Σ y)/∂x where the
-    chain rule needs Jᵀ·v, and a seed of another shape than y is broadcast or fails deep inside. Under this
-    context both are refused, eager or while a ``tf.function`` is traced, as PyTorch does: a target of more than
-    one element without a seed (``grad can be implicitly created only for scalar outputs``), and a seed of the
-    wrong count, shape or dtype (:func:`~natgrad_diag.checked_gradient`'s message). Each message starts with the
-    call and its ``file:line``; a refused call computes nothing. Everything else is TensorFlow's own method:
-    results, persistent and nested tapes and ``unconnected_gradients`` are unchanged. ``tape.jacobian``,
-    ``tape.batch_jacobian`` and natgrad-diag's own lessons are not judged; nor are other threads, a
-    ``tf.function`` traced before the context, or a target whose element count is unknown while tracing.
+    As PyTorch does, eager or while a ``tf.function`` is traced, it refuses a target of more than one element
+    without a seed (TensorFlow silently returns ∂(Σ y)/∂x) and a seed of the wrong count, shape or dtype
+    (:func:`~natgrad_diag.checked_gradient`'s message), naming the call and its ``file:line``; a refused call
+    computes nothing, everything else is TensorFlow's own method. Not judged: ``tape.jacobian``,
+    ``tape.batch_jacobian``, natgrad-diag's lessons, other threads, a ``tf.function`` traced before the context,
+    and a target whose element count is unknown while tracing.
 
     Args:
         action: ``"raise"`` (default) raises :class:`~natgrad_diag.exceptions.OutputGradientsError` at

@@ -21,11 +21,9 @@ __all__ = ["NatGradMonitor"]
 
 
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
-    """A ``gpflow.monitor.MonitorTask`` that records natural-gradient step health and reproduction every k steps.
-
-    ``monitor(step)`` runs :func:`~natgrad_diag.check_natgrad` in fast mode (compiled once) when ``step % every == 0``
-    and records whether the next step is healthy and reproduces GPflow's ``NaturalGradient``; the model is not
-    changed. ``with monitor.guard(step, natgrad): natgrad.minimize(...)`` guards the user's own step (see
+    """A ``gpflow.monitor.MonitorTask``: ``monitor(step)`` runs :func:`~natgrad_diag.check_natgrad` in fast mode
+    when ``step % every == 0`` and records whether the next step is healthy and reproduces GPflow's
+    ``NaturalGradient`` (the model is not changed); ``monitor.guard`` guards the user's own step (see
     :mod:`natgrad_diag.training.guard`). Inside ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))``
     leave ``every=1``::
 
@@ -39,9 +37,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     Args:
         model: the SVGP, VGP or GPflux DeepGP being trained (read only, except for a guard's rollback).
         data: (X, Y) for SVGP, or a zero-argument callable returning the current batch; None for VGP.
-        gamma: the natural-gradient step length used in training.
-        xi_transform: the ξ transform used in training (None: ``XiNat()``).
-        every: run the checks when ``step % every == 0``.
+        gamma, xi_transform: the step length and ξ transform used in training (None: ``XiNat()``).
         raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
         on_failure: what a guard does with a failed step: "warn" (q(u) stays as the step left it), "raise"
             (NatGradCheckError with the cause and a γ to use; also on a failed periodic check) or "rollback"
@@ -58,8 +54,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             after this many steps (SVGP and VGP only; 1: after one step).
 
     Attributes:
-        records: list of :class:`NatGradRecord`, oldest first.
-        guard_records: list of :class:`GuardRecord`, one per guarded step, oldest first.
+        records, guard_records: the :class:`NatGradRecord` s and the :class:`GuardRecord` s (one per guarded step),
+            oldest first.
     """
 
     def __init__(
