@@ -240,3 +240,12 @@ def test_gpflows_private_names__are_used_in_one_module():
     users = {n: _private_gpflow_uses(ast.parse(p.read_text(encoding="utf-8"))) for n, p in _modules().items()}
     assert users["natgrad_diag._gpflow"]  # the detector sees the one module that does use them
     assert {n: u for n, u in users.items() if u and n != "natgrad_diag._gpflow"} == {}
+
+
+#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py.
+MAX_PACKAGE_LINES = 13_000
+
+
+def test_package__stays_within_its_line_budget():
+    lines = sum(path.read_text(encoding="utf-8").count("\n") for path in _modules().values())
+    assert lines <= MAX_PACKAGE_LINES, f"natgrad_diag is {lines} lines > {MAX_PACKAGE_LINES}: make one piece serve"

@@ -81,11 +81,6 @@ def _conditioning_causes(bad: list[Check], cond: Conditioning, dtype: str, jitte
     return out
 
 
-def _diverged(check: Check) -> bool:
-    """A failed convergence check whose steps failed or moved away from the optimum (not a wrong rate)."""
-    return "a step failed" in check.detail or "shrinks at every step" in check.claim
-
-
 def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None, minibatch: str = "") -> tuple[Cause, ...]:
     """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch).
 
@@ -95,7 +90,9 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     """
     out: list[Cause] = []
     bad = [c for c in checks if c.status in ("fail", "warn")]
-    health = [c for c in bad if c.name in ("step_health", "finite_gradients") or (c.name == "conjugate_convergence" and c.status == "fail" and _diverged(c))]
+    # a failed convergence check counts when its steps failed or moved away from the optimum (not a wrong rate)
+    diverged = [c for c in bad if c.name == "conjugate_convergence" and c.status == "fail" and ("a step failed" in c.detail or "shrinks at every step" in c.claim)]
+    health = [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]
     if health:
         fix = f"use gamma = {suggested_gamma:g} (of the grid's healthy steps, the one with the lowest loss after it)." if suggested_gamma is not None else "use a smaller gamma."
         out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))

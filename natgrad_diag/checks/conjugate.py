@@ -114,10 +114,6 @@ def conjugate_applicable(ctx: Context) -> str:
     return f"closed form known only for SVGP and VGP (this is {type(m).__name__})"
 
 
-def _elbo(model: Any, data: Any) -> float:
-    return float((model.elbo() if data is None else model.elbo(data)).numpy())
-
-
 def _conjugate_bound(ctx: Context, cond: Conditioning, ref: float) -> Bound:
     """The bound on |ELBO − reference|: rounding with κ(F) + κ(Kuu), plus conjugate_rtol·|reference|.
 
@@ -158,8 +154,7 @@ def batch_constant(N: int, c: float, noise: float) -> float:
     c·Σᵢ E_q log N(yᵢ | fᵢ, σ²) = Σᵢ E_q log N(yᵢ | fᵢ, σ²/c) + N·(½·log(2πσ²/c) − (c/2)·log(2πσ²)): the scaled data
     term is a Gaussian one with noise σ²/c up to this constant, so the batch's conjugate optimum is SGPR's with σ²/c.
     """
-    constant: float = N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise))
-    return constant
+    return float(N * (0.5 * np.log(2 * np.pi * noise / c) - 0.5 * c * np.log(2 * np.pi * noise)))
 
 
 def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], ...]]:
@@ -237,7 +232,7 @@ def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
 
     ctx = ev.ctx
     try:
-        elbo1, elbo2 = (_elbo(m, ctx.data) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
+        elbo1, elbo2 = (float((m.elbo() if ctx.data is None else m.elbo(ctx.data)).numpy()) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
         why = e.detail if isinstance(e, StepFailedError) else error_line(e)
         return Outcome(checks=(Check(name="conjugate_optimality", claim="one γ = 1 step reaches the collapsed bound", status="fail", detail=f"the step failed: {why}"),))

@@ -195,19 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _xi(name: str) -> Any:
-    from gpflow.optimizers import XiNat, XiSqrtMeanVar
-
-    return XiNat() if name == "nat" else XiSqrtMeanVar()
-
-
 def _run(args: argparse.Namespace) -> Any:
     command = args.command or "explain"
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
     if command == "explain":
+        from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
         from natgrad_diag.lessons.explain import explain_output_gradients
 
-        return explain_output_gradients(gamma=args.gamma, xi_transform=_xi(args.xi))
+        return explain_output_gradients(gamma=args.gamma, xi_transform=XiNat() if args.xi == "nat" else XiSqrtMeanVar())
     if command == "outer":
         from natgrad_diag.lessons.outer import outer_example
 

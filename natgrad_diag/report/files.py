@@ -27,7 +27,10 @@ def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> st
         InputError: ``path`` is not a path, or its extension is not ``.html``, ``.htm`` or ``.md`` (the
             message names ``argument``).
     """
-    _check_path(path, argument)
+    if not isinstance(path, (str, os.PathLike)):
+        raise input_error("the report path must be a file path.", argument,
+                          "a str or os.PathLike ending in .html, .htm or .md", type(path).__name__,
+                          "pass a path such as 'report.html' or pathlib.Path('out/report.md').")
     suffix = Path(os.fspath(path)).suffix.lower()
     if suffix not in REPORT_FORMATS:
         raise input_error("the report format is chosen by the file extension.", argument,
@@ -96,13 +99,6 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
         except BaseException:
             _discard(staged[k:])
             raise
-
-
-def _check_path(path: Any, argument: str) -> None:
-    if not isinstance(path, (str, os.PathLike)):
-        raise input_error("the report path must be a file path.", argument,
-                          "a str or os.PathLike ending in .html, .htm or .md", type(path).__name__,
-                          "pass a path such as 'report.html' or pathlib.Path('out/report.md').")
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
