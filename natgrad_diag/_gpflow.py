@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["natgrad_apply_gradients", "override_natgrad_apply_gradients", "to_constrained"]
+__all__ = ["is_lower_triangular_transform", "natgrad_apply_gradients", "override_natgrad_apply_gradients", "to_constrained"]
 
 _FILL_INDEX: dict[int, tuple[Any, Any, Any]] = {}  # M -> (rows, cols, source) of a lower FillTriangular's gather
 
@@ -43,11 +43,22 @@ def to_constrained(grad: Any, transform: Any, *, as_array: bool = False) -> Any:
     return _to_constrained(grad, transform)
 
 
+def is_lower_triangular_transform(transform: Any) -> bool:
+    """Whether ``transform`` is a lower ``tfp.bijectors.FillTriangular`` (GPflow's ``triangular()``), or a subclass.
+
+    Examples:
+        >>> import gpflow
+        >>> is_lower_triangular_transform(gpflow.utilities.triangular()), is_lower_triangular_transform(None)
+        (True, False)
+    """
+    import tensorflow_probability as tfp
+
+    return isinstance(transform, tfp.bijectors.FillTriangular) and not transform.parameters.get("upper", False)
+
+
 def _to_array(x: Any, transform: Any) -> Any:
     import numpy as np
     import tensorflow_probability as tfp
-
-    from natgrad_diag.step.backend import is_lower_triangular_transform
 
     def array(a: Any) -> Any:
         return np.asarray(a.numpy() if hasattr(a, "numpy") else a)

@@ -105,7 +105,7 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
     raise input_error(detail, name, expected or default_expected, repr(value), remedy or f"pass e.g. {name}={example}.")
 
 
-def require_positive_float(value: Any, name: str) -> float:
+def require_positive_float(value: Any, name: str, *, remedy: str = "") -> float:
     """``float(value)``, finite and > 0; else an :class:`InputError` naming ``name``.
 
     Examples:
@@ -115,9 +115,9 @@ def require_positive_float(value: Any, name: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise input_error(f"{name} must be a number.", name, "a finite float", repr(value), f"pass {name} as a float.") from None
+        raise input_error(f"{name} must be a number.", name, "a finite float > 0", repr(value), remedy or f"pass {name} as a float.") from None
     if not np.isfinite(v) or v <= 0:
-        raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, f"pass a finite {name} > 0.")
+        raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, remedy or f"pass a finite {name} > 0.")
     return v
 
 

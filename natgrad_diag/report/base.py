@@ -48,7 +48,7 @@ class Report:
     def figures(self) -> tuple[Any, ...]:
         """The pictures of this report as ``natgrad_diag.pictures.Picture`` (name, caption, PNG bytes), drawn from
         what it carries (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace pictures."""
-        from natgrad_diag.pictures import report_pictures
+        from natgrad_diag.report.pictures import report_pictures
 
         return report_pictures(self)
 

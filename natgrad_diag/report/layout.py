@@ -67,10 +67,10 @@ def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
     try:
         if callable(figures):
             return tuple(figures()), ""
-        from natgrad_diag.pictures import report_pictures
+        from natgrad_diag.report.pictures import report_pictures
 
         return report_pictures(report), ""
     except MissingExtraError:
-        from natgrad_diag.pictures import PLOT_EXTRA_REMEDY
+        from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY
 
         return (), f"Pictures are not included: matplotlib is not installed. To add them: {PLOT_EXTRA_REMEDY}."

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from natgrad_diag._gpflow import is_lower_triangular_transform
+
 __all__ = ["StepBackend", "closed_form_xi", "is_lower_triangular_transform", "step_backend"]
+
 
 @dataclass(frozen=True)
 class StepBackend:
@@ -23,19 +26,6 @@ class StepBackend:
 
     code: Literal["lapack", "closed_form", "autodiff"]
     xi: str | None = None
-
-
-def is_lower_triangular_transform(transform: Any) -> bool:
-    """Whether ``transform`` is a lower ``tfp.bijectors.FillTriangular`` (GPflow's ``triangular()``), or a subclass.
-
-    Examples:
-        >>> import gpflow
-        >>> is_lower_triangular_transform(gpflow.utilities.triangular()), is_lower_triangular_transform(None)
-        (True, False)
-    """
-    import tensorflow_probability as tfp
-
-    return isinstance(transform, tfp.bijectors.FillTriangular) and not transform.parameters.get("upper", False)
 
 
 def closed_form_xi(xi_transform: Any) -> str | None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from natgrad_diag import _compile
 from natgrad_diag._gpflow import to_constrained
-from natgrad_diag._validate import dtype_name, input_error, param_parts, shape_str, validate_grad, validate_q
+from natgrad_diag._validate import dtype_name, input_error, param_parts, require_positive_float, shape_str, validate_grad, validate_q
 from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, ShapeMismatchError, StepFailedError
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.step.backend import StepBackend, closed_form_xi, is_lower_triangular_transform, step_backend
@@ -111,21 +111,7 @@ def resolve_xi_transform(xi_transform: Any) -> Any:
 
 
 def _validate_gamma(gamma: Any) -> float:
-    try:
-        g = float(gamma)
-    except (TypeError, ValueError) as e:
-        raise InputError(
-            "gamma must be a number.",
-            context=[("Argument", "gamma"), ("Expected", "a finite float > 0"), ("Got", repr(gamma))],
-            remedy="pass the step length as a float, e.g. gamma=0.1.",
-        ) from e
-    if not np.isfinite(g) or g <= 0:
-        raise InputError(
-            "gamma must be finite and positive.",
-            context=[("Argument", "gamma"), ("Expected", "a finite float > 0"), ("Got", g)],
-            remedy="pass a step length in (0, 1]; 1 is the exact step for a Gaussian likelihood.",
-        )
-    return g
+    return require_positive_float(gamma, "gamma", remedy="pass a step length in (0, 1]; 1 is the exact step for a Gaussian likelihood.")
 
 
 def _precheck(q_mu: Any, q_sqrt: Any) -> None:

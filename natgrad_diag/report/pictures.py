@@ -1,0 +1,370 @@
+"""Pictures of reports and Jacobians, drawn with matplotlib (the extra ``plot``) on an Agg canvas, no pyplot.
+
+Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
+varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
+element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; each check's error against its
+tolerance. The ``*_data`` functions need no matplotlib.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import input_error
+from natgrad_diag.exceptions import MissingExtraError
+from natgrad_diag.report.records import format_number
+from natgrad_diag.typing import Array
+
+__all__ = [
+    "BlockSpan", "CheckError", "Eta1Comparison", "HeatmapData", "Picture", "check_errors_data",
+    "eta1_comparison_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison", "plot_jacobian_heatmap",
+    "report_pictures", "require_matplotlib",
+]
+
+#: What to run when matplotlib is missing.
+PLOT_EXTRA_REMEDY = 'pip install "natgrad-diag[plot]"  (or pip install matplotlib)'
+
+#: At most this many per-element charts in the η₁ comparison; the caption says when there are more.
+MAX_ELEMENT_CHARTS = 24
+
+
+def require_matplotlib() -> Any:
+    """Import matplotlib, or raise :class:`MissingExtraError` naming the extra ``plot``."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtraError(
+            "pictures need matplotlib, which is not installed.",
+            context=[("Extra", "plot"), ("Expected", "matplotlib importable"), ("Got", "ImportError")],
+            remedy=PLOT_EXTRA_REMEDY + "; the text report works without it.",
+        ) from None
+    return matplotlib
+
+
+def _new_figure(width: float, height: float) -> Any:
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def figure_to_png(fig: Any, *, dpi: int = 100) -> bytes:
+    """The PNG bytes of a matplotlib Figure."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+# ---- (1) the Jacobian heatmap ----
+
+
+@dataclass(frozen=True)
+class BlockSpan:
+    """One block of rows (an output) or of columns (an input): ``matrix[start:stop]`` belongs to ``name``."""
+
+    name: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def label(self) -> str:
+        """``"varsqrt [1, 5, 5]"``."""
+        return f"{self.name} [{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class HeatmapData:
+    """What the Jacobian heatmap draws.
+
+    Attributes:
+        matrix: [R, C], R = Σ output sizes, C = Σ input sizes; rows are the flattened outputs in order,
+            columns the flattened inputs (the dense matrix of the BlockJacobian, copied).
+        row_labels, col_labels: one label per row / column, e.g. ``"varsqrt[0,4,0]"``, ``"eta1[2,0]"``.
+        row_blocks, col_blocks: the block boundaries, one :class:`BlockSpan` per output / input.
+    """
+
+    matrix: Array
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+    row_blocks: tuple[BlockSpan, ...]
+    col_blocks: tuple[BlockSpan, ...]
+
+    def block(self, output: str, input: str) -> Array:  # noqa: A002 - the Jacobian's own words
+        """The 2-D sub-matrix ∂output/∂input, e.g. ``block("varsqrt", "eta1")`` is [L·M·M, M·L]."""
+        rows = {b.name: b for b in self.row_blocks}
+        cols = {b.name: b for b in self.col_blocks}
+        for argument, name, spans in (("output", output, rows), ("input", input, cols)):
+            if name not in spans:
+                raise input_error(f"the heatmap has no {argument} named {name!r}.", argument,
+                                  f"one of {sorted(spans)}", repr(name),
+                                  f"use a name from .{'row' if argument == 'output' else 'col'}_blocks.")
+        r, c = rows[output], cols[input]
+        return self.matrix[r.start : r.stop, c.start : c.stop]
+
+
+def _spans(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[BlockSpan, ...]:
+    spans, start = [], 0
+    for name, shape in zip(names, shapes):
+        size = int(np.prod(shape, dtype=np.int64))
+        spans.append(BlockSpan(str(name), tuple(int(d) for d in shape), start, start + size))
+        start += size
+    return tuple(spans)
+
+
+def heatmap_data(jacobian: Any) -> HeatmapData:
+    """The matrix, labels and block boundaries that :func:`plot_jacobian_heatmap` draws, from a
+    :class:`~natgrad_diag.BlockJacobian` (e.g. ``Explanation.jacobian``); an InputError for anything else."""
+    from natgrad_diag.autodiff.blocks import BlockJacobian
+
+    if not isinstance(jacobian, BlockJacobian):
+        raise input_error("the heatmap needs the explicit Jacobian.", "jacobian",
+                          "a natgrad_diag.BlockJacobian", type(jacobian).__name__,
+                          "pass natgrad_diag.jacobian(...) or natgrad_map_jacobian(eta1, eta2), e.g. Explanation.jacobian.")
+    return HeatmapData(
+        matrix=np.array(jacobian.matrix, copy=True), row_labels=tuple(jacobian.row_labels),
+        col_labels=tuple(jacobian.col_labels), row_blocks=_spans(jacobian.output_names, jacobian.output_shapes),
+        col_blocks=_spans(jacobian.input_names, jacobian.input_shapes),
+    )
+
+
+def plot_jacobian_heatmap(jacobian: Any) -> Any:
+    """A heatmap of a :class:`~natgrad_diag.BlockJacobian` with block boundaries and labels: a
+    ``matplotlib.figure.Figure`` on an Agg canvas (save it with ``fig.savefig``).
+
+    Colours are symmetric about zero (white = 0); a block of zeros (mean–eta2 for GPflow's map) is also
+    marked "all 0". Raises MissingExtraError without matplotlib, InputError for anything but a BlockJacobian.
+    """
+    data = heatmap_data(jacobian)
+    require_matplotlib()
+    from matplotlib.colors import TwoSlopeNorm
+
+    R, C = data.matrix.shape
+    side = min(9.0, max(5.0, 0.12 * max(R, C) + 3.0))
+    fig = _new_figure(side + 1.5, side)
+    ax = fig.add_subplot()
+    finite = data.matrix[np.isfinite(data.matrix)]
+    vmax = float(np.max(np.abs(finite), initial=0.0)) or 1.0
+    image = ax.imshow(data.matrix, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -vmax, vmax), interpolation="nearest", aspect="auto")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="∂ output element / ∂ input element")
+    for blocks, line, ticks in ((data.row_blocks, ax.axhline, ax.set_yticks), (data.col_blocks, ax.axvline, ax.set_xticks)):
+        for span in blocks[:-1]:
+            line(span.stop - 0.5, color="black", linewidth=1.2)
+        ticks([(s.start + s.stop - 1) / 2 for s in blocks], [s.label for s in blocks])
+    ax.tick_params(length=0)
+    ax.xaxis.tick_top()
+    for r in data.row_blocks:
+        for c in data.col_blocks:
+            block = data.matrix[r.start : r.stop, c.start : c.stop]
+            if not np.any(block):
+                ax.text((c.start + c.stop - 1) / 2, (r.start + r.stop - 1) / 2, f"∂{r.name}/∂{c.name}\nall 0",
+                        ha="center", va="center", fontsize=8, color="0.35")  # fmt: skip
+    outs = ", ".join(s.name for s in data.row_blocks)
+    ins = ", ".join(s.name for s in data.col_blocks)
+    ax.set_xlabel(f"J = ∂({outs}) / ∂({ins}),  {R} × {C}: rows = outputs, columns = inputs")
+    return fig
+
+
+# ---- (2) dL/deta1 element by element ----
+
+
+@dataclass(frozen=True)
+class Eta1Comparison:
+    """What :func:`plot_eta1_comparison` draws, one entry per element of η₁ (flattened [M, L]).
+
+    Attributes:
+        labels: ``("eta1[0,0]", "eta1[1,0]", ...)``.
+        vjp: dL/dη₁ = Jᵀ·v, what ``output_gradients`` returns.
+        naive: (Jᵀ·1) ⊙ v = ``dtheta_deta1 * dL_dmean``.
+        mean_path: (∂mean/∂η₁)ᵀ·dL/dmean.
+        varsqrt_path: (∂varsqrt/∂η₁)ᵀ·dL/dvarsqrt; ``mean_path + varsqrt_path = vjp``.
+    """
+
+    labels: tuple[str, ...]
+    vjp: Array
+    naive: Array
+    mean_path: Array
+    varsqrt_path: Array
+
+    #: (attribute, legend) in the order drawn.
+    SERIES = (
+        ("vjp", "dL/deta1 = J^T v  (output_gradients)"), ("naive", "naive (J^T 1) * v"), ("mean_path", "mean path"),
+        ("varsqrt_path", "varsqrt path"),
+    )
+
+
+def has_eta1_comparison(report: Any) -> bool:
+    """True when ``report`` carries what the η₁ chart needs (an ``Explanation`` does)."""
+    trace = getattr(report, "trace", None)
+    return all(hasattr(report, a) for a in ("naive_product", "mean_path", "varsqrt_path")) and hasattr(trace, "dL_deta1")
+
+
+def eta1_comparison_data(report: Any) -> Eta1Comparison:
+    """The four series per element of η₁, flattened in row-major [M, L] order, from an
+    :class:`~natgrad_diag.Explanation` (anything with ``trace.dL_deta1``, ``naive_product``, ``mean_path`` and
+    ``varsqrt_path``, each [M, L]); an InputError when one is missing or their shapes differ."""
+    if not has_eta1_comparison(report):
+        raise input_error("the eta1 chart needs an explanation of output_gradients.", "report",
+                          "trace.dL_deta1, naive_product, mean_path, varsqrt_path", type(report).__name__,
+                          "pass the result of natgrad_diag.explain_output_gradients().")
+    arrays = [np.asarray(a) for a in (report.trace.dL_deta1, report.naive_product, report.mean_path, report.varsqrt_path)]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        raise input_error("the eta1 series do not have one shape.", "report",
+                          "four [M, L] arrays", str([a.shape for a in arrays]),
+                          "build the report with explain_output_gradients().")
+    shape = arrays[0].shape
+    labels = tuple(f"eta1[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape))
+    vjp, naive, mean_path, varsqrt_path = (np.array(a, dtype=float).ravel() for a in arrays)
+    return Eta1Comparison(labels, vjp, naive, mean_path, varsqrt_path)
+
+
+def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -> Any:
+    """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁
+    (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal.
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when
+    ``report`` is not an explanation or ``max_charts`` < 1.
+    """
+    data = eta1_comparison_data(report)
+    if not isinstance(max_charts, int) or max_charts < 1:
+        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts), "pass e.g. max_charts=24.")
+    require_matplotlib()
+    n = min(len(data.labels), max_charts)
+    ncols = min(n, 5)
+    nrows = math.ceil(n / ncols)
+    fig = _new_figure(2.3 * ncols + 0.5, 2.3 * nrows + 1.2)
+    colours = ("#1f5fa8", "#c0392b", "#7f8c8d", "#e6a23c")
+    names = [attr for attr, _ in Eta1Comparison.SERIES]
+    for k in range(n):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        values = [getattr(data, attr)[k] for attr in names]
+        ax.bar(range(4), values, color=colours)
+        ax.axhline(0.0, color="black", linewidth=0.6)
+        ax.set_title(data.labels[k], fontsize=9)
+        ax.set_xticks(range(4), ["VJP", "naive", "mean", "varsqrt"], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    handles = [fig.axes[0].patches[i] for i in range(4)]
+    fig.legend(handles, [legend for _, legend in Eta1Comparison.SERIES], loc="outside lower center", ncols=2, fontsize=8)
+    more = f" (first {n} of {len(data.labels)} elements)" if n < len(data.labels) else ""
+    fig.suptitle(f"dL/deta1 per element: the VJP = mean path + varsqrt path, not the naive product{more}", fontsize=10)
+    return fig
+
+
+# ---- (3) each check's error against its tolerance ----
+
+
+@dataclass(frozen=True)
+class CheckError:
+    """One numeric check as :func:`plot_check_errors` draws it."""
+
+    name: str
+    max_abs_error: float
+    tolerance: float
+    passed: bool
+    expect_difference: bool
+
+
+def check_errors_data(report: Any) -> tuple[CheckError, ...]:
+    """The checks of ``report`` that have both a ``max_abs_error`` and a ``tolerance``, in order."""
+    return tuple(
+        CheckError(c.name, float(c.max_abs_error), float(c.tolerance), bool(c.passed), bool(c.expect_difference))
+        for c in getattr(report, "checks", ()) or () if c.max_abs_error is not None and c.tolerance is not None
+    )
+
+
+def plot_check_errors(report: Any) -> Any:
+    """Each numeric check's max abs error (a bar, green when it passes) against its tolerance (a black tick), on a
+    log scale; errors of exactly 0 are drawn at the left edge and labelled "0".
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when the
+    report has no check with both an error and a tolerance.
+    """
+    rows = check_errors_data(report)
+    if not rows:
+        raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
+                          "draw this picture only for reports with numeric checks (see check_errors_data).")
+    require_matplotlib()
+    values = [v for r in rows for v in (r.max_abs_error, r.tolerance) if np.isfinite(v) and v > 0]
+    floor = 10.0 ** (math.floor(math.log10(min(values))) - 2) if values else 1e-18
+    top = 10.0 ** (math.ceil(math.log10(max(values))) + 1) if values else 1.0
+    fig = _new_figure(8.0, 1.0 + 0.42 * len(rows))
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1]
+    for yk, r in zip(y, rows):
+        err = r.max_abs_error if np.isfinite(r.max_abs_error) else top
+        shown = max(err, floor)
+        colour = "#2e8b57" if r.passed else "#c0392b"
+        ax.barh(yk, shown - floor, left=floor, height=0.6, color=colour, alpha=0.8)
+        ax.plot([r.tolerance], [yk], marker="|", markersize=18, markeredgewidth=2.5, color="black")
+        relation = "≤" if r.max_abs_error <= r.tolerance else ">"  # NaN is not within
+        text = f"{'0' if r.max_abs_error == 0 else format_number(r.max_abs_error)} {relation} {format_number(r.tolerance)}"
+        if r.expect_difference:
+            text += "  (must differ)"
+        ax.text(shown * 1.5, yk, text, va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, top * 1e3)
+    ax.set_yticks(y, [r.name for r in rows], fontsize=8)
+    ax.set_xlabel("max abs error (bar) and tolerance (black tick), log scale")
+    ax.set_title("Each check's error against its tolerance (green = pass, red = fail)", fontsize=10)
+    return fig
+
+
+# ---- dispatch ----
+
+
+@dataclass(frozen=True)
+class Picture:
+    """One picture of a report: a file-name stem, a caption and the PNG bytes."""
+
+    name: str
+    caption: str
+    png: bytes
+
+
+def picture_kinds(report: Any) -> tuple[str, ...]:
+    """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
+    from natgrad_diag.autodiff.blocks import BlockJacobian
+
+    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), bool(check_errors_data(report)))
+    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "checks"), has) if ok)
+
+
+def _caption(kind: str, report: Any) -> str:
+    if kind == "jacobian":
+        J = report.jacobian
+        return (f"The explicit Jacobian ∂({', '.join(J.output_names)})/∂({', '.join(J.input_names)}) from tape.jacobian, "
+                f"{J.matrix.shape[0]} × {J.matrix.shape[1]}, with block boundaries. White is 0.")
+    if kind == "eta1":
+        return ("Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
+                "and the mean-path and varsqrt-path terms that add up to dL/deta1.")
+    return "Each check's max abs error against its tolerance (log scale)."
+
+
+_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison, "checks": plot_check_errors}
+
+
+def report_pictures(report: Any) -> tuple[Picture, ...]:
+    """Every picture ``report`` has (see :func:`picture_kinds`) as PNG; empty, and no matplotlib needed, when there
+    is nothing to draw. Raises MissingExtraError when there is and matplotlib is not installed."""
+    kinds = picture_kinds(report)
+    if not kinds:
+        return ()
+    require_matplotlib()
+    from natgrad_diag.progress import progress_bar
+
+    pictures = []
+    with progress_bar(total=len(kinds), description="drawing pictures") as advance:
+        for kind in kinds:
+            pictures.append(Picture(kind, _caption(kind, report), figure_to_png(_DRAW[kind](report))))
+            advance()
+    return tuple(pictures)
