@@ -1,4 +1,4 @@
-"""Pictures of reports and Jacobians: the public names of natgrad_diag.report.pictures (``*_data`` need no matplotlib)."""
+"""Pictures of reports and Jacobians: the public names of natgrad_diag.report.pictures (``*_data``: no matplotlib)."""
 
 from natgrad_diag.report.pictures import (
     BlockSpan, CheckError, Eta1Comparison, HeatmapData, Picture, check_errors_data, eta1_comparison_data, heatmap_data,
