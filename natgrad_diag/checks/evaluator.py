@@ -474,8 +474,7 @@ class _Pieces:
 
         backend = step_backend(xi, model.q_sqrt.transform, model.q_sqrt)
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record, else None
-        self.lapack_xi = backend.xi if backend.code == "lapack" else None
-        closed = step_backend(xi, model.q_sqrt.transform).xi
+        self.lapack_xi, closed = (backend.xi if backend.code == "lapack" else None), backend.xi
         model_ref, dtype = weakref.ref(model), model.q_mu.dtype  # the closures below must not hold the model
         self.scratch = scratch = gpflow.utilities.deepcopy(model)
         gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
