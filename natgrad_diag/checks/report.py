@@ -23,7 +23,9 @@ class GammaTrial:
         loss: the training loss after ``steps`` steps with γ (None when one of them failed).
         reason: "lowers the loss" / "raises the loss" (against the loss before any step), or why a step failed
             (with ``steps`` > 1, naming the step: "step 2 of 5: Cholesky failed").
-        steps: k, the number of natural-gradient steps taken from the current q(u) (1 unless asked).
+        steps: k, the number of natural-gradient steps the trial asked for from the current q(u).
+        losses: the loss after each step taken, in order (up to the failing step; its own loss when it rose).
+        failed_step: the step j (1-based) at which the trial failed, None when all k held.
     """
 
     gamma: float
@@ -31,6 +33,8 @@ class GammaTrial:
     loss: float | None
     reason: str = ""
     steps: int = 1
+    losses: tuple[float, ...] = ()
+    failed_step: int | None = None
 
 
 @dataclass(frozen=True)
