@@ -105,6 +105,13 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
     raise input_error(detail, name, expected or default_expected, repr(value), remedy or f"pass e.g. {name}={example}.")
 
 
+def require_bool(value: Any, name: str) -> bool:
+    """``value`` when it is True or False (numpy's included); else an :class:`InputError` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise input_error(f"{name} must be True or False.", name, "a bool", repr(value), f"pass {name}=True or {name}=False.")
+    return bool(value)
+
+
 def require_positive_float(value: Any, name: str, *, remedy: str = "") -> float:
     """``float(value)``, finite and > 0; else an :class:`InputError` naming ``name``.
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import validate_data, validate_model
+from natgrad_diag._validate import require_bool, validate_data, validate_model
 from natgrad_diag.checks import conjugate, fisher, health, loss_gradient, mapping, reproduction, xi_forward
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.causes import diagnose
@@ -122,7 +122,7 @@ def check_natgrad(
     model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, mode: str = "auto",
     rtol: float | None = None, atol: float | None = None, fisher_rtol: float | None = None,
     conjugate_rtol: float | None = None, fisher: bool | None = None, progress: bool = True, var_list: Any = None,
-    gamma_steps: int = 1,
+    gamma_steps: int = 1, gamma_search: bool = True,
 ) -> NatGradReport:  # fmt: skip
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
@@ -145,6 +145,8 @@ def check_natgrad(
         var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss
             (:mod:`natgrad_diag.checks.pairs`).
         gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps.
+        gamma_search: search γ for a suggestion; False judges the checked γ alone (what the training monitor runs
+            between its searches).
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
@@ -167,11 +169,12 @@ def check_natgrad(
     """
     k = validate_gamma_steps(gamma_steps)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
-        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k)
+        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
+                           gamma_search=require_bool(gamma_search, "gamma_search"))
     overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
     with _checking(model, data, gamma, xi_transform, overrides) as ctx:
         resolved = resolve_mode(mode, [(ctx.M, ctx.L)])
-        ctx = dataclasses.replace(ctx, gamma_steps=k, skip=_skip(mode, resolved, ctx.M, ctx.L, fisher))
+        ctx = dataclasses.replace(ctx, gamma_steps=k, search=require_bool(gamma_search, "gamma_search"), skip=_skip(mode, resolved, ctx.M, ctx.L, fisher))
         ev = evaluator(ctx, compiled=resolved == "fast")
         total = 1 + sum(1 + stage.ticks(ev) for stage in STAGES)
         with progress_bar(total if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:

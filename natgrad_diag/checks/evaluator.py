@@ -75,7 +75,8 @@ def dtype_context(dtype: Any) -> Iterator[None]:
 @dataclass(frozen=True)
 class Context:
     """The validated inputs of one run: the model (None in the var_list form), data (X [N, D], Y [N, P]) or None,
-    ξ, γ, tolerances, numpy dtype, M (N for a VGP), L, k = ``gamma_steps``, and (check, why) of the checks skipped."""
+    ξ, γ, tolerances, numpy dtype, M (N for a VGP), L, k = ``gamma_steps``, whether to search γ for a suggestion, and
+    (check, why) of the checks skipped."""
 
     model: Any
     data: Any
@@ -86,6 +87,7 @@ class Context:
     M: int
     L: int
     gamma_steps: int = 1
+    search: bool = True
     skip: tuple[tuple[str, str], ...] = ()
 
     def skipped(self, name: str) -> str:

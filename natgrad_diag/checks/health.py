@@ -119,6 +119,9 @@ def suggest(
     held fixed; a trial fails if any of its k steps does (``why``: why the step at γ is unhealthy).
     """
     gamma = ev.ctx.gamma
+    if not ev.ctx.search:
+        own = _own_trial(ev, step, healthy, loss_after, why)
+        return (gamma if own.healthy and own.loss is not None and own.loss < step.loss else None), (own,)
     own = _own_trial(ev, step, healthy, loss_after, why) if not ev.whole_grid or gamma in GAMMA_GRID else None
     trials: list[GammaTrial] = []
     grid = list(GAMMA_GRID)

@@ -163,7 +163,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
 
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
-    mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 1,
+    mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 1, gamma_search: bool = True,
 ) -> NatGradReport:  # fmt: skip
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
@@ -175,7 +175,7 @@ def check_pairs(
         gamma, xi_transform, rtol, atol: as :func:`natgrad_diag.check_natgrad`.
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
-        gamma_steps: k, validated by the caller: each γ tried is measured by the loss after k steps of its pair.
+        gamma_steps, gamma_search: validated by the caller, as :func:`natgrad_diag.check_natgrad` takes them.
 
     Returns:
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
@@ -204,7 +204,7 @@ def check_pairs(
             np_dtype = np.dtype(pair[1].dtype.as_numpy_dtype)
             tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
             M, L = int(pair[1].shape[0]), int(pair[1].shape[1])
-            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps)
+            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()), whole_grid=resolved == "full")
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     return NatGradReport.of_pairs(tuple(reports), resolved)
