@@ -37,7 +37,7 @@ from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditi
 from natgrad_diag.checks.causes import diagnose
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, dtype_context, evaluator, resolve_mode
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag.checks.pairs import check_pairs
+from natgrad_diag.checks.pairs import check_pairs, trainable_note, variational_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.progress import progress_bar
@@ -99,7 +99,7 @@ def validate_gamma_steps(gamma_steps: Any) -> int:
         raise InputError(
             f"gamma_steps must be an integer from 1 to {MAX_GAMMA_STEPS}{why}.",
             context=[("Argument", "gamma_steps"), ("Expected", f"an int, 1 ≤ gamma_steps ≤ {MAX_GAMMA_STEPS}"), ("Got", repr(gamma_steps))],
-            remedy="pass gamma_steps=1 (the loss after one step, the default) or e.g. gamma_steps=5.",
+            remedy="pass gamma_steps=5 (the default: the loss after five steps), or gamma_steps=1 for one step.",
         )
     return int(gamma_steps)
 
@@ -122,7 +122,7 @@ def check_natgrad(
     model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, mode: str = "auto",
     rtol: float | None = None, atol: float | None = None, fisher_rtol: float | None = None,
     conjugate_rtol: float | None = None, fisher: bool | None = None, progress: bool = True, var_list: Any = None,
-    gamma_steps: int = 1, gamma_search: bool = True,
+    gamma_steps: int = 5, gamma_search: bool = True,
 ) -> NatGradReport:  # fmt: skip
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
@@ -144,7 +144,8 @@ def check_natgrad(
         progress: show a progress bar (on a terminal) in full mode.
         var_list: [(q_mu, q_sqrt), ...] as NaturalGradient.minimize takes it; ``model`` is then the loss
             (:mod:`natgrad_diag.checks.pairs`).
-        gamma_steps: k, 1 to 1000: the γ search measures each γ by the loss after k steps.
+        gamma_steps: k, 1 to 1000: ``step_health`` judges γ over k steps (each keeps q(u) valid and does not raise
+            the loss beyond rounding), and the γ search measures each γ by the loss after k steps.
         gamma_search: search γ for a suggestion; False judges the checked γ alone (what the training monitor runs
             between its searches).
 
@@ -236,8 +237,8 @@ def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Condition
         model_name=type(m).__name__, likelihood=type(m.likelihood).__name__, num_inducing=ctx.M, num_latent=ctx.L, num_data=N,
         dtype=dtype, whiten=bool(getattr(m, "whiten", True)), xi_transform=type(ctx.xi).__name__, gamma=ctx.gamma, mode=mode,
         loss_before=step.loss if np.isfinite(step.loss) else None, loss_after=h.loss_after, suggested_gamma=h.suggested,
-        step_error=h.step_error, gamma_trials=h.trials, skipped=found.skipped, warnings=found.warnings,
-        numbers=tuple((k, float(v)) for k, v in found.numbers), checks=found.checks, causes=causes,
+        step_error=h.step_error, gamma_trials=h.trials, skipped=found.skipped,
+        warnings=found.warnings + tuple(filter(None, [trainable_note(variational_pairs(m))])), numbers=tuple((k, float(v)) for k, v in found.numbers), checks=found.checks, causes=causes,
         new_q_mu=step.new_q_mu if ok else None, new_q_sqrt=step.new_q_sqrt if ok else None, dL_deta1=step.dL_deta1, dL_deta2=step.dL_deta2,
     )  # fmt: skip
 

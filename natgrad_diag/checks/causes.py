@@ -94,7 +94,7 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     diverged = [c for c in bad if c.name == "conjugate_convergence" and c.status == "fail" and ("a step failed" in c.detail or "shrinks at every step" in c.claim)]
     health = [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]
     if health:
-        fix = f"use gamma = {suggested_gamma:g} (of the grid's healthy steps, the one with the lowest loss after it)." if suggested_gamma is not None else "use a smaller gamma."
+        fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))
     rest = [c for c in bad if c not in health]
     ill = cond is not None and eps(dtype) * _worst_kappa(cond)[1] > ILL_CONDITIONED

@@ -27,6 +27,7 @@ from natgrad_diag import _compile
 from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
 from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
+from natgrad_diag.report.records import format_number
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
@@ -36,7 +37,7 @@ from natgrad_diag.typing import Array
 __all__ = [
     "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "evaluator",
     "finite_loss", "float_dtype", "gpflow_update", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
-    "stepwise", "traced",
+    "stepwise", "traced", "Trial",
 ]  # fmt: skip
 
 #: (new_q_mu [M, L], new_q_sqrt [L, M, M]) → (usable, why not): the full health test of a trial's q(u).
@@ -266,23 +267,29 @@ def _assign(param: Any, value: Any) -> None:
     param.unconstrained_variable.assign(value if transform is None else transform.inverse(value))
 
 
-def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Callable[..., dict[str, Any]]:
+def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any], gpflow: Any = None) -> Callable[..., dict[str, Any]]:
     """``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``, ``q_sqrt`` (eager or traced) by the
-    code :func:`~natgrad_diag.step.backend.step_backend` picks; returns the new q(u), ``loss(data)`` there, its
-    gradient, and the health flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
+    code :func:`~natgrad_diag.step.backend.step_backend` picks, or with ``gpflow`` = (a ``NaturalGradient``, its γ
+    variable) by GPflow's own update; returns the new q(u), ``loss(data)`` there, its gradient, and the health flags
+    q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
     name = step_backend(xi, q_sqrt.transform).xi
 
     def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
         import tensorflow as tf
 
-        args = (tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma)
-        if name is not None:
-            new_mu, new_sq = natgrad_step_closed_form(*args, name)
+        if gpflow is not None:
+            gpflow[1].assign(gamma)
+            natgrad_apply_gradients(gpflow[0], g_mu, g_sq, q_mu, q_sqrt, xi)
+            new_mu, new_sq = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
         else:
-            out = natgrad_tensors(*args, xi)
-            new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
-        _assign(q_mu, new_mu)
-        _assign(q_sqrt, new_sq)
+            args = (tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma)
+            if name is not None:
+                new_mu, new_sq = natgrad_step_closed_form(*args, name)
+            else:
+                out = natgrad_tensors(*args, xi)
+                new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
+            _assign(q_mu, new_mu)
+            _assign(q_sqrt, new_sq)
         value, g_mu_new, g_sq_new = _grads(lambda: loss(data), q_mu, q_sqrt)
         return dict(
             new_q_mu=new_mu, new_q_sqrt=new_sq, loss=value, g_mu=g_mu_new, g_sq=g_sq_new,
@@ -292,36 +299,57 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> Cal
     return step
 
 
-def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy) -> tuple[float | None, str]:
-    """The trial's (loss, "") or (None, "step j of k: why") from the last step taken (step j; the trial stopped there)."""
+#: A trial's outcome: the loss after each step taken, why it failed ("" when all k steps held) and the failing step.
+Trial = tuple[tuple[float, ...], str, "int | None"]
+
+
+def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list[float], before: float, rise: float) -> Trial:
+    """The trial's outcome from the last step taken (step j of k; the trial stopped there), ``before`` being the
+    loss before that step: its q(u) fails the full test, its loss is not finite or rose by more than ``rise``,
+    or (j < k) the gradient for the next step is not finite."""
     at = f"step {j} of {k}: " if k > 1 else ""
-    if not out["q_ok"] or out["ok"]:  # the full test where the graph's failed, and on the q(u) the loss is taken at
+    if not out["q_ok"] or j == k or out["ok"]:  # the full test where the graph's failed, and on the last q(u)
         ok, why = healthy(out["new_q_mu"], out["new_q_sqrt"])
         if not ok or not out["q_ok"]:
-            return None, at + (why or "the new q_sqrt is not lower-triangular with a positive diagonal")
+            return tuple(losses), at + (why or "the new q_sqrt is not lower-triangular with a positive diagonal"), j
     if not out["loss_ok"]:
-        return None, at + ("the loss after it is not finite" if k > 1 else "the loss after the step is not finite")
-    if not out["ok"]:  # only the gradient for the next step is left
-        return None, f"step {j + 1} of {k}: the gradient of the loss before it is not finite"
-    return float(out["loss"]), ""
+        return tuple(losses), at + "the loss after it is not finite", j
+    loss = float(out["loss"])
+    losses = [*losses, loss]
+    if loss > before + rise:
+        return tuple(losses), at + f"the loss rose from {format_number(before)} to {format_number(loss)}", j
+    if j < k and not out["g_ok"]:
+        return tuple(losses), f"step {j + 1} of {k}: the gradient of the loss before it is not finite", j + 1
+    return tuple(losses), "", None
 
 
-def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
-    """The loss after k calls of ``step`` (:func:`one_step`, eager or compiled) from ``args`` = (data, g_mu, g_sq,
-    gamma), or (None, why) naming the first step that raised or was unhealthy."""
+def _raised(line: str) -> str:
+    """A step's TensorFlow error in a few words."""
+    if "Cholesky" in line:
+        return "Cholesky failed (a covariance of the step is not positive definite)"
+    if "NaN" in line or "Inf" in line:
+        return "the step produced NaN or Inf (GPflow refused to assign it)"
+    return line
+
+
+def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float) -> Trial:
+    """Up to k calls of ``step`` (:func:`one_step`, eager or compiled) from ``args`` = (data, g_mu, g_sq, gamma) and the
+    loss ``before`` them, stopping at the first step that raises, is unhealthy or raises the loss by more than
+    ``rise`` (see :func:`_verdict`)."""
     import tensorflow as tf
 
     data, g_mu, g_sq, gamma = args
+    losses: list[float] = []
     for j in range(1, k + 1):
         try:
             out: dict[str, Any] = {key: np.asarray(v) for key, v in step(data, g_mu, g_sq, gamma).items()}
         except tf.errors.InvalidArgumentError as e:
-            line = error_line(e)
-            return None, (f"step {j} of {k}: " if k > 1 else "") + ("Cholesky failed" if "Cholesky" in line else line)
-        out["ok"] = bool(out["q_ok"] and out["loss_ok"] and (out["g_ok"] or j == k))
-        if not out["ok"] or j == k:
-            return _verdict(out, j, k, healthy)
-        g_mu, g_sq = out["g_mu"], out["g_sq"]
+            return tuple(losses), (f"step {j} of {k}: " if k > 1 else "") + _raised(error_line(e)), j
+        fine = bool(out["q_ok"] and out["loss_ok"] and float(out["loss"]) <= before + rise and (out["g_ok"] or j == k))
+        if not fine or j == k:
+            return _verdict(dict(out, ok=fine), j, k, healthy, losses, before, rise)
+        losses.append(float(out["loss"]))
+        before, g_mu, g_sq = float(out["loss"]), out["g_mu"], out["g_sq"]
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -332,13 +360,11 @@ class Evaluator:
     """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
 
     The oracles ask its capabilities, not the mode: ``explicit_jacobians`` (explicit F and ∂ξ/∂θ), ``loss_directions``
-    (of the loss-gradient check), ``whole_grid`` (else γ first, the grid below it only when γ's step is unhealthy or
-    raises the loss), ``compares`` (how the reproduction's two steps were computed).
+    (of the loss-gradient check), ``compares`` (how the reproduction's two steps were computed).
     """
 
     explicit_jacobians = True
     loss_directions = 3
-    whole_grid = True
     compares = "both eager"
 
     def __init__(self, ctx: Context, scratch: Any = None) -> None:
@@ -347,7 +373,12 @@ class Evaluator:
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else gpflow.utilities.deepcopy(ctx.model)
         s = self.scratch
-        self._step = one_step(s.q_mu, s.q_sqrt, ctx.xi, lambda data: ctx.loss(s)) if s is not None else None
+        if s is not None:
+            import tensorflow as tf
+
+            gamma = tf.Variable(1.0, dtype=s.q_mu.dtype, trainable=False)
+            own = (gpflow.optimizers.NaturalGradient(gamma, ctx.xi), gamma)
+            self._step, self._own = (one_step(s.q_mu, s.q_sqrt, ctx.xi, lambda data: ctx.loss(s), g) for g in (None, own))
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
 
     @property
@@ -436,20 +467,20 @@ class Evaluator:
             scratch.q_sqrt.assign(t.new_q_sqrt)
             yield scratch
 
-    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
-        """(the loss after k steps with ``gamma`` from the model's q(u) and the gradient ``g_mu``, ``g_sq`` there, "")
-        or (None, "step j of k: why") (:func:`stepwise`)."""
+    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
+        """Up to k steps with ``gamma`` from the model's q(u), whose gradient is ``g_mu``, ``g_sq`` and loss ``before``
+        (:func:`stepwise`): by GPflow's own update when ``own`` (the γ being checked), else by natgrad-diag's."""
         import tensorflow as tf
 
         if not finite(g_mu, g_sq):
-            return None, f"step 1 of {k}: the gradient of the loss before it is not finite"
+            return (), f"step 1 of {k}: the gradient of the loss before it is not finite", 1
         self.sync()
         dtype = self.ctx.model.q_mu.dtype
-        return self._trial((self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
+        args = (self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
+        return self._trial(args, k, healthy, before, rise, own)
 
-    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
-        assert self._step is not None  # a model's evaluator has a scratch copy
-        return stepwise(self._step, args, k, healthy)
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
+        return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
 
 
 #: What the compiled step keeps, so that the graph prunes the rest (the default-seed gradient Jᵀ·1).
@@ -513,26 +544,29 @@ class _Pieces:
             scratch.q_sqrt.assign(q_sqrt)
             return loss(data)
 
-        self.step = step = one_step(scratch.q_mu, scratch.q_sqrt, xi, loss)
+        self.steps = steps = {own: one_step(scratch.q_mu, scratch.q_sqrt, xi, loss, (opt, gamma_var) if own else None) for own in (False, True)}
+        self.step = steps[False]
 
-        def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any) -> dict[str, Any]:
+        def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
 
-            def body(j: Any, ok: Any, out: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-                new = step(data, out["g_mu"], out["g_sq"], gamma)
-                ok = new["q_ok"] & new["loss_ok"] & (new["g_ok"] | tf.equal(j + 1, k))
-                return j + 1, ok, {key: tf.cast(new[key], out[key].dtype) for key in out}
+            def body(j: Any, ok: Any, losses: Any, out: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
+                new = steps[own](data, out["g_mu"], out["g_sq"], gamma)
+                fine = new["q_ok"] & new["loss_ok"] & (new["loss"] <= out["loss"] + rise) & (new["g_ok"] | tf.equal(j + 1, k))
+                losses = losses.write(j, tf.cast(new["loss"], dtype))
+                return j + 1, fine, losses, {key: tf.cast(new[key], out[key].dtype) for key in out}
 
             init = dict(
                 new_q_mu=tf.convert_to_tensor(scratch.q_mu), new_q_sqrt=tf.convert_to_tensor(scratch.q_sqrt),
-                loss=tf.constant(np.nan, dtype), g_mu=g_mu, g_sq=g_sq, **dict.fromkeys(("q_ok", "loss_ok", "g_ok"), tf.constant(True)),
+                loss=tf.cast(before, dtype), g_mu=g_mu, g_sq=g_sq, **dict.fromkeys(("q_ok", "loss_ok", "g_ok"), tf.constant(True)),
             )  # fmt: skip
-            j, ok, out = tf.while_loop(lambda j, ok, out: (j < k) & ok, body, (tf.constant(0), tf.constant(True), init))
-            return dict(out, steps=j, ok=ok)
+            start = (tf.constant(0), tf.constant(True), tf.TensorArray(dtype, size=0, dynamic_size=True), init)
+            j, ok, losses, out = tf.while_loop(lambda j, ok, losses, out: (j < k) & ok, body, start)
+            return dict(out, steps=j, ok=ok, losses=losses.stack())
 
-        def single(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+        def single(data: Any, g_mu: Any, g_sq: Any, gamma: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps_replay")
-            return step(data, g_mu, g_sq, gamma)
+            return steps[own](data, g_mu, g_sq, gamma)
 
         pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single)
         self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = map(tf.function, pieces)
@@ -548,7 +582,6 @@ class CompiledEvaluator(Evaluator):
 
     explicit_jacobians = False
     loss_directions = 1
-    whole_grid = False
     compares = "both compiled"
 
     def __init__(self, ctx: Context) -> None:
@@ -599,17 +632,21 @@ class CompiledEvaluator(Evaluator):
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
 
-    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy) -> tuple[float | None, str]:
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
         import tensorflow as tf
 
+        p = self.pieces
         if k == 1:  # one eager step traces nothing
-            return stepwise(self.pieces.step, args, k, healthy)
+            return stepwise(p.steps[own], args, k, healthy, before, rise)
+        dtype = self.ctx.model.q_mu.dtype
         try:
-            out = self.pieces.k_steps(*args, tf.constant(k))
+            out = p.k_steps(*args, tf.constant(k), tf.constant(before, dtype), tf.constant(rise, dtype), own)
         except tf.errors.InvalidArgumentError:
             self.sync()
-            return stepwise(self.pieces.single, args, k, healthy)
-        return _verdict({key: v.numpy() for key, v in out.items()}, int(out["steps"].numpy()), k, healthy)
+            return stepwise(lambda *a: p.single(*a, own), args, k, healthy, before, rise)
+        out = {key: v.numpy() for key, v in out.items()}
+        j, losses = int(out["steps"]), [float(x) for x in out["losses"]]
+        return _verdict(out, j, k, healthy, losses[:-1], losses[-2] if j > 1 else before, rise)
 
 
 def resolve_mode(mode: Any, sizes: list[tuple[int, int]]) -> str:

@@ -1,5 +1,15 @@
-"""The ``step_health`` oracle: is the new q(u) usable, the loss after the step, and the γ of the grid with the lowest
-measured loss."""
+"""The ``step_health`` oracle: does training with the checked γ hold for k steps, and which γ trains best.
+
+A verdict about a step length must hold over the steps that follow, so γ is judged by k = ``gamma_steps`` steps
+(default 5) from the current q(u), hyperparameters held fixed, by GPflow's own update (the thing being checked). It
+fails at the first step that raises, leaves the valid set (q_sqrt lower-triangular with a positive diagonal, S
+positive definite, everything finite) or raises the loss by more than the rounding of one loss evaluation.
+
+The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
+from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
+to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step. These other
+γ take natgrad-diag's closed-form step, which the ``reproduction`` check finds equal to GPflow's.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +25,10 @@ from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "best_gamma", "health", "stage", "suggest", "ticks"]
+__all__ = ["GAMMA_GRID", "best_gamma", "health", "search", "stage", "ticks"]
 
-#: Step lengths tried, largest first, for the suggested gamma.
-GAMMA_GRID = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
+#: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
+GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
 
 
 def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tuple[bool, str, dict[str, float]]:
@@ -59,24 +69,28 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
     return True, "", nums
 
 
-def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: float, dtype: Any) -> float | None:
-    """The γ whose healthy step has the lowest loss after it, among those that lower the loss; ties to the smaller γ.
+def rounding(loss: float, dtype: Any) -> float:
+    """The rounding of one loss evaluation, ``rounding_bound(dtype, condition=1, scale=|loss|)`` = 100·ε·|loss| (a
+    sum of N terms each computed to a few ε; 100 absorbs N up to the size where its rounding matters): two losses
+    closer than this tie, and a step may raise the loss by this much and still be healthy."""
+    return rounding_bound(dtype, condition=1.0, scale=abs(loss))
 
-    Two losses tie when they differ by at most the rounding of one loss evaluation,
-    ``rounding_bound(dtype, condition=1, scale=max|loss|)`` = 100·ε·max|loss| (the loss is a sum of N terms each
-    computed to a few ε; 100 absorbs N up to the size where its rounding matters).
+
+def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) -> float | None:
+    """The γ with the lowest loss after its k steps among the trials healthy for all k; ties (:func:`rounding`) go to
+    the smaller γ; None when no trial is healthy.
 
     Examples:
-        >>> t = [GammaTrial(1.0, True, 5.0), GammaTrial(0.1, True, 2.0), GammaTrial(0.01, True, 2.0), GammaTrial(0.5, False, None)]
-        >>> best_gamma(t, 10.0, np.float64)
+        >>> t = [GammaTrial(1.0, True, 5.0), GammaTrial(0.1, True, 2.0), GammaTrial(0.01, True, 2.0), GammaTrial(3.0, False, None)]
+        >>> best_gamma(t, np.float64)
         0.01
-        >>> best_gamma([GammaTrial(1.0, True, 11.0)], 10.0, np.float64) is None
+        >>> best_gamma([GammaTrial(1.0, False, None)], np.float64) is None
         True
     """
-    usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None and t.loss < loss_before)
+    usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None)
     if not usable:
         return None
-    tie = rounding_bound(dtype, condition=1.0, scale=max(abs(loss) for _, loss in usable))
+    tie = rounding(max(abs(loss) for _, loss in usable), dtype)
     best = usable[0]
     for g, loss in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
         if loss < best[1] - tie:
@@ -84,96 +98,88 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], loss_before: f
     return best[0]
 
 
-def _trial(ev: Evaluator, gamma: float, step: Step) -> GammaTrial:
-    """One step length, measured by the loss after ``gamma_steps`` = k steps from the current q(u) (the evaluator's
-    :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`); a trial fails at the first unhealthy step."""
-    k = ev.ctx.gamma_steps
-    loss, why = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, ev.ctx.np_dtype)[:2])
-    return _measured(gamma, loss, why, step, k)
+def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> GammaTrial:
+    """γ measured by up to k = ``gamma_steps`` steps from the current q(u) (the evaluator's
+    :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`), stopped at the first failing step."""
+    k, dtype = ev.ctx.gamma_steps, ev.ctx.np_dtype
+    losses, why, failed = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rounding(step.loss, dtype), own=own)
+    if failed is not None:
+        return GammaTrial(gamma, False, None, why, k, losses, failed)
+    return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
 
 
-def _measured(gamma: float, loss: float | None, why: str, step: Step, k: int) -> GammaTrial:
-    if loss is None:
-        return GammaTrial(gamma, False, None, why, k)
-    return GammaTrial(gamma, True, loss, "lowers the loss" if loss < step.loss else "raises the loss", k)
+def search(ev: Evaluator, step: Step, own: GammaTrial) -> tuple[float | None, tuple[GammaTrial, ...]]:
+    """The suggested γ (:func:`best_gamma`) and every trial measured, by bracketing on :data:`GAMMA_GRID` and γ
+    (module docstring); ``own`` is γ's trial."""
+    grid = sorted({*GAMMA_GRID, own.gamma})
+    measured = {own.gamma: own}
+    tie = rounding(step.loss, ev.ctx.np_dtype)
 
+    def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
+        if grid[i] not in measured:
+            measured[grid[i]] = _trial(ev, grid[i], step)
+        t = measured[grid[i]]
+        ok = t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie)
+        return ok, t
 
-def _own_trial(ev: Evaluator, step: Step, healthy: bool, loss_after: float | None, why: str) -> GammaTrial:
-    """The step at γ itself as a trial (already taken: nothing is computed when ``gamma_steps`` is 1)."""
-    gamma, k = ev.ctx.gamma, ev.ctx.gamma_steps
-    if healthy and loss_after is not None:
-        return _trial(ev, gamma, step) if k > 1 else _measured(gamma, loss_after, "", step, 1)
-    return _measured(gamma, None, f"step 1 of {k}: {why or step.error or 'unhealthy step'}" if k > 1 else step.error or "unhealthy step", step, k)
+    def walk(i: int, direction: int, best: GammaTrial | None) -> GammaTrial | None:
+        while 0 <= i + direction < len(grid):
+            ok, t = better(i + direction, best)
+            if not ok and (best is not None or t.healthy):  # worse than the best so far (or healthy but no better)
+                break
+            i += direction
+            best = t if ok else best
+        return best
 
-
-def suggest(
-    ev: Evaluator, step: Step, healthy: bool, loss_after: float | None, advance: Callable[..., Any], why: str = "",
-) -> tuple[float | None, tuple[GammaTrial, ...]]:  # fmt: skip
-    """The γ of :data:`GAMMA_GRID` whose step is healthy and has the lowest loss after it (see :func:`best_gamma`).
-
-    With ``ev.whole_grid`` (full mode) the loss after one step is measured for every γ of the grid (the step at γ
-    itself is reused when γ is on the grid). Otherwise (fast mode, which the monitor runs every few training steps)
-    γ is kept when its step is healthy and lowers the loss (one trial, nothing else computed), and every γ of the
-    grid below γ is measured when it is not (the trials then start with γ's own). With ``gamma_steps`` = k > 1
-    every γ tried (γ's own included) is measured by the loss after k steps from the current q(u), hyperparameters
-    held fixed; a trial fails if any of its k steps does (``why``: why the step at γ is unhealthy).
-    """
-    gamma = ev.ctx.gamma
-    if not ev.ctx.search:
-        own = _own_trial(ev, step, healthy, loss_after, why)
-        return (gamma if own.healthy and own.loss is not None and own.loss < step.loss else None), (own,)
-    own = _own_trial(ev, step, healthy, loss_after, why) if not ev.whole_grid or gamma in GAMMA_GRID else None
-    trials: list[GammaTrial] = []
-    grid = list(GAMMA_GRID)
-    if not ev.whole_grid and own is not None:
-        if own.healthy and own.loss is not None and own.loss < step.loss:
-            return gamma, (own,)
-        grid, trials = [g for g in GAMMA_GRID if g < gamma], [own]
-    for g in grid:
-        trials.append(own if ev.whole_grid and g == gamma and own is not None else _trial(ev, g, step))
-        advance()
-    return best_gamma(trials, step.loss, ev.ctx.np_dtype), tuple(trials)
-
-
-def _health_check(ctx: Context, step: Step, healthy: bool, why: str, loss_after: float | None, suggested: float | None) -> Check:
-    f32_note = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 and not healthy else ""
-    k = ctx.gamma_steps
-    after = f" after {k} steps" if k > 1 else ""
-    by = f" (the lowest loss after {k} steps)" if k > 1 else ""
-    hint = f" Suggested gamma: {suggested:g}{by}." if suggested is not None else f" No gamma of the grid gives a healthy step that lowers the loss{after}."
-    if healthy:
-        assert loss_after is not None  # stage passes healthy=True only with loss_after set
-        change = loss_after - step.loss
-        claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid: finite, q_sqrt lower-triangular with a positive diagonal, S positive definite"
-        detail = f"loss {step.loss!r} → {loss_after!r} ({'lower' if change < 0 else 'HIGHER'} by {format_number(abs(change))}).{hint}"
+    i0 = grid.index(own.gamma)
+    if own.healthy:
+        if walk(i0, +1, own) is own:
+            walk(i0, -1, own)
     else:
-        claim = f"the step with gamma = {ctx.gamma:g} keeps q(u) valid"
-        detail = f"{why.rstrip('.')}.{f32_note}{hint}"
-    return Check(name="step_health", claim=claim, status=status_of(healthy), detail=detail)
+        walk(i0, -1, None)
+    trials = tuple(measured[g] for g in sorted(measured, reverse=True))
+    return best_gamma(trials, ev.ctx.np_dtype), trials
+
+
+def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
+    k = ctx.gamma_steps
+    steps = f"{k} steps" if k > 1 else "the step"
+    claim = (
+        f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive diagonal, "
+        f"S positive definite) and never raise the loss beyond the rounding of one evaluation (100·ε·|loss|)"
+    )
+    best = next((t for t in trials if t.gamma == suggested), None)
+    trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
+    if own.healthy:
+        assert own.loss is not None  # a healthy trial has its loss
+        detail = f"loss {step.loss!r} → {own.loss!r} after {steps}."
+        if trains and suggested != ctx.gamma:
+            detail += f" Suggested: {trains}."
+    else:
+        f32 = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 else ""
+        at = f" at step {own.failed_step}" if k > 1 and own.failed_step else ""
+        why = own.reason.split(": ", 1)[1] if k > 1 and own.reason.startswith("step ") else own.reason
+        detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or f"no gamma of the grid holds for {steps}") + "." + f32
+    return Check(name="step_health", claim=claim, status=status_of(own.healthy), detail=detail)
 
 
 def ticks(ev: Evaluator) -> int:
-    """Progress-bar ticks of this stage beyond its own: one per γ of the grid when the whole grid is measured."""
-    return len(GAMMA_GRID) if ev.whole_grid else 0
+    """Progress-bar ticks of this stage beyond its own (the search's length is not known in advance)."""
+    return 0
 
 
 def stage(run: Run) -> Outcome:
-    """``step_health``: is the step at γ healthy and does it lower the loss; search the grid for a suggestion.
-
-    The loss after the step is the one after GPflow's step when the evaluator computed it, else the loss at
-    natgrad-diag's new q(u).
-    """
-    ev, step = run.ev, run.step
-    healthy, why, nums = health(step.new_q_mu, step.new_q_sqrt, ev.ctx.np_dtype)
-    if step.error:
-        healthy, why = False, step.error
-    loss_after = run.gp.loss_after if not step.error else None
-    # health() is True only when the step has new parameters: the last two conditions restate that for mypy
-    if healthy and loss_after is None and step.new_q_mu is not None and step.new_q_sqrt is not None:
-        loss_after = ev.loss_at(step.new_q_mu, step.new_q_sqrt)
-        if loss_after is None:
-            healthy, why = False, "the loss after the step is not finite"
-    suggested, trials = suggest(ev, step, healthy, loss_after if healthy else None, run.advance, why)
-    check = _health_check(ev.ctx, step, healthy, why, loss_after, suggested)
-    result = HealthResult(loss_after if healthy else None, suggested, trials, "" if healthy else why)
+    """``step_health``: γ's k steps by GPflow's own update (the first is the step the other checks looked at; when it
+    failed, nothing more is taken), then the search for a suggestion unless ``gamma_search=False``."""
+    ev, step, ctx = run.ev, run.step, run.ev.ctx
+    ok, why, nums = health(step.new_q_mu, step.new_q_sqrt, ctx.np_dtype)
+    if step.error or run.gp.error or not ok:
+        first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
+        own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
+    else:
+        own = _trial(ev, ctx.gamma, step, own=True)
+    suggested, trials = search(ev, step, own) if ctx.search else (own.gamma if own.healthy else None, (own,))
+    check = _health_check(ctx, step, own, suggested, trials)
+    loss_after = own.losses[0] if own.losses else None
+    result = HealthResult(loss_after if own.healthy else None, suggested, trials, "" if own.healthy else own.reason)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)

@@ -27,14 +27,14 @@ from natgrad_diag.checks import health, reproduction
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients,
-    stepwise, traced,
+    Trial, stepwise, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.exceptions import InputError, UnsupportedModelError
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
-__all__ = ["Pair", "PairEvaluator", "check_pairs", "variational_pairs"]
+__all__ = ["Pair", "PairEvaluator", "check_pairs", "trainable_note", "variational_pairs"]
 
 
 #: (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M]); the names are Python expressions for the user.
@@ -84,6 +84,18 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
     return pairs
 
 
+def trainable_note(pairs: list[Pair]) -> str:
+    """"" when no q_mu or q_sqrt of ``pairs`` is trainable; else the sentence naming them, with the fix."""
+    names = [n for mu_name, mu, sq_name, sq in pairs for n, p in ((mu_name, mu), (sq_name, sq)) if p.trainable]
+    if not names:
+        return ""
+    fix = "; ".join(f"gpflow.set_trainable({n}, False)" for n in names)
+    return (
+        f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} trainable: an optimizer over the model's trainable variables "
+        f"(e.g. Adam) then moves q(u) too and undoes the natural-gradient step. Exclude them from it: {fix}."
+    )
+
+
 @contextmanager
 def _restored(variables: list[Any]) -> Iterator[None]:
     """Put every variable back to its value on entry, bit for bit, on exit."""
@@ -104,12 +116,17 @@ class PairEvaluator(Evaluator):
 
     compares = "natgrad_trace against GPflow's update of the pair"
 
-    def __init__(self, ctx: Context, loss: Callable[[], Any], pair: Pair, grads: tuple[Any, Any], loss_before: float, *, whole_grid: bool) -> None:
+    def __init__(self, ctx: Context, loss: Callable[[], Any], pair: Pair, grads: tuple[Any, Any], loss_before: float) -> None:
+        import gpflow
+        import tensorflow as tf
+
         super().__init__(ctx)
-        self.whole_grid, self.loss, self.grads, self.loss_before = whole_grid, loss, grads, loss_before
+        self.loss, self.grads, self.loss_before = loss, grads, loss_before
         _, self.q_mu, _, self.q_sqrt = pair
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
-        self._step = one_step(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
+        gamma = tf.Variable(1.0, dtype=self.q_mu.dtype, trainable=False)
+        own = (gpflow.optimizers.NaturalGradient(gamma, ctx.xi), gamma)
+        self._step, self._own = (one_step(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss(), g) for g in (None, own))
 
     def take(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
@@ -126,13 +143,13 @@ class PairEvaluator(Evaluator):
         with _restored(self.variables):
             return finite_loss(loss)
 
-    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy) -> tuple[float | None, str]:
+    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
         import tensorflow as tf
 
-        assert self._step is not None  # set in __init__
         dtype = self.q_mu.dtype
         with _restored(self.variables):
-            return stepwise(self._step, ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype)), k, healthy)
+            args = ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
+            return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
 
 
 _SKIPPED = (
@@ -163,7 +180,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
 
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
-    mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 1, gamma_search: bool = True,
+    mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 5, gamma_search: bool = True,
 ) -> NatGradReport:  # fmt: skip
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
@@ -205,6 +222,6 @@ def check_pairs(
             tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
             M, L = int(pair[1].shape[0]), int(pair[1].shape[1])
             ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search)
-            ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()), whole_grid=resolved == "full")
+            ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     return NatGradReport.of_pairs(tuple(reports), resolved)

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
-    p.add_argument("--gamma-steps", type=gamma_steps_arg, default=1, metavar="K", help="measure each gamma of the search by the loss after K steps")
+    p.add_argument("--gamma-steps", type=gamma_steps_arg, default=5, metavar="K", help="judge gamma, and measure each gamma of the search, by K steps (default 5)")
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")

@@ -39,11 +39,11 @@ def gamma_steps_arg(text: str) -> int:
 def check_natgrad_cli(
     *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int = 10, num_latent: int = 1,
     num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
-    mode: str = "auto", seed: int = 0, gamma_steps: int = 1,
+    mode: str = "auto", seed: int = 0, gamma_steps: int = 5,
 ) -> NatGradReport:  # fmt: skip
     """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
 
-    ``gamma_steps`` (``--gamma-steps K``): the γ search measures each γ by the loss after K steps.
+    ``gamma_steps`` (``--gamma-steps K``): γ is judged, and each γ of the search measured, by K steps.
     """
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
