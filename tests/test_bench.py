@@ -54,7 +54,8 @@ def test_run_bench__checks_are_correctness_only_and_hold(quick_report):
     assert names == {
         "trace_matches_gpflow", "jacobian_matches_tape", "vech_matches_general", "help_imports_no_tensorflow",
         "apply_matches_gpflow", "minimize_matches_gpflow", "closed_form_jacobian_matches_autodiff",
-        "fast_gradcheck_passes_on_gpflow", "fast_check_natgrad_passes", "blas_threads_agree",
+        "fast_gradcheck_passes_on_gpflow", "fast_check_natgrad_passes_gamma_steps", "fast_check_natgrad_passes_defaults",
+        "blas_threads_agree",
     }  # fmt: skip
     failed = [c.name for c in quick_report.checks if not c.passed]
     assert not failed and quick_report.passed, str(quick_report)
@@ -118,7 +119,8 @@ SPEED_KEYS = {
     "NaturalGradient apply (natgrad_diag) vs _natgrad_apply_gradients": [10, 30],
     "NaturalGradient (natgrad_diag) vs NaturalGradient (gpflow)": [50],
     "natgrad_map_jacobian vs filling its array": [10, 20],
-    "check_natgrad(mode='fast') vs NaturalGradient step": [50],
+    "check_natgrad(mode='fast', gamma_steps=1) vs NaturalGradient step": [50],
+    "check_natgrad(mode='fast', defaults) vs NaturalGradient step": [50],
     "check_gradients(mode='fast') vs one compiled f and VJP": [50],
 }
 

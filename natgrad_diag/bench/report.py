@@ -96,7 +96,7 @@ SHORT = {
     "_natgrad_apply_gradients": "GPflow", "natgrad_map_jacobian": "jacobian()", "tape.jacobian, compiled": "TF graph",
     "tape.jacobian, eager": "TF eager", "vech Jacobian: time": "vech time", "vech Jacobian: stored size": "vech size",
     "general Jacobian": "general", "jacobian(), general η₂": "ours, general", "jacobian(), vech η₂": "ours, vech",
-    "Jacobian size": "J", "check_natgrad(mode='fast')": "fast check", "NaturalGradient step": "GPflow step",
+    "Jacobian size": "J", "check_natgrad(mode='fast', gamma_steps=1)": "fast check, 1 step", "check_natgrad(mode='fast', defaults)": "fast check", "NaturalGradient step": "GPflow step",
     "NaturalGradient apply (natgrad_diag)": "ours, apply", "NaturalGradient (natgrad_diag)": "ours, minimize",
     "NaturalGradient (gpflow)": "GPflow minimize", "filling its array": "np.ones",
     "check_gradients(mode='fast')": "fast gradcheck", "one compiled f and VJP": "f + VJP", "natgrad-diag --help": "--help",

@@ -13,7 +13,6 @@ to the first healthy γ and on while the loss keeps falling. Each trial stops at
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -176,6 +175,10 @@ def stage(run: Run) -> Outcome:
     if step.error or run.gp.error or not ok:
         first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
+    elif ctx.gamma_steps == 1 and run.gp.loss_after is not None:  # GPflow's one step is already taken: its loss
+        after, rise = run.gp.loss_after, rounding(step.loss, ctx.np_dtype)
+        why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if after > step.loss + rise else ""
+        own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:
         own = _trial(ev, ctx.gamma, step, own=True)
     suggested, trials = search(ev, step, own) if ctx.search else (own.gamma if own.healthy else None, (own,))
