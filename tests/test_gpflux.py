@@ -63,9 +63,11 @@ def test_gpflux__deep_gp_step_matches_natural_gradient(layers):
     # every parameter is bit-identical afterwards; the Keras metrics GPLayer updates at each loss call (KL's running
     # mean) are the loss's own side effect, which any call of the loss has
     before = [v.numpy().copy() for v in model.trainable_variables]
-    report = check_natgrad(loss, var_list=pairs, gamma=0.5, mode="fast")  # fast: no γ grid, the step is the point
+    report = check_natgrad(loss, var_list=pairs, gamma=0.5, mode="fast")
     assert same_bits(before, [v.numpy() for v in model.trainable_variables])
     assert report.passed and len(report.pairs) == layers
+    for r in report.pairs:  # every layer, the hidden one included, gets its own suggestion from trials that held
+        assert r.suggested_gamma is not None and next(t for t in r.gamma_trials if t.gamma == r.suggested_gamma).healthy
     NaturalGradient(0.5).minimize(loss, pairs)  # the oracle, on the model itself (the check left it unchanged)
     for r, layer in zip(report.pairs, model.f_layers):
         np.testing.assert_allclose(r.new_q_mu, layer.q_mu.numpy(), rtol=0, atol=1e-10)
