@@ -322,3 +322,38 @@ def test_trials__an_op_raising_midway_is_replayed_to_name_the_step(studentt, ora
         assert trials[1.0].reason.startswith(f"step 2 of {K}: "), trials[1.0]
         for g in (0.3, 0.1):
             assert trials[g].loss == pytest.approx(oracle[g][0][-1], rel=RTOL), g
+
+
+def _sklearn_svgp(name: str, likelihood):
+    """GPflow's notebook recipe on scikit-learn's bundled data (first 120 rows, standardised), M = 10."""
+    from sklearn import datasets
+
+    X, y = (datasets.load_breast_cancer if name == "breast_cancer" else datasets.load_diabetes)(return_X_y=True)
+    X = (X[:120] - X[:120].mean(0)) / X[:120].std(0)
+    Y = (y[:120, None].astype(float) if name == "breast_cancer" else (y[:120, None] - y[:120].mean()) / y[:120].std())
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=np.sqrt(X.shape[1])), likelihood,
+                               inducing_variable=X[:10].copy(), num_data=120)  # fmt: skip
+    return model, (tf.constant(X), tf.constant(Y))
+
+
+@pytest.mark.parametrize(
+    ("name", "likelihood", "gamma"),
+    [
+        pytest.param("breast_cancer", gpflow.likelihoods.Bernoulli, 5.0, id="bernoulli-gamma-5"),
+        pytest.param("diabetes", gpflow.likelihoods.StudentT, 3.0, id="studentt-gamma-3"),
+        pytest.param("diabetes", gpflow.likelihoods.Gaussian, 2.5, id="gaussian-gamma-2.5"),
+    ],
+)
+def test_real_data__a_gamma_that_crashes_training_fails_at_gpflows_failing_step(name, likelihood, gamma):
+    """A γ that GPflow's optimizer cannot train with, on real data in fast mode (the default for M·L > 50 is fast;
+    here M = 10, so the mode is asked): the check fails at the step where NaturalGradient(γ) run that many times
+    fails, and the suggested γ trains for the look-ahead's k steps by GPflow's optimizer."""
+    model, data = _sklearn_svgp(name, likelihood())
+    report = check_natgrad(model, data, gamma=gamma, mode="fast", progress=False)
+    assert not report.passed
+    own = next(t for t in report.gamma_trials if t.gamma == gamma)
+    losses, failed = _oracle(model, data, gamma, own.failed_step)
+    assert failed == own.failed_step, (own, losses)
+    assert report.check("step_health").detail.startswith(f"gamma = {gamma:g} fails at step {failed}")
+    g = report.suggested_gamma
+    assert g is not None and g < gamma and _oracle(model, data, g, K)[1] is None
