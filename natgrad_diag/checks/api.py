@@ -213,7 +213,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
     cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
     found = Outcome()
     for stage in STAGES:
-        found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance))
+        found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance, found.checks))
         advance()
     return _report(ctx, mode, step, found, _with_measured_fisher(cond, found))
 

@@ -27,7 +27,7 @@ from natgrad_diag import _compile
 from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
 from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
-from natgrad_diag.report.records import format_number
+from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
@@ -136,13 +136,15 @@ class GpflowStep:
 
 @dataclass(frozen=True)
 class Run:
-    """What every stage of a run of the checks sees: the evaluator, both steps, the conditioning, the progress bar."""
+    """What every stage of a run of the checks sees: the evaluator, both steps, the conditioning, the progress bar,
+    and the checks the stages before it made."""
 
     ev: Evaluator
     step: Step
     gp: GpflowStep
     cond: Conditioning
     advance: Callable[..., Any]
+    earlier: tuple[Check, ...] = ()
 
 
 # --- the maths on tensors (eager, or inside a tf.function) ------------------------------------------------------

@@ -8,7 +8,8 @@ positive definite, everything finite) or raises the loss by more than the roundi
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
 to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step. These other
-γ take natgrad-diag's closed-form step, which the ``reproduction`` check finds equal to GPflow's.
+γ take natgrad-diag's closed-form step when the ``reproduction`` check found it equal to GPflow's (cheaper), and
+GPflow's own update when it did not (e.g. where GPflow's step loses precision and the closed form does not).
 """
 
 from __future__ import annotations
@@ -107,16 +108,17 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
 
 
-def search(ev: Evaluator, step: Step, own: GammaTrial) -> tuple[float | None, tuple[GammaTrial, ...]]:
+def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
     """The suggested γ (:func:`best_gamma`) and every trial measured, by bracketing on :data:`GAMMA_GRID` and γ
-    (module docstring); ``own`` is γ's trial."""
+    (module docstring); ``own`` is γ's trial; ``proven``: the closed form takes the other γ's steps (the
+    ``reproduction`` check found it equal to GPflow's step), else GPflow's own update does."""
     grid = sorted({*GAMMA_GRID, own.gamma})
     measured = {own.gamma: own}
     tie = rounding(step.loss, ev.ctx.np_dtype)
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
         if grid[i] not in measured:
-            measured[grid[i]] = _trial(ev, grid[i], step)
+            measured[grid[i]] = _trial(ev, grid[i], step, own=not proven)
         t = measured[grid[i]]
         ok = t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie)
         return ok, t
@@ -168,10 +170,11 @@ def ticks(ev: Evaluator) -> int:
 
 
 def stage(run: Run) -> Outcome:
-    """``step_health``: γ's k steps by GPflow's own update (the first is the step the other checks looked at; when it
-    failed, nothing more is taken), then the search for a suggestion unless ``gamma_search=False``."""
+    """``step_health``: γ's k steps by GPflow's own update (the first is GPflow's step the other checks looked at;
+    when it failed, nothing more is taken), then the search for a suggestion unless ``gamma_search=False``."""
     ev, step, ctx = run.ev, run.step, run.ev.ctx
-    ok, why, nums = health(step.new_q_mu, step.new_q_sqrt, ctx.np_dtype)
+    first = (run.gp.q_mu, run.gp.q_sqrt) if run.gp.q_mu is not None else (step.new_q_mu, step.new_q_sqrt)
+    ok, why, nums = health(*first, ctx.np_dtype)
     if step.error or run.gp.error or not ok:
         first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
@@ -181,7 +184,8 @@ def stage(run: Run) -> Outcome:
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:
         own = _trial(ev, ctx.gamma, step, own=True)
-    suggested, trials = search(ev, step, own) if ctx.search else (own.gamma if own.healthy else None, (own,))
+    proven = any(c.name == "reproduction" and c.passed for c in run.earlier)
+    suggested, trials = search(ev, step, own, proven) if ctx.search else (own.gamma if own.healthy else None, (own,))
     check = _health_check(ctx, step, own, suggested, trials)
     loss_after = own.losses[0] if own.losses else None
     result = HealthResult(loss_after if own.healthy else None, suggested, trials, "" if own.healthy else own.reason)

@@ -164,8 +164,8 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     step, gp = ev.take()
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
-    run = Run(ev, step, gp, cond, lambda *args: None)
-    found = reproduction.stage(run) + health.stage(run)
+    found = reproduction.stage(Run(ev, step, gp, cond, lambda *args: None))
+    found += health.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
