@@ -169,6 +169,9 @@ def check_natgrad(
         True
     """
     k = validate_gamma_steps(gamma_steps)
+    require_bool(progress, "progress")
+    if fisher is not None:
+        require_bool(fisher, "fisher")
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
                            gamma_search=require_bool(gamma_search, "gamma_search"))

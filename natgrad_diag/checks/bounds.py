@@ -270,8 +270,11 @@ def natgrad_tolerances(dtype: Any) -> Tolerances:
 
 
 def with_overrides(base: Tolerances, **overrides: float | None) -> Tolerances:
-    """``base`` with every override that is not None (as a float)."""
-    values = {k: (getattr(base, k) if v is None else float(v)) for k, v in overrides.items()}
+    """``base`` with every override that is not None, each a finite number ≥ 0 (an :class:`InputError` naming it
+    otherwise: ``atol=inf`` would pass every check, a negative or NaN one fail a correct model)."""
+    from natgrad_diag.tolerance import validate_tolerance
+
+    values = {k: (getattr(base, k) if v is None else validate_tolerance(k, v)) for k, v in overrides.items()}
     return Tolerances(**{**base.__dict__, **values})
 
 

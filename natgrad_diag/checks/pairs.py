@@ -205,6 +205,16 @@ def check_pairs(
             context=[("Argument", "loss_fn"), ("Expected", "a callable returning the loss"), ("Got", type(loss_fn).__name__)],
             remedy="call check_natgrad(loss_fn, var_list=[(q_mu, q_sqrt)]) with the closure you pass to NaturalGradient.minimize.",
         )
+    try:
+        var_list = list(var_list)  # read once: a generator is empty on its second read
+    except TypeError:
+        var_list = [var_list]  # not iterable: variational_pairs names it
+    if not var_list:
+        raise InputError(
+            "var_list is empty: there is no (q_mu, q_sqrt) pair to check.",
+            context=[("Argument", "var_list"), ("Expected", "[(q_mu, q_sqrt), ...] with at least one pair"), ("Got", "[]")],
+            remedy="pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
+        )
     pairs = variational_pairs(var_list=var_list)
     default_xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     xis = [resolve_xi_transform(item[2]) if len(item) > 2 else default_xi for item in var_list]

@@ -25,13 +25,14 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """True when no check fails (an inconclusive "warn" check does not fail the report)."""
-        return all(c.status != "fail" for c in self.checks)
+        """True when checks ran and none fails (an inconclusive "warn" check does not fail the report); a report
+        with no check is never a pass."""
+        return bool(self.checks) and all(c.status != "fail" for c in self.checks)
 
     @property
     def status(self) -> str:
-        """The worst status of the checks: "pass", "warn" or "fail"."""
-        return worst_status(c.status for c in self.checks)
+        """The worst status of the checks: "pass", "warn" or "fail" ("fail" when there is no check)."""
+        return worst_status(c.status for c in self.checks) if self.checks else "fail"
 
     def sections(self) -> tuple[Section, ...]:
         raise NotImplementedError
