@@ -259,3 +259,64 @@ def test_guard__docstring_examples_run():
     for module in (guard, health):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module.__name__
+
+
+# --------------------------------------------------------------------------------------------------
+# what the guard costs: one loss evaluation per step, compiled when safe
+# --------------------------------------------------------------------------------------------------
+
+
+def _counting_loss(model, data, traceable: bool):
+    """The training loss and a list counting its Python calls (a traced call runs the Python once, at tracing)."""
+    calls = []
+
+    def loss():
+        calls.append(1)
+        value = model.training_loss(data)
+        return value if traceable else tf.constant(float(value.numpy()), tf.float64)  # .numpy(): not traceable
+
+    return loss, calls
+
+
+@pytest.mark.parametrize("traceable", [True, False], ids=["compiled", "eager"])
+def test_guard__one_loss_evaluation_per_step_and_the_loss_after_is_the_next_loss_before(traceable):
+    model, data = _bernoulli()
+    loss, calls = _counting_loss(model, data, traceable)
+    monitor = NatGradMonitor(model, data, gamma=0.5, loss_fn=loss)
+    natgrad = NaturalGradient(0.5)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    start = len(calls)
+    for step in range(1, 5):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    assert len(calls) - start == (0 if traceable else 4)  # compiled: no Python call after tracing; eager: one a step
+    records = monitor.guard_records
+    assert all(a.loss_after == b.loss_before for a, b in zip(records, records[1:]))
+    assert records[-1].loss_after == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_guard__gamma_climbs_back_after_healthy_runs_never_above_the_first_gamma():
+    from natgrad_diag.training.guard import RAISE_AFTER
+
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback", loss_increase=float("inf"))
+    natgrad = NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    for step in range(1 + 2 * RAISE_AFTER):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    first, records = monitor.guard_records[0], monitor.guard_records
+    assert first.rolled_back and first.gamma_after < 5.0
+    # one rule: after RAISE_AFTER healthy steps in a row γ doubles, capped at 5; a failed step starts the count again
+    gamma, run = first.gamma_after, 0
+    for r in records[1:]:
+        assert r.gamma_before == gamma
+        run = 0 if not r.passed else run + 1
+        if r.rolled_back:
+            gamma, run = r.gamma_after, 0
+        elif run >= RAISE_AFTER and gamma < 5.0:
+            gamma, run = min(2 * gamma, 5.0), 0
+        assert r.gamma_after == gamma
+    assert monitor.gamma == gamma == float(natgrad.gamma.numpy())
+    assert max(r.gamma_after for r in records) <= 5.0 and any(r.gamma_after > first.gamma_after for r in records)

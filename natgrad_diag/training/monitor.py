@@ -151,8 +151,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             else:
                 valid = tf.function(lambda: qu_valid(self._pairs))
                 self._measure = lambda data: (valid(), loss(data))
-        valid, loss = self._measure(data)
-        return bool(valid), _finite(loss)
+        ok, value = self._measure(data)
+        return bool(ok), _finite(value)
 
     def search(self, data: Any, gamma: float) -> Any:
         """:func:`~natgrad_diag.check_natgrad` in fast mode at ``gamma`` with its γ search (the var_list form for a
