@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import gpflow
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ from _user_models import heteroskedastic_svgp, multiclass_svgp, same_bits, varia
 from gpflow.keras import tf_keras
 from gpflow.optimizers import NaturalGradient
 
-from natgrad_diag import NatGradMonitor
+from natgrad_diag import NatGradMonitor, check_natgrad
+from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.training.guard import lower_gamma
 from natgrad_diag.training.records import GuardRecord
@@ -24,6 +27,28 @@ def _natgrad_step(natgrad, model, data):
     natgrad.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
 
 
+def _natgrad_only(model_and_data):
+    """The model with q(u) not trainable, as GPflow's recipe trains it (natural gradients step q(u), nothing else)."""
+    model, data = model_and_data
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    return model, data
+
+
+def _bernoulli():
+    """An SVGP with a Bernoulli likelihood (M = 10, N = 50) whose first GPflow NaturalGradient(5) step raises."""
+    model, data = make_model("svgp", "bernoulli", num_inducing=10, num_data=50)
+    return _natgrad_only((model, tuple(tf.constant(a) for a in data)))
+
+
+def _searched_gamma(model, data, gamma: float) -> float:
+    """The oracle for the γ a rollback sets: check_natgrad's suggestion on a deep copy (the next grid γ when it has none
+    below ``gamma``)."""
+    suggested = check_natgrad(gpflow.utilities.deepcopy(model), data, gamma=gamma, mode="fast", progress=False).suggested_gamma
+    return suggested if suggested is not None and suggested < gamma else lower_gamma(gamma)
+
+
+@pytest.mark.slow
 def test_guard__gpflow_820_multiclass_trains_with_rollback_to_a_lower_finite_loss():
     model, data = multiclass_svgp()
     copy_ = gpflow.utilities.deepcopy(model)
@@ -31,32 +56,54 @@ def test_guard__gpflow_820_multiclass_trains_with_rollback_to_a_lower_finite_los
         _natgrad_step(NaturalGradient(0.1), copy_, data)
     start = float(model.training_loss(data).numpy())
     natgrad = NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
-    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    with pytest.warns(UserWarning, match="model.q_mu, model.q_sqrt are trainable"):  # GPflow #820's loop has no Adam
+        monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
     q0, others0 = _q_values(model), [v.numpy().copy() for v in model.kernel.variables]
     with monitor.guard(0, natgrad):
         _natgrad_step(natgrad, model, data)  # raises inside: swallowed under rollback
     first = monitor.guard_records[0]
     assert isinstance(first, GuardRecord)
-    assert (first.status, first.rolled_back, first.gamma_before, first.gamma_after) == ("failed", True, 0.1, 0.05)
-    assert first.cause.startswith("the step raised InvalidArgumentError")
     assert same_bits(q0, _q_values(model)) and same_bits(others0, [v.numpy() for v in model.kernel.variables])
-    assert float(natgrad.gamma.numpy()) == 0.05
+    searched = _searched_gamma(model, data, 0.1)
+    assert (first.status, first.rolled_back, first.gamma_before, first.gamma_after) == ("failed", True, 0.1, searched)
+    assert first.cause.startswith("the step raised InvalidArgumentError")
+    assert float(natgrad.gamma.numpy()) == searched == monitor.gamma and searched < 0.1
     for step in range(1, 4):
         with monitor.guard(step, natgrad):
             _natgrad_step(natgrad, model, data)
     end = float(model.training_loss(data).numpy())
     assert np.isfinite(end) and end < start
     assert [r.status for r in monitor.guard_records[1:]] == ["ok"] * 3 and monitor.rollbacks == 1
-    # the guarded run is GPflow's own run at the lowered γ, bit for bit: the guard changed nothing else
+    # the guarded run is GPflow's own run at the searched γ, bit for bit: the guard changed nothing else
     oracle, _ = multiclass_svgp()
-    plain = NaturalGradient(0.05)
+    plain = NaturalGradient(searched)
     for _ in range(3):
         _natgrad_step(plain, oracle, data)
     assert same_bits(_q_values(oracle), _q_values(model))
 
 
+def test_guard__rollback_jumps_to_the_gamma_the_search_measured():
+    model, data = _bernoulli()
+    with pytest.raises(tf.errors.InvalidArgumentError):  # the oracle: GPflow's own step at γ = 5 raises
+        _natgrad_step(NaturalGradient(5.0), gpflow.utilities.deepcopy(model), data)
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
+    natgrad = NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    q0 = _q_values(model)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    (r,) = monitor.guard_records
+    assert same_bits(q0, _q_values(model)) and r.rolled_back and r.status == "failed"
+    searched = _searched_gamma(model, data, 5.0)
+    assert r.gamma_after == float(natgrad.gamma.numpy()) == monitor.gamma == searched < 5.0
+    assert r.loss_after == pytest.approx(r.loss_before, rel=1e-12)  # q(u) restored, nothing else moved
+    copy_ = gpflow.utilities.deepcopy(model)
+    before = float(copy_.training_loss(data).numpy())
+    _natgrad_step(NaturalGradient(searched), copy_, data)  # GPflow's step at the searched γ does not raise ...
+    assert float(copy_.training_loss(data).numpy()) < before  # ... and lowers the loss
+
+
 def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_it():
-    model, data = multiclass_svgp()
+    model, data = _natgrad_only(multiclass_svgp())
     monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="raise")
     natgrad = NaturalGradient(0.1)
     with pytest.raises(NatGradCheckError) as info, monitor.guard(7, natgrad):
@@ -68,7 +115,7 @@ def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_
 
 
 def test_guard__warn_warns_and_lets_the_error_through():
-    model, data = multiclass_svgp()
+    model, data = _natgrad_only(multiclass_svgp())
     monitor = NatGradMonitor(model, data, gamma=0.1)  # on_failure="warn" by default
     natgrad = NaturalGradient(0.1)
     with (
@@ -81,17 +128,17 @@ def test_guard__warn_warns_and_lets_the_error_through():
 
 
 def test_guard__python_float_gamma_is_set_with_a_retrace_warning():
-    model, data = multiclass_svgp()
-    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
-    natgrad = NaturalGradient(0.1)
-    with pytest.warns(UserWarning, match="must be retraced|traced again"), monitor.guard(0, natgrad):
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
+    natgrad = NaturalGradient(5.0)
+    with pytest.warns(UserWarning, match="traced again"), monitor.guard(0, natgrad):
         _natgrad_step(natgrad, model, data)
-    assert natgrad.gamma == 0.05
+    assert natgrad.gamma == monitor.gamma == monitor.guard_records[0].gamma_after < 5.0
 
 
 @pytest.mark.slow
 def test_guard__heteroskedastic_blow_up_is_flagged_and_rolled_back():
-    model, data = heteroskedastic_svgp()
+    model, data = _natgrad_only(heteroskedastic_svgp())
     start = float(model.training_loss(data).numpy())
     flagged = NatGradMonitor(gpflow.utilities.deepcopy(model), data, gamma=1.0)
     natgrad = NaturalGradient(1.0)
@@ -112,7 +159,7 @@ def test_guard__heteroskedastic_blow_up_is_flagged_and_rolled_back():
 
 
 def test_guard__a_healthy_step_is_untouched_and_recorded_ok():
-    model, data = heteroskedastic_svgp()
+    model, data = _natgrad_only(heteroskedastic_svgp())
     oracle = gpflow.utilities.deepcopy(model)
     monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
     natgrad = NaturalGradient(0.1)
@@ -168,6 +215,9 @@ def _train_with_adam(all_variables: bool) -> NatGradMonitor:
 def test_guard__adam_over_all_variables_moving_q_is_reported_once_with_the_fix():
     with pytest.warns(UserWarning) as caught:
         monitor = _train_with_adam(all_variables=True)
+    trainable = [str(w.message) for w in caught if "are trainable" in str(w.message)]
+    assert len(trainable) == 1  # named at construction, before any step
+    assert "gpflow.set_trainable(model.q_mu, False); gpflow.set_trainable(model.q_sqrt, False)" in trainable[0]
     moved = [str(w.message) for w in caught if "something other than" in str(w.message)]
     assert len(moved) == 1  # warned once
     assert "model.q_mu, model.q_sqrt" in moved[0]
@@ -180,21 +230,23 @@ def test_guard__adam_over_all_variables_moving_q_is_reported_once_with_the_fix()
 
 
 def test_guard__adam_over_hyperparameters_only_is_not_reported():
-    monitor = _train_with_adam(all_variables=False)  # filterwarnings=error: any natgrad_diag warning fails here
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at construction or at any step
+        monitor = _train_with_adam(all_variables=False)
     assert all(r.moved_by_other == () for r in monitor.guard_records) and len(monitor.guard_records) == 3
 
 
 def test_guard__natgrad_diags_own_optimizer_is_rolled_back_the_same_way():
     import natgrad_diag
 
-    model, data = multiclass_svgp()
-    natgrad = natgrad_diag.NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
-    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    model, data = _bernoulli()
+    natgrad = natgrad_diag.NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
     q0 = _q_values(model)
     with monitor.guard(0, natgrad):
         _natgrad_step(natgrad, model, data)
     (r,) = monitor.guard_records
-    assert r.rolled_back and r.gamma_after == 0.05 and float(natgrad.gamma.numpy()) == 0.05
+    assert r.rolled_back and r.gamma_after == float(natgrad.gamma.numpy()) == monitor.gamma < 5.0
     assert same_bits(q0, _q_values(model))
 
 
@@ -207,3 +259,64 @@ def test_guard__docstring_examples_run():
     for module in (guard, health):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module.__name__
+
+
+# --------------------------------------------------------------------------------------------------
+# what the guard costs: one loss evaluation per step, compiled when safe
+# --------------------------------------------------------------------------------------------------
+
+
+def _counting_loss(model, data, traceable: bool):
+    """The training loss and a list counting its Python calls (a traced call runs the Python once, at tracing)."""
+    calls = []
+
+    def loss():
+        calls.append(1)
+        value = model.training_loss(data)
+        return value if traceable else tf.constant(float(value.numpy()), tf.float64)  # .numpy(): not traceable
+
+    return loss, calls
+
+
+@pytest.mark.parametrize("traceable", [True, False], ids=["compiled", "eager"])
+def test_guard__one_loss_evaluation_per_step_and_the_loss_after_is_the_next_loss_before(traceable):
+    model, data = _bernoulli()
+    loss, calls = _counting_loss(model, data, traceable)
+    monitor = NatGradMonitor(model, data, gamma=0.5, loss_fn=loss)
+    natgrad = NaturalGradient(0.5)
+    with monitor.guard(0, natgrad):
+        _natgrad_step(natgrad, model, data)
+    start = len(calls)
+    for step in range(1, 5):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    assert len(calls) - start == (0 if traceable else 4)  # compiled: no Python call after tracing; eager: one a step
+    records = monitor.guard_records
+    assert all(a.loss_after == b.loss_before for a, b in zip(records, records[1:]))
+    assert records[-1].loss_after == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_guard__gamma_climbs_back_after_healthy_runs_never_above_the_first_gamma():
+    from natgrad_diag.training.guard import RAISE_AFTER
+
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback", loss_increase=float("inf"))
+    natgrad = NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    for step in range(1 + 2 * RAISE_AFTER):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    first, records = monitor.guard_records[0], monitor.guard_records
+    assert first.rolled_back and first.gamma_after < 5.0
+    # one rule: after RAISE_AFTER healthy steps in a row γ doubles, capped at 5; a failed step starts the count again
+    gamma, run = first.gamma_after, 0
+    for r in records[1:]:
+        assert r.gamma_before == gamma
+        run = 0 if not r.passed else run + 1
+        if r.rolled_back:
+            gamma, run = r.gamma_after, 0
+        elif run >= RAISE_AFTER and gamma < 5.0:
+            gamma, run = min(2 * gamma, 5.0), 0
+        assert r.gamma_after == gamma
+    assert monitor.gamma == gamma == float(natgrad.gamma.numpy())
+    assert max(r.gamma_after for r in records) <= 5.0 and any(r.gamma_after > first.gamma_after for r in records)

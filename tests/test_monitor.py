@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import gpflow
 import numpy as np
@@ -12,7 +13,7 @@ import tensorflow as tf
 from gpflow.keras import tf_keras
 from gpflow.optimizers import NaturalGradient
 
-from natgrad_diag import NatGradMonitor
+from natgrad_diag import NatGradMonitor, check_natgrad
 from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.demo import make_model
 from natgrad_diag.training.records import NatGradRecord
@@ -115,3 +116,54 @@ def test_train_script__runs_a_few_steps_on_diabetes_with_the_monitor():
     assert "monitor: 2 checks, 0 failed" in done.stdout
     bad = subprocess.run([sys.executable, str(script), "--steps", "0"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "--steps must be a positive integer" in bad.stderr
+
+
+def test_monitor__names_trainable_q_at_construction_and_is_silent_when_not():
+    model, data = make_model("svgp", "gaussian", num_inducing=6, num_data=30)
+    with pytest.warns(UserWarning) as caught:
+        NatGradMonitor(model, data)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("model.q_mu, model.q_sqrt are trainable: an optimizer over model.trainable_variables")
+    assert message.endswith("gpflow.set_trainable(model.q_mu, False); gpflow.set_trainable(model.q_sqrt, False).")
+    gpflow.set_trainable(model.q_mu, False)
+    with pytest.warns(UserWarning, match=r"model.q_sqrt is trainable: .*: gpflow.set_trainable\(model.q_sqrt, False\)\.$"):
+        NatGradMonitor(model, data)
+    gpflow.set_trainable(model.q_sqrt, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NatGradMonitor(model, data)
+
+
+@pytest.mark.slow
+def test_monitor__searches_gamma_first_after_a_failed_check_and_every_tenth():
+    from natgrad_diag.training.monitor import SEARCH_EVERY
+
+    model, data = _setup("bernoulli")
+    monitor = NatGradMonitor(model, data, gamma=5.0)
+
+    copy_ = gpflow.utilities.deepcopy(model)  # nothing trains here: the model stays as the copy is
+    oracles = {(g, search): check_natgrad(copy_, data, gamma=g, mode="fast", progress=False, gamma_search=search)
+               for g, search in ((5.0, True), (0.5, True), (0.3, False), (0.3, True))}  # fmt: skip
+
+    def oracle(gamma, search):  # check_natgrad itself, on the copy
+        return oracles[gamma, search]
+
+    first = monitor.check(0)  # the first check searches: GPflow's step at γ = 5 fails
+    assert not first.passed and first.suggested_gamma == oracle(5.0, True).suggested_gamma < 5.0
+    monitor.records.append(first)
+    monitor.gamma = 0.5
+    second = monitor.check(1)  # after a failed record: searched at 0.5
+    assert second.passed and second.suggested_gamma == oracle(0.5, True).suggested_gamma
+    monitor.records.append(second)
+    monitor.gamma = 0.3
+    for step in range(2, SEARCH_EVERY):  # judged alone: the record keeps the last search's suggestion
+        record = monitor.check(step)
+        assert record.passed == oracle(0.3, False).passed and record.suggested_gamma == second.suggested_gamma
+    tenth = monitor.check(SEARCH_EVERY)
+    assert tenth.suggested_gamma == oracle(0.3, True).suggested_gamma
+
+
+def test_monitor__bad_loss_fn_is_an_input_error():
+    model, data = _setup()
+    with pytest.raises(InputError, match="Argument: loss_fn"):
+        NatGradMonitor(model, data, loss_fn=3.0)

@@ -10,6 +10,7 @@ from typing import Any
 
 from natgrad_diag.bench.jacobian import bench_check_gradients_fast, bench_fill, bench_jacobian, bench_memory, bench_vech
 from natgrad_diag.bench.report import BenchReport, BenchRow
+from natgrad_diag.bench.guard import bench_guard
 from natgrad_diag.bench.step import bench_apply, bench_check_natgrad, bench_minimize, bench_threads, bench_trace
 from natgrad_diag.bench.timing import Run, cli_command, machine_info, make_row, subprocess_env, time_subprocess
 from natgrad_diag._validate import input_error, require_int
@@ -72,7 +73,7 @@ def bench_cli(run: Run) -> list[BenchRow]:
 
 #: Every comparison, in the report's order.
 ROWS = (bench_trace, bench_threads, bench_jacobian, bench_vech, bench_memory, bench_check_natgrad, bench_apply,
-        bench_minimize, bench_fill, bench_check_gradients_fast, bench_cli)  # fmt: skip
+        bench_minimize, bench_fill, bench_check_gradients_fast, bench_guard, bench_cli)  # fmt: skip
 
 
 def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool = False, progress: bool = True) -> BenchReport:

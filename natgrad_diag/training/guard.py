@@ -1,8 +1,10 @@
-"""The guard around a user's natural-gradient step: snapshot q(u), judge the step, warn, raise or roll back.
+"""The guard around a user's natural-gradient step: snapshot q(u), judge the step, warn, raise or roll back, learn γ.
 
-``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it notes whether something else
-moved q(u) since its last exit, snapshots every (q_mu, q_sqrt) pair (their unconstrained variables, bit for bit),
-reads γ and evaluates the loss. On exit it judges the step:
+``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it reads every (q_mu, q_sqrt) pair
+once (their unconstrained variables, bit for bit: the snapshot, and whether something else moved q(u) since its last
+exit) and reads γ. The loss before the step is the loss the previous guarded step left when the batch is the same
+object (one compiled loss evaluation per guarded step; the rise is then measured across whatever ran between, e.g.
+an Adam step on the hyperparameters), else it is evaluated. On exit it judges the step:
 
 1. the step raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient raises it when the new q(u) has NaN:
    its Cholesky or ``check_numerics`` fails);
@@ -10,10 +12,14 @@ reads γ and evaluates the loss. On exit it judges the step:
 3. the loss after the step is not finite;
 4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
 
-A failed step is, by ``on_failure``: rolled back ("rollback": q(u) restored bit for bit, γ lowered to the next value
-of :data:`~natgrad_diag.checks.health.GAMMA_GRID`, or halved below it, the step's error swallowed), raised as a
-:class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and that γ, or warned about. Each exit appends
-a :class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
+A failed step is, by ``on_failure``: rolled back ("rollback": q(u) restored bit for bit, the step's error swallowed,
+and each optimizer's γ set to the one :meth:`NatGradMonitor.search` measures on the restored q(u) — one suggestion per
+pair and optimizer for a list of optimizers, one per pair, as GPflux's NatGradModel has — or to the next value of
+:data:`~natgrad_diag.checks.health.GAMMA_GRID` below the failed γ when the search suggests none below it), raised as a
+:class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and a γ, or warned about. After
+:data:`RAISE_AFTER` healthy guarded steps in a row γ is doubled, never above the optimizer's γ when the guard first
+saw it. ``monitor.gamma`` follows the (first) optimizer's γ. Each exit appends a
+:class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
 """
 
 from __future__ import annotations
@@ -30,10 +36,13 @@ from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
-__all__ = ["ON_FAILURE", "StepGuard", "lower_gamma", "qu_problem", "read_gamma", "set_gamma"]
+__all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "set_gamma"]
 
 #: What the guard does with a failed step.
 ON_FAILURE = ("warn", "raise", "rollback")
+
+#: Healthy guarded steps in a row after which the guard doubles γ (never above the optimizer's first guarded γ).
+RAISE_AFTER = 20
 
 _RETRACE = (
     "natgrad-diag set optimizer.gamma = {new:g} (it was the Python number {old:g}). A tf.function that calls "
@@ -99,6 +108,18 @@ def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
     return ""
 
 
+def qu_valid(pairs: list[tuple[str, Any, str, Any]]) -> Any:
+    """A boolean tensor: every q_mu and q_sqrt is finite and every q_sqrt has a positive diagonal (what
+    :func:`qu_problem` checks, traceable: the guard runs it in the same compiled call as the loss)."""
+    import tensorflow as tf
+
+    ok = []
+    for _, q_mu, _, q_sqrt in pairs:
+        mu, sq = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
+        ok += [tf.reduce_all(tf.math.is_finite(mu)), tf.reduce_all(tf.math.is_finite(sq)), tf.reduce_all(tf.linalg.diag_part(sq) > 0)]
+    return tf.reduce_all(tf.stack(ok))
+
+
 def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
     """(name, unconstrained tf.Variable) of every parameter of the pairs, q_mu then q_sqrt."""
     return [
@@ -109,7 +130,8 @@ def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
 
 
 def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[Array]:
-    return [np.array(v.numpy(), copy=True) for _, v in _variables(pairs)]
+    """Copies of the pairs' unconstrained values (``value()``: one read op, no ``identity`` as ``numpy()`` adds)."""
+    return [np.array(v.value(), copy=True) for _, v in _variables(pairs)]
 
 
 class StepGuard:
@@ -121,7 +143,7 @@ class StepGuard:
             from natgrad_diag._validate import input_error
 
             raise input_error(
-                "the guard needs the natural-gradient optimizer, whose γ it reads and lowers.", "optimizer",
+                "the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
                 "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
                 type(optimizer).__name__, "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
             )  # fmt: skip
@@ -130,17 +152,20 @@ class StepGuard:
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor
         self.pairs = m.variational_pairs()
-        self.moved = self._moved_since_last_exit()
         self.snapshot = _values(self.pairs)
+        self.moved = self._moved_since_last_exit()
         self.data = m.batch()
-        self.loss_before = m.loss_value(self.data)
-        self.gamma_before = read_gamma(self.optimizer)
+        last = m._last_loss
+        self.loss_before = last[1] if last is not None and last[0] is self.data and last[1] is not None else m.loss_value(self.data)
+        self.gammas = [read_gamma(o) for o in self.optimizers]
+        self.gamma_before = self.gammas[0]
+        for opt, g in zip(self.optimizers, self.gammas):
+            m._gamma_cap.setdefault(id(opt), g)
         return self
 
     def _moved_since_last_exit(self) -> tuple[str, ...]:
         """The parameters whose values differ (bitwise) from what the guard left at its last exit; warns once."""
-        left = self.monitor._left_by_guard
-        now = _values(self.pairs)
+        left, now = self.monitor._left_by_guard, self.snapshot
         if left is None or [a.shape for a in left] != [a.shape for a in now]:
             return ()
         moved = tuple(name for (name, _), a, b in zip(_variables(self.pairs), now, left) if a.tobytes() != b.tobytes())
@@ -152,12 +177,16 @@ class StepGuard:
 
     def _cause(self, exc: BaseException | None) -> tuple[str, float | None]:
         """Why the step failed ("" when it did not) and the loss after it (None when not finite or not computed)."""
+        import tensorflow as tf
+
         if exc is not None:
             return f"the step raised {type(exc).__name__}: {error_line(exc)}", None
-        bad = qu_problem(self.pairs)
-        if bad:
-            return bad, None
-        loss_after = self.monitor.loss_value(self.data)
+        try:
+            valid, loss_after = self.monitor.measure(self.data)
+        except tf.errors.InvalidArgumentError as e:  # the loss at an invalid q(u) may raise (a Cholesky of NaN)
+            return qu_problem(self.pairs) or f"the loss after the step raised {type(e).__name__}: {error_line(e)}", None
+        if not valid:
+            return qu_problem(self.pairs) or "q(u) is not valid after the step", None
         if loss_after is None:
             return "the loss after the step is not finite", None
         before = self.loss_before
@@ -171,29 +200,57 @@ class StepGuard:
                 ), loss_after
         return "", loss_after
 
+    def _searched(self) -> tuple[list[float], float | None]:
+        """Each optimizer's γ after a rollback: the search's suggestion for its pair (the smallest of the pairs' for
+        one optimizer over several pairs) when it is below the γ that failed, else the next grid value below; and
+        the loss at the restored q(u), which the search measured."""
+        report = self.monitor.search(self.data, self.gamma_before)
+        suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+        if len(suggested) != len(self.optimizers):
+            found = [g for g in suggested if g is not None]
+            suggested = [min(found) if found else None] * len(self.optimizers)
+        return [s if s is not None and s < g else lower_gamma(g) for s, g in zip(suggested, self.gammas)], report.loss_before
+
+    def _raised(self) -> list[float] | None:
+        """After :data:`RAISE_AFTER` healthy steps in a row: each γ doubled, capped at its first guarded value."""
+        m = self.monitor
+        caps = [m._gamma_cap[id(o)] for o in self.optimizers]
+        if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
+            return None
+        return [min(2 * g, c) for g, c in zip(self.gammas, caps)]
+
+    def _set(self, gammas: list[float]) -> None:
+        self.monitor._healthy_run = 0
+        for opt, old, new in zip(self.optimizers, self.gammas, gammas):
+            if new != old and set_gamma(opt, new):
+                warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=3)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         import tensorflow as tf
 
+        m = self.monitor
         if exc is not None and not isinstance(exc, tf.errors.InvalidArgumentError):
+            m._last_loss = None
             return False  # not a numerical failure of the step: let it through untouched
         cause, loss_after = self._cause(exc)
-        m, gamma_after, rolled_back = self.monitor, self.gamma_before, False
-        if cause and m.on_failure == "rollback":
+        rolled_back, gammas = bool(cause) and m.on_failure == "rollback", None
+        if rolled_back:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):
                 var.assign(value)
-            gamma_after, rolled_back = lower_gamma(self.gamma_before), True
-            for opt in self.optimizers:  # each optimizer's γ one grid value lower (GPflux: one per GPLayer)
-                old = read_gamma(opt)
-                if set_gamma(opt, lower_gamma(old)):
-                    warnings.warn(_RETRACE.format(new=lower_gamma(old), old=old), UserWarning, stacklevel=2)
+            gammas, loss_after = self._searched()
+        m._healthy_run = 0 if cause else m._healthy_run + 1
+        gammas = gammas or self._raised()
+        if gammas is not None:
+            self._set(gammas)
+        gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(
             step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,
-            gamma_after=gamma_after, cause=cause, loss_before=self.loss_before,
-            loss_after=self.loss_before if rolled_back else loss_after, moved_by_other=self.moved,
+            gamma_after=gamma_after, cause=cause, loss_before=self.loss_before, loss_after=loss_after, moved_by_other=self.moved,
         )  # fmt: skip
-        m._left_by_guard = _values(self.pairs)
+        m._left_by_guard = self.snapshot if rolled_back else _values(self.pairs)
+        m._last_loss = (self.data, loss_after)
         m.record_guard(record)
         if not cause:
             return False
@@ -201,7 +258,7 @@ class StepGuard:
             raise NatGradCheckError(
                 f"the natural-gradient step at training step {self.step} (gamma = {self.gamma_before:g}) failed: {cause}.",
                 context=[("Record", str(record))],
-                remedy=f"use gamma = {lower_gamma(self.gamma_before):g}, or on_failure='rollback' to restore q(u) and lower γ automatically.",
+                remedy=f"use gamma = {lower_gamma(self.gamma_before):g}, or on_failure='rollback' to restore q(u) and set γ to the one a search measures.",
             ) from exc
         if m.on_failure == "warn":
             warnings.warn(f"natural-gradient step at training step {self.step} failed: {cause}; {record}", UserWarning, stacklevel=2)

@@ -3,7 +3,9 @@
 ``gpflux.optimization.NatGradModel.fit`` takes one ``NaturalGradient`` step per ``GPLayer``, then an Adam step.
 The callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when the
 batch ends: the step is judged, recorded in ``monitor.guard_records`` and, with ``on_failure="rollback"``, q(u) of
-every layer restored and every optimizer's γ lowered. Build those optimizers with ``gamma=tf.Variable(...)``: Keras
+every layer restored and each layer's optimizer set to the γ the search measured for its layer (see
+:mod:`natgrad_diag.training.guard`: the same compiled loss, one evaluation per batch, and the same γ learning as the
+guard). Build those optimizers with ``gamma=tf.Variable(...)``: Keras
 compiles the train step, and a Python-number γ changed afterwards does not reach it. A step that raises inside
 ``fit`` stops ``fit`` (Keras lets no callback catch it). Imported as ``natgrad_diag.keras``, without importing
 TensorFlow or Keras (the class is built on first access)::
@@ -29,7 +31,7 @@ def _build() -> type:
 
         Args:
             monitor: the monitor whose model is the GPflux ``DeepGP`` (or whose ``var_list`` holds the layers' pairs).
-            optimizers: the natural-gradient optimizers whose γ a rollback lowers; None: the Keras model's
+            optimizers: the natural-gradient optimizers whose γ a rollback sets; None: the Keras model's
                 ``natgrad_optimizers`` (GPflux's NatGradModel).
         """
 

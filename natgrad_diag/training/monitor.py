@@ -6,18 +6,29 @@ it on first access to ``NatGradMonitor``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import numpy as np
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.api import validate_gamma_steps
-from natgrad_diag.training.guard import ON_FAILURE, StepGuard
+from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 from natgrad_diag.checks.pairs import variational_pairs
 
-__all__ = ["NatGradMonitor"]
+__all__ = ["SEARCH_EVERY", "NatGradMonitor"]
+
+#: The periodic check searches γ at its first call, every SEARCH_EVERY-th and after a failed record; between, it judges
+#: the checked γ alone (a fast check costs about one step then) and records the last search's suggestion.
+SEARCH_EVERY = 10
+
+_TRAINABLE = (
+    "{names} {verb} trainable: an optimizer over model.trainable_variables (Adam on the hyperparameters) also moves q(u) "
+    "and undoes the natural-gradient step. Leave q(u) to the natural gradients: {fix}."
+)
 
 
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
@@ -41,43 +52,56 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
         on_failure: what a guard does with a failed step: "warn" (q(u) stays as the step left it), "raise"
             (NatGradCheckError with the cause and a γ to use; also on a failed periodic check) or "rollback"
-            (restore q(u) bit for bit, lower the optimizer's γ, swallow the step's error and go on).
+            (restore q(u) bit for bit, set the optimizer's γ to the one the γ search measured, swallow the step's
+            error and go on; see :mod:`natgrad_diag.training.guard`).
         loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
             1)``; 0.5 allows minibatch noise and a first step from a poor q(u), and catches blow-ups (50× and more
             on GPflow's heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and NaN.
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there.
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
-            −ELBO for a GPflux DeepGP); needed with ``var_list``.
+            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`loss_value`).
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
             :func:`natgrad_diag.checks.pairs.variational_pairs`).
-        gamma_steps: passed to :func:`~natgrad_diag.check_natgrad`: the suggested γ is the one with the lowest loss
-            after this many steps (SVGP and VGP only; 1: after one step).
+        gamma_steps: passed to :func:`~natgrad_diag.check_natgrad` (None: its default): the suggested γ is the one
+            with the lowest loss after this many steps.
 
     Attributes:
         records, guard_records: the :class:`NatGradRecord` s and the :class:`GuardRecord` s (one per guarded step),
             oldest first.
+        gamma: the γ the periodic check checks; a guard sets it to its optimizer's γ after every guarded step.
+
+    Warns:
+        UserWarning: a q_mu or q_sqrt it watches is trainable (names them and the ``gpflow.set_trainable(..., False)``
+            fix); not for a GPflux DeepGP, whose NatGradModel keeps q(u) out of its Adam step itself.
     """
 
     def __init__(
         self, model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, every: int = 1,
         raise_on_failure: bool = False, on_failure: str = "warn", loss_increase: float = 0.5, log_dir: Any = None,
-        loss_fn: Any = None, var_list: Any = None, gamma_steps: int = 1,
+        loss_fn: Any = None, var_list: Any = None, gamma_steps: int | None = None,
     ) -> None:
         super().__init__()
-        _validate_options(on_failure, loss_increase)
+        _validate_options(on_failure, loss_increase, loss_fn)
         every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
         self.model, self.data, self.xi_transform, self.every = model, data, xi_transform, every
         self.gamma = require_positive_float(gamma, "gamma")
         self.raise_on_failure = raise_on_failure or on_failure == "raise"
         self.on_failure, self.loss_increase = on_failure, float(loss_increase)
         self.loss_fn, self.var_list = loss_fn, var_list
-        self.gamma_steps = validate_gamma_steps(gamma_steps)
+        self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
         self.log = None if log_dir is None else ScalarLog(log_dir)
+        self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
         self._left_by_guard: list[Any] | None = None
         self._moved_warned = False
-        variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+        self._measure: Any = None  # the compiled validity and loss, built at first use
+        self._last_loss: tuple[Any, float | None] | None = None  # (batch, loss) the last guarded step left
+        self._gamma_cap: dict[int, float] = {}  # id(optimizer) -> its γ when first guarded
+        self._healthy_run = 0  # healthy guarded steps since γ last changed
+        self._checks = 0  # periodic checks run so far
+        self._suggestion: float | None = None
+        _warn_if_trainable(model, self._pairs)
 
     def guard(self, step: int, optimizer: Any) -> StepGuard:
         """A context manager around the user's natural-gradient step with ``optimizer``."""
@@ -90,7 +114,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
 
     def variational_pairs(self) -> list[Any]:
         """(name, q_mu, name, q_sqrt) of every pair the guarded step moves."""
-        return variational_pairs(self.model, self.var_list)
+        return self._pairs
 
     def batch(self) -> Any:
         """The current data: ``data()`` when data is a callable, else ``data``."""
@@ -105,12 +129,47 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         return -self.model.elbo(data)  # a GPflux DeepGP: −ELBO, as GPflow's training_loss
 
     def loss_value(self, data: Any) -> float | None:
-        """The training loss on ``data`` now as a float (None when it is not finite)."""
-        import math
+        """The training loss on ``data`` now as a float (None when it is not finite): :meth:`measure`'s."""
+        return self.measure(data)[1]
 
-        value = self.loss_tensor(data)
-        value = float(value.numpy()) if hasattr(value, "numpy") else float(value)
-        return value if math.isfinite(value) else None
+    def measure(self, data: Any) -> tuple[bool, float | None]:
+        """Whether every q(u) pair is valid (finite, each q_sqrt with a positive diagonal; the details are
+        :func:`~natgrad_diag.training.guard.qu_problem`'s) and the training loss on ``data`` (None when not finite),
+        in one compiled call. Raises what the loss raises.
+
+        The model's own loss is compiled (a ``tf.function``, traced once per data shape). A ``loss_fn`` is compiled
+        when that is safe: two compiled calls and one eager call, made once at the first use, agree to √ε of the
+        loss's dtype (a deterministic loss without Python side effects); it is called eagerly otherwise (a random
+        or batch-drawing loss), and a ``tf.function`` is used as it is.
+        """
+        import tensorflow as tf
+
+        if self._measure is None:
+            loss, traceable = _loss_callable(self)
+            if traceable:
+                self._measure = tf.function(lambda data: (qu_valid(self._pairs), loss(data)), reduce_retracing=True)
+            else:
+                valid = tf.function(lambda: qu_valid(self._pairs))
+                self._measure = lambda data: (valid(), loss(data))
+        ok, value = self._measure(data)
+        return bool(ok), _finite(value)
+
+    def search(self, data: Any, gamma: float) -> Any:
+        """:func:`~natgrad_diag.check_natgrad` in fast mode at ``gamma`` with its γ search (the var_list form for a
+        GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); remembered for the records."""
+        report = self._report(data, gamma, search=True)
+        self._suggestion = _folded(report)
+        return report
+
+    def _report(self, data: Any, gamma: float, search: bool) -> Any:
+        from natgrad_diag.checks.api import check_natgrad
+
+        kw: dict[str, Any] = {} if self.gamma_steps is None else {"gamma_steps": self.gamma_steps}
+        kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
+        if self.var_list is None and hasattr(self.model, "q_mu"):
+            return check_natgrad(self.model, data, **kw)
+        pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self._pairs]
+        return check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, **kw)
 
     def record_guard(self, record: GuardRecord) -> None:
         """Append a guard's record (and write its scalars with ``log_dir``)."""
@@ -140,27 +199,20 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             )
 
     def check(self, step: int) -> NatGradRecord:
-        """Run the cheap checks now and return the record (not appended); a GPflux DeepGP or a ``var_list`` gets the
-        pair-by-pair checks, folded into one record (the largest reproduction error, every pair healthy, the
-        smallest suggested γ, the loss after the step when there is one pair)."""
-        from natgrad_diag.checks.api import check_natgrad
+        """Run the cheap checks at ``monitor.gamma`` now and return the record (not appended).
 
+        The γ search runs at the first check, every :data:`SEARCH_EVERY`-th and after a failed record; the other
+        checks judge γ alone (``gamma_search=False``) and record the last search's suggestion (a guard's search after
+        a failed step counts). A GPflux DeepGP or a ``var_list`` gets the pair-by-pair checks, folded into one record
+        (the largest reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when
+        there is one pair).
+        """
         data = self.batch()
-        report: Any
-        if self.var_list is None and hasattr(self.model, "q_mu"):
-            report = check_natgrad(
-                self.model, data, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_steps=self.gamma_steps,
-            )  # fmt: skip
-            reports = [report]
-        else:
-            pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.variational_pairs()]
-            report = check_natgrad(
-                lambda: self.loss_tensor(data), var_list=pairs, gamma=self.gamma, xi_transform=self.xi_transform, mode="fast",
-                gamma_steps=self.gamma_steps,
-            )  # fmt: skip
-            reports = list(report.pairs)
+        search = self._checks % SEARCH_EVERY == 0 or bool(self.records and not self.records[-1].passed)
+        self._checks += 1
+        report = self.search(data, self.gamma) if search else self._report(data, self.gamma, search=False)
+        reports = list(report.pairs) or [report]
         reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
-        suggested = [r.suggested_gamma for r in reports]
         failed = [c for c in report.checks if not c.passed]
         return NatGradRecord(
             step=step,
@@ -169,13 +221,59 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
             step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
-            suggested_gamma=None if None in suggested else min(suggested),  # type: ignore[type-var, unused-ignore]
+            suggested_gamma=self._suggestion,
             passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in failed),
         )
 
 
-def _validate_options(on_failure: Any, loss_increase: Any) -> None:
+def _folded(report: Any) -> float | None:
+    """The report's suggested γ; for the var_list form the smallest of the pairs' (None when a pair has none)."""
+    suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+    return None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
+
+
+def _finite(value: Any) -> float | None:
+    import math
+
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
+    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`loss_value`)."""
+    import tensorflow as tf
+
+    fn = monitor.loss_fn
+    if fn is None:
+        return monitor.loss_tensor, True
+    if hasattr(fn, "get_concrete_function"):  # already a tf.function
+        return (lambda data: fn()), True
+    compiled = tf.function(fn)
+    try:
+        a, b, eager = (np.asarray(f()) for f in (compiled, compiled, fn))
+    except Exception:  # noqa: BLE001 - Python code that needs eager tensors cannot be traced: stay eager
+        return (lambda data: fn()), False
+    tol = float(np.sqrt(np.finfo(eager.dtype if eager.dtype.kind == "f" else np.float64).eps)) * max(1.0, float(np.abs(eager)))
+    same = bool(np.all(np.isfinite([a, b, eager]))) and abs(a - b) <= tol and abs(a - eager) <= tol
+    return (lambda data: fn()), same
+
+
+def _warn_if_trainable(model: Any, pairs: list[Any]) -> None:
+    """Warn when a watched q_mu or q_sqrt is trainable (an optimizer over ``model.trainable_variables`` moves it too).
+
+    Not for a GPflux DeepGP: GPflux's NatGradModel keeps q(u) out of its Adam step itself and needs it trainable.
+    """
+    if hasattr(model, "f_layers"):
+        return
+    names = [n for mu_name, q_mu, sq_name, q_sqrt in pairs for n, p in ((mu_name, q_mu), (sq_name, q_sqrt)) if p.trainable]
+    if names:
+        fix = "; ".join(f"gpflow.set_trainable({n}, False)" for n in names)
+        verb = "is" if len(names) == 1 else "are"
+        warnings.warn(_TRAINABLE.format(names=", ".join(names), verb=verb, fix=fix), UserWarning, stacklevel=3)
+
+
+def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None:
     import math
 
     if on_failure not in ON_FAILURE:
@@ -186,6 +284,10 @@ def _validate_options(on_failure: Any, loss_increase: Any) -> None:
         raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
                           "a float ≥ 0", repr(loss_increase),
                           "pass loss_increase=0.5 (a step may raise the loss by half its size).")
+    if loss_fn is not None and not callable(loss_fn):
+        raise input_error("loss_fn must be a zero-argument callable returning the training loss.", "loss_fn",
+                          "a callable, e.g. model.training_loss_closure(data)", type(loss_fn).__name__,
+                          "pass the closure you minimise, not its value: loss_fn=lambda: model.training_loss(data).")
 
 
 NatGradMonitor.__module__ = "natgrad_diag"  # where users import it from

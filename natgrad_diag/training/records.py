@@ -16,8 +16,8 @@ class NatGradRecord:
         loss, loss_after: the training loss before the checked natural-gradient step and after it (None if it failed).
         reproduction_error, reproduction_passed: max |natgrad-diag's step − GPflow's| (None if both failed) and the
             ``reproduction`` check's verdict; ``step_healthy``: the ``step_health`` check's verdict.
-        suggested_gamma: of the healthy steps that lower the loss, the γ with the lowest loss after it (fast search:
-            γ itself when it is fine).
+        suggested_gamma: the last γ search's suggestion (the monitor searches at its first check, every
+            ``SEARCH_EVERY``-th, after a failed record, and a guard after a failed step); None when it had none.
         passed, detail: every check of the fast report held; the failed checks' details ("" when all passed).
     """
 
@@ -47,7 +47,8 @@ class GuardRecord:
     Attributes:
         step, status: the training step the guard was called with; "ok" or "failed", and ``cause``: why ("" if ok).
         rolled_back: q(u) was restored to its value before the step (``on_failure="rollback"``).
-        gamma_before, gamma_after: the optimizer's γ for the step, and after the guard (lower after a rollback).
+        gamma_before, gamma_after: the optimizer's γ for the step, and after the guard (the searched γ after a
+            rollback, doubled after a run of healthy steps).
         loss_before, loss_after: the loss before the step, and after it or the rollback (None if not finite or not
             computed).
         moved_by_other: the parameters something other than the guarded step changed since the guard's previous exit.

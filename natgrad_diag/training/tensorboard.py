@@ -1,5 +1,8 @@
 """The monitor's TensorBoard scalars, written as gpflow.monitor's TensorBoard tasks write theirs: ``tf.summary.write``
 with the scalar plugin's metadata writes what ``tf.summary.scalar`` writes, without needing the tensorboard package.
+
+The guarded steps and the periodic checks write different tags (``natgrad/check/...`` for the checks), and a tag is
+written once per step: a second value for the same (tag, step) in a row is dropped.
 """
 
 from __future__ import annotations
@@ -12,18 +15,21 @@ __all__ = ["SCALARS", "ScalarLog"]
 
 #: Every scalar the monitor writes, under these tags.
 SCALARS = (
-    "natgrad/loss_before", "natgrad/loss_after", "natgrad/reproduction_error", "natgrad/suggested_gamma",
-    "natgrad/gamma", "natgrad/rollbacks", "natgrad/step_failed",
+    "natgrad/loss_before", "natgrad/loss_after", "natgrad/gamma", "natgrad/rollbacks", "natgrad/step_failed",
+    "natgrad/check/loss_before", "natgrad/check/loss_after", "natgrad/check/reproduction_error",
+    "natgrad/check/suggested_gamma",
 )  # fmt: skip
 
 
 class ScalarLog:
-    """A ``tf.summary`` file writer in ``log_dir`` (created on first use) and the rollbacks counted so far."""
+    """A ``tf.summary`` file writer in ``log_dir`` (created on first use), the rollbacks counted so far and the last
+    step written under each tag."""
 
     def __init__(self, log_dir: str) -> None:
         self.log_dir = str(log_dir)
         self._writer: Any = None
         self.rollbacks = 0
+        self._last_step: dict[str, int] = {}
 
     def _write(self, step: int, values: dict[str, float | None]) -> None:
         import tensorflow as tf
@@ -35,15 +41,17 @@ class ScalarLog:
         metadata.plugin_data.plugin_name = "scalars"
         with self._writer.as_default():
             for tag, value in values.items():
-                if value is not None:  # float32, as tf.summary.scalar writes (TensorBoard's scalar plugin reads it)
+                if value is not None and self._last_step.get(tag) != int(step):
+                    self._last_step[tag] = int(step)  # float32, as tf.summary.scalar writes (the scalar plugin reads it)
                     tf.summary.write(tag, tf.constant(float(value), tf.float32), step=int(step), metadata=metadata)
         self._writer.flush()
 
     def record(self, step: int, record: NatGradRecord) -> None:
         """The periodic check's numbers: loss before and after the checked step, reproduction error, suggested γ."""
         self._write(step, {
-            "natgrad/loss_before": record.loss, "natgrad/loss_after": record.loss_after,
-            "natgrad/reproduction_error": record.reproduction_error, "natgrad/suggested_gamma": record.suggested_gamma,
+            "natgrad/check/loss_before": record.loss, "natgrad/check/loss_after": record.loss_after,
+            "natgrad/check/reproduction_error": record.reproduction_error,
+            "natgrad/check/suggested_gamma": record.suggested_gamma,
         })  # fmt: skip
 
     def guard(self, record: GuardRecord) -> None:
