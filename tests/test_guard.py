@@ -110,7 +110,7 @@ def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_
         _natgrad_step(natgrad, model, data)
     text = str(info.value)
     assert "training step 7 (gamma = 0.1) failed: the step raised InvalidArgumentError" in text
-    assert "To fix: use gamma = 0.05" in text
+    assert "To fix: use gamma = 0.03" in text
     assert natgrad.gamma == 0.1 and not monitor.guard_records[0].rolled_back
 
 
@@ -173,7 +173,7 @@ def test_guard__a_healthy_step_is_untouched_and_recorded_ok():
 
 
 def test_lower_gamma__walks_down_the_grid():
-    assert [lower_gamma(g) for g in (1.0, 0.5, 0.1, 0.07, 0.001)] == [0.5, 0.2, 0.05, 0.05, 0.0005]
+    assert [lower_gamma(g) for g in (1.0, 0.5, 0.1, 0.07, 0.001)] == [0.3, 0.3, 0.03, 0.03, 0.0005]
 
 
 @pytest.mark.parametrize(

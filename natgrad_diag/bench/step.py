@@ -149,7 +149,8 @@ def bench_check_natgrad(run: Run) -> list[BenchRow]:
     opt, loss = NaturalGradient(gamma=0.1), base_model.training_loss_closure(data, compile=False)
     step = tf.function(lambda: opt.minimize(loss, [(base_model.q_mu, base_model.q_sqrt)]))
     rows = []
-    for name, kwargs, target in (("gamma_steps=1", dict(gamma_steps=1, gamma_search=False), 2.3), ("defaults", {}, 20.0)):
+    cases: tuple[tuple[str, dict[str, Any], float], ...] = (("gamma_steps=1", dict(gamma_steps=1, gamma_search=False), 2.3), ("defaults", {}, 20.0))
+    for name, kwargs, target in cases:
         reports: list[Any] = []
         t_ours, t_base = compare(lambda: reports.append(check_natgrad(model, data, gamma=0.1, mode="fast", progress=False, **kwargs)), step, run.few)
         run.checks.append(Check(f"fast_check_natgrad_passes_{name.split('=')[0]}", f"the timed check_natgrad(mode='fast', {name}) finds the "

@@ -173,8 +173,8 @@ def stage(run: Run) -> Outcome:
     """``step_health``: γ's k steps by GPflow's own update (the first is GPflow's step the other checks looked at;
     when it failed, nothing more is taken), then the search for a suggestion unless ``gamma_search=False``."""
     ev, step, ctx = run.ev, run.step, run.ev.ctx
-    first = (run.gp.q_mu, run.gp.q_sqrt) if run.gp.q_mu is not None else (step.new_q_mu, step.new_q_sqrt)
-    ok, why, nums = health(*first, ctx.np_dtype)
+    new = (run.gp.q_mu, run.gp.q_sqrt) if run.gp.q_mu is not None else (step.new_q_mu, step.new_q_sqrt)
+    ok, why, nums = health(*new, ctx.np_dtype)
     if step.error or run.gp.error or not ok:
         first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)

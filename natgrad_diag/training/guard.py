@@ -68,8 +68,8 @@ def lower_gamma(gamma: float) -> float:
     """The next γ of :data:`GAMMA_GRID` below ``gamma``; half of ``gamma`` below the grid.
 
     Examples:
-        >>> lower_gamma(0.1), lower_gamma(0.3), lower_gamma(1e-3)
-        (0.05, 0.2, 0.0005)
+        >>> lower_gamma(0.1), lower_gamma(0.2), lower_gamma(1e-3)
+        (0.03, 0.1, 0.0005)
     """
     below = [g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)]
     return below[0] if below else gamma / 2
