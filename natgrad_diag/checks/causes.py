@@ -24,6 +24,7 @@ CAUSES = {
     "jitter": "jitter: the jitter dominates Kuu's smallest eigenvalue",
     "step_too_long": "step too long: the step leaves the positive-definite cone or raises the loss",
     "float32_precision": "float32 precision: float64 would resolve this",
+    "gpflow_precision": "GPflow's step loses precision here: its route through the expectation parameters amplifies rounding",
     "minibatch": "minibatch: the conjugate optimum is the batch's, not the full data's",
 }
 
@@ -81,6 +82,24 @@ def _conditioning_causes(bad: list[Check], cond: Conditioning, dtype: str, jitte
     return out
 
 
+def _gpflow_precision(bad: list[Check], cond: Conditioning | None, dtype: str) -> Cause | None:
+    """``gpflow_precision`` when the reproduction check failed or was inconclusive where GPflow's route is
+    ill-conditioned (ε·κ_η·κ(S_new)·cancellation > :data:`ILL_CONDITIONED`) and the closed form's is not
+    (ε·max(κ(S), κ(S_new)) below it): then GPflow's step, not the model, is what is off."""
+    if not bad or cond is None:
+        return None
+    route, closed = cond.step_condition, max(cond.kappa_S, cond.kappa_S_new or 0.0)
+    if eps(dtype) * route <= ILL_CONDITIONED or eps(dtype) * closed > ILL_CONDITIONED:
+        return None
+    return Cause(
+        "gpflow_precision", tuple(c.name for c in bad),
+        f"GPflow's route has condition κ_η·κ(S_new)·cancellation = {format_number(route)} (ε·κ = {format_number(eps(dtype) * route)}), "
+        f"natgrad-diag's closed form max(κ(S), κ(S_new)) = {format_number(closed)}; {bad[0].detail.split(';')[0]}.",
+        "use natgrad_diag.NaturalGradient (GPflow's API, the closed-form step, which keeps its digits here), or start from "
+        "a better-conditioned q(u) (q_sqrt = I, GPflow's default).",
+    )  # fmt: skip
+
+
 def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None, minibatch: str = "") -> tuple[Cause, ...]:
     """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch).
 
@@ -97,6 +116,10 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))
     rest = [c for c in bad if c not in health]
+    gp = _gpflow_precision([c for c in rest if c.name == "reproduction"], cond, dtype)
+    if gp is not None:
+        out.append(gp)
+        rest = [c for c in rest if c.name != "reproduction"]
     ill = cond is not None and eps(dtype) * _worst_kappa(cond)[1] > ILL_CONDITIONED
     explained = [c for c in rest if c.status == "warn" or (ill and c.name.startswith("conjugate_"))]
     if explained and cond is not None:

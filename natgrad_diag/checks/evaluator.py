@@ -192,6 +192,25 @@ def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Contex
     return dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
 
 
+def _closed(step: Step, model: Any, ctx: Context) -> Step:
+    """``step`` whose new q_mu and q_sqrt are the closed form's (:mod:`natgrad_diag.step.closed_form`) where it applies:
+    arithmetic independent of GPflow's route through η, which ``natgrad_trace`` follows line by line (both would
+    agree while both lose precision), also where the trace failed; the trace's other records stay."""
+    import tensorflow as tf
+
+    xi = step_backend(ctx.xi, model.q_sqrt.transform).xi
+    if xi is None or step.dL_dmean is None or not finite(step.dL_dmean, step.dL_dvarsqrt):
+        return step
+    q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
+    try:
+        new_mu, new_sq = natgrad_step_closed_form(q_mu, q_sqrt, tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt), tf.constant(ctx.gamma, q_mu.dtype), xi)
+    except tf.errors.InvalidArgumentError as e:
+        return dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
+    if not finite(new_mu, new_sq):
+        return dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
+    return dataclasses.replace(step, new_q_mu=new_mu.numpy(), new_q_sqrt=new_sq.numpy(), error="")
+
+
 def gpflow_update(ctx: Context, g_mu: Any, g_sq: Any, q_mu: Any, q_sqrt: Any, loss: Callable[[], Any]) -> GpflowStep:
     """GPflow's update (``NaturalGradient._natgrad_apply_gradients``, as ``minimize`` applies it) assigned to the
     parameters ``q_mu``, ``q_sqrt``, and ``loss()`` after it."""
@@ -367,7 +386,7 @@ class Evaluator:
 
     explicit_jacobians = True
     loss_directions = 3
-    compares = "both eager"
+    compares = "natgrad-diag's closed form against GPflow's update, both eager"
 
     def __init__(self, ctx: Context, scratch: Any = None) -> None:
         import gpflow
@@ -404,7 +423,7 @@ class Evaluator:
         """natgrad-diag's eager step on the model's q(u); GPflow's, same gradients, on the scratch copy."""
         ctx, m = self.ctx, self.ctx.model
         loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
-        step = traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False)
+        step = _closed(traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False), m, ctx)
         scratch = self.sync()
         return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: ctx.loss(scratch))
 
