@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import arrange, check_numbers, report_pictures_or_note, text_blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["html_document", "to_html_fragment"]
@@ -64,39 +64,43 @@ def _html_checks(checks: Sequence[Check]) -> str:
     return "\n".join(parts)
 
 
+def _html_figure(p: Any) -> str:
+    e = html.escape
+    data = base64.b64encode(p.png).decode("ascii")
+    return (f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
+            f"<figcaption>{e(p.caption)}</figcaption></figure>")  # fmt: skip
+
+
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     e = html.escape
     parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
     verdict_class = worst_status(c.status for c in report.checks)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
-    for section in report.sections():
+    laid = arrange(report, pictures)
+    for section, figures in laid.sections:
         if section.heading:
             parts.append(f"<h2>{e(section.heading)}</h2>")
         for kind, block in text_blocks(section.text):
             parts.append(f"<pre>{e(textwrap.dedent(block))}</pre>" if kind == "code" else f"<p>{e(block)}</p>")
         parts.extend(_html_table(t) for t in section.tables)
-    if pictures or note:
+        if section.checks is not None:
+            parts.append(_html_checks(section.checks))
+        parts.extend(_html_figure(p) for p in figures)
+    if laid.rest or note:
         parts.append("<h2>Pictures</h2>")
     if note:
         parts.append(f'<p class="note">{e(note)}</p>')
-    for p in pictures:
-        data = base64.b64encode(p.png).decode("ascii")
-        parts.append(
-            f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
-            f"<figcaption>{e(p.caption)}</figcaption></figure>"
-        )
-    parts.append("<h2>Checks</h2>")
-    parts.append(_html_checks(report.checks))
+    parts.extend(_html_figure(p) for p in laid.rest)
+    if laid.checks is not None:
+        parts += ["<h2>Checks</h2>", _html_checks(laid.checks)]
     parts.append("</div>")
     return "\n".join(parts)
 
 
 def to_html_fragment(report: Any) -> str:
-    """The report as an HTML ``<div>`` of headings, paragraphs and tables, no pictures (for Jupyter).
-
-    ``Report._repr_html_`` returns this, so a report shows as tables in a notebook.
-    """
-    return f"<style>{_CSS}</style>\n" + _html_body(report, (), "")
+    """The report as an HTML ``<div>`` of headings, paragraphs, tables and its pictures as base64 PNG (or the note
+    that matplotlib is missing), for Jupyter: ``Report._repr_html_`` returns this."""
+    return f"<style>{_CSS}</style>\n" + _html_body(report, *report_pictures_or_note(report))
 
 
 def html_document(report: Any, pics: Sequence[Any], note: str) -> str:
