@@ -143,12 +143,17 @@ def test_gamma_steps_1__equals_todays_numbers(studentt, report_1, oracle):
     assert report.gamma_losses == report_1.gamma_losses and str(report) == str(report_1)
     for g, (losses, _) in oracle.items():
         assert report.gamma_losses[g] == pytest.approx(losses[0], rel=RTOL), g  # every first step of the grid is healthy
-    today = Section("Suggested step length", "", (Table(
-        columns=("gamma", "healthy", "loss after", "note"),
-        rows=tuple((f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason) for t in report.gamma_trials),
-        title="Step lengths tried (largest first); the suggestion has the lowest loss after",
-    ),))  # fmt: skip  (the section as report.py built it before gamma_steps)
-    assert [sec for sec in report.sections() if sec.heading.startswith("Suggested step length")] == [today]
+    def marked(g: float) -> str:
+        marks = ["checked"] * (g == report.gamma) + ["suggested"] * (g == report.suggested_gamma)
+        return f"{g:g}" + (f" ({', '.join(marks)})" if marks else "")
+
+    today = Section("Step lengths tried (loss after 1 step)", "", (Table(
+        columns=("gamma", "healthy", "loss after 1 step", "note"),
+        rows=tuple((marked(t.gamma), "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason)
+                   for t in sorted(report.gamma_trials, key=lambda t: -t.gamma)),
+        title="Largest first; the suggestion has the lowest loss after 1 step",
+    ),), None, ("gamma",))  # fmt: skip
+    assert [sec for sec in report.sections() if sec.heading.startswith("Step lengths tried")] == [today]
     assert "gamma_steps" in report.to_dict() and report.to_dict()["gamma_steps"] == 1
 
 
@@ -170,7 +175,7 @@ def test_fast_mode__measures_gammas_own_step_over_k_steps(studentt, oracle):
 
 def test_report__says_k_in_the_table_title_and_json(report_k):
     text = str(report_k)
-    assert "Suggested step length (loss after 3 steps)" in text
+    assert "Step lengths tried (loss after 3 steps)" in text
     assert "Each gamma is measured by the loss after 3 natural-gradient steps" in text
     assert "Suggested gamma: 0.2 (the lowest loss after 3 steps)." in report_k.check("step_health").detail.replace("\n", " ")
     d = json.loads(json.dumps(report_k.to_dict()))

@@ -76,6 +76,8 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
     verdict_class = worst_status(c.status for c in report.checks)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
+    for _, block in text_blocks(getattr(report, "lead", "")):  # the answer under the verdict (a NatGradReport's)
+        parts.append(f"<ul><li>{e(block[2:])}</li></ul>" if block.startswith("- ") else f"<p>{e(block)}</p>")
     laid = arrange(report, pictures)
     for section, figures in laid.sections:
         if section.heading:

@@ -40,6 +40,7 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     def figure(p: Any) -> list[str]:
         return ["", f"![{_md(p.caption)}]({quote(links[p.name])})", "", _md(p.caption)] if p.name in links else []
 
+    parts += [line for _, block in text_blocks(getattr(report, "lead", "")) for line in ("", _md(block))]
     laid = arrange(report, pictures)
     for section, figures in laid.sections:
         if section.heading:

@@ -2,8 +2,8 @@
 
 Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
 varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
-element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; each check's error against its
-tolerance. The ``*_data`` functions need no matplotlib.
+element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; the loss after k natural-gradient
+steps against γ; each check's error against its tolerance (when the bars inform). The ``*_data`` functions need no matplotlib.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "BlockSpan", "CheckError", "Eta1Comparison", "HeatmapData", "Picture", "check_errors_data",
-    "eta1_comparison_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison", "plot_jacobian_heatmap",
-    "report_pictures", "require_matplotlib",
+    "BlockSpan", "CheckError", "Eta1Comparison", "GammaCurve", "HeatmapData", "Picture", "check_errors_data",
+    "eta1_comparison_data", "gamma_curve_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison",
+    "plot_gamma_losses", "plot_jacobian_heatmap", "report_pictures", "require_matplotlib",
 ]
 
 #: What to run when matplotlib is missing.
@@ -319,6 +319,84 @@ def plot_check_errors(report: Any) -> Any:
     return fig
 
 
+# ---- (4) the loss after k steps against γ ----
+
+
+@dataclass(frozen=True)
+class GammaCurve:
+    """What :func:`plot_gamma_losses` draws from a report's γ trials.
+
+    Attributes:
+        gammas, losses: the γ whose k steps were all healthy, ascending, and the loss after them.
+        failed, failed_steps: the γ whose trial failed, ascending, and the step j at which each failed (None: unknown).
+        suggested, checked: the suggested γ (None if none) and the γ checked.
+        loss_before, steps: the loss before any step (None if unknown) and k.
+    """
+
+    gammas: tuple[float, ...]
+    losses: tuple[float, ...]
+    failed: tuple[float, ...]
+    failed_steps: tuple[int | None, ...]
+    suggested: float | None
+    checked: float
+    loss_before: float | None
+    steps: int
+
+
+def has_gamma_trials(report: Any) -> bool:
+    """True when ``report`` carries γ trials (a :class:`~natgrad_diag.NatGradReport` whose γ was searched)."""
+    return bool(getattr(report, "gamma_trials", ()))
+
+
+def gamma_curve_data(report: Any) -> GammaCurve:
+    """The γ trials of ``report`` (a :class:`~natgrad_diag.NatGradReport`) as :class:`GammaCurve`; an InputError when
+    it has none."""
+    if not has_gamma_trials(report):
+        raise input_error("the report has no gamma trials to draw.", "report", "a NatGradReport with gamma_trials",
+                          type(report).__name__, "run check_natgrad with gamma_search=True (the default).")
+    trials = sorted(report.gamma_trials, key=lambda t: t.gamma)
+    ok = [t for t in trials if t.healthy and t.loss is not None and math.isfinite(t.loss)]
+    bad = [t for t in trials if t not in ok]
+    return GammaCurve(
+        tuple(t.gamma for t in ok), tuple(float(t.loss) for t in ok), tuple(t.gamma for t in bad),
+        tuple(t.failed_step for t in bad), report.suggested_gamma, report.gamma, report.loss_before, report.gamma_steps,
+    )  # fmt: skip
+
+
+def plot_gamma_losses(report: Any) -> Any:
+    """The training loss after k natural-gradient steps against γ (log axis): a line through the healthy trials, the
+    failed ones as red × at the top edge labelled with the step that failed, the suggestion ringed, the γ checked as a
+    dashed line, the loss before any step as a dotted one.
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError without trials.
+    """
+    data = gamma_curve_data(report)
+    require_matplotlib()
+    fig = _new_figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    k = data.steps
+    ax.plot(data.gammas, data.losses, marker="o", color="#1f5fa8", label=f"loss after {k} step{'s' if k > 1 else ''}")
+    if data.loss_before is not None and math.isfinite(data.loss_before):
+        ax.axhline(data.loss_before, linestyle=":", color="0.4", label="loss before any step")
+    ax.axvline(data.checked, linestyle="--", color="0.3", label=f"gamma checked = {data.checked:g}")
+    if data.suggested is not None and data.suggested in data.gammas:
+        loss = data.losses[data.gammas.index(data.suggested)]
+        ax.plot([data.suggested], [loss], linestyle="none", marker="o", markersize=15, markerfacecolor="none",
+                markeredgecolor="#2e8b57", markeredgewidth=2.5, label=f"suggested gamma = {data.suggested:g}")  # fmt: skip
+    if data.failed:
+        edge = ax.get_xaxis_transform()  # x in data, y in axes fraction: the top edge whatever the losses
+        ax.plot(data.failed, [0.95] * len(data.failed), transform=edge, linestyle="none", marker="x", markersize=10,
+                markeredgewidth=2.5, color="#c0392b", clip_on=False, label="failed (at step j)")  # fmt: skip
+        for g, j in zip(data.failed, data.failed_steps):
+            ax.text(g, 0.88, "failed" if j is None else f"step {j}", transform=edge, ha="center", va="top", fontsize=7, color="#c0392b")
+    ax.set_xscale("log")
+    ax.set_xlabel("gamma (log scale)")
+    ax.set_ylabel(f"training loss after {k} step{'s' if k > 1 else ''}")
+    ax.set_title(f"Loss after {k} natural-gradient step{'s' if k > 1 else ''} with each gamma (lower is better)", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
 # ---- dispatch ----
 
 
@@ -331,12 +409,20 @@ class Picture:
     png: bytes
 
 
+def _errors_inform(report: Any) -> bool:
+    """The error bars carry information: a numeric check failed or is inconclusive, or most errors are not 0."""
+    rows = check_errors_data(report)
+    return bool(rows) and (not all(r.passed for r in rows) or 2 * sum(r.max_abs_error != 0 for r in rows) >= len(rows))
+
+
 def picture_kinds(report: Any) -> tuple[str, ...]:
-    """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
+    """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"gamma"`` (γ trials),
+    ``"checks"`` (only when the bars inform: see :func:`_errors_inform`)."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
-    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), bool(check_errors_data(report)))
-    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "checks"), has) if ok)
+    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), has_gamma_trials(report),
+           _errors_inform(report))  # fmt: skip
+    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "gamma", "checks"), has) if ok)
 
 
 def _caption(kind: str, report: Any) -> str:
@@ -347,10 +433,15 @@ def _caption(kind: str, report: Any) -> str:
     if kind == "eta1":
         return ("Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
                 "and the mean-path and varsqrt-path terms that add up to dL/deta1.")
+    if kind == "gamma":
+        k = report.gamma_steps
+        return (f"The training loss after {k} natural-gradient step(s) with each gamma tried (log axis): red × at the top = "
+                "the trial failed (at the step named), ringed = the suggestion, dashed = the gamma checked.")
     return "Each check's max abs error against its tolerance (log scale)."
 
 
-_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison, "checks": plot_check_errors}
+_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison,
+         "gamma": plot_gamma_losses, "checks": plot_check_errors}  # fmt: skip
 
 
 def report_pictures(report: Any) -> tuple[Picture, ...]:

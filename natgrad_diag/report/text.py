@@ -91,7 +91,10 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
     style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
     console.print(Text(title, style="" if plain else "bold"))
     console.print("=" * min(len(title), console.width))
-    console.print(Text(f"Verdict: {verdict(report)}", style=style))
+    if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
+        console.print(Text(f"Verdict: {verdict(report)}", style=style))
+        for _, block in text_blocks(report.lead):
+            console.print(Text(block, no_wrap=False, overflow="fold"), soft_wrap=False)
     laid = arrange(report)
 
     def heading(text: str) -> None:
