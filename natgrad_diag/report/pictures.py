@@ -24,7 +24,8 @@ from natgrad_diag.typing import Array
 __all__ = [
     "BlockSpan", "CheckError", "Eta1Comparison", "GammaCurve", "HeatmapData", "Picture", "check_errors_data",
     "eta1_comparison_data", "gamma_curve_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison",
-    "plot_gamma_losses", "plot_jacobian_heatmap", "report_pictures", "require_matplotlib",
+    "plot_gamma_losses", "plot_jacobian_heatmap", "plot_training_timeline", "report_pictures", "require_matplotlib",
+    "TimelineData", "timeline_data",
 ]
 
 #: What to run when matplotlib is missing.
@@ -397,6 +398,102 @@ def plot_gamma_losses(report: Any) -> Any:
     return fig
 
 
+# ---- (5) a training timeline ----
+
+
+@dataclass(frozen=True)
+class TimelineData:
+    """What :func:`plot_training_timeline` draws from a monitor's records (steps ascending within each series).
+
+    Attributes:
+        check_steps, check_losses: the loss at each periodic check (records with a loss).
+        failed_checks: the steps whose periodic checks failed.
+        guard_steps, guard_losses: the loss before each guarded step (guard records with a loss).
+        gamma_steps, gammas: the γ each guarded step used (``gamma_before``); without guarded steps, the monitor's γ at
+            each checked step.
+        suggested_steps, suggested: the γ the periodic checks suggested (records with a suggestion).
+        rollbacks, failed_guards: the steps rolled back, and the guarded steps that failed.
+    """
+
+    check_steps: tuple[int, ...]
+    check_losses: tuple[float, ...]
+    failed_checks: tuple[int, ...]
+    guard_steps: tuple[int, ...]
+    guard_losses: tuple[float, ...]
+    gamma_steps: tuple[int, ...]
+    gammas: tuple[float, ...]
+    suggested_steps: tuple[int, ...]
+    suggested: tuple[float, ...]
+    rollbacks: tuple[int, ...]
+    failed_guards: tuple[int, ...]
+
+
+def timeline_data(monitor: Any) -> TimelineData:
+    """The series of a monitor's training (a ``NatGradMonitor`` or a ``TrainingTimeline``: ``records``,
+    ``guard_records``, ``gamma``) that :func:`plot_training_timeline` draws; an InputError for anything else."""
+    if not (hasattr(monitor, "records") and hasattr(monitor, "guard_records")):
+        raise input_error("the timeline needs a training monitor.", "monitor", "a NatGradMonitor (records, guard_records)",
+                          type(monitor).__name__, "pass the NatGradMonitor used in training.")  # fmt: skip
+    records = sorted(monitor.records, key=lambda r: r.step)
+    guards = sorted(monitor.guard_records, key=lambda r: r.step)
+    checked = [r for r in records if r.loss is not None]
+    guarded = [r for r in guards if r.loss_before is not None]
+    gamma = getattr(monitor, "gamma", None)
+    steps, gammas = ([r.step for r in guards], [r.gamma_before for r in guards]) if guards else (
+        ([r.step for r in records], [gamma] * len(records)) if gamma is not None else ([], []))  # fmt: skip
+    hinted = [r for r in records if r.suggested_gamma is not None]
+    return TimelineData(
+        tuple(r.step for r in checked), tuple(float(r.loss) for r in checked), tuple(r.step for r in records if not r.passed),
+        tuple(r.step for r in guarded), tuple(float(r.loss_before) for r in guarded), tuple(steps), tuple(map(float, gammas)),
+        tuple(r.step for r in hinted), tuple(float(r.suggested_gamma) for r in hinted),
+        tuple(r.step for r in guards if r.rolled_back), tuple(r.step for r in guards if r.status != "ok"),
+    )  # fmt: skip
+
+
+def plot_training_timeline(monitor: Any) -> Any:
+    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks and failed
+    guarded steps as red × at the top edge, rollbacks as red dashed lines through both panels.
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a
+    monitor.
+    """
+    data = timeline_data(monitor)
+    require_matplotlib()
+    fig = _new_figure(8.0, 5.0)
+    loss_ax, gamma_ax = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    if data.guard_steps:
+        loss_ax.plot(data.guard_steps, data.guard_losses, color="#1f5fa8", label="loss (guarded steps)")
+    if data.check_steps:
+        loss_ax.plot(data.check_steps, data.check_losses, linestyle="none", marker="o", color="#e6a23c", label="loss (periodic checks)")
+    edge = loss_ax.get_xaxis_transform()
+    for steps, marker, label in ((data.failed_checks, "x", "check failed"), (data.failed_guards, "v", "guarded step failed")):
+        if steps:
+            loss_ax.plot(steps, [0.95] * len(steps), transform=edge, linestyle="none", marker=marker, markersize=9,
+                         markeredgewidth=2.2, color="#c0392b", clip_on=False, label=label)  # fmt: skip
+    if data.gamma_steps:
+        gamma_ax.plot(data.gamma_steps, data.gammas, drawstyle="steps-post", color="0.2", label="gamma used")
+    if data.suggested_steps:
+        gamma_ax.plot(data.suggested_steps, data.suggested, linestyle="none", marker=".", color="#2e8b57", label="suggested gamma")
+    for k, step in enumerate(data.rollbacks):
+        for ax in (loss_ax, gamma_ax):
+            ax.axvline(step, linestyle="--", linewidth=1.0, color="#c0392b", label="rollback" if k == 0 and ax is loss_ax else None)
+    if data.gammas or data.suggested:
+        from matplotlib.ticker import NullFormatter
+
+        gamma_ax.set_yscale("log")
+        levels = sorted(set(data.gammas + data.suggested))
+        gamma_ax.set_yticks(levels, [f"{g:g}" for g in levels] if len(levels) <= 8 else None)
+        gamma_ax.yaxis.set_minor_formatter(NullFormatter())
+    loss_ax.set_ylabel("training loss")
+    gamma_ax.set_ylabel("gamma")
+    gamma_ax.set_xlabel("training step")
+    loss_ax.set_title("Natural-gradient training: loss and gamma over the steps", fontsize=10)
+    for ax in (loss_ax, gamma_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    return fig
+
+
 # ---- dispatch ----
 
 
@@ -410,9 +507,9 @@ class Picture:
 
 
 def _errors_inform(report: Any) -> bool:
-    """The error bars carry information: a numeric check failed or is inconclusive, or most errors are not 0."""
+    """The error bars carry information: a numeric check failed or is inconclusive, or more than half the errors are not 0."""
     rows = check_errors_data(report)
-    return bool(rows) and (not all(r.passed for r in rows) or 2 * sum(r.max_abs_error != 0 for r in rows) >= len(rows))
+    return bool(rows) and (not all(r.passed for r in rows) or 2 * sum(r.max_abs_error != 0 for r in rows) > len(rows))
 
 
 def picture_kinds(report: Any) -> tuple[str, ...]:
@@ -420,9 +517,10 @@ def picture_kinds(report: Any) -> tuple[str, ...]:
     ``"checks"`` (only when the bars inform: see :func:`_errors_inform`)."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
+    timeline = bool(getattr(report, "records", None) or getattr(report, "guard_records", None))
     has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), has_gamma_trials(report),
-           _errors_inform(report))  # fmt: skip
-    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "gamma", "checks"), has) if ok)
+           timeline, _errors_inform(report))  # fmt: skip
+    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "gamma", "timeline", "checks"), has) if ok)
 
 
 def _caption(kind: str, report: Any) -> str:
@@ -437,11 +535,14 @@ def _caption(kind: str, report: Any) -> str:
         k = report.gamma_steps
         return (f"The training loss after {k} natural-gradient step(s) with each gamma tried (log axis): red × at the top = "
                 "the trial failed (at the step named), ringed = the suggestion, dashed = the gamma checked.")
+    if kind == "timeline":
+        return ("The training loss (top) and gamma (bottom, log axis) over the steps: red × = a check failed, red ▼ = a "
+                "guarded step failed, red dashed lines = rollbacks.")
     return "Each check's max abs error against its tolerance (log scale)."
 
 
 _DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison,
-         "gamma": plot_gamma_losses, "checks": plot_check_errors}  # fmt: skip
+         "gamma": plot_gamma_losses, "timeline": plot_training_timeline, "checks": plot_check_errors}  # fmt: skip
 
 
 def report_pictures(report: Any) -> tuple[Picture, ...]:
