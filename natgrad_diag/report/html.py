@@ -21,6 +21,8 @@ _CSS = """
 .ngd-report th, .ngd-report td { border: 1px solid #ccc; padding: 0.2rem 0.55rem; vertical-align: top; }
 .ngd-report th { background: #f3f3f3; }
 .ngd-report td.num { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
+.ngd-report td.text { overflow-wrap: anywhere; min-width: 12rem; }
+.ngd-report .ngd-scroll { max-width: 100%; overflow-x: auto; }
 .ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
 .ngd-report .pass { color: #1e7b34; font-weight: bold; }
 .ngd-report .fail { color: #b42318; font-weight: bold; }
@@ -35,21 +37,22 @@ _CSS = """
 
 def _html_table(table: Table) -> str:
     e = html.escape
-    parts = ["<table>"]
+    parts = ['<div class="ngd-scroll"><table>']
     if table.title:
         parts.append(f"<caption>{e(table.title)}</caption>")
     parts.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
     for row in table.rows:
-        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="num">{e(cell)}</td>' for k, cell in enumerate(row)]
+        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="{"num" if len(cell) <= 24 else "text"}">{e(cell)}</td>'
+                 for k, cell in enumerate(row)]  # fmt: skip
         parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     return "\n".join(parts)
 
 
 def _html_checks(checks: Sequence[Check]) -> str:
     e = html.escape
     parts = [
-        '<table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
+        '<div class="ngd-scroll"><table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
         "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
     ]
     for c in checks:
@@ -60,7 +63,7 @@ def _html_checks(checks: Sequence[Check]) -> str:
             f"<tr><td>{mark}</td><td><code>{e(c.name)}</code></td><td class=\"claim\">{claim}</td>"
             f'<td class="num">{e(err)}</td><td class="num">{e(bound)}</td></tr>'
         )
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     return "\n".join(parts)
 
 
