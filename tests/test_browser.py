@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
 from natgrad_diag import write_report
