@@ -108,7 +108,7 @@ def test_gamma_picture__plots_the_trials_losses_and_marks_the_failed_and_the_sug
 
 def test_pictures__the_gamma_picture_with_the_table_the_error_bars_only_when_they_inform():
     pytest.importorskip("matplotlib")
-    assert plots.picture_kinds(_report()) == ("gamma",)  # one of two errors is 0 and all pass: no bars
+    assert plots.picture_kinds(_report()) == ("gamma",)  # every check passes: no bars
     off = dataclasses.replace(_report(), checks=(*_report().checks, Check("fisher_identity", "F⁻¹∇θL = ∇ηL", False, 1e-3, 1e-8)))
     assert plots.picture_kinds(off) == ("gamma", "checks")
     assert plots.picture_kinds(_report(gamma_trials=())) == ()

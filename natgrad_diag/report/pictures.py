@@ -507,9 +507,10 @@ class Picture:
 
 
 def _errors_inform(report: Any) -> bool:
-    """The error bars carry information: a numeric check failed or is inconclusive, or more than half the errors are not 0."""
+    """The error bars carry information: the report has numeric checks, and on a natural-gradient report (whose
+    errors are mostly 0, its γ picture saying more) one of them failed or is inconclusive."""
     rows = check_errors_data(report)
-    return bool(rows) and (not all(r.passed for r in rows) or 2 * sum(r.max_abs_error != 0 for r in rows) > len(rows))
+    return bool(rows) and (not hasattr(report, "gamma_trials") or not all(r.passed for r in rows))
 
 
 def picture_kinds(report: Any) -> tuple[str, ...]:
