@@ -89,6 +89,13 @@ def _lines(fig):
     return {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
 
 
+def test_to_dict__keeps_each_trials_losses_and_failed_step():
+    import json
+
+    trials = json.loads(json.dumps(_report().to_dict()))["gamma_trials"]
+    assert [(t["gamma"], t["losses"], t["failed_step"]) for t in trials] == [(t.gamma, list(t.losses), t.failed_step) for t in TRIALS]
+
+
 def test_gamma_picture__plots_the_trials_losses_and_marks_the_failed_and_the_suggestion():
     pytest.importorskip("matplotlib")
     fig = plots.plot_gamma_losses(_report())

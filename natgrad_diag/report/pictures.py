@@ -385,12 +385,17 @@ def plot_gamma_losses(report: Any) -> Any:
         ax.plot([data.suggested], [loss], linestyle="none", marker="o", markersize=15, markerfacecolor="none",
                 markeredgecolor="#2e8b57", markeredgewidth=2.5, label=f"suggested gamma = {data.suggested:g}")  # fmt: skip
     if data.failed:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.3 * (high - low))  # headroom: the failed γ sit above every loss
         edge = ax.get_xaxis_transform()  # x in data, y in axes fraction: the top edge whatever the losses
         ax.plot(data.failed, [0.95] * len(data.failed), transform=edge, linestyle="none", marker="x", markersize=10,
                 markeredgewidth=2.5, color="#c0392b", clip_on=False, label="failed (at step j)")  # fmt: skip
         for g, j in zip(data.failed, data.failed_steps):
             ax.text(g, 0.88, "failed" if j is None else f"step {j}", transform=edge, ha="center", va="top", fontsize=7, color="#c0392b")
+    from matplotlib.ticker import FuncFormatter
+
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda g, _: f"{g:g}"))
     ax.set_xlabel("gamma (log scale)")
     ax.set_ylabel(f"training loss after {k} step{'s' if k > 1 else ''}")
     ax.set_title(f"Loss after {k} natural-gradient step{'s' if k > 1 else ''} with each gamma (lower is better)", fontsize=10)
