@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from natgrad_diag.report.layout import arrange, check_numbers, report_pictures_or_note, text_blocks, verdict
-from natgrad_diag.report.records import Check, Table, worst_status
+from natgrad_diag.report.records import STATUSES, Check, Table, worst_status
 
 __all__ = ["html_document", "to_html_fragment"]
 
@@ -80,7 +80,9 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     verdict_class = worst_status(c.status for c in report.checks)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
     for _, block in text_blocks(getattr(report, "lead", "")):  # the answer under the verdict (a NatGradReport's)
-        parts.append(f"<ul><li>{e(block[2:])}</li></ul>" if block.startswith("- ") else f"<p>{e(block)}</p>")
+        status = block[2:6].lower()
+        mark = f'<span class="{status}">{block[2:6]}</span>{e(block[6:])}' if status in STATUSES else e(block[2:])
+        parts.append(f"<ul><li>{mark}</li></ul>" if block.startswith("- ") else f"<p>{e(block)}</p>")
     laid = arrange(report, pictures)
     for section, figures in laid.sections:
         if section.heading:
