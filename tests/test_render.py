@@ -256,11 +256,14 @@ def test_to_html__escapes_cells_and_keeps_the_layout():
     assert row == ["FAIL", "large_gap", "the two routes agreeentry [1, 0] is off", "0.0025", "> 1.00e-08"]
 
 
-def test_repr_html__is_a_table_for_jupyter(explanation):
+def test_repr_html__is_tables_and_embedded_pictures_for_jupyter(explanation):
+    pytest.importorskip("matplotlib")
     fragment = explanation._repr_html_()
     parsed = _Parsed(fragment)
     assert parsed.errors == [] and parsed.stack == []
-    assert "<table" in fragment and not parsed.images
+    assert "<table" in fragment
+    assert [img["alt"] for img in parsed.images] == [p.caption for p in explanation.figures()]
+    assert all(base64.b64decode(img["src"].split(",", 1)[1]).startswith(PNG_SIGNATURE) for img in parsed.images)
     assert {c.name for c in explanation.checks} <= set(parsed.codes)
 
 

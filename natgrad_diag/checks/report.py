@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.records import Check, Section, Table, format_number, to_jsonable
+from natgrad_diag.report.records import STATUSES, Check, Section, Table, format_number, to_jsonable
 from natgrad_diag.typing import Array
 
 __all__ = ["GammaTrial", "HealthResult", "NatGradReport", "Outcome"]
@@ -161,8 +161,13 @@ class NatGradReport(Report):
         return dict(self.numbers)[name]
 
     def sections(self) -> tuple[Section, ...]:
+        """The answer first (the verdict's causes and fixes, the suggested γ), then the γ trials with their picture,
+        the checks (failed first) and, further down, the model, the numbers, what was not checked, the warnings."""
         if self.pairs:
-            return tuple(Section(f"{r.model_name}: {s.heading}", s.text, s.tables) for r in self.pairs for s in r.sections())
+            return tuple(
+                Section(f"{r.model_name}: {s.heading}", s.text, s.tables, s.checks, tuple(f"{n}-{i}" for n in s.figures))
+                for i, r in enumerate(self.pairs) for s in r.sections()
+            )  # fmt: skip
         info = Table(
             columns=("", "value"),
             rows=(
@@ -181,29 +186,70 @@ class NatGradReport(Report):
         def listed(items: Any) -> str:
             return "\n".join(f"- {x}" for x in items)
 
+        worst_first = tuple(sorted(self.checks, key=lambda c: -STATUSES.index(c.status)))
         candidates = (
-            (self.causes, Section("Cause", listed(self.causes))), (True, Section("Model and step", "", (info,))),
-            (self.step_error, Section("The step failed", self.step_error)), (self.gamma_trials, self._gamma_section()),
+            (self.gamma_trials, self._gamma_section()),
+            (True, Section("Checks", "", (), worst_first, ("checks",))), (True, Section("Model and step", "", (info,))),
             (self.numbers, Section("Further numbers", "", (nums,))),
             (self.skipped, Section("Not checked", listed(f"{name}: {why}" for name, why in self.skipped))),
             (self.warnings, Section("Warnings", listed(self.warnings))),
         )  # fmt: skip
         return tuple(section for present, section in candidates if present)
 
+    @property
+    def lead(self) -> str:
+        """What every form of the report shows first, under the verdict: each failed or inconclusive check with why,
+        the causes with their fixes, the step's error, the suggested γ; in the var_list form one line per pair."""
+        if self.pairs:
+            return "\n".join(f"- pair {i} ({r.model_name}): {r.status.upper()}. {r.lead}".replace("\n", " ").rstrip()
+                             for i, r in enumerate(self.pairs))  # fmt: skip
+        bad = [c for status in ("fail", "warn") for c in self.checks if c.status == status]
+        explained = {name for cause in self.causes for name in cause.checks}
+        lines = [f"- {c.mark} {c.name}: {c.detail or c.claim}" for c in bad if c.name not in explained]
+        for cause in self.causes:  # the checks a cause explains, with its evidence and fix
+            marks = {c.name: c.mark for c in bad}
+            lines.append("- " + " ".join(f"{marks.get(n, 'PASS')} {n}" for n in cause.checks) + f": {cause}")
+        if self.step_error and not any(self.step_error in line for line in lines):
+            lines.append(f"- The step with gamma = {self.gamma:g} failed: {self.step_error}")
+        lines.append("")
+        k, n = self.gamma_steps, len(self.gamma_trials)
+        after = f"the lowest loss after {k} step{'s' if k > 1 else ''} of the {n} gamma tried"
+        if self.suggested_gamma is not None and n > 1:
+            same = " (the gamma checked)" if self.suggested_gamma == self.gamma else f" (gamma = {self.gamma:g} checked)"
+            lines.append(f"Suggested gamma: {self.suggested_gamma:g}{same}: {after}.")
+        elif self.suggested_gamma is not None:
+            lines.append(f"Suggested gamma: {self.suggested_gamma:g}.")
+        elif n:
+            lines.append(f"No gamma tried trains: none of the {n} stays healthy for {k} step(s) and lowers the loss.")
+        return "\n".join(lines).strip("\n")
+
+    def figures(self) -> tuple[Any, ...]:
+        """The pictures (:meth:`Report.figures`); in the var_list form each pair's, named ``<name>-<pair index>``."""
+        if self.pairs:
+            return tuple(dataclasses.replace(p, name=f"{p.name}-{i}") for i, r in enumerate(self.pairs) for p in r.figures())
+        return super().figures()
+
     def _gamma_section(self) -> Section:
-        """The γ trials' table; with k > 1 its title and a note say the losses are after k steps."""
+        """The γ trials' table, largest γ first (the suggestion and the γ checked marked), and their picture."""
         k = self.gamma_steps
-        after = "" if k == 1 else f" {k} steps"
-        trials = Table(
-            columns=("gamma", "healthy", f"loss after{after}", "note"),
-            rows=tuple((f"{t.gamma:g}", "yes" if t.healthy else "no", format_number(t.loss, 10), t.reason) for t in self.gamma_trials),
-            title=f"Step lengths tried (largest first); the suggestion has the lowest loss after{after}",
-        )
+        after = f"loss after {k} step{'s' if k > 1 else ''}"
+
+        def role(t: GammaTrial) -> str:
+            marks = ["checked"] * (t.gamma == self.gamma) + ["suggested"] * (t.gamma == self.suggested_gamma)
+            return f"{t.gamma:g}" + (f" ({', '.join(marks)})" if marks else "")
+
+        rows = tuple(
+            (role(t), "yes" if t.healthy else "no" if t.failed_step is None else f"no: step {t.failed_step}",
+             format_number(t.loss, 10), t.reason)
+            for t in sorted(self.gamma_trials, key=lambda t: -t.gamma)
+        )  # fmt: skip
+        trials = Table(("gamma", "healthy", after, "note"), rows,
+                       f"Largest first; the suggestion has the lowest {after}")  # fmt: skip
         note = "" if k == 1 else (
             f"Each gamma is measured by the loss after {k} natural-gradient steps with it from the current q(u), "
             "hyperparameters held fixed; a trial fails if any of its steps does."
         )  # fmt: skip
-        return Section(f"Suggested step length{'' if k == 1 else f' (loss after {k} steps)'}", note, (trials,))
+        return Section(f"Step lengths tried ({after})", note, (trials,), None, ("gamma",))
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -216,7 +262,8 @@ class NatGradReport(Report):
             loss_before=self.loss_before, loss_after=self.loss_after, suggested_gamma=self.suggested_gamma,
             gamma_steps=self.gamma_steps, gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
             step_error=self.step_error, skipped=[dict(check=n, reason=r) for n, r in self.skipped],
-            gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason) for t in self.gamma_trials],
+            gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason, steps=t.steps, losses=list(t.losses),
+                               failed_step=t.failed_step) for t in self.gamma_trials],
             warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
         )  # fmt: skip
         out: dict[str, Any] = to_jsonable(d)

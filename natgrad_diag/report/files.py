@@ -12,6 +12,7 @@ from natgrad_diag.exceptions import ReportWriteError
 from natgrad_diag.report.html import html_document
 from natgrad_diag.report.layout import report_pictures_or_note
 from natgrad_diag.report.markdown import to_markdown
+from natgrad_diag.report.timeline import is_monitor, timeline_of
 from natgrad_diag._validate import input_error
 
 __all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
@@ -102,7 +103,9 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
-    """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it.
+    """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it; a training monitor
+    (``NatGradMonitor``: anything with ``records`` and ``guard_records``) as its training timeline: the loss and γ over
+    the steps with the failed checks and rollbacks marked, and a table of them.
 
     ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md`` writes ``<stem>-<picture>.png`` beside it,
     linked relatively. Everything is rendered in memory, then written atomically: a failure leaves any previous
@@ -116,9 +119,11 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     """
     fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
+    if is_monitor(report):
+        report = timeline_of(report)
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
         raise input_error("only a natgrad-diag report can be written.", "report",
-                          "a report (check_natgrad(...), explain_output_gradients(), ...)", type(report).__name__,
+                          "a report (check_natgrad(...), explain_output_gradients(), ...) or a NatGradMonitor", type(report).__name__,
                           "pass the report a natgrad-diag function returned.")
     pics, note = report_pictures_or_note(report)
     images: list[tuple[Path, bytes]] = []

@@ -8,8 +8,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
-from natgrad_diag.report.records import Check, Table, worst_status
+from natgrad_diag.report.layout import arrange, check_numbers, report_pictures_or_note, text_blocks, verdict
+from natgrad_diag.report.records import STATUSES, Check, Table, worst_status
 
 __all__ = ["html_document", "to_html_fragment"]
 
@@ -21,6 +21,8 @@ _CSS = """
 .ngd-report th, .ngd-report td { border: 1px solid #ccc; padding: 0.2rem 0.55rem; vertical-align: top; }
 .ngd-report th { background: #f3f3f3; }
 .ngd-report td.num { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
+.ngd-report td.text { overflow-wrap: anywhere; min-width: 12rem; }
+.ngd-report .ngd-scroll { max-width: 100%; overflow-x: auto; }
 .ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
 .ngd-report .pass { color: #1e7b34; font-weight: bold; }
 .ngd-report .fail { color: #b42318; font-weight: bold; }
@@ -35,21 +37,22 @@ _CSS = """
 
 def _html_table(table: Table) -> str:
     e = html.escape
-    parts = ["<table>"]
+    parts = ['<div class="ngd-scroll"><table>']
     if table.title:
         parts.append(f"<caption>{e(table.title)}</caption>")
     parts.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
     for row in table.rows:
-        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="num">{e(cell)}</td>' for k, cell in enumerate(row)]
+        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="{"num" if len(cell) <= 24 else "text"}">{e(cell)}</td>'
+                 for k, cell in enumerate(row)]  # fmt: skip
         parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     return "\n".join(parts)
 
 
 def _html_checks(checks: Sequence[Check]) -> str:
     e = html.escape
     parts = [
-        '<table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
+        '<div class="ngd-scroll"><table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
         "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
     ]
     for c in checks:
@@ -60,8 +63,15 @@ def _html_checks(checks: Sequence[Check]) -> str:
             f"<tr><td>{mark}</td><td><code>{e(c.name)}</code></td><td class=\"claim\">{claim}</td>"
             f'<td class="num">{e(err)}</td><td class="num">{e(bound)}</td></tr>'
         )
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     return "\n".join(parts)
+
+
+def _html_figure(p: Any) -> str:
+    e = html.escape
+    data = base64.b64encode(p.png).decode("ascii")
+    return (f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
+            f"<figcaption>{e(p.caption)}</figcaption></figure>")  # fmt: skip
 
 
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
@@ -69,34 +79,35 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
     verdict_class = worst_status(c.status for c in report.checks)
     parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
-    for section in report.sections():
+    for _, block in text_blocks(getattr(report, "lead", "")):  # the answer under the verdict (a NatGradReport's)
+        status = block[2:6].lower()
+        mark = f'<span class="{status}">{block[2:6]}</span>{e(block[6:])}' if status in STATUSES else e(block[2:])
+        parts.append(f"<ul><li>{mark}</li></ul>" if block.startswith("- ") else f"<p>{e(block)}</p>")
+    laid = arrange(report, pictures)
+    for section, figures in laid.sections:
         if section.heading:
             parts.append(f"<h2>{e(section.heading)}</h2>")
         for kind, block in text_blocks(section.text):
             parts.append(f"<pre>{e(textwrap.dedent(block))}</pre>" if kind == "code" else f"<p>{e(block)}</p>")
         parts.extend(_html_table(t) for t in section.tables)
-    if pictures or note:
+        if section.checks is not None:
+            parts.append(_html_checks(section.checks))
+        parts.extend(_html_figure(p) for p in figures)
+    if laid.rest or note:
         parts.append("<h2>Pictures</h2>")
     if note:
         parts.append(f'<p class="note">{e(note)}</p>')
-    for p in pictures:
-        data = base64.b64encode(p.png).decode("ascii")
-        parts.append(
-            f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
-            f"<figcaption>{e(p.caption)}</figcaption></figure>"
-        )
-    parts.append("<h2>Checks</h2>")
-    parts.append(_html_checks(report.checks))
+    parts.extend(_html_figure(p) for p in laid.rest)
+    if laid.checks is not None:
+        parts += ["<h2>Checks</h2>", _html_checks(laid.checks)]
     parts.append("</div>")
     return "\n".join(parts)
 
 
 def to_html_fragment(report: Any) -> str:
-    """The report as an HTML ``<div>`` of headings, paragraphs and tables, no pictures (for Jupyter).
-
-    ``Report._repr_html_`` returns this, so a report shows as tables in a notebook.
-    """
-    return f"<style>{_CSS}</style>\n" + _html_body(report, (), "")
+    """The report as an HTML ``<div>`` of headings, paragraphs, tables and its pictures as base64 PNG (or the note
+    that matplotlib is missing), for Jupyter: ``Report._repr_html_`` returns this."""
+    return f"<style>{_CSS}</style>\n" + _html_body(report, *report_pictures_or_note(report))
 
 
 def html_document(report: Any, pics: Sequence[Any], note: str) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.exceptions import MissingExtraError
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, Section, format_number
 
-__all__ = ["STATUS_STYLES", "check_numbers", "report_pictures_or_note", "text_blocks", "verdict"]
+__all__ = ["STATUS_STYLES", "Arranged", "arrange", "check_numbers", "report_pictures_or_note", "text_blocks", "verdict"]
 
 
 #: The terminal colour of each status (PASS green, WARN yellow, FAIL red).
@@ -59,6 +61,26 @@ def verdict(report: Any) -> str:
     if warned:
         parts.append(f"{warned} check(s) inconclusive (WARN).")
     return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Arranged:
+    """A report in the order every output form draws it: each section with the pictures it names, then the
+    pictures no section named (``rest``), then ``checks`` unless a section carries them (None then)."""
+
+    sections: tuple[tuple[Section, tuple[Any, ...]], ...]
+    rest: tuple[Any, ...]
+    checks: tuple[Check, ...] | None
+
+
+def arrange(report: Any, pictures: Sequence[Any] = ()) -> Arranged:
+    """Place ``pictures`` (:class:`~natgrad_diag.pictures.Picture`) in the sections that name them and the checks
+    at the end unless a section carries them."""
+    sections = report.sections()
+    named = {n for s in sections for n in s.figures}
+    placed = tuple((s, tuple(p for n in s.figures for p in pictures if p.name == n)) for s in sections)
+    carried = any(s.checks is not None for s in sections)
+    return Arranged(placed, tuple(p for p in pictures if p.name not in named), None if carried else tuple(report.checks))
 
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:

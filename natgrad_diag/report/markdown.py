@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from natgrad_diag.report.layout import check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import arrange, check_numbers, text_blocks, verdict
 
 __all__ = ["to_markdown"]
 
@@ -35,7 +35,14 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     where they would be (e.g. that matplotlib is missing).
     """
     parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
-    for section in report.sections():
+    links = dict(zip((p.name for p in pictures), image_names))
+
+    def figure(p: Any) -> list[str]:
+        return ["", f"![{_md(p.caption)}]({quote(links[p.name])})", "", _md(p.caption)] if p.name in links else []
+
+    parts += [line for _, block in text_blocks(getattr(report, "lead", "")) for line in ("", _md(block))]
+    laid = arrange(report, pictures)
+    for section, figures in laid.sections:
         if section.heading:
             parts += ["", f"## {_md(section.heading)}"]
         for kind, block in text_blocks(section.text):
@@ -44,16 +51,23 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
             if table.title:
                 parts += ["", f"*{_md(table.title)}*"]
             parts += ["", _md_table(table.columns, [[_md(c) for c in r] for r in table.rows])]
-    if pictures or note:
+        if section.checks is not None:
+            parts += ["", _md_checks(section.checks)]
+        parts += [line for p in figures for line in figure(p)]
+    if laid.rest or note:
         parts += ["", "## Pictures"]
     if note:
         parts += ["", f"> {_md(note)}"]
-    for name, p in zip(image_names, pictures):
-        parts += ["", f"![{_md(p.caption)}]({quote(name)})", "", _md(p.caption)]
+    parts += [line for p in laid.rest for line in figure(p)]
+    if laid.checks is not None:
+        parts += ["", "## Checks", "", _md_checks(laid.checks)]
+    return "\n".join([*parts, ""])
+
+
+def _md_checks(checks: Sequence[Any]) -> str:
     rows = []
-    for c in report.checks:
+    for c in checks:
         err, bound = check_numbers(c)
         claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
         rows.append([f"**{c.mark}**", f"`{c.name}`", claim, _md(err), _md(bound)])
-    parts += ["", "## Checks", "", _md_table(["", "check", "claim", "max abs error", "tolerance"], rows), ""]
-    return "\n".join(parts)
+    return _md_table(["", "check", "claim", "max abs error", "tolerance"], rows)

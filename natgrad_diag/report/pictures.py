@@ -2,8 +2,8 @@
 
 Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
 varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
-element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; each check's error against its
-tolerance. The ``*_data`` functions need no matplotlib.
+element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; the loss after k natural-gradient
+steps against γ; each check's error against its tolerance (when the bars inform). The ``*_data`` functions need no matplotlib.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "BlockSpan", "CheckError", "Eta1Comparison", "HeatmapData", "Picture", "check_errors_data",
-    "eta1_comparison_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison", "plot_jacobian_heatmap",
-    "report_pictures", "require_matplotlib",
+    "BlockSpan", "CheckError", "Eta1Comparison", "GammaCurve", "HeatmapData", "Picture", "check_errors_data",
+    "eta1_comparison_data", "gamma_curve_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison",
+    "plot_gamma_losses", "plot_jacobian_heatmap", "plot_training_timeline", "report_pictures", "require_matplotlib",
+    "TimelineData", "timeline_data",
 ]
 
 #: What to run when matplotlib is missing.
@@ -319,6 +320,185 @@ def plot_check_errors(report: Any) -> Any:
     return fig
 
 
+# ---- (4) the loss after k steps against γ ----
+
+
+@dataclass(frozen=True)
+class GammaCurve:
+    """What :func:`plot_gamma_losses` draws from a report's γ trials.
+
+    Attributes:
+        gammas, losses: the γ whose k steps were all healthy, ascending, and the loss after them.
+        failed, failed_steps: the γ whose trial failed, ascending, and the step j at which each failed (None: unknown).
+        suggested, checked: the suggested γ (None if none) and the γ checked.
+        loss_before, steps: the loss before any step (None if unknown) and k.
+    """
+
+    gammas: tuple[float, ...]
+    losses: tuple[float, ...]
+    failed: tuple[float, ...]
+    failed_steps: tuple[int | None, ...]
+    suggested: float | None
+    checked: float
+    loss_before: float | None
+    steps: int
+
+
+def has_gamma_trials(report: Any) -> bool:
+    """True when ``report`` carries γ trials (a :class:`~natgrad_diag.NatGradReport` whose γ was searched)."""
+    return bool(getattr(report, "gamma_trials", ()))
+
+
+def gamma_curve_data(report: Any) -> GammaCurve:
+    """The γ trials of ``report`` (a :class:`~natgrad_diag.NatGradReport`) as :class:`GammaCurve`; an InputError when
+    it has none."""
+    if not has_gamma_trials(report):
+        raise input_error("the report has no gamma trials to draw.", "report", "a NatGradReport with gamma_trials",
+                          type(report).__name__, "run check_natgrad with gamma_search=True (the default).")
+    trials = sorted(report.gamma_trials, key=lambda t: t.gamma)
+    ok = [t for t in trials if t.healthy and t.loss is not None and math.isfinite(t.loss)]
+    bad = [t for t in trials if t not in ok]
+    return GammaCurve(
+        tuple(t.gamma for t in ok), tuple(float(t.loss) for t in ok), tuple(t.gamma for t in bad),
+        tuple(t.failed_step for t in bad), report.suggested_gamma, report.gamma, report.loss_before, report.gamma_steps,
+    )  # fmt: skip
+
+
+def plot_gamma_losses(report: Any) -> Any:
+    """The training loss after k natural-gradient steps against γ (log axis): a line through the healthy trials, the
+    failed ones as red × at the top edge labelled with the step that failed, the suggestion ringed, the γ checked as a
+    dashed line, the loss before any step as a dotted one.
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError without trials.
+    """
+    data = gamma_curve_data(report)
+    require_matplotlib()
+    fig = _new_figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    k = data.steps
+    ax.plot(data.gammas, data.losses, marker="o", color="#1f5fa8", label=f"loss after {k} step{'s' if k > 1 else ''}")
+    if data.loss_before is not None and math.isfinite(data.loss_before):
+        ax.axhline(data.loss_before, linestyle=":", color="0.4", label="loss before any step")
+    ax.axvline(data.checked, linestyle="--", color="0.3", label=f"gamma checked = {data.checked:g}")
+    if data.suggested is not None and data.suggested in data.gammas:
+        loss = data.losses[data.gammas.index(data.suggested)]
+        ax.plot([data.suggested], [loss], linestyle="none", marker="o", markersize=15, markerfacecolor="none",
+                markeredgecolor="#2e8b57", markeredgewidth=2.5, label=f"suggested gamma = {data.suggested:g}")  # fmt: skip
+    if data.failed:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.3 * (high - low))  # headroom: the failed γ sit above every loss
+        edge = ax.get_xaxis_transform()  # x in data, y in axes fraction: the top edge whatever the losses
+        ax.plot(data.failed, [0.95] * len(data.failed), transform=edge, linestyle="none", marker="x", markersize=10,
+                markeredgewidth=2.5, color="#c0392b", clip_on=False, label="failed (at step j)")  # fmt: skip
+        for g, j in zip(data.failed, data.failed_steps):
+            ax.text(g, 0.88, "failed" if j is None else f"step {j}", transform=edge, ha="center", va="top", fontsize=7, color="#c0392b")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda g, _: f"{g:g}"))
+    ax.set_xlabel("gamma (log scale)")
+    ax.set_ylabel(f"training loss after {k} step{'s' if k > 1 else ''}")
+    ax.set_title(f"Loss after {k} natural-gradient step{'s' if k > 1 else ''} with each gamma (lower is better)", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+# ---- (5) a training timeline ----
+
+
+@dataclass(frozen=True)
+class TimelineData:
+    """What :func:`plot_training_timeline` draws from a monitor's records (steps ascending within each series).
+
+    Attributes:
+        check_steps, check_losses: the loss at each periodic check (records with a loss).
+        failed_checks: the steps whose periodic checks failed.
+        guard_steps, guard_losses: the loss before each guarded step (guard records with a loss).
+        gamma_steps, gammas: the γ each guarded step used (``gamma_before``); without guarded steps, the monitor's γ at
+            each checked step.
+        suggested_steps, suggested: the γ the periodic checks suggested (records with a suggestion).
+        rollbacks, failed_guards: the steps rolled back, and the guarded steps that failed.
+    """
+
+    check_steps: tuple[int, ...]
+    check_losses: tuple[float, ...]
+    failed_checks: tuple[int, ...]
+    guard_steps: tuple[int, ...]
+    guard_losses: tuple[float, ...]
+    gamma_steps: tuple[int, ...]
+    gammas: tuple[float, ...]
+    suggested_steps: tuple[int, ...]
+    suggested: tuple[float, ...]
+    rollbacks: tuple[int, ...]
+    failed_guards: tuple[int, ...]
+
+
+def timeline_data(monitor: Any) -> TimelineData:
+    """The series of a monitor's training (a ``NatGradMonitor`` or a ``TrainingTimeline``: ``records``,
+    ``guard_records``, ``gamma``) that :func:`plot_training_timeline` draws; an InputError for anything else."""
+    if not (hasattr(monitor, "records") and hasattr(monitor, "guard_records")):
+        raise input_error("the timeline needs a training monitor.", "monitor", "a NatGradMonitor (records, guard_records)",
+                          type(monitor).__name__, "pass the NatGradMonitor used in training.")  # fmt: skip
+    records = sorted(monitor.records, key=lambda r: r.step)
+    guards = sorted(monitor.guard_records, key=lambda r: r.step)
+    checked = [r for r in records if r.loss is not None]
+    guarded = [r for r in guards if r.loss_before is not None]
+    gamma = getattr(monitor, "gamma", None)
+    steps, gammas = ([r.step for r in guards], [r.gamma_before for r in guards]) if guards else (
+        ([r.step for r in records], [gamma] * len(records)) if gamma is not None else ([], []))  # fmt: skip
+    hinted = [r for r in records if r.suggested_gamma is not None]
+    return TimelineData(
+        tuple(r.step for r in checked), tuple(float(r.loss) for r in checked), tuple(r.step for r in records if not r.passed),
+        tuple(r.step for r in guarded), tuple(float(r.loss_before) for r in guarded), tuple(steps), tuple(map(float, gammas)),
+        tuple(r.step for r in hinted), tuple(float(r.suggested_gamma) for r in hinted),
+        tuple(r.step for r in guards if r.rolled_back), tuple(r.step for r in guards if r.status != "ok"),
+    )  # fmt: skip
+
+
+def plot_training_timeline(monitor: Any) -> Any:
+    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks and failed
+    guarded steps as red × at the top edge, rollbacks as red dashed lines through both panels.
+
+    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a
+    monitor.
+    """
+    data = timeline_data(monitor)
+    require_matplotlib()
+    fig = _new_figure(8.0, 5.0)
+    loss_ax, gamma_ax = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    if data.guard_steps:
+        loss_ax.plot(data.guard_steps, data.guard_losses, color="#1f5fa8", label="loss (guarded steps)")
+    if data.check_steps:
+        loss_ax.plot(data.check_steps, data.check_losses, linestyle="none", marker="o", color="#e6a23c", label="loss (periodic checks)")
+    edge = loss_ax.get_xaxis_transform()
+    for steps, marker, label in ((data.failed_checks, "x", "check failed"), (data.failed_guards, "v", "guarded step failed")):
+        if steps:
+            loss_ax.plot(steps, [0.95] * len(steps), transform=edge, linestyle="none", marker=marker, markersize=9,
+                         markeredgewidth=2.2, color="#c0392b", clip_on=False, label=label)  # fmt: skip
+    if data.gamma_steps:
+        gamma_ax.plot(data.gamma_steps, data.gammas, drawstyle="steps-post", color="0.2", label="gamma used")
+    if data.suggested_steps:
+        gamma_ax.plot(data.suggested_steps, data.suggested, linestyle="none", marker=".", color="#2e8b57", label="suggested gamma")
+    for k, step in enumerate(data.rollbacks):
+        for ax in (loss_ax, gamma_ax):
+            ax.axvline(step, linestyle="--", linewidth=1.0, color="#c0392b", label="rollback" if k == 0 and ax is loss_ax else None)
+    if data.gammas or data.suggested:
+        from matplotlib.ticker import NullFormatter
+
+        gamma_ax.set_yscale("log")
+        levels = sorted(set(data.gammas + data.suggested))
+        gamma_ax.set_yticks(levels, [f"{g:g}" for g in levels] if len(levels) <= 8 else None)
+        gamma_ax.yaxis.set_minor_formatter(NullFormatter())
+    loss_ax.set_ylabel("training loss")
+    gamma_ax.set_ylabel("gamma")
+    gamma_ax.set_xlabel("training step")
+    loss_ax.set_title("Natural-gradient training: loss and gamma over the steps", fontsize=10)
+    for ax in (loss_ax, gamma_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    return fig
+
+
 # ---- dispatch ----
 
 
@@ -331,12 +511,22 @@ class Picture:
     png: bytes
 
 
+def _errors_inform(report: Any) -> bool:
+    """The error bars carry information: the report has numeric checks, and on a natural-gradient report (whose
+    errors are mostly 0, its γ picture saying more) one of them failed or is inconclusive."""
+    rows = check_errors_data(report)
+    return bool(rows) and (not hasattr(report, "gamma_trials") or not all(r.passed for r in rows))
+
+
 def picture_kinds(report: Any) -> tuple[str, ...]:
-    """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"checks"``."""
+    """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"gamma"`` (γ trials),
+    ``"checks"`` (only when the bars inform: see :func:`_errors_inform`)."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
-    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), bool(check_errors_data(report)))
-    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "checks"), has) if ok)
+    timeline = bool(getattr(report, "records", None) or getattr(report, "guard_records", None))
+    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), has_gamma_trials(report),
+           timeline, _errors_inform(report))  # fmt: skip
+    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "gamma", "timeline", "checks"), has) if ok)
 
 
 def _caption(kind: str, report: Any) -> str:
@@ -347,10 +537,18 @@ def _caption(kind: str, report: Any) -> str:
     if kind == "eta1":
         return ("Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
                 "and the mean-path and varsqrt-path terms that add up to dL/deta1.")
+    if kind == "gamma":
+        k = report.gamma_steps
+        return (f"The training loss after {k} natural-gradient step(s) with each gamma tried (log axis): red × at the top = "
+                "the trial failed (at the step named), ringed = the suggestion, dashed = the gamma checked.")
+    if kind == "timeline":
+        return ("The training loss (top) and gamma (bottom, log axis) over the steps: red × = a check failed, red ▼ = a "
+                "guarded step failed, red dashed lines = rollbacks.")
     return "Each check's max abs error against its tolerance (log scale)."
 
 
-_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison, "checks": plot_check_errors}
+_DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta1": plot_eta1_comparison,
+         "gamma": plot_gamma_losses, "timeline": plot_training_timeline, "checks": plot_check_errors}  # fmt: skip
 
 
 def report_pictures(report: Any) -> tuple[Picture, ...]:

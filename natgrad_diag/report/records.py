@@ -218,8 +218,12 @@ class Table:
 
 @dataclass(frozen=True)
 class Section:
-    """A heading, a paragraph and any number of tables."""
+    """A heading, a paragraph and any number of tables; then, where the report places them, ``checks`` (a checks
+    table: the renderers draw the report's checks at the end unless a section carries them) and the pictures named
+    ``figures`` (:attr:`Picture.name`; pictures no section names go under "Pictures" at the end)."""
 
     heading: str
     text: str = ""
     tables: tuple[Table, ...] = ()
+    checks: tuple[Check, ...] | None = None
+    figures: tuple[str, ...] = ()

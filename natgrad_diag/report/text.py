@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import STATUS_STYLES, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import STATUS_STYLES, arrange, check_numbers, text_blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
@@ -88,30 +88,39 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
     from rich.text import Text
 
     title = str(report.title)
+    style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
     console.print(Text(title, style="" if plain else "bold"))
     console.print("=" * min(len(title), console.width))
-    for section in report.sections():
+    if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
+        console.print(Text(f"Verdict: {verdict(report)}", style=style))
+        for _, block in text_blocks(report.lead):
+            console.print(Text(block, no_wrap=False, overflow="fold"), soft_wrap=False)
+    laid = arrange(report)
+
+    def heading(text: str) -> None:
+        console.print()
+        console.print(Text(text, style="" if plain else "bold underline"))
+        if plain:
+            console.print("-" * min(len(text), console.width))
+
+    for section, _ in laid.sections:
         if section.heading:
-            console.print()
-            console.print(Text(section.heading, style="" if plain else "bold underline"))
-            if plain:
-                console.print("-" * min(len(section.heading), console.width))
+            heading(section.heading)
         for kind, block in text_blocks(section.text):
-            style = "cyan" if kind == "code" and not plain else ""
-            console.print(Text(block, style=style, no_wrap=False, overflow="fold"), soft_wrap=False)
+            code = "cyan" if kind == "code" and not plain else ""
+            console.print(Text(block, style=code, no_wrap=False, overflow="fold"), soft_wrap=False)
         for table in section.tables:
             console.print()
             if fits(table, console.width if plain else console.width - 2):
                 console.print(_rich_table(table, plain, console.width))
             else:
                 console.print(Text(vertical(table)), soft_wrap=True)
+        if section.checks is not None:
+            console.print(_rich_checks(section.checks, plain))
+    if laid.checks is not None:
+        heading("Checks")
+        console.print(_rich_checks(laid.checks, plain))
     console.print()
-    console.print(Text("Checks", style="" if plain else "bold underline"))
-    if plain:
-        console.print("------")
-    console.print(_rich_checks(report.checks, plain))
-    console.print()
-    style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
     console.print(Text(f"Verdict: {verdict(report)}", style=style))
 
 

@@ -1,0 +1,121 @@
+"""The training timeline of a :class:`~natgrad_diag.NatGradMonitor` as a report: the loss and γ over the steps, the
+failed checks and the rollbacks. Reads the monitor by duck typing (``records``, ``guard_records``, ``gamma``), so
+this module imports nothing of ``natgrad_diag.training``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from natgrad_diag.report.base import Report
+from natgrad_diag.report.records import Check, Section, Table, format_number, status_of
+
+__all__ = ["TrainingTimeline", "is_monitor", "timeline_html", "timeline_of"]
+
+
+def is_monitor(obj: Any) -> bool:
+    """True for a training monitor: anything with ``records`` and ``guard_records`` (and not a report)."""
+    return hasattr(obj, "records") and hasattr(obj, "guard_records") and not callable(getattr(obj, "sections", None))
+
+
+@dataclass(frozen=True)
+class TrainingTimeline(Report):
+    """What a monitor recorded during training, as a report.
+
+    Attributes:
+        records: the periodic checks (``NatGradRecord``: step, loss, loss_after, passed, suggested_gamma, detail).
+        guard_records: the guarded steps (``GuardRecord``: step, status, rolled_back, gamma_before, gamma_after,
+            cause, loss_before, loss_after).
+        gamma: the monitor's γ now (None if unknown).
+    """
+
+    records: tuple[Any, ...]
+    guard_records: tuple[Any, ...]
+    gamma: float | None = None
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        rollbacks = sum(bool(r.rolled_back) for r in self.guard_records)
+        return (f"Natural-gradient training: {len(self.records)} checked step(s), {len(self.guard_records)} guarded "
+                f"step(s), {rollbacks} rollback(s)")  # fmt: skip
+
+    @property
+    def checks(self) -> tuple[Check, ...]:  # type: ignore[override]
+        """One check for the periodic checks and one for the guarded steps (each only when there are any)."""
+        out = []
+        if self.records:
+            bad = [r.step for r in self.records if not r.passed]
+            out.append(Check("periodic_checks", f"the natural-gradient checks held at each of the {len(self.records)} checked steps",
+                             status_of(not bad), detail=f"failed at step(s) {_steps(bad)}" if bad else ""))  # fmt: skip
+        if self.guard_records:
+            bad = [r.step for r in self.guard_records if r.status != "ok"]
+            back = [r.step for r in self.guard_records if r.rolled_back]
+            detail = f"failed at step(s) {_steps(bad)}" + (f"; rolled back at {_steps(back)}" if back else "") if bad else ""
+            out.append(Check("guarded_steps", f"each of the {len(self.guard_records)} guarded steps was healthy",
+                             status_of(not bad), detail=detail))  # fmt: skip
+        return tuple(out)
+
+    @property
+    def lead(self) -> str:
+        """The first and last loss recorded, γ now, and each failure with its cause (the first five)."""
+        losses = sorted([(r.step, r.loss) for r in self.records if r.loss is not None]
+                        + [(r.step, r.loss_before) for r in self.guard_records if r.loss_before is not None])  # fmt: skip
+        lines = [f"Loss {format_number(losses[0][1], 8)} at step {losses[0][0]}, {format_number(losses[-1][1], 8)} at step "
+                 f"{losses[-1][0]}" + ("." if self.gamma is None else f"; gamma now {self.gamma:g}.")] if losses else []  # fmt: skip
+        events = self.events()
+        lines += [f"- step {step}: {what}: {why}" for step, what, _, _, why in events[:5]]
+        if len(events) > 5:
+            lines.append(f"- ... and {len(events) - 5} more (table below).")
+        return "\n".join(lines)
+
+    def events(self) -> list[tuple[int, str, str, str, str]]:
+        """(step, what, gamma, loss, why) for each failed check, failed guarded step and rollback, by step."""
+        out = [(r.step, "check failed", _g(r.suggested_gamma, "suggested "), _losses(r.loss, r.loss_after), r.detail)
+               for r in self.records if not r.passed]  # fmt: skip
+        out += [(r.step, "rolled back" if r.rolled_back else "guard failed",
+                 f"{r.gamma_before:g} → {r.gamma_after:g}" if r.gamma_after != r.gamma_before else f"{r.gamma_before:g}",
+                 _losses(r.loss_before, r.loss_after), r.cause) for r in self.guard_records if r.status != "ok" or r.rolled_back]  # fmt: skip
+        return sorted(out, key=lambda e: e[0])
+
+    def sections(self) -> tuple[Section, ...]:
+        events = tuple(tuple(str(x) for x in e) for e in self.events())
+        table = Table(("step", "what", "gamma", "loss before → after", "why"), events, "Failed checks and rollbacks, by step")
+        runs: list[list[Any]] = []  # [gamma, first step, last step] of each run of guarded steps with one γ
+        for r in sorted(self.guard_records, key=lambda r: r.step):
+            if runs and runs[-1][0] == r.gamma_before:
+                runs[-1][2] = r.step
+            else:
+                runs.append([r.gamma_before, r.step, r.step])
+        used = "; ".join(f"{g:g} (steps {a}–{b})" for g, a, b in runs[:8]) + ("; ..." if len(runs) > 8 else "")
+        return (
+            Section("Loss and gamma over training", f"gamma used: {used}." if runs else "", (), None, ("timeline",)),
+            *((Section("Failed checks and rollbacks", "", (table,)),) if events else ()),
+            Section("Checks", "", (), self.checks),
+        )  # fmt: skip
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (f" and {len(steps) - 10} more" if len(steps) > 10 else "")
+
+
+def _g(gamma: float | None, prefix: str = "") -> str:
+    return "-" if gamma is None else f"{prefix}{gamma:g}"
+
+
+def _losses(before: float | None, after: float | None) -> str:
+    return f"{format_number(before, 8)} → {format_number(after, 8)}"
+
+
+def timeline_of(monitor: Any) -> TrainingTimeline:
+    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a timeline as it is."""
+    if isinstance(monitor, TrainingTimeline):
+        return monitor
+    return TrainingTimeline(tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))
+
+
+def timeline_html(monitor: Any) -> str:
+    """The monitor's timeline as an HTML fragment with its picture embedded (a monitor's ``_repr_html_``)."""
+    from natgrad_diag.report.html import to_html_fragment
+
+    return to_html_fragment(timeline_of(monitor))
