@@ -297,26 +297,32 @@ def test_guard__one_loss_evaluation_per_step_and_the_loss_after_is_the_next_loss
 
 
 @pytest.mark.slow
-def test_guard__gamma_climbs_back_after_healthy_runs_never_above_the_first_gamma():
+def test_guard__gamma_climbs_back_only_to_a_searched_gamma_never_above_the_first():
     from natgrad_diag.training.guard import RAISE_AFTER
 
     model, data = _bernoulli()
     monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback", loss_increase=float("inf"))
     natgrad = NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    searches = []  # (guarded step, suggestion) of every search the guard ran: a spy on natgrad-diag's own method
+    search = monitor.search
+    monitor.search = lambda d, g: searches.append((len(monitor.guard_records), (r := search(d, g)).suggested_gamma)) or r
     for step in range(1 + 2 * RAISE_AFTER):
         with monitor.guard(step, natgrad):
             _natgrad_step(natgrad, model, data)
     first, records = monitor.guard_records[0], monitor.guard_records
-    assert first.rolled_back and first.gamma_after < 5.0
-    # one rule: after RAISE_AFTER healthy steps in a row γ doubles, capped at 5; a failed step starts the count again
-    gamma, run = first.gamma_after, 0
-    for r in records[1:]:
+    assert first.rolled_back and first.gamma_after < 5.0 and searches[0][0] == 0
+    # one rule: after RAISE_AFTER healthy steps in a row the guard searches from its γ and moves only up, to the
+    # suggestion capped at 5; a failed step starts the count again
+    gamma, run, found = first.gamma_after, 0, dict(searches)
+    for i, r in enumerate(records[1:], start=1):
         assert r.gamma_before == gamma
         run = 0 if not r.passed else run + 1
         if r.rolled_back:
             gamma, run = r.gamma_after, 0
         elif run >= RAISE_AFTER and gamma < 5.0:
-            gamma, run = min(2 * gamma, 5.0), 0
+            assert i in found  # the search ran at this step
+            s_ = found[i]
+            gamma, run = (min(s_, 5.0) if s_ is not None and s_ > gamma else gamma), 0
         assert r.gamma_after == gamma
-    assert monitor.gamma == gamma == float(natgrad.gamma.numpy())
-    assert max(r.gamma_after for r in records) <= 5.0 and any(r.gamma_after > first.gamma_after for r in records)
+    assert monitor.gamma == gamma == float(natgrad.gamma.numpy()) and max(r.gamma_after for r in records) <= 5.0
+    assert len(searches) >= 2  # the rollback's, and at least one after a healthy run

@@ -3,7 +3,7 @@
 A verdict about a step length must hold over the steps that follow, so γ is judged by k = ``gamma_steps`` steps
 (default 5) from the current q(u), hyperparameters held fixed, by GPflow's own update (the thing being checked). It
 fails at the first step that raises, leaves the valid set (q_sqrt lower-triangular with a positive diagonal, S
-positive definite, everything finite) or raises the loss by more than the rounding of one loss evaluation.
+positive definite, everything finite) or raises the loss by more than one evaluation of it resolves (:func:`rounding`).
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
@@ -22,7 +22,6 @@ from natgrad_diag.checks.bounds import finite, maxabs
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
-from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
 __all__ = ["GAMMA_GRID", "best_gamma", "health", "search", "stage", "ticks"]
@@ -70,10 +69,16 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
 
 
 def rounding(loss: float, dtype: Any) -> float:
-    """The rounding of one loss evaluation, ``rounding_bound(dtype, condition=1, scale=|loss|)`` = 100·ε·|loss| (a
-    sum of N terms each computed to a few ε; 100 absorbs N up to the size where its rounding matters): two losses
-    closer than this tie, and a step may raise the loss by this much and still be healthy."""
-    return rounding_bound(dtype, condition=1.0, scale=abs(loss))
+    """What one evaluation of the loss resolves, √ε·max(|loss|, 1): two losses closer than this tie, and a step may
+    raise the loss by this much and still be healthy.
+
+    The loss is a difference of terms (the expected log-likelihood, a sum of N terms, and the KL), each computed to a
+    few ε of its own size, so the loss's rounding is about ε·(|terms|), not ε·|loss|: near a converged q(u) the
+    terms can exceed the loss by orders of magnitude and successive steps change it at that level. √ε allows terms up
+    to ~10⁶ times the loss in float64 (~10³ in float32) and is still 10⁻⁸ of the loss, far below a real rise (an
+    oscillating or diverging γ raises it by percent).
+    """
+    return float(np.sqrt(np.finfo(dtype).eps)) * max(abs(loss), 1.0)
 
 
 def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) -> float | None:
@@ -147,7 +152,7 @@ def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | 
     steps = f"{k} steps" if k > 1 else "the step"
     claim = (
         f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive diagonal, "
-        f"S positive definite) and never raise the loss beyond the rounding of one evaluation (100·ε·|loss|)"
+        f"S positive definite) and never raise the loss beyond what one evaluation resolves (√ε·max(|loss|, 1))"
     )
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
@@ -160,7 +165,7 @@ def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | 
         f32 = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 else ""
         at = f" at step {own.failed_step}" if k > 1 and own.failed_step else ""
         why = own.reason.split(": ", 1)[1] if k > 1 and own.reason.startswith("step ") else own.reason
-        detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or f"no gamma of the grid holds for {steps}") + "." + f32
+        detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or (f"no gamma of the grid holds for {steps}" if ctx.search else "no γ searched (gamma_search=False)")) + "." + f32
     return Check(name="step_health", claim=claim, status=status_of(own.healthy), detail=detail)
 
 

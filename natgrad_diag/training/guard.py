@@ -17,8 +17,8 @@ and each optimizer's γ set to the one :meth:`NatGradMonitor.search` measures on
 pair and optimizer for a list of optimizers, one per pair, as GPflux's NatGradModel has — or to the next value of
 :data:`~natgrad_diag.checks.health.GAMMA_GRID` below the failed γ when the search suggests none below it), raised as a
 :class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and a γ, or warned about. After
-:data:`RAISE_AFTER` healthy guarded steps in a row γ is doubled, never above the optimizer's γ when the guard first
-saw it. ``monitor.gamma`` follows the (first) optimizer's γ. Each exit appends a
+:data:`RAISE_AFTER` healthy guarded steps in a row the search runs again from the current γ and γ rises to its
+suggestion when that is larger, never above the optimizer's γ when the guard first saw it. ``monitor.gamma`` follows the (first) optimizer's γ. Each exit appends a
 :class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
 """
 
@@ -41,7 +41,8 @@ __all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem"
 #: What the guard does with a failed step.
 ON_FAILURE = ("warn", "raise", "rollback")
 
-#: Healthy guarded steps in a row after which the guard doubles γ (never above the optimizer's first guarded γ).
+#: Healthy guarded steps in a row after which the guard searches γ again and raises it to the suggestion when that is
+#: larger (never above the optimizer's first guarded γ).
 RAISE_AFTER = 20
 
 _RETRACE = (
@@ -200,24 +201,34 @@ class StepGuard:
                 ), loss_after
         return "", loss_after
 
-    def _searched(self) -> tuple[list[float], float | None]:
-        """Each optimizer's γ after a rollback: the search's suggestion for its pair (the smallest of the pairs' for
-        one optimizer over several pairs) when it is below the γ that failed, else the next grid value below; and
-        the loss at the restored q(u), which the search measured."""
-        report = self.monitor.search(self.data, self.gamma_before)
+    def _suggestions(self, report: Any) -> list[float | None]:
+        """Each optimizer's suggested γ from a search report (the smallest of the pairs' for one optimizer over
+        several pairs)."""
         suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
         if len(suggested) != len(self.optimizers):
             found = [g for g in suggested if g is not None]
             suggested = [min(found) if found else None] * len(self.optimizers)
+        return suggested
+
+    def _searched(self) -> tuple[list[float], float | None]:
+        """Each optimizer's γ after a rollback: the search's suggestion for its pair when it is below the γ that
+        failed, else the next grid value below; and the loss at the restored q(u), which the search measured."""
+        report = self.monitor.search(self.data, self.gamma_before)
+        suggested = self._suggestions(report)
         return [s if s is not None and s < g else lower_gamma(g) for s, g in zip(suggested, self.gammas)], report.loss_before
 
     def _raised(self) -> list[float] | None:
-        """After :data:`RAISE_AFTER` healthy steps in a row: each γ doubled, capped at its first guarded value."""
+        """After :data:`RAISE_AFTER` healthy steps in a row, below the first guarded γ: the search from the current γ
+        (which can say larger), each γ raised to its suggestion, capped at its first guarded value; None when none
+        rises (a γ is raised only to a value the search measured to train)."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
         if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
             return None
-        return [min(2 * g, c) for g, c in zip(self.gammas, caps)]
+        m._healthy_run = 0
+        suggested = self._suggestions(m.search(self.data, self.gammas[0]))
+        new = [min(s, c) if s is not None and s > g else g for s, g, c in zip(suggested, self.gammas, caps)]
+        return new if new != self.gammas else None
 
     def _set(self, gammas: list[float]) -> None:
         self.monitor._healthy_run = 0

@@ -18,6 +18,7 @@ from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 from natgrad_diag.checks.pairs import variational_pairs
+from natgrad_diag.report.timeline import timeline_html
 
 __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
 
@@ -102,6 +103,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self._checks = 0  # periodic checks run so far
         self._suggestion: float | None = None
         _warn_if_trainable(model, self._pairs)
+
+    _repr_html_ = timeline_html  # the training timeline in a notebook
 
     def guard(self, step: int, optimizer: Any) -> StepGuard:
         """A context manager around the user's natural-gradient step with ``optimizer``."""

@@ -48,7 +48,7 @@ class GuardRecord:
         step, status: the training step the guard was called with; "ok" or "failed", and ``cause``: why ("" if ok).
         rolled_back: q(u) was restored to its value before the step (``on_failure="rollback"``).
         gamma_before, gamma_after: the optimizer's γ for the step, and after the guard (the searched γ after a
-            rollback, doubled after a run of healthy steps).
+            rollback, raised to the search's suggestion after a run of healthy steps).
         loss_before, loss_after: the loss before the step, and after it or the rollback (None if not finite or not
             computed).
         moved_by_other: the parameters something other than the guarded step changed since the guard's previous exit.
