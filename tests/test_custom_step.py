@@ -298,3 +298,44 @@ def test_custom_step__nan_or_other_variables_fail_with_the_cause(which):
     with pytest.raises(NatGradCheckError, match="NaN" if which == "nan" else r"the model's \.kernel\.variance"):
         nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, optimizer=opt)
     assert _values(model) == before
+
+
+_CLI_MODULE = '''
+import gpflow
+
+class AscentNatGrad(gpflow.optimizers.NaturalGradient):
+    """A step up the loss: GPflow's step with -gamma."""
+
+    def minimize(self, loss_fn, var_list):
+        gamma, self.gamma = self.gamma, -self.gamma
+        try:
+            super().minimize(loss_fn, var_list)
+        finally:
+            self.gamma = gamma
+
+class NoMinimize:
+    def __init__(self, gamma, xi_transform=None):
+        pass
+'''
+
+
+@pytest.mark.parametrize(
+    "spec, code, text",
+    [
+        ("{path}:AscentNatGrad", 1, "the mistake 'ascent'"),
+        ("natgrad_diag:NaturalGradient", 0, "PASS custom_step"),
+        ("{path}.missing.py:AscentNatGrad", 2, "could not load the optimizer"),
+        ("no_such_module_here:X", 2, "could not load the optimizer"),
+        ("{path}:NoMinimize", 2, "minimize(loss_fn, var_list)"),
+    ],
+    ids=["wrong_step", "correct", "no_file", "no_module", "no_minimize"],
+)
+def test_cli_check__optimizer_exit_codes(spec, code, text, tmp_path, capsys):
+    from natgrad_diag.cli.app import main
+
+    path = tmp_path / "my_natgrad.py"
+    path.write_text(_CLI_MODULE, encoding="utf-8")
+    argv = ["check", "--num-inducing", "4", "--num-data", "8", "--gamma", "0.5", "--gamma-steps", "1", "--plain", "--optimizer", spec.format(path=path)]
+    assert main(argv) == code
+    out = capsys.readouterr()
+    assert text in " ".join((out.out + out.err).split()), out.out + out.err

@@ -386,7 +386,7 @@ def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: 
     d, name = min((d, n) for n, d in dist.items())
     if d <= near:
         what, fix = MISTAKES[name]
-        detail = f"{who}'s step is the mistake '{name}' (to {format_number(d)}): {what}. {where}{FIX}{fix}"
+        detail = f"{who}'s step is the mistake '{name}' (to within {format_number(d)}): {what}. {where}{FIX}{fix}"
     else:
         detail = (
             f"{who}'s step differs from the natural-gradient step and matches none of the known mistakes (the nearest, "
