@@ -145,7 +145,7 @@ def as_optimizer(optimizer: Any, *, gamma: Any, xi_transform: Any) -> Any:
                     type(out).__name__ if not isinstance(out, (tuple, list)) else f"{len(out)} value(s) of shape {[list(np.shape(o)) for o in out]}",
                     "return the expectation-parameter gradients of q_mu and q_sqrt, or assign the new values and return None.",
                 )  # fmt: skip
-            new_mu, new_sq = step_from_eta(*before, *out, self.gamma, xi)
+            new_mu, new_sq = step_from_eta(before[0], before[1], out[0], out[1], self.gamma, xi)
             q_mu.assign(new_mu)
             q_sqrt.assign(new_sq)
 
@@ -283,7 +283,8 @@ def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: A
         n1, n2 = forward.gradient(dummy_grads, dummy, output_gradients=[d1, d2])
     g = tf.cast(tf.convert_to_tensor(gamma, dtype_hint=q_mu.dtype), q_mu.dtype)  # a Python float stays float64
     xi1, xi2 = xi.meanvarsqrt_to_xi(q_mu, q_sqrt)
-    return xi.xi_to_meanvarsqrt(xi1 - g * n1, xi2 - g * n2)
+    new_mu, new_sq = xi.xi_to_meanvarsqrt(xi1 - g * n1, xi2 - g * n2)
+    return new_mu, new_sq
 
 
 def mistaken_steps(q_mu: Any, q_sqrt: Any, grads: tuple[Any, Any, Any, Any], transform: Any, gamma: float, xi: Any, gp: tuple[Array, Array]) -> Iterator[tuple[str, tuple[Array, Array] | None]]:
@@ -433,15 +434,16 @@ def stage(run: Run) -> Outcome:
         applied = _apply(opt, lambda: ev.ctx.loss(scratch), scratch.q_mu, scratch.q_sqrt, {**others, **own})
         _changed_and_restored(own, saved)
         ev.sync()
-    else:  # the var_list form: the pair itself
-        q_mu, q_sqrt = ev.q_mu, ev.q_sqrt
+    else:  # the var_list form: the pair itself (a PairEvaluator)
+        pev: Any = ev
+        q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
         with tf.GradientTape() as tape:
-            ev.loss()
+            pev.loss()
         read = {v.name + f"#{i}": v for i, v in enumerate(tape.watched_variables())}
         pair = {"q_mu": q_mu.unconstrained_variable, "q_sqrt": q_sqrt.unconstrained_variable}
         others = {n: v for n, v in read.items() if all(v is not p for p in pair.values())}
         saved = {n: np.array(v.numpy(), copy=True) for n, v in {**others, **pair}.items()}
-        applied = _apply(opt, ev.loss, q_mu, q_sqrt, others)
+        applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
         _changed_and_restored({**others, **pair}, saved)
     before = (q_mu.numpy(), q_sqrt.numpy())
     grads = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
