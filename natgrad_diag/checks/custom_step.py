@@ -340,7 +340,7 @@ def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[s
     return f"{name} (latent GP {latent})", diff
 
 
-def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: tuple[Any, ...], transform: Any, gamma: float, xi: Any, bound: Bound, who: str) -> Check:
+def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: tuple[Any, ...], transform: Any, gamma: float, xi: Any, bound: Bound, label: str) -> Check:
     """The ``custom_step`` check of the user's new q(u) ``applied`` against GPflow's ``gp``, both from ``before`` =
     (q_mu [M, L], q_sqrt [L, M, M]) with ``grads`` (as :func:`mistaken_steps` takes them): |yours − GPflow's| ≤ the
     ``reproduction`` bound, else the mistake it matches, where it differs most and by how much.
@@ -350,14 +350,14 @@ def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: 
     """
     from natgrad_diag.tolerance import eps
 
-    claim = f"the step {who} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
+    claim = f"the step {label} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
     if applied.changed:
-        detail = f"{who} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
+        detail = f"{label} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
         return Check("custom_step", claim, "fail", detail=detail + FIX + "update only the (q_mu, q_sqrt) pairs minimize() is given.")
     if applied.q_mu is None or applied.q_sqrt is None or gp.q_mu is None or gp.q_sqrt is None:
-        detail = f"{who}: {(applied.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}."
+        detail = f"{label}: {(applied.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}."
         if applied.q_mu is None and gp.q_mu is None:
-            return Check("custom_step", f"{who} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
+            return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
         failing = [n for n, s in mistaken_steps(*before, grads, transform, gamma, xi, (gp.q_mu, gp.q_sqrt)) if s is None]
@@ -387,10 +387,10 @@ def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: 
     d, name = min((d, n) for n, d in dist.items())
     if d <= near:
         what, fix = MISTAKES[name]
-        detail = f"{who}'s step is the mistake '{name}' (to within {format_number(d)}): {what}. {where}{FIX}{fix}"
+        detail = f"{label}'s step is the mistake '{name}' (to within {format_number(d)}): {what}. {where}{FIX}{fix}"
     else:
         detail = (
-            f"{who}'s step differs from the natural-gradient step and matches none of the known mistakes (the nearest, "
+            f"{label}'s step differs from the natural-gradient step and matches none of the known mistakes (the nearest, "
             f"'{name}', is {format_number(d)} away). {where}{FIX}{_TRACE}"
         )
     return Check("custom_step", claim, "fail", err, bound.total, detail)
@@ -452,7 +452,8 @@ def stage(run: Run) -> Outcome:
 
 
 def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, before: list[Array], *, rtol: float | None = None, atol: float | None = None) -> tuple[Check, ...]:
-    """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list``: for the training guard.
+    """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list`` = [(q_mu, q_sqrt) or
+    (q_mu, q_sqrt, xi_transform), ...] of ``gpflow.Parameter`` s: for the training guard.
 
     ``before`` holds the unconstrained variables of every pair (q_mu's, then q_sqrt's, pair by pair) from before the
     step. The parameters are set back to ``before`` for the gradients of ``loss_fn`` (one tape, as ``minimize``
@@ -467,9 +468,7 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
 
     from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
     from natgrad_diag.checks.evaluator import Context, gpflow_update, step_from_gradients
-    from natgrad_diag.checks.pairs import variational_pairs
-
-    pairs = variational_pairs(var_list=var_list)
+    pairs = [(None, item[0], None, item[1]) for item in var_list]  # as the guard holds them: checked when it starts
     variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
     if len(before) != len(variables) or any(np.shape(b) != tuple(v.shape) for b, v in zip(before, variables)):
         raise input_error("before must hold the unconstrained values of every pair's q_mu and q_sqrt.", "before",
