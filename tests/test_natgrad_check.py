@@ -556,7 +556,7 @@ def test_mode__is_read_in_one_place():
     from natgrad_diag.checks.evaluator import Context
 
     oracles = {stage.run.__module__ for stage in nc.STAGES} - {nc.__name__}
-    assert {m.rsplit(".", 1)[1] for m in oracles} == {"reproduction", "loss_gradient", "fisher", "xi_forward", "conjugate", "health", "mapping"}
+    assert {m.rsplit(".", 1)[1] for m in oracles} == {"reproduction", "custom_step", "loss_gradient", "fisher", "xi_forward", "conjugate", "health", "mapping"}
     for name in sorted(oracles):
         tree = ast.parse(inspect.getsource(importlib.import_module(name)))
         read = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("mode", "requested_mode")]

@@ -32,10 +32,12 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import require_bool, validate_data, validate_model
-from natgrad_diag.checks import conjugate, fisher, health, loss_gradient, mapping, reproduction, xi_forward
+from natgrad_diag.checks import conjugate, custom_step, fisher, health, loss_gradient, mapping, reproduction, xi_forward
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
-from natgrad_diag.checks.causes import diagnose
-from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, dtype_context, evaluator, resolve_mode
+from natgrad_diag.checks.causes import FIX, diagnose
+from natgrad_diag.checks.evaluator import (
+    Context, Evaluator, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
+)  # fmt: skip
 from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.checks.pairs import check_pairs, trainable_note, variational_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
@@ -73,6 +75,7 @@ class Stage:
 #: Outcome``) and one line here.
 STAGES: tuple[Stage, ...] = (
     Stage(reproduction.stage),
+    Stage(custom_step.stage),
     Stage(loss_gradient.stage),
     Stage(fisher.stage, fisher.ticks),
     Stage(xi_forward.stage),
@@ -122,7 +125,7 @@ def check_natgrad(
     model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, mode: str = "auto",
     rtol: float | None = None, atol: float | None = None, fisher_rtol: float | None = None,
     conjugate_rtol: float | None = None, fisher: bool | None = None, progress: bool = True, var_list: Any = None,
-    gamma_steps: int = 5, gamma_search: bool = True,
+    gamma_steps: int = 5, gamma_search: bool = True, optimizer: Any = None,
 ) -> NatGradReport:  # fmt: skip
     """Check GPflow's natural-gradient step on ``model`` against independent oracles; never changes the model.
 
@@ -148,13 +151,20 @@ def check_natgrad(
             the loss beyond rounding), and the γ search measures each γ by the loss after k steps.
         gamma_search: search γ for a suggestion; False judges the checked γ alone (what the training monitor runs
             between its searches).
+        optimizer: your own natural-gradient optimizer (anything with ``minimize(loss_fn, var_list)``), or an update
+            function with GPflow's ``(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)`` that assigns or returns
+            (dL_deta1, dL_deta2): the ``custom_step`` check runs it once on a scratch copy and compares its step with
+            GPflow's at its γ and ξ (``optimizer.gamma``, ``optimizer.xi_transform``, which replace ``gamma`` and
+            ``xi_transform``), naming the mistake it matches (:mod:`natgrad_diag.checks.custom_step`). It is
+            bit-identical afterwards.
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise.
 
     Raises:
         UnsupportedModelError: not an SVGP/VGP-like model, or q_diag=True.
-        InputError: bad data, gamma, mode, xi_transform or gamma_steps.
+        InputError: bad data, gamma, mode, xi_transform, gamma_steps or optimizer (no ``minimize``, a function of
+            other arguments, or one that raises anything but TensorFlow's numerical errors).
 
     Warns:
         UserWarning: q_mu or q_sqrt has a transform for which GPflow's gradient mapping is wrong.
@@ -172,13 +182,17 @@ def check_natgrad(
     require_bool(progress, "progress")
     if fisher is not None:
         require_bool(fisher, "fisher")
+    if optimizer is not None:
+        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
+        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
     if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
         return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
-                           gamma_search=require_bool(gamma_search, "gamma_search"))
+                           gamma_search=require_bool(gamma_search, "gamma_search"), optimizer=optimizer)
     overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
     with _checking(model, data, gamma, xi_transform, overrides) as ctx:
         resolved = resolve_mode(mode, [(ctx.M, ctx.L)])
-        ctx = dataclasses.replace(ctx, gamma_steps=k, search=require_bool(gamma_search, "gamma_search"), skip=_skip(mode, resolved, ctx.M, ctx.L, fisher))
+        skip = _skip(mode, resolved, ctx.M, ctx.L, fisher)
+        ctx = dataclasses.replace(ctx, gamma_steps=k, search=require_bool(gamma_search, "gamma_search"), skip=skip, optimizer=optimizer)
         ev = evaluator(ctx, compiled=resolved == "fast")
         total = 1 + sum(1 + stage.ticks(ev) for stage in STAGES)
         with progress_bar(total if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
@@ -287,35 +301,50 @@ def _remedy(failed: list[Check], report: NatGradReport) -> str:
 
 
 def assert_natgrad_step_matches_gpflow(
-    model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, atol: float | None = None, rtol: float | None = None
-) -> Check:
-    """Assert that natgrad-diag's step equals the one ``gpflow.optimizers.NaturalGradient`` applies.
+    model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, atol: float | None = None, rtol: float | None = None,
+    optimizer: Any = None,
+) -> Check:  # fmt: skip
+    """Assert that natgrad-diag's step, or your ``optimizer``'s, equals the one ``gpflow.optimizers.NaturalGradient`` applies.
 
     GPflow's update runs eagerly on a scratch copy of ``model``; natgrad-diag's step is
-    :func:`natgrad_diag.natgrad_trace` on the model's own parameters. The model is not changed.
+    :func:`natgrad_diag.natgrad_trace` on the model's own parameters; ``optimizer`` (as :func:`check_natgrad` takes
+    it) steps once on the scratch copy. The model and the optimizer are not changed.
 
     Args:
-        model, data, gamma, xi_transform: as for :func:`check_natgrad`.
+        model, data, gamma, xi_transform, optimizer: as for :func:`check_natgrad`.
         atol, rtol: |ours − GPflow's| ≤ atol + rtol·max|GPflow's| (default 1e-10 each in float64, 1e-4 in float32).
 
     Returns:
-        The passing ``reproduction`` :class:`~natgrad_diag.report.records.Check`.
+        The passing ``reproduction`` (or ``custom_step``) :class:`~natgrad_diag.report.records.Check`.
 
     Raises:
-        NatGradCheckError: the steps differ, or only one of them fails.
+        NatGradCheckError: the steps differ, or only one of them fails; for an optimizer, naming the mistake it makes.
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
+    if optimizer is not None:
+        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
+        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
     with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:
-        ev = evaluator(ctx, compiled=False)
-        step, gp = ev.take()
+        ev = evaluator(dataclasses.replace(ctx, optimizer=optimizer), compiled=False)
+        if optimizer is None:
+            step, gp = ev.take()
+        else:  # GPflow's step alone: the optimizer's is compared with it, natgrad-diag's is not needed
+            step = step_from_gradients(model.q_mu, model.q_sqrt, *loss_and_grads(model, ctx.data))
+            scratch = ev.sync()
+            gp = gpflow_update(ctx, step.g_mu, step.g_sq, scratch.q_mu, scratch.q_sqrt, lambda: float("nan"))  # no loss after it
         if not step.gradients_finite and not step.error:
             step = dataclasses.replace(step, error="the loss or its gradient is not finite")
-        cond = measure_conditioning(model, model.q_mu.numpy(), model.q_sqrt.numpy(), step.new_q_sqrt)
-        check = reproduction.check_reproduction(ev, step, gp, cond)
+        cond = measure_conditioning(model, model.q_mu.numpy(), model.q_sqrt.numpy(), step.new_q_sqrt if optimizer is None else gp.q_sqrt)
+        if optimizer is None:
+            check = reproduction.check_reproduction(ev, step, gp, cond)
+        else:
+            check = custom_step.stage(Run(ev, step, gp, cond, lambda *args: None)).checks[0]
     if not check.passed:
+        who = "natgrad-diag's step" if optimizer is None else f"the step of {custom_step.who(optimizer)}"
+        fix = check.detail.partition(FIX)[2]
         raise NatGradCheckError(
-            f"natgrad-diag's step and GPflow's NaturalGradient differ on {type(model).__name__} ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}).",
-            context=[("Check", check.name), ("Expected", "GPflow's new q_mu, q_sqrt"), ("Actual", _describe(check))],
-            remedy="if the difference is just above the tolerance, pass a larger atol; otherwise report it with the model.",
+            f"{who} and GPflow's NaturalGradient differ on {type(model).__name__} ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}).",
+            context=[("Check", check.name), ("Expected", "GPflow's new q_mu, q_sqrt"), ("Actual", _describe(check).partition(FIX)[0])],
+            remedy=fix or "if the difference is just above the tolerance, pass a larger atol; otherwise report it with the model.",
         )
     return check

@@ -15,7 +15,7 @@ from natgrad_diag.checks.bounds import Conditioning
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import eps
 
-__all__ = ["CAUSES", "ILL_CONDITIONED", "Cause", "diagnose"]
+__all__ = ["CAUSES", "FIX", "ILL_CONDITIONED", "Cause", "diagnose"]
 
 #: The causes a report can name, with their one-line titles.
 CAUSES = {
@@ -26,7 +26,11 @@ CAUSES = {
     "float32_precision": "float32 precision: float64 would resolve this",
     "gpflow_precision": "GPflow's step loses precision here: its route through the expectation parameters amplifies rounding",
     "minibatch": "minibatch: the conjugate optimum is the batch's, not the full data's",
+    "wrong_step": "wrong step: your optimizer's step is not GPflow's natural-gradient step",
 }
+
+#: Separates a ``custom_step`` check's evidence from its fix in the check's detail.
+FIX = " To fix: "
 
 #: ε·κ above this loses more than half the digits of the dtype's step: an ill-conditioned problem.
 ILL_CONDITIONED = 1e-8
@@ -115,7 +119,11 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     if health:
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))
-    rest = [c for c in bad if c not in health]
+    mine = [c for c in bad if c.name == "custom_step"]
+    for c in mine:
+        evidence, _, fix = c.detail.partition(FIX)
+        out.append(Cause("wrong_step", (c.name,), evidence, fix or "compare your update with natgrad_diag.natgrad_trace(...)."))
+    rest = [c for c in bad if c not in health and c not in mine]
     gp = _gpflow_precision([c for c in rest if c.name == "reproduction"], cond, dtype)
     if gp is not None:
         out.append(gp)

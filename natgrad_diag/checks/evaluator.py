@@ -76,8 +76,8 @@ def dtype_context(dtype: Any) -> Iterator[None]:
 @dataclass(frozen=True)
 class Context:
     """The validated inputs of one run: the model (None in the var_list form), data (X [N, D], Y [N, P]) or None,
-    ξ, γ, tolerances, numpy dtype, M (N for a VGP), L, k = ``gamma_steps``, whether to search γ for a suggestion, and
-    (check, why) of the checks skipped."""
+    ξ, γ, tolerances, numpy dtype, M (N for a VGP), L, k = ``gamma_steps``, whether to search γ for a suggestion,
+    (check, why) of the checks skipped, and the user's optimizer whose step ``custom_step`` checks (None: no check)."""
 
     model: Any
     data: Any
@@ -90,6 +90,7 @@ class Context:
     gamma_steps: int = 1
     search: bool = True
     skip: tuple[tuple[str, str], ...] = ()
+    optimizer: Any = None
 
     def skipped(self, name: str) -> str:
         """Why the check ``name`` is left out for its cost ("" when it runs)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks import health, reproduction
+from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients,
@@ -165,6 +165,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
     found = reproduction.stage(Run(ev, step, gp, cond, lambda *args: None))
+    found += custom_step.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     found += health.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
@@ -181,6 +182,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
     mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 5, gamma_search: bool = True,
+    optimizer: Any = None,
 ) -> NatGradReport:  # fmt: skip
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
@@ -193,6 +195,7 @@ def check_pairs(
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
         gamma_steps, gamma_search: validated by the caller, as :func:`natgrad_diag.check_natgrad` takes them.
+        optimizer: the user's optimizer (already wrapped), stepped on each pair alone for ``custom_step``; or None.
 
     Returns:
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
@@ -231,7 +234,8 @@ def check_pairs(
             np_dtype = np.dtype(pair[1].dtype.as_numpy_dtype)
             tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
             M, L = int(pair[1].shape[0]), int(pair[1].shape[1])
-            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search)
+            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search,
+                          optimizer=optimizer)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     return NatGradReport.of_pairs(tuple(reports), resolved)

@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
     p.add_argument("--gamma-steps", type=gamma_steps_arg, default=5, metavar="K", help="judge gamma, and measure each gamma of the search, by K steps (default 5)")
+    p.add_argument("--optimizer", default=None, metavar="MODULE:NAME", help="check your optimizer's step: module:Class or path.py:Class (built with gamma, xi_transform), or an update function")
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from natgrad_diag._validate import input_error
 
 if TYPE_CHECKING:
     from natgrad_diag.checks.report import NatGradReport
 
-__all__ = ["check_natgrad_cli", "gamma_steps_arg"]
+__all__ = ["check_natgrad_cli", "gamma_steps_arg", "load_optimizer"]
 
 
 def gamma_steps_arg(text: str) -> int:
@@ -36,14 +36,48 @@ def gamma_steps_arg(text: str) -> int:
     return value
 
 
+def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
+    """``--optimizer module:NAME`` or ``path.py:NAME``: NAME from the module; a class is built as
+    ``NAME(gamma, xi_transform=xi_transform)``, anything else (an instance, an update function) is used as it is.
+
+    Raises:
+        InputError: no ``:``, a module or file that cannot be loaded, no such NAME, or a class that cannot be built.
+    """
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    where, _, name = spec.rpartition(":")
+    expected = "module:NAME or path/to/file.py:NAME, e.g. my_package.natgrad:MyNaturalGradient"
+    try:
+        if not where or not name:
+            raise ValueError("no ':' between the module and the name")
+        if where.endswith(".py"):
+            found = importlib.util.spec_from_file_location(Path(where).stem, where)
+            if found is None or found.loader is None or not Path(where).is_file():
+                raise FileNotFoundError(f"no file {where}")
+            module = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        obj = getattr(module, name)
+        return obj(gamma, xi_transform=xi_transform) if isinstance(obj, type) else obj
+    except Exception as e:  # the user's module: anything it raises is bad input here
+        from natgrad_diag.exceptions import error_line
+
+        raise input_error(f"could not load the optimizer ({error_line(e, with_type=True)}).", "--optimizer", expected, repr(spec),
+                          "name an importable module (or an existing .py file) and a class in it taking (gamma, xi_transform=...).") from e
+
+
 def check_natgrad_cli(
     *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int = 10, num_latent: int = 1,
     num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
-    mode: str = "auto", seed: int = 0, gamma_steps: int = 5,
+    mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None,
 ) -> NatGradReport:  # fmt: skip
     """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
 
     ``gamma_steps`` (``--gamma-steps K``): γ is judged, and each γ of the search measured, by K steps.
+    ``optimizer`` (``--optimizer module:NAME``): the ``custom_step`` check of that optimizer (:func:`load_optimizer`).
     """
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
@@ -59,4 +93,5 @@ def check_natgrad_cli(
     )  # fmt: skip
     data = demo.data if demo.name == "svgp" else None
     xi_transform = XiNat() if xi == "nat" else XiSqrtMeanVar()
-    return check_natgrad(demo.model, data, gamma=gamma, xi_transform=xi_transform, mode=mode, gamma_steps=gamma_steps)
+    opt = load_optimizer(optimizer, gamma, xi_transform) if optimizer is not None else None
+    return check_natgrad(demo.model, data, gamma=gamma, xi_transform=xi_transform, mode=mode, gamma_steps=gamma_steps, optimizer=opt)

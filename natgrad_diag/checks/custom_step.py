@@ -1,0 +1,507 @@
+"""The ``custom_step`` oracle: the step of the user's own natural-gradient optimizer against GPflow's, and the mistake
+it matches.
+
+The user's optimizer (anything with GPflow's ``minimize(loss_fn, var_list)``, or an update function with GPflow's
+private signature, wrapped by :func:`as_optimizer`) runs once on a scratch copy; its new q(u) = (q_mu [M, L],
+q_sqrt [L, M, M]) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ and ξ, to the bound of
+the ``reproduction`` check. When it does not, each common mistake is computed independently from the same gradients
+(:func:`mistaken_steps`), and the one the user's step matches to rounding is named. In the notation of
+:mod:`natgrad_diag.step` (GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η, Salimbeni et al. 2018, equation [10]), with
+∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
+
+* ``default_seed``: ∂L/∂η replaced by (Jᵀ·1)⊙v, the default seed's gradient times v elementwise (the lesson's
+  question, :func:`natgrad_diag.explain_output_gradients`);
+* ``varsqrt_path``: ∂L/∂η₁ = ∂L/∂m, the path through varsqrt = chol(η₂ − η₁η₁ᵀ) dropped;
+  ``varsqrt_seed``: the seed (∂L/∂m, 0), q_sqrt's gradient dropped;
+* ``gamma_twice``, ``gamma_missing``, ``ascent``: the step with γ², 1 or −γ;
+* ``unconstrained``: the gradients of the unconstrained variables used without ``_to_constrained``. With GPflow's
+  transforms (none on q_mu, ``triangular()`` on q_sqrt) this is the same step or a shape error, so it is named only
+  where a transform makes it differ;
+* ``wrong_xi``: XiNat's step when ξ is XiSqrtMeanVar, or the reverse;
+* ``transposed``: GPflow's new q_sqrt assigned transposed (a ``triangular()`` parameter scrambles its entries).
+
+A mistake that gives GPflow's step here (γ = 1 for the γ mistakes) cannot be told apart and is not named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from natgrad_diag._validate import input_error
+from natgrad_diag.checks.bounds import Bound, bounded_check, natgrad_bound, scale
+from natgrad_diag.checks.causes import FIX
+from natgrad_diag.checks.evaluator import GpflowStep, Run
+from natgrad_diag.checks.report import Outcome
+from natgrad_diag.exceptions import InputError, NatGradDiagError, error_line
+from natgrad_diag.report.records import Check, format_number, max_abs_diff
+from natgrad_diag.typing import Array
+
+__all__ = ["MISTAKES", "Applied", "as_optimizer", "judge", "mistaken_steps", "optimizer_settings", "preserved", "stage", "step_from_eta", "verify_step", "who"]
+
+_EXPLAIN = "output_gradients=[dL_dmean, dL_dvarsqrt] gives Jᵀ·v, the chain rule; see natgrad_diag.explain_output_gradients()"
+
+#: Words of TensorFlow's errors for a step that fails numerically (a γ too long), not a broken optimizer.
+_NUMERICAL = ("Cholesky", "NaN", "Inf", "not invertible")
+
+_TRACE = "compare your update with natgrad_diag.natgrad_trace(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, gamma=..., xi_transform=...), GPflow's step line by line."
+
+#: name -> (what the step did, the fix).
+MISTAKES: dict[str, tuple[str, str]] = {
+    "default_seed": (
+        "dL/deta = (Jᵀ·1)⊙v, the default seed's gradient dtheta_deta (output_gradients=None: the gradient of the sum "
+        "of all outputs) times (dL_dmean, dL_dvarsqrt) elementwise, which is the chain rule only for a diagonal J",
+        f"compute dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt]): {_EXPLAIN}.",
+    ),
+    "varsqrt_path": (
+        "dL/deta1 = dL/dmean: the path through varsqrt = chol(eta2 − eta1·eta1ᵀ), which depends on eta1 too, is dropped",
+        f"take dL_deta1 from one tape.gradient of both targets (mean, varsqrt) w.r.t. eta1: {_EXPLAIN}.",
+    ),
+    "varsqrt_seed": (
+        "the seed is (dL_dmean, 0): q_sqrt's gradient dL_dvarsqrt is dropped from output_gradients",
+        "seed both targets: output_gradients=[dL_dmean, dL_dvarsqrt].",
+    ),
+    "gamma_twice": ("γ applied twice: the step with γ²", "multiply the natural gradient by γ once: xi_new = xi − γ·nat_dL_xi."),
+    "gamma_missing": ("γ not applied: the step with γ = 1", "multiply the natural gradient by γ: xi_new = xi − γ·nat_dL_xi."),
+    "ascent": ("the sign flipped: ξ + γ·nat_dL_xi, a step up the loss", "subtract: xi_new = xi − γ·nat_dL_xi (the loss is minimised)."),
+    "unconstrained": (
+        "the gradients of the unconstrained variables used as dL/dmean, dL/dvarsqrt (no _to_constrained)",
+        "map them first: dL_dmean = transform.forward(q_mu_grad), as GPflow's _to_constrained does.",
+    ),
+    "wrong_xi": ("the other ξ's step (XiNat's maths with XiSqrtMeanVar, or the reverse)", "use xi_transform in both the forward map and the update."),
+    "transposed": ("q_sqrt assigned transposed (a triangular() parameter reads its entries in the lower triangle's order)", "assign the lower-triangular factor itself, not its transpose."),
+}
+
+
+def optimizer_settings(optimizer: Any, gamma: Any, xi_transform: Any) -> tuple[Any, Any]:
+    """(γ, ξ) of ``optimizer`` (its ``gamma``: float, tensor or tf.Variable; its ``xi_transform``), each falling back
+    to the given one where the optimizer has none."""
+    g = getattr(optimizer, "gamma", None)
+    g = gamma if g is None else float(g.numpy()) if hasattr(g, "numpy") else g
+    return g, getattr(optimizer, "xi_transform", None) or xi_transform
+
+
+def _function_arity(fn: Any) -> int:
+    """6 for ``fn(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)`` (GPflow's method), 5 without self."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        self_first = next(iter(sig.parameters), "") == "self"
+        for n in ((6, 5) if self_first else (5,)):
+            with contextlib.suppress(TypeError):
+                sig.bind(*range(n))
+                return n
+    raise input_error(
+        "an update function must take GPflow's arguments (q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform).",
+        "optimizer", "fn(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform), optionally with self first",
+        f"{getattr(fn, '__name__', type(fn).__name__)}{sig if sig is not None else ''}",
+        "give the function GPflow's NaturalGradient._natgrad_apply_gradients signature; it assigns q_mu and q_sqrt "
+        "or returns (dL_deta1, dL_deta2).",
+    )
+
+
+def as_optimizer(optimizer: Any, *, gamma: Any, xi_transform: Any) -> Any:
+    """``optimizer`` itself when it has ``minimize``; an update function wrapped into a GPflow ``NaturalGradient``
+    (with ``gamma``, ``xi_transform``) whose update calls it; an :class:`InputError` otherwise.
+
+    The function gets GPflow's arguments (and the optimizer as ``self`` when its first parameter is ``self``). It
+    assigns q_mu and q_sqrt and returns None, or returns (dL_deta1 [M, L], dL_deta2 [L, M, M]), from which GPflow's
+    step is completed (:func:`step_from_eta`).
+    """
+    if callable(getattr(optimizer, "minimize", None)) and not isinstance(optimizer, type):
+        return optimizer
+    if not callable(optimizer) or isinstance(optimizer, type):
+        raise input_error(
+            "optimizer must be a natural-gradient optimizer instance or an update function.", "optimizer",
+            "an object with minimize(loss_fn, var_list), e.g. a NaturalGradient subclass instance, or "
+            "fn(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)", repr(optimizer)[:80],
+            "pass the instance whose minimize() your training loop calls (MyNatGrad(gamma=0.1), not MyNatGrad).",
+        )  # fmt: skip
+    arity = _function_arity(optimizer)
+    import gpflow
+
+    from natgrad_diag._gpflow import override_natgrad_apply_gradients
+
+    class FunctionStep(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]
+        def update(self, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi: Any = None) -> None:
+            xi = self.xi_transform if xi is None else xi
+            before = (q_mu.numpy(), q_sqrt.numpy())
+            args = (q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi)
+            out = optimizer(self, *args) if arity == 6 else optimizer(*args)
+            if out is None:
+                return
+            shapes = [tuple(q_mu.shape), tuple(q_sqrt.shape)]
+            if not isinstance(out, (tuple, list)) or len(out) != 2 or [tuple(np.shape(o)) for o in out] != shapes:
+                raise input_error(
+                    "the update function returned neither None nor (dL_deta1, dL_deta2).", "optimizer",
+                    f"None (after assigning q_mu, q_sqrt) or (dL_deta1 {list(shapes[0])}, dL_deta2 {list(shapes[1])})",
+                    type(out).__name__ if not isinstance(out, (tuple, list)) else f"{len(out)} value(s) of shape {[list(np.shape(o)) for o in out]}",
+                    "return the expectation-parameter gradients of q_mu and q_sqrt, or assign the new values and return None.",
+                )  # fmt: skip
+            new_mu, new_sq = step_from_eta(before[0], before[1], out[0], out[1], self.gamma, xi)
+            q_mu.assign(new_mu)
+            q_sqrt.assign(new_sq)
+
+    override_natgrad_apply_gradients(FunctionStep, FunctionStep.update)
+    wrapped = FunctionStep(gamma, xi_transform or gpflow.optimizers.XiNat(), name=getattr(optimizer, "__name__", "update"))
+    wrapped.function = optimizer
+    return wrapped
+
+
+def who(optimizer: Any) -> str:
+    """How a report names ``optimizer``: its class, or the wrapped update function."""
+    fn = getattr(optimizer, "function", None)
+    return f"{getattr(fn, '__qualname__', 'the update function')}()" if fn is not None else type(optimizer).__name__
+
+
+# --- the user's optimizer, run and undone ------------------------------------------------------------------------
+
+
+def _contents(value: Any) -> Any:
+    """A copy of a mutable container's contents (None for anything else)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, (list, dict, set)):
+        return value.copy()
+    return None
+
+
+def _refill(value: Any, contents: Any) -> None:
+    if isinstance(value, np.ndarray):
+        value[...] = contents
+    elif isinstance(value, list):
+        value[:] = contents
+    else:  # dict, set
+        value.clear()
+        value.update(contents)
+
+
+def _variables(value: Any, depth: int = 0) -> list[Any]:
+    """The tf.Variables in ``value``, its attributes and containers (three levels deep)."""
+    import tensorflow as tf
+
+    if isinstance(value, tf.Variable):
+        return [value]
+    if depth > 3 or isinstance(value, (str, bytes, type, tf.Tensor, np.ndarray)):
+        return []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else getattr(value, "__dict__", {}).values()
+    return [v for item in list(items) for v in _variables(item, depth + 1)]
+
+
+@contextlib.contextmanager
+def preserved(optimizer: Any) -> Iterator[None]:
+    """Put ``optimizer`` back as it was on exit: its attributes (new ones removed), the contents of its lists, dicts,
+    sets and arrays, and the values of its tf.Variables (γ, slots, counters), bit for bit."""
+    state = dict(getattr(optimizer, "__dict__", {}))
+    contents = {k: _contents(v) for k, v in state.items()}
+    unique = {id(v): v for v in _variables(optimizer)}
+    saved = [(v, np.array(v.numpy(), copy=True)) for v in unique.values()]
+    try:
+        yield
+    finally:
+        if state:
+            attrs = optimizer.__dict__
+            for k in [k for k in attrs if k not in state]:
+                del attrs[k]
+            attrs.update(state)
+            for k, c in contents.items():
+                if c is not None:
+                    _refill(state[k], c)
+        for v, value in saved:
+            v.assign(value)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the user's optimizer did to one (q_mu, q_sqrt): the new q_mu [M, L] and q_sqrt [L, M, M] (None when it
+    failed), why it failed (TensorFlow's numerical error, ""), and the other variables it changed."""
+
+    q_mu: Array | None
+    q_sqrt: Array | None
+    error: str = ""
+    changed: tuple[str, ...] = ()
+
+
+def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> Applied:
+    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of the variables
+    ``others`` (name -> tf.Variable) it changed; read before the optimizer is put back (which also restores any
+    variable it holds). The caller restores every variable."""
+    import tensorflow as tf
+
+    before = {n: np.array(v.numpy(), copy=True) for n, v in others.items()}
+    with preserved(optimizer):
+        try:
+            optimizer.minimize(loss, [(q_mu, q_sqrt)])
+        except NatGradDiagError:
+            raise
+        except Exception as e:
+            if isinstance(e, tf.errors.InvalidArgumentError) and any(k in str(e) for k in _NUMERICAL):
+                return Applied(None, None, error_line(e))  # a numerical failure: GPflow's Cholesky or NaN guard
+            raise InputError(
+                f"{who(optimizer)}.minimize(loss_fn, var_list) raised {error_line(e, with_type=True)}",
+                context=[("Argument", "optimizer"), ("Expected", "minimize(loss_fn, [(q_mu, q_sqrt)]) that updates q_mu and q_sqrt"),
+                         ("Got", type(e).__name__)],
+                remedy="call it yourself once on a copy of the model (gpflow.utilities.deepcopy) to see where it fails.",
+            ) from e
+        changed = tuple(n for n, v in others.items() if v.numpy().tobytes() != before[n].tobytes())
+        mu, sq = q_mu.numpy(), q_sqrt.numpy()
+    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(sq))):
+        return Applied(None, None, "NaN or Inf in its new q_mu or q_sqrt", changed)
+    return Applied(mu, sq, "", changed)
+
+
+# --- the mistakes, computed independently -------------------------------------------------------------------------
+
+
+def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: Any, xi: Any) -> tuple[Any, Any]:
+    """GPflow's step from a given ∂L/∂η on: nat_dL_xi = (∂ξ/∂θ)·∂L/∂η (GPflow's double backward pass; ∂L/∂η itself
+    for XiNat), ξ_new = ξ − γ·nat_dL_xi, back to (q_mu [M, L], q_sqrt [L, M, M]) by ``xi.xi_to_meanvarsqrt``."""
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    q_mu, q_sqrt = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
+    d1, d2 = (tf.cast(tf.convert_to_tensor(d), q_mu.dtype) for d in (dL_deta1, dL_deta2))
+    if isinstance(xi, XiNat):
+        n1, n2 = d1, d2
+    else:
+        nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
+        dummy = tf.ones_like(nat1), tf.ones_like(nat2)
+        with tf.GradientTape(watch_accessed_variables=False) as forward:
+            forward.watch(dummy)
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch([nat1, nat2])
+                x1, x2 = xi.naturals_to_xi(nat1, nat2)
+            dummy_grads = tape.gradient([x1, x2], [nat1, nat2], output_gradients=dummy)
+        n1, n2 = forward.gradient(dummy_grads, dummy, output_gradients=[d1, d2])
+    g = tf.cast(tf.convert_to_tensor(gamma, dtype_hint=q_mu.dtype), q_mu.dtype)  # a Python float stays float64
+    xi1, xi2 = xi.meanvarsqrt_to_xi(q_mu, q_sqrt)
+    new_mu, new_sq = xi.xi_to_meanvarsqrt(xi1 - g * n1, xi2 - g * n2)
+    return new_mu, new_sq
+
+
+def mistaken_steps(q_mu: Any, q_sqrt: Any, grads: tuple[Any, Any, Any, Any], transform: Any, gamma: float, xi: Any, gp: tuple[Array, Array]) -> Iterator[tuple[str, tuple[Array, Array] | None]]:
+    """(name, new (q_mu [M, L], q_sqrt [L, M, M])) of each mistake of :data:`MISTAKES` that can be computed here, one
+    at a time (None for a mistake whose step fails: Cholesky, NaN or Inf). ``grads`` = (unconstrained q_mu_grad, q_sqrt_grad, constrained dL/dmean,
+    dL/dvarsqrt); ``transform`` q_sqrt's; ``gp`` GPflow's new (q_mu, q_sqrt) (for ``transposed``)."""
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
+
+    from natgrad_diag.step.closed_form import expectation_gradients
+
+    g_mu, g_sq, d_mean, d_varsqrt = (tf.constant(np.asarray(a)) for a in grads)
+    q_mu, q_sqrt = tf.constant(np.asarray(q_mu)), tf.constant(np.asarray(q_sqrt))
+    right = expectation_gradients(q_mu, q_sqrt, d_mean, d_varsqrt)
+    eta = meanvarsqrt_to_expectation(q_mu, q_sqrt)
+    with tf.GradientTape(watch_accessed_variables=False) as tape:  # Jᵀ·1 as the question computes it: no seed
+        tape.watch(eta)
+        targets = expectation_to_meanvarsqrt(*eta)
+    ones1, ones2 = tape.gradient(targets, list(eta))
+    other = XiSqrtMeanVar() if isinstance(xi, XiNat) else XiNat() if isinstance(xi, XiSqrtMeanVar) else None
+    plans: dict[str, Callable[[], Any]] = {
+        "default_seed": lambda: step_from_eta(q_mu, q_sqrt, ones1 * d_mean, ones2 * d_varsqrt, gamma, xi),
+        "varsqrt_path": lambda: step_from_eta(q_mu, q_sqrt, d_mean, right[1], gamma, xi),
+        "varsqrt_seed": lambda: step_from_eta(q_mu, q_sqrt, d_mean, tf.zeros_like(d_varsqrt), gamma, xi),
+        "gamma_twice": lambda: step_from_eta(q_mu, q_sqrt, *right, gamma * gamma, xi),
+        "gamma_missing": lambda: step_from_eta(q_mu, q_sqrt, *right, 1.0, xi),
+        "ascent": lambda: step_from_eta(q_mu, q_sqrt, *right, -gamma, xi),
+    }
+    if g_mu.shape == q_mu.shape and g_sq.shape == q_sqrt.shape:
+        plans["unconstrained"] = lambda: step_from_eta(q_mu, q_sqrt, *expectation_gradients(q_mu, q_sqrt, g_mu, g_sq), gamma, xi)
+    if other is not None:
+        plans["wrong_xi"] = lambda: step_from_eta(q_mu, q_sqrt, *right, gamma, other)
+    for name, plan in plans.items():
+        try:
+            mu, sq = (np.asarray(t) for t in plan())
+        except tf.errors.InvalidArgumentError:
+            mu = sq = np.full(1, np.nan)
+        yield name, ((mu, sq) if np.all(np.isfinite(mu)) and np.all(np.isfinite(sq)) else None)
+    flipped = np.swapaxes(gp[1], -1, -2)
+    # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
+    yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
+
+
+# --- the verdict --------------------------------------------------------------------------------------------------
+
+
+def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[str, float]:
+    """The block (q_mu[:, l] or q_sqrt[l]) where ``got`` and ``want`` differ most, and by how much."""
+    blocks = [(f"q_mu[:, {l}]", l, float(np.max(np.abs(got[0][:, l] - want[0][:, l])))) for l in range(want[0].shape[1])]
+    blocks += [(f"q_sqrt[{l}]", l, float(np.max(np.abs(got[1][l] - want[1][l])))) for l in range(want[1].shape[0])]
+    name, latent, diff = max(blocks, key=lambda b: b[2])
+    return f"{name} (latent GP {latent})", diff
+
+
+def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: tuple[Any, ...], transform: Any, gamma: float, xi: Any, bound: Bound, label: str) -> Check:
+    """The ``custom_step`` check of the user's new q(u) ``applied`` against GPflow's ``gp``, both from ``before`` =
+    (q_mu [M, L], q_sqrt [L, M, M]) with ``grads`` (as :func:`mistaken_steps` takes them): |yours − GPflow's| ≤ the
+    ``reproduction`` bound, else the mistake it matches, where it differs most and by how much.
+
+    A mistake matches when its step is within max(10·bound, √ε·scale) of the user's (the rounding of a second route
+    through GPflow's maps) and GPflow's is not: mistakes differ from each other by far more, the step's own size.
+    """
+    from natgrad_diag.tolerance import eps
+
+    claim = f"the step {label} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
+    if applied.changed:
+        detail = f"{label} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
+        return Check("custom_step", claim, "fail", detail=detail + FIX + "update only the (q_mu, q_sqrt) pairs minimize() is given.")
+    if applied.q_mu is None or applied.q_sqrt is None or gp.q_mu is None or gp.q_sqrt is None:
+        detail = f"{label}: {(applied.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}."
+        if applied.q_mu is None and gp.q_mu is None:
+            return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
+        if gp.q_mu is None or gp.q_sqrt is None:
+            return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
+        failing = [n for n, s in mistaken_steps(*before, grads, transform, gamma, xi, (gp.q_mu, gp.q_sqrt)) if s is None]
+        if failing:
+            detail += f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here: {MISTAKES[failing[0]][0]}"
+            detail += f" (so do {', '.join(failing[1:])})." if failing[1:] else "."
+        return Check("custom_step", claim, "fail", detail=detail + FIX + (MISTAKES[failing[0]][1] if failing else _TRACE))
+    got, want = (applied.q_mu, applied.q_sqrt), (gp.q_mu, gp.q_sqrt)
+    if got[0].shape != want[0].shape or got[1].shape != want[1].shape:
+        shapes = f"{list(got[0].shape)}, {list(got[1].shape)} against GPflow's {list(want[0].shape)}, {list(want[1].shape)}"
+        return Check("custom_step", claim, "fail", detail=f"the new q_mu, q_sqrt have shapes {shapes}.")
+    err = max_abs_diff(got, want)
+    parts = f"q_mu: {format_number(max_abs_diff(got[0], want[0]))}, q_sqrt: {format_number(max_abs_diff(got[1], want[1]))}"
+    if err <= bound.total:
+        return bounded_check("custom_step", claim, err, bound, parts)
+    block, diff = _worst_block(got, want)
+    where = f"It differs from GPflow's step most in {block}: {format_number(diff)} > tolerance {format_number(bound.total)} ({parts})."
+    near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
+    dist = {}
+    for name, s in mistaken_steps(*before, grads, transform, gamma, xi, want):
+        if s is not None and max_abs_diff(want, s) > near:
+            dist[name] = max_abs_diff(got, s)
+            if dist[name] <= near:
+                break  # a second match would be the same step to rounding
+    if not dist:
+        return Check("custom_step", claim, "fail", err, bound.total, where)
+    d, name = min((d, n) for n, d in dist.items())
+    if d <= near:
+        what, fix = MISTAKES[name]
+        detail = f"{label}'s step is the mistake '{name}' (to within {format_number(d)}): {what}. {where}{FIX}{fix}"
+    else:
+        detail = (
+            f"{label}'s step differs from the natural-gradient step and matches none of the known mistakes (the nearest, "
+            f"'{name}', is {format_number(d)} away). {where}{FIX}{_TRACE}"
+        )
+    return Check("custom_step", claim, "fail", err, bound.total, detail)
+
+
+def _bound(ctx: Any, cond: Any, gp: GpflowStep, before: tuple[Array, Array]) -> Bound:
+    """The ``reproduction`` check's bound for the steps from ``before``."""
+    sizes = [gp.q_mu, gp.q_sqrt] if gp.q_mu is not None else list(before)
+    name = "κ_η·κ(S_new)·cancellation"
+    return natgrad_bound(ctx.np_dtype, condition=cond.step_condition, condition_name=name, scale=scale(sizes), rtol=ctx.tol.rtol, atol=ctx.tol.atol)
+
+
+def _changed_and_restored(variables: dict[str, Any], saved: dict[str, Array]) -> tuple[str, ...]:
+    """The names of ``variables`` whose values differ from ``saved``; each is put back."""
+    changed = tuple(n for n, v in variables.items() if v.numpy().tobytes() != saved[n].tobytes())
+    for n in changed:
+        variables[n].assign(saved[n])
+    return changed
+
+
+def stage(run: Run) -> Outcome:
+    """The ``custom_step`` check when the run has an optimizer (``ctx.optimizer``); nothing otherwise.
+
+    On a model, the optimizer steps on the evaluator's scratch copy (its other variables must stay as they are, and
+    the model's own variables too: one the optimizer reaches by itself is restored and named); in the var_list form
+    it steps on the pair itself, and every variable the loss reads is restored.
+    """
+    import gpflow
+    import tensorflow as tf
+
+    ev, step, gp = run.ev, run.step, run.gp
+    opt = ev.ctx.optimizer
+    if opt is None:
+        return Outcome()
+    if ev.scratch is not None:  # a model: step on the scratch copy, watching the model's own variables too
+        model, scratch = ev.ctx.model, ev.sync()
+        q_mu, q_sqrt = model.q_mu, model.q_sqrt
+        own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
+        saved = {n: np.array(v.numpy(), copy=True) for n, v in own.items()}
+        others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
+        applied = _apply(opt, lambda: ev.ctx.loss(scratch), scratch.q_mu, scratch.q_sqrt, {**others, **own})
+        _changed_and_restored(own, saved)
+        ev.sync()
+    else:  # the var_list form: the pair itself (a PairEvaluator)
+        pev: Any = ev
+        q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
+        with tf.GradientTape() as tape:
+            pev.loss()
+        read = {v.name + f"#{i}": v for i, v in enumerate(tape.watched_variables())}
+        pair = {"q_mu": q_mu.unconstrained_variable, "q_sqrt": q_sqrt.unconstrained_variable}
+        others = {n: v for n, v in read.items() if all(v is not p for p in pair.values())}
+        saved = {n: np.array(v.numpy(), copy=True) for n, v in {**others, **pair}.items()}
+        applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
+        _changed_and_restored({**others, **pair}, saved)
+    before = (q_mu.numpy(), q_sqrt.numpy())
+    grads = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
+    bound = _bound(ev.ctx, run.cond, gp, before)
+    return Outcome(checks=(judge(applied, gp, before, grads, q_sqrt.transform, ev.ctx.gamma, ev.ctx.xi, bound, who(opt)),))
+
+
+def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, before: list[Array], *, rtol: float | None = None, atol: float | None = None) -> tuple[Check, ...]:
+    """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list`` = [(q_mu, q_sqrt) or
+    (q_mu, q_sqrt, xi_transform), ...] of ``gpflow.Parameter`` s: for the training guard.
+
+    ``before`` holds the unconstrained variables of every pair (q_mu's, then q_sqrt's, pair by pair) from before the
+    step. The parameters are set back to ``before`` for the gradients of ``loss_fn`` (one tape, as ``minimize``
+    takes them) and GPflow's update of each pair at the optimizer's γ and ξ, then to their values after the step:
+    one more gradient and one more GPflow update per pair. The optimizer is not run again.
+
+    Returns:
+        One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's).
+    """
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat
+
+    from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
+    from natgrad_diag.checks.evaluator import Context, gpflow_update, step_from_gradients
+    pairs = [(None, item[0], None, item[1]) for item in var_list]  # as the guard holds them: checked when it starts
+    variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
+    if len(before) != len(variables) or any(np.shape(b) != tuple(v.shape) for b, v in zip(before, variables)):
+        raise input_error("before must hold the unconstrained values of every pair's q_mu and q_sqrt.", "before",
+                          f"{len(variables)} arrays of shapes {[tuple(v.shape) for v in variables]}", f"{len(before)} arrays",
+                          "snapshot [v.numpy() for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)] per pair before the step.")
+    gamma, default_xi = optimizer_settings(optimizer, None, None)
+    after = [np.array(v.numpy(), copy=True) for v in variables]
+    got = [(mu.numpy(), sq.numpy()) for _, mu, _, sq in pairs]
+    checks = []
+    try:
+        for v, b in zip(variables, before):
+            v.assign(b)
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(variables)
+            loss = loss_fn()
+        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        for i, (_, q_mu, _, q_sqrt) in enumerate(pairs):
+            xi = (var_list[i][2] if len(var_list[i]) > 2 else None) or default_xi or XiNat()
+            np_dtype = np.dtype(q_mu.dtype.as_numpy_dtype)
+            tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
+            M, L = int(q_mu.shape[0]), int(q_mu.shape[1])
+            ctx = Context(model=None, data=None, xi=xi, gamma=float(gamma), tol=tol, np_dtype=np_dtype, M=M, L=L)
+            g_mu, g_sq = grads[2 * i], grads[2 * i + 1]
+            start = (q_mu.numpy(), q_sqrt.numpy())
+            step = step_from_gradients(q_mu, q_sqrt, loss, g_mu, g_sq)
+            gp = gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, loss_fn)
+            q_mu.unconstrained_variable.assign(before[2 * i])
+            q_sqrt.unconstrained_variable.assign(before[2 * i + 1])
+            cond = measure_conditioning(None, *start, gp.q_sqrt)
+            grads4 = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
+            label = who(optimizer) + (f" (pair {i})" if len(pairs) > 1 else "")
+            checks.append(judge(Applied(*got[i]), gp, start, grads4, q_sqrt.transform, float(gamma), xi, _bound(ctx, cond, gp, start), label))
+    finally:
+        for v, a in zip(variables, after):
+            v.assign(a)
+    return tuple(checks)

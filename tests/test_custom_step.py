@@ -1,0 +1,341 @@
+"""The ``custom_step`` check: a user's own natural-gradient optimizer against GPflow's step, and the mistake it names.
+
+Mistakes are injected into an independent copy of GPflow's update written here (``gpflow_like``), so the step under
+test never shares code with the package's candidate steps; GPflow's own ``NaturalGradient`` on the scratch copy is
+the reference, and a correct implementation (GPflow's subclass, natgrad_diag.NaturalGradient, a closed form written
+here in numpy) must pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import natgrad_diag as nd
+from natgrad_diag.demo import make_model
+from natgrad_diag.exceptions import InputError, NatGradCheckError
+
+#: The mistakes injected into ``gpflow_like`` (``unconstrained`` needs a transform that is not identity-like).
+MISTAKES = ("default_seed", "varsqrt_path", "varsqrt_seed", "gamma_twice", "gamma_missing", "ascent", "wrong_xi", "transposed")
+
+#: γ ≠ 1, so that γ², 1 and γ are three different steps; small enough that ascent keeps S positive definite.
+GAMMA = 0.3
+
+
+def gpflow_like(mistake: str = ""):
+    """GPflow's ``_natgrad_apply_gradients``, written out with public names only, with ``mistake`` injected."""
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation, meanvarsqrt_to_natural
+
+    def update(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform=None):
+        xi = xi_transform or self.xi_transform
+        if mistake == "wrong_xi":
+            xi = XiSqrtMeanVar() if isinstance(xi, XiNat) else XiNat()
+        gamma = {"gamma_twice": self.gamma * self.gamma, "gamma_missing": 1.0, "ascent": -self.gamma}.get(mistake, self.gamma)
+
+        def constrained(g, p):
+            return g if mistake == "unconstrained" or p.transform is None else p.transform.forward(g)
+
+        dL_dmean, dL_dvarsqrt = constrained(q_mu_grad, q_mu), constrained(q_sqrt_grad, q_sqrt)
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+            tape.watch([q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
+            eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
+            mean, varsqrt = expectation_to_meanvarsqrt(eta1, eta2)
+            if not isinstance(xi, XiNat):
+                nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
+                x1, x2 = xi.naturals_to_xi(nat1, nat2)
+                dummy = tf.ones_like(x1), tf.ones_like(x2)
+                with tf.GradientTape(watch_accessed_variables=False) as forward:
+                    forward.watch(dummy)
+                    dummy_grads = tape.gradient([x1, x2], [nat1, nat2], output_gradients=dummy)
+        if mistake == "default_seed":  # the question's code
+            dtheta_deta1, dtheta_deta2 = tape.gradient([mean, varsqrt], [eta1, eta2])
+            d1, d2 = dtheta_deta1 * dL_dmean, dtheta_deta2 * dL_dvarsqrt
+        elif mistake == "varsqrt_path":
+            d1, d2 = dL_dmean, tape.gradient(varsqrt, eta2, output_gradients=dL_dvarsqrt)
+        elif mistake == "varsqrt_seed":
+            d1, d2 = tape.gradient([mean, varsqrt], [eta1, eta2], output_gradients=[dL_dmean, tf.zeros_like(dL_dvarsqrt)])
+        else:
+            d1, d2 = tape.gradient([mean, varsqrt], [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt])
+        n1, n2 = (d1, d2) if isinstance(xi, XiNat) else forward.gradient(dummy_grads, dummy, output_gradients=[d1, d2])
+        xi1, xi2 = xi.meanvarsqrt_to_xi(q_mu, q_sqrt)
+        new_mu, new_sqrt = xi.xi_to_meanvarsqrt(xi1 - gamma * n1, xi2 - gamma * n2)
+        q_mu.assign(new_mu)
+        q_sqrt.assign(tf.linalg.matrix_transpose(new_sqrt) if mistake == "transposed" else new_sqrt)
+
+    return update
+
+
+def _model(kind: str, L: int):
+    model, data = make_model(kind, "gaussian", num_inducing=4, num_data=4 if kind == "vgp" else 6, num_latent=L)
+    return model, (data if kind == "svgp" else None)
+
+
+def _xi(name: str):
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    return XiNat() if name == "nat" else XiSqrtMeanVar()
+
+
+def _values(model) -> list[bytes]:
+    return [v.numpy().tobytes() for v in model.variables]
+
+
+@pytest.mark.parametrize("xi", ["nat", "meanvar"])
+@pytest.mark.parametrize("L", [1, 2])
+@pytest.mark.parametrize("kind", ["svgp", "vgp"])
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_custom_step__names_the_injected_mistake(mistake, kind, L, xi):
+    model, data = _model(kind, L)
+    before = _values(model)
+    with pytest.raises(NatGradCheckError) as info:
+        nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, xi_transform=_xi(xi), optimizer=gpflow_like(mistake))
+    assert f"the mistake '{mistake}'" in str(info.value)
+    assert _values(model) == before
+
+
+def _eta_gradients_numpy(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):
+    """∂L/∂η in numpy (Murray 2016: ∂L/∂S = ½C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG); ∂L/∂η₁ = ∂L/∂m − 2·∂L/∂S·m): the question's
+    function written correctly, returned for the check to complete GPflow's step."""
+    m, C = q_mu.numpy(), q_sqrt.numpy()
+    G = np.asarray(q_sqrt.transform.forward(q_sqrt_grad))
+    d1, d2 = np.array(q_mu_grad, copy=True), np.zeros_like(C)
+    for l in range(C.shape[0]):
+        P = np.tril(C[l].T @ G[l])
+        P[np.diag_indices_from(P)] *= 0.5
+        Ci = np.linalg.inv(C[l])
+        d2[l] = 0.5 * Ci.T @ (P + P.T) @ Ci
+        d1[:, l] -= 2.0 * d2[l] @ m[:, l]
+    return d1, d2
+
+
+def _correct_optimizers():
+    import gpflow
+
+    class Subclass(gpflow.optimizers.NaturalGradient):
+        def _natgrad_apply_gradients(self, *args, **kwargs):
+            return super()._natgrad_apply_gradients(*args, **kwargs)
+
+    return {
+        "gpflow_subclass": lambda g, xi: Subclass(g, xi),
+        "natgrad_diag": lambda g, xi: nd.NaturalGradient(g, xi),
+        "gpflow_like": lambda g, xi: gpflow_like(),
+        "numpy_eta_gradients": lambda g, xi: _eta_gradients_numpy,
+    }
+
+
+@pytest.mark.parametrize("xi", ["nat", "meanvar"])
+@pytest.mark.parametrize("name", list(_correct_optimizers()))
+def test_custom_step__correct_implementations_pass(name, xi):
+    model, data = _model("svgp", 2)
+    check = nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, xi_transform=_xi(xi), optimizer=_correct_optimizers()[name](GAMMA, _xi(xi)))
+    # the bound is the reproduction check's: 1e-10 in float64 plus GPflow's rounding
+    assert check.passed and check.max_abs_error <= check.tolerance < 1e-8, str(check)
+
+
+def test_check_natgrad__names_the_questions_mistake_and_keeps_model_and_optimizer():
+    import gpflow
+    import tensorflow as tf
+
+    model, data = _model("svgp", 1)
+    opt = gpflow.optimizers.NaturalGradient(tf.Variable(GAMMA, dtype=tf.float64), _xi("meanvar"))
+    before, keys = _values(model), set(vars(opt))
+    report = nd.check_natgrad(model, data, optimizer=lambda *a: gpflow_like("default_seed")(opt, *a), gamma=GAMMA,
+                              xi_transform=_xi("meanvar"), gamma_steps=1, gamma_search=False, progress=False)
+    check = report.check("custom_step")
+    assert check.status == "fail" and "the mistake 'default_seed'" in check.detail and "explain_output_gradients" in check.detail
+    cause = next(c for c in report.causes if c.name == "wrong_step")
+    assert "output_gradients=[dL_dmean, dL_dvarsqrt]" in cause.fix and "'default_seed'" in cause.evidence
+    assert report.check("reproduction").passed  # natgrad-diag's own step is still GPflow's
+    assert _values(model) == before and set(vars(opt)) == keys
+    plain = nd.check_natgrad(model, data, gamma_steps=1, gamma_search=False, progress=False)
+    assert "custom_step" not in [c.name for c in plain.checks]
+
+
+class _Stateful:
+    """A user's optimizer with state: a γ variable it decays, a step counter, a history list and a slot."""
+
+    def __init__(self, mistake=""):
+        import gpflow
+        import tensorflow as tf
+
+        self.gamma, self.xi_transform = tf.Variable(GAMMA, dtype=tf.float64), gpflow.optimizers.XiNat()
+        self.steps, self.history, self.mistake = 0, [], mistake
+        self.inner = gpflow.optimizers.NaturalGradient(self.gamma, self.xi_transform)
+
+    def minimize(self, loss_fn, var_list):
+        import gpflow
+
+        if self.mistake:
+            fn = gpflow_like(self.mistake)
+            for q_mu, q_sqrt in var_list:
+                import tensorflow as tf
+
+                with tf.GradientTape(watch_accessed_variables=False) as tape:
+                    tape.watch([q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
+                    loss = loss_fn()
+                g = tape.gradient(loss, [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
+                fn(self, *g, q_mu, q_sqrt, self.xi_transform)
+        else:
+            self.inner.minimize(loss_fn, var_list)
+        self.steps += 1
+        self.history.append(float(self.gamma.numpy()))
+        self.slot = gpflow.Parameter(1.0)
+        self.gamma.assign(self.gamma * 0.5)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_natgrad__stateful_optimizer_is_bit_identical_afterwards(mode):
+    model, data = _model("vgp", 1)
+    opt = _Stateful()
+    gamma_bits, attrs, history = opt.gamma.numpy().tobytes(), dict(vars(opt)), opt.history
+    report = nd.check_natgrad(model, data, optimizer=opt, mode=mode, gamma_steps=1, gamma_search=False, progress=False)
+    assert report.check("custom_step").passed and report.gamma == GAMMA, str(report.check("custom_step"))
+    assert opt.gamma.numpy().tobytes() == gamma_bits and vars(opt) == attrs and opt.history is history and history == []
+
+
+def test_check_natgrad__var_list_form_names_the_mistake():
+    model, data = _model("svgp", 2)
+    report = nd.check_natgrad(model.training_loss_closure(data, compile=False), var_list=[(model.q_mu, model.q_sqrt)],
+                              optimizer=_Stateful("gamma_twice"), gamma_steps=1, gamma_search=False)
+    assert not report.passed and "the mistake 'gamma_twice'" in report.check("pair 0: custom_step").detail
+
+
+def test_verify_step__judges_the_step_just_taken_without_running_the_optimizer_again():
+    import gpflow
+
+    from natgrad_diag.checks.custom_step import verify_step
+
+    model, data = _model("svgp", 1)
+    pairs = [(model.q_mu, model.q_sqrt)]
+    before = [v.unconstrained_variable.numpy().copy() for v in pairs[0]]
+    opt = gpflow.optimizers.NaturalGradient(GAMMA)
+    oracle = gpflow.utilities.deepcopy(model)
+    opt.minimize(oracle.training_loss_closure(data), [(oracle.q_mu, oracle.q_sqrt)])  # GPflow's own step, on a copy
+    gpflow_like("gamma_twice")(opt, *_grads(model, data), model.q_mu, model.q_sqrt, None)
+    after = _values(model)
+    (check,) = verify_step(opt, model.training_loss_closure(data, compile=False), pairs, before)
+    assert "the mistake 'gamma_twice'" in check.detail and _values(model) == after
+    (model.q_mu.unconstrained_variable.assign(before[0]), model.q_sqrt.unconstrained_variable.assign(before[1]))
+    opt.minimize(model.training_loss_closure(data), pairs)
+    (check,) = verify_step(opt, model.training_loss_closure(data, compile=False), pairs, before)
+    assert check.passed and np.array_equal(model.q_mu.numpy(), oracle.q_mu.numpy()), str(check)
+
+
+def _grads(model, data):
+    import tensorflow as tf
+
+    variables = [model.q_mu.unconstrained_variable, model.q_sqrt.unconstrained_variable]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        loss = model.training_loss(data)
+    return tape.gradient(loss, variables)
+
+
+def test_custom_step__unconstrained_gradient_is_named_where_a_transform_makes_it_differ():
+    """With GPflow's transforms the mistake is a shape error (q_sqrt's unconstrained gradient is [L, M(M+1)/2]); with
+    q_mu = 2·v (a Scale bijector) and no transform on q_sqrt, it is a different step."""
+    import gpflow
+    import tensorflow_probability as tfp
+
+    model, data = _model("svgp", 1)
+    with pytest.raises(InputError, match="Matrix size-incompatible"):
+        nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, optimizer=gpflow_like("unconstrained"))
+    model.q_mu = gpflow.Parameter(model.q_mu.numpy(), transform=tfp.bijectors.Scale(np.float64(2.0)))
+    model.q_sqrt = gpflow.Parameter(model.q_sqrt.numpy())
+    with pytest.raises(NatGradCheckError, match="the mistake 'unconstrained'"):
+        nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, optimizer=gpflow_like("unconstrained"))
+
+
+class _Raises:
+    gamma = 0.1
+
+    def minimize(self, loss_fn, var_list):
+        raise RuntimeError("my bug")
+
+
+class _Greedy:
+    def __init__(self, model):
+        import gpflow
+
+        self.model, self.inner = model, gpflow.optimizers.NaturalGradient(GAMMA)
+
+    def minimize(self, loss_fn, var_list):
+        self.inner.minimize(loss_fn, var_list)
+        self.model.kernel.variance.assign(2.0)
+
+
+def _nan_update(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):
+    q_mu.unconstrained_variable.assign(np.full(q_mu.shape, np.nan))
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (object(), "minimize"),
+        (_Raises, "instance"),
+        (lambda a, b: None, "q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform"),
+        (_Raises(), "RuntimeError: my bug"),
+        (lambda g1, g2, m, s, xi: 3.0, "neither None nor"),
+    ],
+    ids=["no_minimize", "a_class", "wrong_signature", "raises", "returns_a_number"],
+)
+def test_custom_step__bad_optimizer_is_an_input_error_and_the_model_is_untouched(bad, error):
+    model, data = _model("svgp", 1)
+    before = _values(model)
+    with pytest.raises(InputError, match=error.replace("(", r"\(")) as info:
+        nd.check_natgrad(model, data, optimizer=bad, gamma_steps=1, gamma_search=False, progress=False)
+    assert "Argument: optimizer" in str(info.value) and "To fix:" in str(info.value)
+    assert _values(model) == before
+
+
+@pytest.mark.parametrize("which", ["nan", "greedy"])
+def test_custom_step__nan_or_other_variables_fail_with_the_cause(which):
+    model, data = _model("svgp", 1)
+    before = _values(model)
+    opt = _nan_update if which == "nan" else _Greedy(model)
+    with pytest.raises(NatGradCheckError, match="NaN" if which == "nan" else r"the model's \.kernel\.variance"):
+        nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=GAMMA, optimizer=opt)
+    assert _values(model) == before
+
+
+_CLI_MODULE = '''
+import gpflow
+
+class AscentNatGrad(gpflow.optimizers.NaturalGradient):
+    """A step up the loss: GPflow's step with -gamma."""
+
+    def minimize(self, loss_fn, var_list):
+        gamma, self.gamma = self.gamma, -self.gamma
+        try:
+            super().minimize(loss_fn, var_list)
+        finally:
+            self.gamma = gamma
+
+class NoMinimize:
+    def __init__(self, gamma, xi_transform=None):
+        pass
+'''
+
+
+@pytest.mark.parametrize(
+    "spec, code, text",
+    [
+        ("{path}:AscentNatGrad", 1, "the mistake 'ascent'"),
+        ("natgrad_diag:NaturalGradient", 0, "PASS custom_step"),
+        ("{path}.missing.py:AscentNatGrad", 2, "could not load the optimizer"),
+        ("no_such_module_here:X", 2, "could not load the optimizer"),
+        ("{path}:NoMinimize", 2, "minimize(loss_fn, var_list)"),
+    ],
+    ids=["wrong_step", "correct", "no_file", "no_module", "no_minimize"],
+)
+def test_cli_check__optimizer_exit_codes(spec, code, text, tmp_path, capsys):
+    from natgrad_diag.cli.app import main
+
+    path = tmp_path / "my_natgrad.py"
+    path.write_text(_CLI_MODULE, encoding="utf-8")
+    argv = ["check", "--num-inducing", "4", "--num-data", "8", "--gamma", "0.5", "--gamma-steps", "1", "--plain", "--optimizer", spec.format(path=path)]
+    assert main(argv) == code
+    out = capsys.readouterr()
+    assert text in " ".join((out.out + out.err).split()), out.out + out.err
