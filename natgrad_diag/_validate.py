@@ -75,8 +75,11 @@ def input_error(
     return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
 
 
-def require_int(value: Any, name: str, *, minimum: int | None = None, expected: str = "", remedy: str = "") -> int:
-    """``value`` as an ``int`` (a Python or numpy integer, not a bool), at least ``minimum`` when given.
+def require_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None, expected: str = "", remedy: str = "", why: str = "",
+) -> int:  # fmt: skip
+    """``value`` as an ``int`` (a Python or numpy integer, not a bool), at least ``minimum`` and at most ``maximum``
+    when given (``why`` says why there is a maximum).
 
     Raises:
         InputError: naming the argument, e.g. "num_directions must be a positive integer."
@@ -94,8 +97,11 @@ def require_int(value: Any, name: str, *, minimum: int | None = None, expected: 
           To fix: pass e.g. num_directions=4.
     """
     is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if is_int and (minimum is None or value >= minimum):
+    if is_int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
         return int(value)
+    if is_int and maximum is not None and value > maximum:
+        raise input_error(f"{name} must be at most {maximum}." + (f" {why}" if why else ""), name, expected or f"an int ≤ {maximum}",
+                          repr(value), remedy or f"pass {name} ≤ {maximum}.")  # fmt: skip
     if minimum is None:
         detail, default_expected, example = f"{name} must be an integer.", "an int", 0
     elif minimum == 1:
@@ -281,6 +287,20 @@ def validate_seeds(
                 remedy=f"cast the seed to {dtype_name(target)}, e.g. tf.cast(seed, tf.{dtype_name(target)}); "
                 "TensorFlow would fail deep inside, and no cast is done silently.",
             )
+
+
+def seed_array(seed: Any, target: Any, name: str) -> Any:
+    """A checked seed (see :func:`validate_seeds`) as a finite numpy array of ``target``'s dtype; ``None``: ones."""
+    dtype = np.dtype(getattr(target.dtype, "as_numpy_dtype", target.dtype))
+    if seed is None:
+        return np.ones(tuple(target.shape), dtype)
+    try:
+        a = np.asarray(getattr(seed, "numpy", lambda: seed)(), dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise input_error(f"{name} could not be converted to a {dtype.name} array.", name, f"numbers of shape {shape_str(target)}",
+                          f"{type(seed).__name__} {seed!r}"[:80], f"pass {name} as a {dtype.name} array.", kind=OutputGradientsError) from e  # fmt: skip
+    require_finite(a, name)  # a NaN cotangent gives NaN products, which would read as a mismatch
+    return a
 
 
 # ---- the one layer for functions of tensors: fn, inputs, outputs, sizes ------------------------------------

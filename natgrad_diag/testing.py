@@ -53,7 +53,7 @@ def assert_vjp_matches_jacobian(
 
     Raises:
         JacobianMismatchError: for some input the VJP differs from Jᵀ·v (names the input and worst entry).
-        OutputGradientsError: a cotangent has the wrong count, shape or dtype.
+        OutputGradientsError: a cotangent has the wrong count, shape or dtype; NonFiniteError: it has NaN or Inf.
         MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
     """
     __tracebackhide__ = True
@@ -94,7 +94,7 @@ def _vjp_and_contraction(
     the first output's dtype)."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import flat_outputs, require_output_dtypes, validate_seeds
+    from natgrad_diag._validate import flat_outputs, require_output_dtypes, seed_array, validate_seeds
     from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
     from natgrad_diag.gradcheck.full import reverse_jacobian
 
@@ -107,10 +107,7 @@ def _vjp_and_contraction(
     out_shapes = [tuple(y.shape) for y in ys]
     in_shapes = [tuple(x.shape) for x in xs]
     check_memory(jacobian_nbytes(out_shapes, in_shapes, ys[0].dtype.size), max_bytes, "assert_vjp_matches_jacobian")
-    vs = [
-        np.ones(y.shape, y.dtype.as_numpy_dtype) if s is None else np.asarray(s, dtype=y.dtype.as_numpy_dtype)
-        for s, y in zip(seeds, ys)
-    ]
+    vs = [seed_array(s, y, f"cotangents[{i}]") for i, (s, y) in enumerate(zip(seeds, ys))]
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
     want = tuple(

@@ -458,3 +458,165 @@ def test_check_natgrad__gaussian_built_with_scale_skips_the_conjugate_checks_wit
     assert "scale=" in reasons["conjugate_optimality"] and "closed form" in reasons["conjugate_optimality"]
     assert r.check("reproduction").status == "pass" and r.check("loss_gradient").status == "pass", str(r)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, m.variables))
+
+
+# ---- 6. the training monitor's step and log_dir, the Keras callback ------------------------------------------
+
+
+def _monitor(**kwargs):
+    import gpflow
+
+    import natgrad_diag as nd
+
+    model = _svgp()
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    X = np.linspace(0, 1, 6)[:, None]
+    return nd.NatGradMonitor(model, (X, np.sin(X)), every=10, **kwargs)
+
+
+_BAD_STEPS = [1.5, "a", None, 2**70, -1, True]
+
+
+@pytest.mark.parametrize("step", _BAD_STEPS, ids=[repr(s) for s in _BAD_STEPS])
+def test_monitor__step_must_be_an_int64(step):
+    import gpflow
+
+    monitor = _monitor()
+    for call in (lambda: monitor(step), lambda: monitor.guard(step, gpflow.optimizers.NaturalGradient(0.1))):
+        with pytest.raises(InputError) as info:
+            call()
+        assert _argument(info.value) == "step"
+    assert monitor.records == [] and monitor.guard_records == []
+
+
+def test_monitor__integer_steps_of_numpy_and_tensorflow_are_taken():
+    monitor = _monitor()
+    for step in (np.int64(3), tf.constant(7), tf.Variable(9, dtype=tf.int64)):
+        monitor(step)  # not a multiple of every=10: no check runs
+        assert int(monitor.current_step) == int(step)
+
+
+@pytest.mark.parametrize("kind", ["file", "inside_a_file", "number"])
+def test_monitor__log_dir_that_is_not_a_directory_fails_at_construction(kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("x")
+    log_dir = {"file": tmp_path / "f", "inside_a_file": str(tmp_path / "f" / "logs"), "number": 123}[kind]
+    with pytest.raises(InputError) as info:
+        _monitor(log_dir=log_dir)
+    assert _argument(info.value) == "log_dir"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and (tmp_path / "f").read_text() == "x"  # ./123 not made
+
+
+def test_monitor__missing_log_dir_is_created_at_construction(tmp_path):
+    _monitor(log_dir=tmp_path / "runs" / "a")
+    assert (tmp_path / "runs" / "a").is_dir()
+
+
+def test_natgrad_callback__monitor_none_is_refused():
+    from natgrad_diag.keras import NatGradCallback
+
+    with pytest.raises(InputError) as info:
+        NatGradCallback(None)
+    assert _argument(info.value) == "monitor"
+
+
+# ---- 7. gradient checks: cotangents, directions, sources ---------------------------------------------------
+
+
+def test_assert_vjp_matches_jacobian__nan_cotangent_is_refused_not_a_mismatch():
+    from natgrad_diag.exceptions import NonFiniteError
+
+    with pytest.raises(NonFiniteError) as info:
+        assert_vjp_matches_jacobian(tf.sin, [np.array([0.1, 0.2])], [np.array([np.nan, 1.0])])
+    assert _argument(info.value) == "cotangents[0]"
+
+
+def test_check_gradients__num_directions_is_bounded():
+    from natgrad_diag.gradcheck.api import MAX_DIRECTIONS
+
+    with pytest.raises(InputError) as info:
+        check_gradients(tf.sin, [np.array([0.1])], mode="fast", num_directions=10**9)
+    assert _argument(info.value) == "num_directions" and f"at most {MAX_DIRECTIONS}" in str(info.value)
+
+
+def test_check_gradients__fast_directions_over_the_memory_limit_are_refused_before_allocation():
+    from natgrad_diag.autodiff.memory import memory_limit
+    from natgrad_diag.exceptions import MemoryLimitError
+
+    n = memory_limit() // (8 * 1000) + 1  # 1000 directions of n float64 entries exceed the limit
+    with pytest.raises(MemoryLimitError) as info:
+        check_gradients(lambda x: x[:1], [np.zeros(n)], mode="fast", num_directions=1000)
+    need = 1000 * n * 8 + 1000 * 1 * 8  # the input directions u and the output cotangents v, float64
+    assert f"Estimated size: {need} bytes" in str(info.value) and _argument(info.value) == "num_directions"
+
+
+@pytest.mark.parametrize("sources, argument", [(None, "sources"), ("x", "sources"), (np.ones(2), "sources"), ("list_with_none", "sources[1]")])
+def test_checked_gradient__sources_that_are_not_tensors(sources, argument):
+    x = tf.constant([1.0, 2.0], tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(x**2)
+    with pytest.raises(InputError) as info:
+        checked_gradient(tape, y, [x, None] if isinstance(sources, str) and sources == "list_with_none" else sources)
+    assert _argument(info.value) == argument
+
+
+# ---- 8. the var_list form: the loss and the pairs ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, "x", tf.ones(3, tf.float64), tf.constant(3), tf.constant(np.nan, tf.float64)],
+                         ids=["None", "string", "vector", "int", "nan"])  # fmt: skip
+def test_check_natgrad_var_list__loss_that_is_not_a_finite_scalar(value):
+    from natgrad_diag import check_natgrad
+
+    model = _svgp()
+    before = [v.numpy().copy() for v in model.variables]
+    with pytest.raises(InputError) as info:
+        check_natgrad(lambda: value, var_list=[(model.q_mu, model.q_sqrt)], progress=False)
+    assert _argument(info.value) == "loss_fn"
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, model.variables))
+
+
+def test_check_natgrad_var_list__swapped_pair():
+    from natgrad_diag import check_natgrad
+    from natgrad_diag.exceptions import ShapeMismatchError
+
+    model = _svgp()
+    with pytest.raises(ShapeMismatchError) as info:
+        check_natgrad(lambda: model.prior_kl(), var_list=[(model.q_sqrt, model.q_mu)], progress=False)
+    assert _argument(info.value) == "var_list[0]" and "swapped" in str(info.value) and "[1, 4, 4] then [4, 1]" in str(info.value)
+
+
+# ---- 9. threads ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_check_natgrad__four_threads_on_one_model_agree_with_one_call():
+    import threading
+
+    from natgrad_diag import check_natgrad
+
+    # each full-mode call deep-copies the model, which clears TFP's bijector caches that threads share (evaluator.scratch_copy)
+    import gpflow
+
+    X = np.linspace(0, 1, 5)[:, None]
+    data = (X, np.sin(6 * X))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(), X[:2].copy())
+    alone = check_natgrad(model, data, mode="full", progress=False, gamma_search=False)
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(check_natgrad(model, data, mode="full", progress=False, gamma_search=False))
+        except Exception as e:  # noqa: BLE001 - any error of a thread fails the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 4
+    for r in results:
+        assert [(c.name, c.status, c.max_abs_error) for c in r.checks] == [(c.name, c.status, c.max_abs_error) for c in alone.checks]

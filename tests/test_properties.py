@@ -7,6 +7,8 @@ profile in conftest.py) so that a failure reproduces; max_examples is small to k
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -182,3 +184,134 @@ def test_gradient_functions__bad_options_name_the_argument(kwargs):
 
     assert _assert_rule(lambda: check_gradients(tf.sin, [1.0], **kwargs)) is None
     assert _assert_rule(lambda: assert_vjp_matches_jacobian(tf.sin, [1.0], [1.0], **kwargs)) is None
+
+
+# ---- the training monitor, the var_list form, check_natgrad's options, strict_gradients ---------------------
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=2))
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_svgp():
+    """One SVGP (M = 2, N = 4) for every example: fast mode compiles its pieces once; the tests assert it never changes."""
+    import gpflow
+
+    X = np.linspace(0, 1, 4)[:, None]
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(), X[:2].copy())
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    return model, (X, np.sin(6 * X))
+
+
+def _unchanged(model, before):
+    assert all(b.tobytes() == v.numpy().tobytes() for b, v in zip(before, model.variables)), "the model changed"
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(step=_JUNK, log_dir=st.one_of(_JUNK, st.sampled_from(["file", "file/sub", "new/dir", ""])))
+def test_monitor__random_step_and_log_dir_follow_the_rule(step, log_dir):
+    import os
+    import tempfile
+
+    import gpflow
+
+    from natgrad_diag import NatGradMonitor
+
+    model, data = _tiny_svgp()
+    before = [v.numpy().copy() for v in model.variables]
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            with open("file", "w") as f:
+                f.write("x")
+            monitor = _assert_rule(lambda: NatGradMonitor(model, data, every=7, log_dir=log_dir))
+            made = set(os.listdir(".")) - {"file"}
+            new = {os.path.normpath(str(log_dir)).split(os.sep)[0]} if monitor is not None and monitor.log else set()
+            assert made <= new, made  # nothing but the accepted log directory
+            assert open("file").read() == "x"
+            if monitor is not None:
+                _assert_rule(lambda: monitor.guard(step, gpflow.optimizers.NaturalGradient(0.1)))
+                if isinstance(step, int) and step % 7:
+                    _assert_rule(lambda: monitor(step))  # not a multiple of every: no check runs
+        finally:
+            os.chdir(cwd)
+    _unchanged(model, before)
+
+
+@FAST
+@given(v=_values(), k=st.one_of(_JUNK, st.integers(1, 3)), mode=st.sampled_from(["full", "fast"]))
+@example(v=[np.array([np.nan, 1.0])], k=2, mode="fast")
+@example(v=[np.ones(2)], k=10**9, mode="fast")
+def test_gradient_checks__random_cotangents_and_directions_follow_the_rule(v, k, mode):
+    from natgrad_diag.gradcheck.api import check_gradients
+    from natgrad_diag.testing import assert_vjp_matches_jacobian
+
+    x = [np.array([0.1, 0.2])]
+    report = _assert_rule(lambda: check_gradients(tf.sin, x, mode=mode, cotangents=v, num_directions=k))
+    if report is not None:
+        assert report.passed  # tf.sin's gradient is right: no cotangent may make it look wrong
+    got = _assert_rule(lambda: assert_vjp_matches_jacobian(tf.sin, x, v))
+    if got is not None:
+        np.testing.assert_allclose(got[0], np.cos(x[0]) * np.asarray(v[0] if isinstance(v, list) else v), rtol=1e-12)
+
+
+@FAST
+@given(sources=_values())
+def test_checked_gradient__random_sources_follow_the_rule(sources):
+    from natgrad_diag.autodiff.seeded import checked_gradient
+
+    x = tf.constant([1.0, 2.0], tf.float64)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(x**2)
+    g = _assert_rule(lambda: checked_gradient(tape, y, sources))
+    if g is not None:
+        _finite(g)
+
+
+_LOSSES = [None, "x", 3, lambda m: tf.ones(3, tf.float64), lambda m: tf.constant(np.nan, tf.float64), lambda m: m.prior_kl()]
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    loss=st.sampled_from(_LOSSES), swapped=st.booleans(), as_generator=st.booleans(),
+    options=st.dictionaries(st.sampled_from(["rtol", "atol", "gamma", "gamma_steps", "gamma_search", "mode"]), _JUNK, max_size=2),
+)
+@example(loss=_LOSSES[-1], swapped=False, as_generator=True, options={})
+def test_check_natgrad_var_list__random_losses_pairs_and_options_follow_the_rule(loss, swapped, as_generator, options):
+    from natgrad_diag import check_natgrad
+
+    model, _ = _tiny_svgp()
+    before = [v.numpy().copy() for v in model.variables]
+    pair = (model.q_sqrt, model.q_mu) if swapped else (model.q_mu, model.q_sqrt)
+    var_list = (p for p in [pair]) if as_generator else [pair]
+    fn = (lambda: loss(model)) if callable(loss) else loss
+    report = _assert_rule(lambda: check_natgrad(fn, var_list=var_list, progress=False, **options))
+    if report is not None:
+        assert report.checks and report.passed  # the prior KL's step is GPflow's: every check that ran holds
+    _unchanged(model, before)
+
+
+@pytest.mark.slow  # each valid draw runs a check (about 1 s)
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(options=st.dictionaries(st.sampled_from(["rtol", "atol", "fisher", "progress", "gamma", "gamma_search", "var_list"]), _JUNK, min_size=1, max_size=2))
+@example(options={"var_list": []})
+@example(options={"gamma": True})
+def test_check_natgrad__random_options_follow_the_rule(options):
+    from natgrad_diag import check_natgrad
+
+    model, data = _tiny_svgp()
+    before = [v.numpy().copy() for v in model.variables]
+    report = _assert_rule(lambda: check_natgrad(model, data, mode="fast", **{"progress": False, "gamma_search": False, **options}))
+    if report is not None:
+        assert report.checks
+    _unchanged(model, before)
+
+
+@FAST
+@given(action=st.one_of(_JUNK, st.sampled_from(["raise", "warn"])), allow=_JUNK)
+def test_strict_gradients__random_arguments_follow_the_rule(action, allow):
+    from natgrad_diag.strict.context import strict_gradients
+
+    _assert_rule(lambda: strict_gradients(action, allow_implicit_sum=allow))

@@ -120,3 +120,19 @@ def test_plugin__pyproject_declares_the_pytest11_entry_point():
     module = importlib.import_module(PLUGIN)
     assert module is natgrad_diag.strict.pytest_plugin
     assert callable(module.pytest_addoption) and callable(module.pytest_configure)
+
+
+def test_plugin__marker_with_an_unknown_argument_is_a_clear_error(pytester):
+    pytester.makepyfile(test_sample='''
+import pytest
+
+
+@pytest.mark.strict_gradients(bogus=1)
+def test_marked():
+    pass
+''')
+    result = run(pytester)
+    assert result.parseoutcomes()["errors"] >= 1  # set-up (and tear-down) refuse the marker
+    out = result.stdout.str()
+    assert "InputError: Invalid input. @pytest.mark.strict_gradients got arguments it does not take" in out
+    assert "Argument: @pytest.mark.strict_gradients" in out and "E   TypeError" not in out

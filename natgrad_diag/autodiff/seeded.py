@@ -88,6 +88,20 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
     return list(flat)
 
 
+def _flat_sources(sources: Any) -> list[Any]:
+    """The flattened sources, each a tf.Tensor or tf.Variable (else an InputError naming it)."""
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(sources)
+    for j, x in enumerate(flat):
+        if not isinstance(x, (tf.Tensor, tf.Variable)):
+            fix = f"pass {type(x).__name__}.unconstrained_variable" if hasattr(x, "unconstrained_variable") else "pass the tensors or variables"
+            raise input_error(f"sources (flattened entry {j}) is not a tensor or a variable.", "sources" if len(flat) == 1 else f"sources[{j}]",
+                              "tf.Tensor or tf.Variable (watched by the tape)", f"{type(x).__name__} {x!r}"[:60],
+                              f"{fix} to differentiate with respect to, as in tape.gradient(target, sources).")  # fmt: skip
+    return list(flat)
+
+
 def _prepare_seeds(
     output_gradients: Any, targets: list[Any], *, argument: str, target_name: str, structure: Any
 ) -> list[Any] | None:
@@ -209,7 +223,8 @@ def checked_gradient(
     Raises:
         OutputGradientsError: a wrong number of seeds, or a seed of another shape or dtype (also a ``ValueError``).
         UnconnectedGradientError: ``unconnected="raise"`` and a source does not influence the target.
-        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, or a bad ``unconnected``.
+        InputError: ``tape`` is not a ``tf.GradientTape``, ``target`` is empty or not tensors, a source is not a tensor
+            or variable, or a bad ``unconnected``.
 
     Example:
         >>> import tensorflow as tf
@@ -229,7 +244,7 @@ def checked_gradient(
     mode = _unconnected_mode(unconnected)
     targets = _flat_targets(target, "target", "target")
     seeds = _prepare_seeds(output_gradients, targets, argument="output_gradients", target_name="target", structure=target)
-    flat_sources = tf.nest.flatten(sources)
+    flat_sources = _flat_sources(sources)
     tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
     grads = tape.gradient(targets, flat_sources, output_gradients=seeds, unconnected_gradients=tf_mode)
     if mode == "raise":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -265,6 +266,24 @@ def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_
     return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2)
 
 
+_COPY_LOCK = threading.Lock()
+
+
+def scratch_copy(model: Any) -> Any:
+    """``gpflow.utilities.deepcopy(model)``, one thread at a time. It first clears TensorFlow Probability's bijector
+    caches, whose storage threads share: a cached output collected by another thread meanwhile makes the clear raise
+    KeyError (the key is gone), so the copy is tried again (3 times at most)."""
+    import gpflow
+
+    with _COPY_LOCK:
+        for attempt in range(3):
+            try:
+                return gpflow.utilities.deepcopy(model)
+            except KeyError:
+                if attempt == 2:
+                    raise
+
+
 def _all_finite(x: Any) -> Any:
     import tensorflow as tf
 
@@ -393,7 +412,7 @@ class Evaluator:
         import gpflow
 
         self.ctx = ctx
-        self.scratch = scratch if scratch is not None or ctx.model is None else gpflow.utilities.deepcopy(ctx.model)
+        self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         s = self.scratch
         if s is not None:
             import tensorflow as tf
@@ -531,7 +550,7 @@ class _Pieces:
         #: "nat"/"sqrtmeanvar" when natgrad-diag's step is the LAPACK record, else None
         self.lapack_xi, closed = (backend.xi if backend.code == "lapack" else None), backend.xi
         model_ref, dtype = weakref.ref(model), model.q_mu.dtype  # the closures below must not hold the model
-        self.scratch = scratch = gpflow.utilities.deepcopy(model)
+        self.scratch = scratch = scratch_copy(model)
         gamma_var = tf.Variable(1.0, dtype=dtype, trainable=False)
         opt = gpflow.optimizers.NaturalGradient(gamma=gamma_var, xi_transform=xi)
         src_vars, dst_vars = list(model.variables), list(scratch.variables)

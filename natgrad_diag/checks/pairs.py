@@ -30,7 +30,8 @@ from natgrad_diag.checks.evaluator import (
     Trial, stepwise, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport
-from natgrad_diag.exceptions import InputError, UnsupportedModelError
+from natgrad_diag._validate import dtype_name, input_error, shape_str
+from natgrad_diag.exceptions import InputError, ShapeMismatchError, UnsupportedModelError
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
@@ -179,6 +180,32 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     )  # fmt: skip
 
 
+def _refuse_swapped(pairs: list[Pair]) -> None:
+    """A pair given as (q_sqrt [L, M, M], q_mu [M, L]) is refused as swapped (other shapes: ``validate_q``'s errors)."""
+    for i, (_, q_mu, _, q_sqrt) in enumerate(pairs):
+        mu, sq = tuple(q_mu.shape), tuple(q_sqrt.shape)
+        if len(sq) == 2 and mu == (sq[1], sq[0], sq[0]):
+            raise input_error(f"var_list[{i}] holds (q_sqrt, q_mu): the pair is swapped.", f"var_list[{i}]",
+                              "(q_mu [M, L], q_sqrt [L, M, M])", f"shapes {list(mu)} then {list(sq)}",
+                              "pass each pair as NaturalGradient.minimize takes it: (q_mu, q_sqrt), q_mu first.",
+                              kind=ShapeMismatchError, label="Actual")  # fmt: skip
+
+
+def _scalar_loss(value: Any) -> Any:
+    """``loss_fn``'s value, when it is a finite real scalar tensor (else an InputError naming ``loss_fn``)."""
+    import tensorflow as tf
+
+    tensor = isinstance(value, (tf.Tensor, tf.Variable))
+    ok = tensor and value.dtype.is_floating and value.shape.num_elements() == 1
+    if not ok or not np.isfinite(value.numpy()).all():
+        got = f"{dtype_name(value)} {shape_str(value)}" if tensor else repr(value)[:60]
+        raise input_error("loss_fn must return the loss, one finite float tensor, computed from the pairs.", "loss_fn",
+                          "a finite float64 (or float32) scalar tensor", got + (" (not finite)" if ok else ""),
+                          "return the training loss, e.g. loss_fn=model.training_loss_closure(data) (a sum or mean, not per-point "
+                          "values; a missing `return` gives None).")  # fmt: skip
+    return value
+
+
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
     mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 5, gamma_search: bool = True,
@@ -219,6 +246,7 @@ def check_pairs(
             remedy="pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
         )
     pairs = variational_pairs(var_list=var_list)
+    _refuse_swapped(pairs)
     default_xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     xis = [resolve_xi_transform(item[2]) if len(item) > 2 else default_xi for item in var_list]
     loss = (lambda: loss_fn(data)) if data is not None else loss_fn
@@ -227,7 +255,7 @@ def check_pairs(
     with _restored(variables):
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(variables)
-            value = loss()
+            value = _scalar_loss(loss())
         grads = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_callable, require_finite, require_int, require_max_bytes, validate_seeds
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
-from natgrad_diag.gradcheck.fast import fast_rows
+from natgrad_diag._validate import input_error, require_callable, require_int, require_max_bytes, seed_array, validate_seeds
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, memory_limit
+from natgrad_diag.gradcheck.fast import MAX_DIRECTIONS, WHY_MAX_DIRECTIONS, directions_nbytes, fast_rows
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, to_arrays
 from natgrad_diag.gradcheck.report import GradientCheckReport, GradientCheckRow
@@ -25,7 +25,7 @@ from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import default_tolerance, resolve, validate_tolerance
 from natgrad_diag.typing import Array
 
-__all__ = ["MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
+__all__ = ["MAX_DIRECTIONS", "MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
 
 #: The modes of :func:`check_gradients`: every coordinate, or random directions (torch's slow and fast gradcheck).
 MODES = ("full", "fast")
@@ -68,7 +68,7 @@ def check_gradients(
         cotangents: fast mode's fixed cotangents v (one per flattened output, exact shape and dtype, ``None`` for
             ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
-        seed, num_directions: fast mode's random seed and direction pairs per block (k).
+        seed, num_directions: fast mode's random seed and direction pairs per block (k, 1 to :data:`MAX_DIRECTIONS`).
         input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
 
@@ -77,7 +77,8 @@ def check_gradients(
 
     Raises:
         InputError (and subclasses): bad arguments, or fn fails or returns NaN/Inf at a point it is evaluated at.
-        MemoryLimitError: full mode would exceed ``max_bytes`` (use ``mode="fast"``).
+        MemoryLimitError: full mode would exceed ``max_bytes`` (use ``mode="fast"``), or fast mode's directions half of
+            this machine's memory.
 
     Examples:
         >>> import numpy as np
@@ -91,7 +92,8 @@ def check_gradients(
         ('general', 'symmetric')
     """
     _check_options(fn, mode, seed)
-    num_directions = require_int(num_directions, "num_directions", minimum=1)
+    num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
+                                 remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
     max_bytes = require_max_bytes(max_bytes)
     input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
     arrays, names = to_arrays(inputs, input_names)
@@ -99,6 +101,9 @@ def check_gradients(
     settings = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, output_names)
     cots = _cotangents(cotangents, prob)
+    if mode == "fast":
+        check_memory(directions_nbytes(prob, structures, num_directions), memory_limit(), "", title="Fast mode's random directions",
+                     argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
     rows = _rows(mode, prob, names, structures, settings, num_directions, int(seed), cots, max_bytes)
     return GradientCheckReport(
         function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
@@ -187,12 +192,7 @@ def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
         cotangents = [cotangents]
     seeds = list(cotangents)
     validate_seeds(seeds, prob.y, argument="cotangents", target_name="output")
-    cots = []
-    for k, (s, y) in enumerate(zip(seeds, prob.y)):
-        a = np.ones_like(y) if s is None else np.asarray(s, dtype=y.dtype)
-        require_finite(a, f"cotangents[{k}]")
-        cots.append(a)
-    return cots
+    return [seed_array(s, y, f"cotangents[{k}]") for k, (s, y) in enumerate(zip(seeds, prob.y))]
 
 
 def _check(r: GradientCheckRow) -> Check:

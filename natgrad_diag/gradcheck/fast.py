@@ -14,10 +14,25 @@ from natgrad_diag.gradcheck.report import GradientCheckRow
 from natgrad_diag.gradcheck.structures import coordinates, gpflow_map_name, hint, random_direction
 from natgrad_diag.typing import Array
 
-__all__ = ["fast_rows"]
+__all__ = ["MAX_DIRECTIONS", "WHY_MAX_DIRECTIONS", "directions_nbytes", "fast_rows"]
 
 #: Fast mode re-runs full mode on a failing block when it has at most this many input coordinates.
 _RERUN_MAX_COORDS = 4096
+
+#: The most direction pairs per block, and why (the refusal's message).
+MAX_DIRECTIONS = 1000
+WHY_MAX_DIRECTIONS = (
+    "A wrong block fails ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ for almost every random pair, so more pairs guard only against errors "
+    "near the tolerance, and each costs one VJP and two evaluations of fn per input."
+)
+
+
+def directions_nbytes(prob: Problem, structures: tuple[str, ...], num_directions: int) -> int:
+    """Bytes of fast mode's random directions, held at once: k per input (2k for a lower-triangular one, whose
+    strictly upper part gets its own), and max(those) output cotangents."""
+    per_input = [num_directions * (2 if st == "lower_triangular" and x.ndim and x.shape[-1] > 1 else 1) for x, st in zip(prob.x, structures)]
+    entries = sum(n * x.size for n, x in zip(per_input, prob.x)) + max(per_input) * sum(y.size for y in prob.y)
+    return int(entries) * prob.dtype.itemsize
 
 
 def fast_rows(

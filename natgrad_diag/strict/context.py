@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar, overload
 
-from natgrad_diag._validate import input_error
+from natgrad_diag._validate import input_error, require_bool
 from natgrad_diag.strict.callsite import call_site, is_exempt
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
 
@@ -56,7 +56,7 @@ class StrictGradients(contextlib.ContextDecorator):
                               'pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
                               "and TensorFlow's result).")
         self.action = action
-        self.allow_implicit_sum = bool(allow_implicit_sum)
+        self.allow_implicit_sum = require_bool(allow_implicit_sum, "allow_implicit_sum")
         self.violations: list[Violation] = []
         self.checked_calls = 0
 

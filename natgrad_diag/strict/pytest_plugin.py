@@ -9,6 +9,7 @@ asks for the rules.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +47,14 @@ def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
 
     if marker is None:
         return StrictGradients()
+    try:
+        inspect.signature(StrictGradients).bind(*marker.args, **marker.kwargs)
+    except TypeError as e:
+        from natgrad_diag._validate import input_error
+
+        raise input_error(f"@pytest.mark.{MARKER} got arguments it does not take ({e}).", f"@pytest.mark.{MARKER}",
+                          "(action='raise' or 'warn', *, allow_implicit_sum=False)", f"args {marker.args}, kwargs {marker.kwargs}",
+                          f"pass strict_gradients()'s arguments, e.g. @pytest.mark.{MARKER}(action='warn').") from None  # fmt: skip
     return StrictGradients(*marker.args, **marker.kwargs)
 
 

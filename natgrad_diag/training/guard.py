@@ -36,7 +36,7 @@ from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.report.records import format_number
 from natgrad_diag.typing import Array
 
-__all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "set_gamma"]
+__all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "require_step", "set_gamma"]
 
 #: What the guard does with a failed step.
 ON_FAILURE = ("warn", "raise", "rollback")
@@ -56,6 +56,19 @@ _MOVED = (
     "optimizer such as Adam over model.trainable_variables also moves q(u), which undoes the natural-gradient "
     "step). Exclude them from that optimizer: {fix}."
 )
+
+
+def require_step(step: Any) -> int:
+    """The training step as an int from 0 to 2⁶³ − 1 (gpflow.monitor keeps it as an int64); a Python or numpy integer,
+    or an integer scalar tensor or tf.Variable (a step counter). Else an InputError naming ``step``."""
+    from natgrad_diag._validate import require_int
+
+    dtype = getattr(step, "dtype", None)
+    if hasattr(step, "numpy") and getattr(dtype, "is_integer", False) and step.shape.rank == 0:
+        step = step.numpy()
+    return require_int(step, "step", minimum=0, maximum=2**63 - 1, expected="an int from 0 to 2⁶³ − 1",
+                       remedy="pass the loop counter, e.g. monitor(step) inside `for step in range(n)`.",
+                       why="gpflow.monitor keeps the step as an int64.")  # fmt: skip
 
 
 def read_gamma(optimizer: Any) -> float:
@@ -148,7 +161,7 @@ class StepGuard:
                 "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
                 type(optimizer).__name__, "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
             )  # fmt: skip
-        self.monitor, self.step, self.optimizer, self.optimizers = monitor, int(step), optimizers[0], optimizers
+        self.monitor, self.step, self.optimizer, self.optimizers = monitor, require_step(step), optimizers[0], optimizers
 
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor

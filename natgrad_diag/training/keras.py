@@ -26,6 +26,9 @@ _CLASS: dict[str, type] = {}
 def _build() -> type:
     from gpflow.keras import tf_keras
 
+    from natgrad_diag._validate import input_error
+    from natgrad_diag.training.monitor import NatGradMonitor
+
     class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
         """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
 
@@ -36,6 +39,10 @@ def _build() -> type:
         """
 
         def __init__(self, monitor: Any, optimizers: Any = None) -> None:
+            if not isinstance(monitor, NatGradMonitor):
+                raise input_error("NatGradCallback needs the NatGradMonitor whose guard wraps every batch.", "monitor",
+                                  "a natgrad_diag.NatGradMonitor", type(monitor).__name__,
+                                  "pass NatGradCallback(NatGradMonitor(deep_gp, data, on_failure='rollback')).")  # fmt: skip
             super().__init__()
             self.monitor, self.optimizers = monitor, optimizers
             self.step: int = 0

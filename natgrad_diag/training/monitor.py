@@ -14,7 +14,7 @@ from gpflow.monitor import MonitorTask
 
 from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.api import validate_gamma_steps
-from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid
+from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 from natgrad_diag.checks.pairs import variational_pairs
@@ -58,7 +58,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
             1)``; 0.5 allows minibatch noise and a first step from a poor q(u), and catches blow-ups (50× and more
             on GPflow's heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and NaN.
-        log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there.
+        log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there (a str
+            or os.PathLike; the directory is created now).
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
             −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`loss_value`).
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
@@ -92,8 +93,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
-        self.log = None if log_dir is None else ScalarLog(log_dir)
         self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+        self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
         self._left_by_guard: list[Any] | None = None
         self._moved_warned = False
         self._measure: Any = None  # the compiled validity and loss, built at first use
@@ -105,6 +106,10 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         _warn_if_trainable(model, self._pairs)
 
     _repr_html_ = timeline_html  # the training timeline in a notebook
+
+    def __call__(self, step: int, **kwargs: Any) -> None:
+        """Run the periodic check when ``step % every == 0``; ``step`` is an int from 0 to 2⁶³ − 1."""
+        super().__call__(require_step(step), **kwargs)
 
     def guard(self, step: int, optimizer: Any) -> StepGuard:
         """A context manager around the user's natural-gradient step with ``optimizer``."""

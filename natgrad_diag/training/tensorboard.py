@@ -7,11 +7,13 @@ written once per step: a second value for the same (tag, step) in a row is dropp
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from natgrad_diag._validate import input_error
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 
-__all__ = ["SCALARS", "ScalarLog"]
+__all__ = ["SCALARS", "ScalarLog", "log_directory"]
 
 #: Every scalar the monitor writes, under these tags.
 SCALARS = (
@@ -21,12 +23,33 @@ SCALARS = (
 )  # fmt: skip
 
 
-class ScalarLog:
-    """A ``tf.summary`` file writer in ``log_dir`` (created on first use), the rollbacks counted so far and the last
-    step written under each tag."""
+def log_directory(log_dir: Any) -> str:
+    """``log_dir`` (a str or os.PathLike) as a path, the directory created (with its parents) when missing.
 
-    def __init__(self, log_dir: str) -> None:
-        self.log_dir = str(log_dir)
+    Raises:
+        InputError: naming ``log_dir``: not a path, an existing file, or a directory that cannot be created.
+    """
+    if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
+        raise input_error("log_dir must be a directory path.", "log_dir", "a str or os.PathLike", repr(log_dir),
+                          "pass a folder for TensorBoard's event files, e.g. log_dir='logs/natgrad'.")  # fmt: skip
+    path = os.fspath(log_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise input_error("log_dir is an existing file, not a directory.", "log_dir", "a directory (existing or new)",
+                          repr(path), "pass a folder for TensorBoard's event files, not a file.")  # fmt: skip
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (OSError, ValueError) as e:  # ValueError: a null byte in the path
+        raise input_error(f"log_dir could not be created: {getattr(e, 'strerror', None) or e}.", "log_dir", "a directory that can be written",
+                          repr(path), "pass a folder you can write to.") from e  # fmt: skip
+    return str(path)
+
+
+class ScalarLog:
+    """A ``tf.summary`` file writer in ``log_dir`` (the directory made by :func:`log_directory`; the writer opened on
+    first use), the rollbacks counted so far and the last step written under each tag."""
+
+    def __init__(self, log_dir: Any) -> None:
+        self.log_dir = log_directory(log_dir)
         self._writer: Any = None
         self.rollbacks = 0
         self._last_step: dict[str, int] = {}
