@@ -8,8 +8,12 @@ here in numpy) must pass.
 
 from __future__ import annotations
 
+import warnings
+
+import gpflow
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import natgrad_diag as nd
 from natgrad_diag.demo import make_model
@@ -339,3 +343,37 @@ def test_cli_check__optimizer_exit_codes(spec, code, text, tmp_path, capsys):
     assert main(argv) == code
     out = capsys.readouterr()
     assert text in " ".join((out.out + out.err).split()), out.out + out.err
+
+
+class _SeedMistakeNatGrad(gpflow.optimizers.NaturalGradient):
+    """The question's own optimizer: GPflow's update with the default seed's elementwise product."""
+
+    def _natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform=None):
+        gpflow_like("default_seed")(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
+
+
+@pytest.mark.parametrize("wrong", [True, False])
+def test_guard_verify__catches_a_wrong_optimizer_in_a_training_loop(wrong):
+    """``monitor.guard(step, opt, verify=True)`` judges each step against GPflow's from the snapshot: the question's
+    optimizer fails at its first step with the mistake named (the guard's health and loss tests pass it: its step
+    lowers the loss), GPflow's own optimizer passes every step."""
+    model, (X, Y) = make_model("svgp", "bernoulli", num_inducing=5, num_data=20)
+    data = (tf.constant(X), tf.constant(Y))
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    opt = (_SeedMistakeNatGrad if wrong else gpflow.optimizers.NaturalGradient)(GAMMA)
+    monitor = nd.NatGradMonitor(model, data, gamma=GAMMA)
+    loss = model.training_loss_closure(data, compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            with monitor.guard(step, opt, verify=True):
+                opt.minimize(loss, [(model.q_mu, model.q_sqrt)])
+    records = monitor.guard_records
+    assert [r.passed for r in records] == [not wrong] * 3
+    assert all(b.loss_after < b.loss_before for b in records)  # the loss falls either way: only verify tells
+    if wrong:
+        assert "the step is not GPflow's natural-gradient step" in records[0].cause and "'default_seed'" in records[0].cause
+        assert any("natural-gradient step at training step 0 failed" in str(w.message) for w in caught)
+    with pytest.raises(InputError, match="verify must be True or False"):
+        monitor.guard(0, opt, verify="yes")

@@ -592,7 +592,8 @@ def test_check_natgrad_var_list__swapped_pair():
 
 
 @pytest.mark.slow
-def test_check_natgrad__four_threads_on_one_model_agree_with_one_call():
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_natgrad__four_threads_on_one_model_agree_with_one_call(mode):
     import threading
 
     from natgrad_diag import check_natgrad
@@ -603,12 +604,12 @@ def test_check_natgrad__four_threads_on_one_model_agree_with_one_call():
     X = np.linspace(0, 1, 5)[:, None]
     data = (X, np.sin(6 * X))
     model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(), X[:2].copy())
-    alone = check_natgrad(model, data, mode="full", progress=False, gamma_search=False)
+    alone = check_natgrad(model, data, mode=mode, progress=False)
     results, errors = [], []
 
     def work():
         try:
-            results.append(check_natgrad(model, data, mode="full", progress=False, gamma_search=False))
+            results.append(check_natgrad(model, data, mode=mode, progress=False))
         except Exception as e:  # noqa: BLE001 - any error of a thread fails the test below
             errors.append(e)
 
@@ -620,3 +621,4 @@ def test_check_natgrad__four_threads_on_one_model_agree_with_one_call():
     assert errors == [] and len(results) == 4
     for r in results:
         assert [(c.name, c.status, c.max_abs_error) for c in r.checks] == [(c.name, c.status, c.max_abs_error) for c in alone.checks]
+        assert r.gamma_trials == alone.gamma_trials and r.suggested_gamma == alone.suggested_gamma

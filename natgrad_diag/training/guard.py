@@ -151,7 +151,10 @@ def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[Array]:
 class StepGuard:
     """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (see the module docstring)."""
 
-    def __init__(self, monitor: Any, step: int, optimizer: Any) -> None:
+    def __init__(self, monitor: Any, step: int, optimizer: Any, *, verify: bool = False) -> None:
+        from natgrad_diag._validate import require_bool
+
+        self.verify = require_bool(verify, "verify")
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
             from natgrad_diag._validate import input_error
@@ -214,6 +217,20 @@ class StepGuard:
                 ), loss_after
         return "", loss_after
 
+    def _verified(self) -> str:
+        """"" when the step just taken is GPflow's natural-gradient step for every pair, else why not (the mistake it
+        matches): :func:`~natgrad_diag.checks.custom_step.verify_step` from the snapshot, one more gradient and one
+        more GPflow update per pair; each optimizer of a list checks its own pair."""
+        from natgrad_diag.checks.custom_step import verify_step
+
+        m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
+        loss = lambda: m.loss_tensor(self.data)  # noqa: E731
+        if len(self.optimizers) == len(pairs) > 1:
+            checks = [c for i, o in enumerate(self.optimizers) for c in verify_step(o, loss, [pairs[i]], self.snapshot[2 * i:2 * i + 2])]
+        else:
+            checks = list(verify_step(self.optimizer, loss, pairs, self.snapshot))
+        return "; ".join("the step is not GPflow's natural-gradient step: " + c.detail.partition(" To fix: ")[0] for c in checks if not c.passed)
+
     def _suggestions(self, report: Any) -> list[float | None]:
         """Each optimizer's suggested γ from a search report (the smallest of the pairs' for one optimizer over
         several pairs)."""
@@ -259,6 +276,8 @@ class StepGuard:
             m._last_loss = None
             return False  # not a numerical failure of the step: let it through untouched
         cause, loss_after = self._cause(exc)
+        if not cause and self.verify:
+            cause = self._verified()
         rolled_back, gammas = bool(cause) and m.on_failure == "rollback", None
         if rolled_back:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):

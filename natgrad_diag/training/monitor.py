@@ -111,9 +111,11 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         """Run the periodic check when ``step % every == 0``; ``step`` is an int from 0 to 2⁶³ − 1."""
         super().__call__(require_step(step), **kwargs)
 
-    def guard(self, step: int, optimizer: Any) -> StepGuard:
-        """A context manager around the user's natural-gradient step with ``optimizer``."""
-        return StepGuard(self, step, optimizer)
+    def guard(self, step: int, optimizer: Any, *, verify: bool = False) -> StepGuard:
+        """A context manager around the user's natural-gradient step with ``optimizer``; ``verify=True`` also checks
+        that the step is GPflow's natural-gradient step at the optimizer's γ and ξ (for your own optimizer: one more
+        gradient and one more GPflow update per pair, from the snapshot) and names the mistake when it is not."""
+        return StepGuard(self, step, optimizer, verify=verify)
 
     @property
     def rollbacks(self) -> int:
