@@ -242,8 +242,10 @@ def test_gpflows_private_names__are_used_in_one_module():
     assert {n: u for n, u in users.items() if u and n != "natgrad_diag._gpflow"} == {}
 
 
-#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py.
-MAX_PACKAGE_LINES = 13_000
+#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py. 13,000 when the new
+#: layout landed; the look-ahead verdicts and γ search, the learning guard, reports that lead with the answer and the
+#: training timeline, the custom-step check and the validation layer since added about 1,600.
+MAX_PACKAGE_LINES = 15_000
 
 
 def test_package__stays_within_its_line_budget():
