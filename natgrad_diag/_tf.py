@@ -40,10 +40,11 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
             import tensorflow
 
             tensorflow.constant(0.0) + 0.0  # device initialisation logs here too
-        except BaseException:
+        except BaseException as e:
             os.dup2(saved, 2)
-            sink.seek(0)
-            sys.stderr.write(sink.read().decode(errors="replace"))
+            if not isinstance(e, KeyboardInterrupt):  # Ctrl-C is no failure to explain
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))
             raise
         finally:
             os.dup2(saved, 2)
