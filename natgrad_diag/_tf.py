@@ -31,7 +31,7 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
     """
     if "tensorflow" in sys.modules or (wants_tensorflow_logs() and not force):
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # 3: also the E-level notes of ops (oneDNN, cuInit)
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as sink:
