@@ -31,7 +31,7 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
     """
     if "tensorflow" in sys.modules or (wants_tensorflow_logs() and not force):
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # 3: also the E-level notes of ops (oneDNN, cuInit)
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as sink:
@@ -40,10 +40,11 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
             import tensorflow
 
             tensorflow.constant(0.0) + 0.0  # device initialisation logs here too
-        except BaseException:
+        except BaseException as e:
             os.dup2(saved, 2)
-            sink.seek(0)
-            sys.stderr.write(sink.read().decode(errors="replace"))
+            if not isinstance(e, KeyboardInterrupt):  # Ctrl-C is no failure to explain
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))
             raise
         finally:
             os.dup2(saved, 2)

@@ -65,7 +65,8 @@ def model_nbytes(name: str, *, M: int, N: int, L: int, itemsize: int) -> int:
     return itemsize * ((4 + 4 * L) * m * m + m * m + m * N + N * (1 + L) + m * L)
 
 
-def _check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> None:
+def check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> None:
+    """MemoryLimitError when :func:`model_nbytes` exceeds the limit (half of this machine's memory); no GPflow."""
     from natgrad_diag.autodiff.memory import check_memory, memory_limit
 
     size = f"M = {M}, N = {N}, L = {L}" if name == "svgp" else f"N = {N}, L = {L} (M = N for a VGP)"
@@ -144,8 +145,6 @@ def make_model(
         InputError: an unknown name or a non-positive count.
         MemoryLimitError: the model would need more than half of this machine's memory.
     """
-    import gpflow
-
     name = _choice(model, MODELS, "model")
     lik = _choice(likelihood, LIKELIHOODS, "likelihood")
     M = _count(num_inducing, "num_inducing")
@@ -153,7 +152,9 @@ def make_model(
     N = _count(num_data, "num_data")
     dt = _dtype(dtype)
     seed = _seed(seed)
-    _check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)
+    check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)
+    import gpflow
+
     X, Y = make_data(num_data=N, num_latent=L, likelihood=lik, dtype=dt, seed=seed)
     rng = np.random.default_rng(seed + 1)
     with dtype_context(dt):

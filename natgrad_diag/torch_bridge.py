@@ -2,8 +2,8 @@
 
 ``torch.autograd.grad(outputs, inputs, grad_outputs=v)`` computes the same vector-Jacobian product as
 ``tape.gradient(target, sources, output_gradients=v)``, (Jᵀ·v)_j = Σ_i Σ_a v_i[a] · ∂output_i[a]/∂input_j, but
-checks each v_i against its output's shape first. PyTorch is an optional extra (install a CPU build first, e.g.
-``pip install torch==2.13.0``), imported only inside these functions.
+checks each v_i against its output's shape first. PyTorch is an optional extra (install a CPU build first, see
+:data:`INSTALL_HINT`), imported only inside these functions.
 
 References: ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian`` (https://pytorch.org/docs/stable/autograd.html).
 """
@@ -21,7 +21,13 @@ from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
 from natgrad_diag.typing import Array
 
-__all__ = ["TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
+__all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
+
+#: How to install PyTorch without the multi-GB CUDA build.
+INSTALL_HINT = (
+    "a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu "
+    "(on the CI machine, pip install torch==2.13.0 takes the CPU build on disk)"
+)
 
 
 def torch_available() -> bool:
@@ -41,7 +47,7 @@ def require_torch() -> Any:
         raise MissingExtraError(
             "the PyTorch cross-check needs torch.",
             context=[("Extra", "torch"), ("Expected", "an importable torch (>= 2.3)"), ("Got", f"ImportError: {e}")],
-            remedy="install a CPU build, e.g. pip install torch==2.13.0, then pip install natgrad-diag[torch].",
+            remedy=f"install {INSTALL_HINT}, then pip install natgrad-diag[torch].",
         ) from e
     return torch
 

@@ -148,3 +148,113 @@ def test_reproduce_seed_script__runs_the_users_snippet_and_explains_it():
     assert _tensorflow_log_lines(r.stderr) == []
     assert "dtheta_deta1 * q_mu_grad" in r.stdout and "<- not equal" in r.stdout
     assert "-0.6255" in r.stdout and "Verdict: all checks hold." in r.stdout
+
+
+def _command(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m natgrad_diag ARGS`` as a user runs it: this worktree first on the path, no COLUMNS."""
+    env = {k: v for k, v in (env or _env_without_tf_level()).items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "natgrad_diag", *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kwargs)  # fmt: skip
+
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("command", ["", "explain", "outer", "check", "gradcheck", "bench", "strict"])
+def test_cli__every_help_fits_80_columns(command):
+    r = _command(*([command] if command else []), "--help")
+    assert r.returncode == 0, r.stderr
+    widest = max(r.stdout.splitlines(), key=len)
+    assert len(widest) <= 80, widest
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["outer", "--x", "1,nan"], r"Argument: +x\n"),
+        (["check", "--num-inducing", "100000"], r"Argument: +num_inducing\n"),
+        (["gradcheck", "--num-inducing", "100000", "--mode", "fast"], r"Argument: +--num-inducing\n"),
+        (["gradcheck", "--num-inducing", "3000"], "pass --mode fast"),
+        (["bench", "--sizes", "100000"], r"Argument: +sizes\n"),
+        (["outer", "--report", "README.md/x.html"], r"Argument: +--report\n"),
+    ],
+)
+def test_cli__bad_input_is_refused_before_tensorflow_loads(argv, named):
+    """Exit 2 with the message naming the argument, in under 3 s (TensorFlow alone takes 5-10 s to load); TensorFlow's
+    absence is asserted directly from PYTHONPROFILEIMPORTTIME's list of every module imported."""
+    import time
+
+    start = time.perf_counter()
+    r = _command(*argv, env={**_env_without_tf_level(), "PYTHONPROFILEIMPORTTIME": "1"}, cwd=_ROOT)
+    seconds = time.perf_counter() - start
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(named, r.stderr) and "Traceback" not in r.stderr
+    assert not re.search(r"\| +tensorflow$", r.stderr, re.M), "TensorFlow was imported before the arguments were checked"
+    assert seconds < 3, seconds
+
+
+def test_cli__closed_stdout_is_one_line_and_exit_2():
+    code = "import os, runpy, sys; os.close(1); sys.stdout = None; sys.argv = ['natgrad-diag', 'outer']; runpy.run_module('natgrad_diag', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(_ROOT)})
+    assert r.returncode == 2 and r.stderr == "natgrad-diag outer: standard output is closed; redirect it to a file or /dev/null instead.\n"
+
+
+@pytest.mark.parametrize("module", ["no_such_mod", "no_such.mod"])
+def test_cli__strict_missing_module_is_one_line(module):
+    r = _command("strict", "--", "python", "-m", module)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"natgrad-diag strict: no module named {module!r} (run from the folder that holds it, or install it)\n"
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_cli__help_spells_symbols_where_the_stream_cannot_encode_them(encoding):
+    r = _command("gradcheck", "--help", env={**_env_without_tf_level(), "PYTHONIOENCODING": encoding})
+    assert r.returncode == 0, r.stderr
+    assert "(default: from the dtype, cbrt epsilon)" in r.stdout and "∛" not in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("argv", [["outer"], ["explain"], ["check", "--plain"]])
+def test_cli__reports_spell_symbols_where_the_stream_cannot_encode_them(encoding, argv):
+    r = _command(*argv, env={**_env_without_tf_level(), "PYTHONIOENCODING": encoding}, encoding=encoding)  # or fails here
+    assert (r.returncode, r.stderr) == (0, "")
+    assert "Verdict: all checks hold." in r.stdout
+    assert {"outer": "Sigma_jk", "explain": "!=", "check": "gamma"}[argv[0]] in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("argv", "after"), [(["check", "--num-inducing", "30"], 0.5), (["check", "--num-inducing", "30"], 8.0),
+                                             (["gradcheck", "--num-inducing", "20"], 6.0)])
+def test_cli__ctrl_c_is_one_line_and_exit_130(argv, after):
+    """SIGINT while TensorFlow loads (0.5 s) and while the checks run: one line on stderr, exit 130, nothing else."""
+    import signal
+    import time
+
+    env = {**_env_without_tf_level(), "PYTHONPATH": str(_ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "natgrad_diag", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    time.sleep(after)
+    assert p.poll() is None, "the command ended before the signal"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, f"natgrad-diag {argv[0]}: interrupted (Ctrl-C)\n"), err[-3000:]
+
+
+@pytest.mark.slow
+def test_cli__report_into_a_missing_folder_creates_it(tmp_path):
+    r = _command("outer", "--plain", "--report", "out/deeper/x.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "deeper" / "x.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert r.stderr == "natgrad-diag: report written to out/deeper/x.html\n"
+
+
+@pytest.mark.slow
+def test_cli__strict_is_quiet_and_checks_the_script(tmp_path):
+    script = tmp_path / "seed.py"
+    script.write_text("import tensorflow as tf\nx = tf.Variable([1.0, 2.0])\nwith tf.GradientTape() as t:\n    y = x * x\n"
+                      "print(t.gradient(y, x).numpy())\n")  # fmt: skip
+    r = _command("strict", "--", "python", str(script))
+    assert r.returncode == 1 and r.stdout == "[2. 4.]\n"
+    assert _tensorflow_log_lines(r.stderr) == [] and f"{script}:5: " in r.stderr, r.stderr

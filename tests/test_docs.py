@@ -7,20 +7,28 @@ Rules (a small runner, no plugin):
   The python and pycon blocks of one file share one namespace and run in order, in a temporary
   directory of their own (so a block may write files). One test per block; a block's test first runs the
   blocks above it if they have not run in this process (so ``-k`` and ``pytest-xdist`` work).
-- A block opts out only with a marker comment on the line right above its fence, which this runner reads:
-    ``<!-- docs-test: skip: <why> -->``                always skipped, with that reason;
-    ``<!-- docs-test: requires <module>: <why> -->``  skipped with that reason when ``<module>`` is missing.
-  A marker without a reason, or an unknown ``docs-test`` marker, fails the test. Skips are pytest skips,
-  shown by ``-ra``, never silent.
-- Every ```console block is a transcript: each ``$ natgrad-diag ...`` line is run in-process with
-  ``natgrad_diag.cli.app.main(argv)`` (stdout and stderr captured together, as a terminal shows them, at
-  ``COLUMNS=80``, in the file's temporary directory), and the lines below it, up to the next ``$`` line, are
-  compared with what it printed. The only normalisation: trailing whitespace on each line and trailing blank
-  lines are ignored, and ``...`` matches any text, across lines too (doctest's ELLIPSIS), for numbers that
-  differ between machines and for lines left out. A ``# comment`` after the command is not part of it.
-  A ``$`` line that is not ``natgrad-diag`` fails the test (put other commands in a ```bash block).
-- ```bash, ```text and unlabelled blocks are not run; the README's two quick-start lines are checked to be
-  exactly ``pip install . && natgrad-diag`` and ``pip install ".[test]" && pytest``.
+- Every ```console block, and every ```text block whose first line is a ``$ command``, is a transcript: each
+  ``$ natgrad-diag ...`` or ``$ python ...`` line runs as a subprocess of the installed command (this
+  checkout first on PYTHONPATH, ``COLUMNS=80``, in a temporary directory holding a link to ``scripts/``),
+  stdout and stderr together as a terminal shows them, and the lines below it, up to the next ``$`` line,
+  are compared with what it printed, which must hold no line of TensorFlow's C++ logging. The only
+  normalisation: trailing whitespace on each line and trailing blank lines are ignored, and ``...`` matches
+  any text, across lines too (doctest's ELLIPSIS), for numbers that differ between machines and for lines
+  left out. A ``# comment`` after the command is not part of it. A transcript that loads TensorFlow takes a
+  few seconds and is marked slow; ``--help`` and refused arguments are not.
+- Other ```text blocks are illustrations (formulas, a layout, a call) and are not run; one that the prose
+  above introduces as what something "prints" must be a transcript.
+- Every line of a ```bash block runs with ``bash -e`` in a temporary directory (the same link to ``scripts/``)
+  and must exit 0 without TensorFlow log lines on stderr; ``pip install`` and ``pytest`` lines are skipped,
+  with that reason (CI's ``.ci/run`` installs the package and runs the README's test line itself), and so
+  is the full benchmark (minutes); the other benchmark lines are slow. The README's two quick-start lines
+  are checked to be exactly ``pip install . && natgrad-diag`` and ``pip install ".[test]" && pytest``.
+- A block opts out only with a visible marker, a quoted line right above its fence (blank lines between are
+  allowed), which must say why:
+    ``> Requires <module>: <why>``   skipped with that reason when ``<module>`` cannot be imported;
+    ``> Not run by the tests: <why>``  always skipped.
+  A quoted line above a fence that starts like a marker but is malformed, or an HTML-comment marker
+  (invisible on the rendered page), fails the test. Skips are pytest skips, shown by ``-ra``, never silent.
 - The python and pycon blocks import only the public API: ``natgrad_diag``'s ``__all__`` and its public
   submodules (``natgrad_diag._SUBMODULES``, each through its own ``__all__``), read from the source with ``ast``.
 """
@@ -48,9 +56,9 @@ DOC_FILES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.m
 QUICK_START = ("pip install . && natgrad-diag", 'pip install ".[test]" && pytest')
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<body>.*?)-->\s*$")
-_SKIP = re.compile(r"^\s*skip:\s*(?P<why>\S.*?)\s*$")
-_REQUIRES = re.compile(r"^\s*requires\s+(?P<module>[\w.]+):\s*(?P<why>\S.*?)\s*$")
+_MARKER = re.compile(r"^> (?P<body>(Requires|Not run).*?)\s*$|^\s*<!--\s*(?P<hidden>docs-test:.*?)-->\s*$")
+_SKIP = re.compile(r"^Not run by the tests:\s*(?P<why>\S.*?)$")
+_REQUIRES = re.compile(r"^Requires `?(?P<module>[\w.]+)`?:\s*(?P<why>\S.*?)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,8 @@ class Block:
     line: int
     lang: str
     text: str
-    marker: str | None  # the body of a ``<!-- docs-test: ... -->`` comment right above the fence
+    marker: str | None  # the text of a ``> Requires ...`` / ``> Not run ...`` line right above the fence
+    prose: str = ""  # the three lines above the fence
 
     @property
     def id(self) -> str:
@@ -83,9 +92,11 @@ def parse_blocks(path: Path) -> list[Block]:
         while i < len(lines) and lines[i].strip() != "```":
             body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
             i += 1
-        above = lines[start - 1] if start > 0 else ""
+        above = next((line for line in reversed(lines[:start]) if line.strip()), "")
         marker = _MARKER.match(above)
-        blocks.append(Block(path, start + 1, m["lang"], "\n".join(body) + "\n", marker["body"] if marker else None))
+        text = marker and (marker["body"] or f"(hidden) {marker['hidden']}")
+        prose = "\n".join(lines[max(0, start - 3) : start])
+        blocks.append(Block(path, start + 1, m["lang"], "\n".join(body) + "\n", text or None, prose))
         i += 1
     return blocks
 
@@ -101,8 +112,8 @@ def _skip_reason(block: Block) -> str | None:
             return f"{block.id}: needs {m['module']} ({m['why']})"
         return None
     pytest.fail(
-        f"{block.id}: unknown or incomplete marker <!-- docs-test:{block.marker}-->; expected "
-        "'docs-test: skip: <why>' or 'docs-test: requires <module>: <why>'"
+        f"{block.id}: unknown, incomplete or invisible marker {block.marker!r}; expected a quoted line "
+        "'> Requires <module>: <why>' or '> Not run by the tests: <why>' right above the fence"
     )
 
 
@@ -111,7 +122,18 @@ def _all_blocks() -> list[Block]:
 
 
 PYTHON_BLOCKS = [b for b in _all_blocks() if b.lang in ("python", "pycon")]
-CONSOLE_BLOCKS = [b for b in _all_blocks() if b.lang == "console"]
+CONSOLE_BLOCKS = [b for b in _all_blocks() if b.lang == "console" or b.lang == "text" and b.text.startswith("$ ")]
+TEXT_BLOCKS = [b for b in _all_blocks() if b.lang == "text" and b not in CONSOLE_BLOCKS]
+
+
+def _bash_lines() -> list[tuple[str, Block]]:
+    """Every command line of the bash blocks, once, with the first block that shows it (``# comments`` dropped)."""
+    lines: dict[str, Block] = {}
+    for block in _all_blocks():
+        for text in block.text.splitlines() if block.lang == "bash" else ():
+            if line := re.sub(r"\s+#.*$", "", text).strip():
+                lines.setdefault(line, block)
+    return list(lines.items())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -303,14 +325,14 @@ def parse_transcript(block: Block) -> list[Command]:
             if current is not None:
                 commands.append(Command(current[0], current[1], "\n".join(out)))
             words = shlex.split(text[2:], comments=True)
-            if not words or words[0] != "natgrad-diag":
+            if not words or words[0] not in ("natgrad-diag", "python"):
                 pytest.fail(
-                    f"{block.id}: line {block.line + offset} runs {text[2:]!r}; a console block may only "
-                    "run natgrad-diag (put other commands in a bash block)"
+                    f"{block.id}: line {block.line + offset} runs {text[2:]!r}; a transcript may only "
+                    "run natgrad-diag or python (put other commands in a bash block)"
                 )
-            current, out = (block.line + offset, words[1:]), []
+            current, out = (block.line + offset, words), []
         elif current is None:
-            pytest.fail(f"{block.id}: a console block starts with a '$ natgrad-diag ...' line, got {text!r}")
+            pytest.fail(f"{block.id}: a transcript starts with a '$ natgrad-diag ...' line, got {text!r}")
         else:
             out.append(text)
     if current is not None:
@@ -322,17 +344,33 @@ def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip() + "\n"
 
 
-def run_command(argv: list[str]) -> tuple[int, str]:
-    """``natgrad-diag argv`` in-process: the exit code and what it printed on stdout and stderr."""
-    from natgrad_diag.cli.app import main
+_TF_LOG = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuInit|cuda drivers|cpu_feature_guard|rebuild TensorFlow")
 
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-        try:
-            code = main(argv)
-        except SystemExit as exc:  # argparse: --help, usage errors
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, buffer.getvalue()
+
+def _environment(directory: Path) -> dict[str, str]:
+    """What a user's shell has: this checkout's package first, the interpreter's folder first on PATH (so ``python``
+    and the installed ``natgrad-diag`` are this environment's), ``COLUMNS=80``, no TF_CPP_MIN_LOG_LEVEL."""
+    import sys
+
+    if not (directory / "scripts").exists():
+        (directory / "scripts").symlink_to(ROOT / "scripts")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "COLUMNS", "PYTHONIOENCODING")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return {**env, "COLUMNS": "80"}
+
+
+def run_command(argv: list[str], directory: Path) -> tuple[int, str]:
+    """``argv`` (``natgrad-diag ...`` or ``python ...``) as a subprocess in ``directory``: the exit code and what it
+    printed on stdout and stderr together."""
+    import shutil
+    import subprocess
+
+    if argv[0] == "natgrad-diag" and shutil.which("natgrad-diag") is None:
+        pytest.skip("the natgrad-diag command is not installed (pip install -e .)")
+    r = subprocess.run(argv, cwd=directory, env=_environment(directory), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=600)  # fmt: skip
+    return r.returncode, r.stdout
 
 
 def matches(want: str, got: str) -> bool:
@@ -340,24 +378,73 @@ def matches(want: str, got: str) -> bool:
     return doctest.OutputChecker().check_output(_normalise(want), _normalise(got), doctest.ELLIPSIS)
 
 
-@pytest.mark.parametrize("block", CONSOLE_BLOCKS, ids=[b.id for b in CONSOLE_BLOCKS])
-def test_console_transcript__matches_the_real_output(
-    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _loads_tensorflow(command: Command) -> bool:
+    """False for what answers before TensorFlow loads: ``--help``, ``--version`` and arguments the command refuses."""
+    return not ({"--help", "-h", "--version"} & set(command.argv) or command.want.startswith(f"{command.argv[0]} "))
+
+
+def _console_params() -> list[Any]:
+    return [
+        pytest.param(b, id=b.id, marks=[pytest.mark.slow] if any(map(_loads_tensorflow, parse_transcript(b))) else [])
+        for b in CONSOLE_BLOCKS
+    ]
+
+
+@pytest.mark.parametrize("block", _console_params())
+def test_console_transcript__matches_the_real_output(block: Block, tmp_path: Path) -> None:
     if (reason := _skip_reason(block)) is not None:
         pytest.skip(reason)
     commands = parse_transcript(block)
-    assert commands, f"{block.id}: a console block without a '$ natgrad-diag' line"
-    monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.chdir(tmp_path)
+    assert commands, f"{block.id}: a transcript without a '$ natgrad-diag' line"
     for command in commands:
-        _, got = run_command(command.argv)
+        _, got = run_command(command.argv, tmp_path)
         if not matches(command.want, got):
             diff = "\n".join(difflib.unified_diff(
                 _normalise(command.want).splitlines(), _normalise(got).splitlines(),
                 "shown in the docs", "printed now", lineterm="",
             ))  # fmt: skip
-            pytest.fail(f"{block.path.name}:{command.line}: natgrad-diag {shlex.join(command.argv)}\n{diff}")
+            pytest.fail(f"{block.path.name}:{command.line}: {shlex.join(command.argv)}\n{diff}")
+        assert [line for line in got.splitlines() if _TF_LOG.search(line)] == [], f"{block.id}: TensorFlow's logging"
+
+
+@pytest.mark.parametrize("block", TEXT_BLOCKS, ids=[b.id for b in TEXT_BLOCKS])
+def test_text_block__that_shows_output_is_a_transcript(block: Block) -> None:
+    assert not re.search(r"\bprints\b", block.prose), (
+        f"{block.id}: the prose calls this block output; start it with the '$ command' that prints it, so that it is run"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# bash blocks
+
+#: Lines of bash blocks that are not run (the reason) or are slow (None).
+_BASH_RULES = (
+    (re.compile(r"^pip install|&& pytest|^pytest|^bash \.ci/run"),
+     "installs the package or runs the test suite; CI's .ci/run does both itself, with the README's lines verbatim"),
+    (re.compile(r"^natgrad-diag bench\s*$"), "the full benchmark takes minutes; the --quick and --sizes lines run it"),
+    (re.compile(r"bench"), None),
+)  # fmt: skip
+
+
+def _bash_params() -> list[Any]:
+    params = []
+    for line, block in _bash_lines():
+        rule = next((why for pattern, why in _BASH_RULES if pattern.search(line)), "")
+        marks = [pytest.mark.slow] if rule is None else [pytest.mark.skip(reason=f"{block.id}: {rule}")] if rule else []
+        params.append(pytest.param(line, block, id=f"{block.id}: {line}", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize(("line", "block"), _bash_params())
+def test_bash_line__runs(line: str, block: Block, tmp_path: Path) -> None:
+    import subprocess
+
+    if (reason := _skip_reason(block)) is not None:
+        pytest.skip(reason)
+    r = subprocess.run(["bash", "-e", "-c", line], cwd=tmp_path, env=_environment(tmp_path), capture_output=True,
+                       text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, f"{block.id}: {line}\n{r.stderr[-3000:]}"
+    assert [t for t in r.stderr.splitlines() if _TF_LOG.search(t)] == [], f"{block.id}: TensorFlow's logging"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -378,17 +465,20 @@ def test_matches__ellipsis_and_trailing_whitespace_only() -> None:
 def test_parse__markers_and_transcripts(tmp_path: Path) -> None:
     doc = tmp_path / "page.md"
     doc.write_text(
-        "<!-- docs-test: requires no_such_module_here: needs it -->\n```python\nx = 1\n```\n\n"
+        "> Requires no_such_module_here: needs it\n\n```python\nx = 1\n```\n\n"
         "```console\n$ natgrad-diag outer --x 1,2  # a comment\nline one\n$ natgrad-diag --help\n```\n"
     )  # fmt: skip
     python, console = parse_blocks(doc)
-    assert (python.lang, python.line, python.text) == ("python", 2, "x = 1\n")
+    assert (python.lang, python.line, python.text) == ("python", 3, "x = 1\n")
     block = dataclasses.replace(python, path=ROOT / "docs" / "page.md")
-    assert _skip_reason(block) == "docs/page.md:2: needs no_such_module_here (needs it)"
+    assert _skip_reason(block) == "docs/page.md:3: needs no_such_module_here (needs it)"
     console = dataclasses.replace(console, path=ROOT / "docs" / "page.md")
-    assert parse_transcript(console) == [Command(7, ["outer", "--x", "1,2"], "line one"), Command(9, ["--help"], "")]
-    with pytest.raises(pytest.fail.Exception, match="unknown or incomplete marker"):
-        _skip_reason(dataclasses.replace(block, marker=" skip "))  # a skip needs its reason
+    assert parse_transcript(console) == [
+        Command(8, ["natgrad-diag", "outer", "--x", "1,2"], "line one"), Command(10, ["natgrad-diag", "--help"], "")
+    ]
+    for marker in ("Not run by the tests:", "Requires torch", "(hidden) docs-test: skip: why"):  # no reason, or invisible
+        with pytest.raises(pytest.fail.Exception, match="unknown, incomplete or invisible marker"):
+            _skip_reason(dataclasses.replace(block, marker=marker))
 
 
 # ------------------------------------------------------------------------------------------------

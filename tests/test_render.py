@@ -458,21 +458,32 @@ def test_cli_explain__report_html_end_to_end(tmp_path, capsys):
     assert "a_vjp_equals_contraction" in parsed.codes and "e_onehot_row" in parsed.codes
 
 
-@pytest.mark.parametrize("report, code", [(Demo(), 1), (None, 0)], ids=["failing-report", "passing-report"])
-def test_cli__unwritable_report_prints_result_error_and_keeps_exit_code(tmp_path, monkeypatch, capsys, report, code):
+@pytest.mark.parametrize("report", [Demo(), None], ids=["failing-report", "passing-report"])
+def test_cli__unwritable_report_prints_result_error_and_exits_1(tmp_path, monkeypatch, capsys, report):
+    """The report's path is a folder, so the write fails after the run: the result, the error, and exit 1 (never 0)."""
+
     @dataclass(frozen=True)
     class Passing(Demo):
         checks: tuple[Check, ...] = (Check("exact_match", "the two routes agree", True, 0.0, 1e-12),)
 
     report = report or Passing()
     monkeypatch.setattr(cli, "_run", lambda args: report)
-    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
-    path = tmp_path / "file.txt" / "r.html"
-    assert cli.main(["outer", "--plain", "--report", str(path)]) == code
+    path = tmp_path / "r.html"
+    path.mkdir()
+    assert cli.main(["outer", "--plain", "--report", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "exact_match" in out and "Verdict:" in out
     assert err.startswith("natgrad-diag: Could not write the report.")
     assert "Argument: --report" in err and str(path) in err
+
+
+def test_cli__report_under_a_file_is_refused_before_the_command_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the command must not run"))
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    path = tmp_path / "file.txt" / "r.html"
+    assert cli.main(["outer", "--plain", "--report", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"natgrad-diag outer: Invalid input. the report's folder cannot be created under {tmp_path / 'file.txt'}.")
 
 
 def test_cli__bad_report_extension_is_a_usage_error(capsys, monkeypatch):

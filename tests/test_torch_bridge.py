@@ -163,13 +163,16 @@ def test_torch_missing__package_still_works(monkeypatch):
     from natgrad_diag.torch_bridge import require_torch, torch_available, torch_outer
 
     assert torch_available() is False
-    with pytest.raises(MissingExtraError, match="pip install torch==2.13.0"):
+    with pytest.raises(MissingExtraError, match=r"CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu .*torch==2.13.0"):
         require_torch()
     with pytest.raises(MissingExtraError):
         torch_outer([1.0, 2.0])
     r = outer_example([1.0, 2.0])
     assert r.torch is None and r.passed
-    assert r.torch_status == "torch is not installed (pip install torch==2.13.0 to run it)"
+    assert r.torch_status == (
+        "torch is not installed (to run it, install a CPU build: pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu (on the CI machine, pip install torch==2.13.0 takes the CPU build on disk))"
+    )
     assert not any(c.name.startswith("torch_") for c in r.checks)
     assert r.to_dict()["torch"]["available"] is False
     with pytest.raises(MissingExtraError):

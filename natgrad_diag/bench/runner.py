@@ -17,7 +17,7 @@ from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.exceptions import error_line
 from natgrad_diag.report.records import Check, status_of
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "BenchReport", "BenchRow", "run_bench"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "BenchReport", "BenchRow", "run_bench", "validate_sizes"]
 
 DEFAULT_SIZES, QUICK_SIZES = (50, 200, 1000), (10, 30)  #: M for the natgrad_trace rows, in a full and a quick run
 #: M×M float64 matrices alive at once in a natgrad_trace row: q_sqrt, its gradient and GPflow's copies of both,
@@ -25,7 +25,7 @@ DEFAULT_SIZES, QUICK_SIZES = (50, 200, 1000), (10, 30)  #: M for the natgrad_tra
 _TRACE_MATRICES = 16
 
 
-def _validate_sizes(sizes: Any) -> tuple[int, ...] | None:
+def validate_sizes(sizes: Any) -> tuple[int, ...] | None:
     """The sizes as ints ≥ 2, refused before any allocation if a natgrad_trace row would not fit in memory."""
     from natgrad_diag.autodiff.memory import check_memory, memory_limit
 
@@ -96,7 +96,7 @@ def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool 
     """
     from natgrad_diag.progress import progress_bar
 
-    size_list = _validate_sizes(sizes)
+    size_list = validate_sizes(sizes)
     run = Run(size_list or (QUICK_SIZES if quick else DEFAULT_SIZES), require_int(repeats, "repeats", minimum=1), bool(quick))
     start, rows = time.perf_counter(), []
     with progress_bar(total=len(ROWS), description="benchmark", enabled=progress) as advance:

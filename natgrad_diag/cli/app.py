@@ -7,11 +7,15 @@ Only argparse is imported at start-up; each command imports what it needs when i
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from natgrad_diag.cli.streams import prepare_streams
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: GPflow's conversion maps that ``natgrad-diag gradcheck --map`` can check.
 GPFLOW_MAPS = (
@@ -99,7 +103,14 @@ class UsageError(Exception):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" for options that have a value by default; not for flags or "None"."""
+    """Shows "(default: X)" for options that have a value by default, not for flags or "None"; lines of at most 80
+    columns, narrower on a narrower terminal."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        import shutil
+
+        kwargs.setdefault("width", min(shutil.get_terminal_size().columns, 80) - 2)
+        super().__init__(prog, **kwargs)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         default = action.default
@@ -161,13 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
-    p.add_argument("--map", choices=GPFLOW_MAPS, default="expectation_to_meanvarsqrt", help="the GPflow map to check")
+    p.add_argument("--map", choices=GPFLOW_MAPS, default="expectation_to_meanvarsqrt", metavar="NAME", help="the GPflow map to check: " + ", ".join(GPFLOW_MAPS))
     p.add_argument("--num-inducing", type=_positive_int, default=8, metavar="M", help="inducing points M")
     p.add_argument("--num-latent", type=_positive_int, default=2, metavar="L", help="latent GPs L")
     p.add_argument("--mode", choices=("full", "fast"), default="full", help="full: every Jacobian entry; fast: random directions")
     p.add_argument(
-        "--structure", choices=("auto", "general", "symmetric", "lower_triangular"), default="auto",
-        help="structure of the map's matrix input (auto: eta2/nat2 symmetric, varsqrt lower-triangular)",
+        "--structure", choices=("auto", "general", "symmetric", "lower_triangular"), default="auto", metavar="S",
+        help="structure of the map's matrix input: auto (eta2/nat2 symmetric, varsqrt lower-triangular), general, symmetric or lower_triangular",
     )  # fmt: skip
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="float dtype of the point")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
@@ -236,11 +247,78 @@ def _fail(argv: Sequence[str], command: str, message: str, code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``natgrad-diag``; returns the exit code (0 pass, 0 and a warning line on stderr when a check
-    is inconclusive (WARN), 1 a check failed, 2 bad input)."""
-    parser = build_parser()
+    is inconclusive (WARN), 1 a check failed or the report file could not be written, 2 bad input, 130 Ctrl-C)."""
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
+    command = argv[0] if not argv[0].startswith("-") else "explain"
+    try:
+        if not prepare_streams():
+            return _fail([], command, "standard output is closed; redirect it to a file or /dev/null instead.", EXIT_USAGE)
+        return _command(argv)
+    except (KeyboardInterrupt, Exception) as e:
+        if not _interrupted(e):
+            raise
+        if own_process:  # a second Ctrl-C while TensorFlow shuts down stays quiet too
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _interrupted(error: BaseException | None) -> bool:
+    """True for Ctrl-C, also when wrapped (Python 3.11 turns it into a RuntimeError inside ``__set_name__``)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """The argument checks that need no TensorFlow, so that a bad value is refused before it loads."""
+    from natgrad_diag.demo import check_model_memory
+
+    if getattr(args, "report", None):
+        _check_report_folder(args.report)
+    if args.command == "outer":
+        from natgrad_diag.lessons.outer import validate_x
+
+        validate_x(args.x)
+    elif args.command == "check":
+        itemsize = 8 if args.dtype == "float64" else 4
+        check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent, itemsize=itemsize)
+    elif args.command == "gradcheck":
+        from natgrad_diag.cli.gradcheck import check_gradcheck_size
+
+        check_gradcheck_size(args.num_inducing, args.num_latent, mode=args.mode, dtype=args.dtype)
+    elif args.command == "bench":
+        from natgrad_diag.bench.runner import validate_sizes
+
+        validate_sizes(args.sizes)
+
+
+def _check_report_folder(path: str) -> None:
+    """InputError unless the report's folder exists or can be made: its nearest existing ancestor is a writable folder."""
+    from natgrad_diag._validate import input_error
+
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise input_error(f"the report's folder cannot be created under {folder}.", "--report",
+                          "a path in a writable folder (missing folders are created)", repr(path),
+                          f"check that {folder} is a folder you can write to, or choose another path.")  # fmt: skip
+
+
+def _command(argv: list[str]) -> int:
+    """Parse, check the arguments, run the command and print its report; the exit code."""
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as e:
@@ -254,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_command(args.script_command, prog="natgrad-diag strict")
     try:
+        _preflight(args)
         from natgrad_diag._tf import import_tensorflow_quietly
 
         import_tensorflow_quietly(force=True)
@@ -264,8 +343,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(argv, command, str(e), EXIT_FAILED)
     from natgrad_diag.report.emit import emit
 
-    emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
-    if not report.passed:
+    report_path = args.report
+    try:
+        if report_path:
+            os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
+    except OSError as e:
+        print(f"natgrad-diag {command}: cannot create the folder of {report_path}: {e.strerror}", file=sys.stderr)
+        report_path = None
+    written = emit(report, as_json=args.json, plain=args.plain, report_path=report_path)
+    if not report.passed or (args.report and written is None):
         return EXIT_FAILED
     warned = [c.name for c in report.checks if getattr(c, "status", "pass") == "warn"]
     if warned:

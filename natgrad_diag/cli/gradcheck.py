@@ -12,7 +12,7 @@ from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
 from natgrad_diag.typing import Array
 
-__all__ = ["gpflow_map_point", "gradcheck_cli"]
+__all__ = ["check_gradcheck_size", "gpflow_map_point", "gradcheck_cli"]
 
 
 def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int = 0, dtype: str = "float64") -> list[Array]:
@@ -47,6 +47,25 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
         nat2 = -0.5 * S_inv
         point = [np.einsum("lmn,nl->ml", S_inv, m), 0.5 * (nat2 + np.swapaxes(nat2, -1, -2))]
     return [p.astype(dtype) for p in point]
+
+
+def check_gradcheck_size(num_inducing: int, num_latent: int, *, mode: str = "full", dtype: str = "float64") -> None:
+    """Refuse, before anything is allocated, a point of size (M, L) this machine cannot hold (about 8 arrays
+    [L, M, M]) and, in full mode, analytical plus numerical dense Jacobians over DEFAULT_MAX_BYTES.
+
+    Raises:
+        MemoryLimitError: over either limit (the message names --num-inducing and what to do).
+    """
+    from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes, memory_limit
+
+    M, L, itemsize = num_inducing, num_latent, np.dtype(dtype).itemsize
+    check_memory(8 * L * M * M * itemsize, memory_limit(), "the point", title=f"The gradcheck point with M = {M}, L = {L}",
+                 remedy="pass a smaller --num-inducing; the limit is half of this machine's memory.", argument="--num-inducing")
+    if mode == "full":
+        shapes = [(M, L), (L, M, M)]
+        check_memory(2 * jacobian_nbytes(shapes, shapes, itemsize), DEFAULT_MAX_BYTES,
+                     "the full-mode check (analytical and numerical Jacobians)", argument="--num-inducing",
+                     remedy="pass --mode fast (matrix-free, no dense Jacobian) or a smaller --num-inducing.")
 
 
 def gradcheck_cli(

@@ -30,7 +30,7 @@ from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
 from natgrad_diag.typing import Array, FloatArray
 
-__all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example"]
+__all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example", "validate_x"]
 
 #: The x of PyTorch's example.
 DEFAULT_X = (1.0, 2.0, 3.0, 4.0)
@@ -321,7 +321,8 @@ def _vec(a: Array) -> str:
     return "[" + ", ".join(format_number(v) for v in np.ravel(a)) + "]"
 
 
-def _validate_x(x: Any) -> Array:
+def validate_x(x: Any) -> Array:
+    """x as a new float64 array [n] (the default when None); InputError unless 1 ≤ n ≤ 64 finite, |x_i| ≤ 1e76."""
     if x is None:
         return np.array(DEFAULT_X, dtype=np.float64)
     try:
@@ -380,7 +381,7 @@ def outer_example(
     from natgrad_diag.progress import progress_bar
     from natgrad_diag.tolerance import validate_tolerance
 
-    xn = _validate_x(x)
+    xn = validate_x(x)
     rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
     with progress_bar(total=3, description="outer example") as advance:
         advance()
@@ -388,7 +389,7 @@ def outer_example(
         advance()
         t, status = None, "skipped (use_torch=False)"
         if use_torch is not False:
-            from natgrad_diag.torch_bridge import torch_outer
+            from natgrad_diag.torch_bridge import INSTALL_HINT, torch_outer
 
             try:
                 t = torch_outer(xn)
@@ -396,6 +397,6 @@ def outer_example(
             except MissingExtraError:
                 if use_torch:
                     raise
-                status = "torch is not installed (pip install torch==2.13.0 to run it)"
+                status = f"torch is not installed (to run it, install {INSTALL_HINT})"
         advance()
     return OuterExample(**f, torch=t, torch_status=status, checks=_checks(f, t, rtol=rtol, atol=atol), rtol=rtol, atol=atol)

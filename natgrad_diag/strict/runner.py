@@ -41,6 +41,12 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     if kind == "path" and not os.path.isfile(name):
         print(f"{prog}: no such script: {name}", file=out)
         return EXIT_USAGE
+    if kind == "module" and not _module_exists(name):
+        print(f"{prog}: no module named {name!r} (run from the folder that holds it, or install it)", file=out)
+        return EXIT_USAGE
+    from natgrad_diag._tf import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # TensorFlow's start-up lines stay off stderr unless TF_CPP_MIN_LOG_LEVEL=0
     strict = StrictGradients("warn")
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [name, *args]
@@ -56,6 +62,8 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
                     runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e, out)
+    except KeyboardInterrupt:
+        raise
     except BaseException:  # noqa: BLE001  # the script failed: show it as Python would, then still report
         traceback.print_exc(file=out)
         code = 1
@@ -82,6 +90,19 @@ def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
     if command[0].startswith("-"):
         return f"unsupported option {command[0]!r}: only a script or -m MODULE can be run."
     return "path", command[0], command[1:]
+
+
+def _module_exists(name: str) -> bool:
+    """True when ``python -m name`` would find the module (from the current folder too, as ``-m`` does)."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an empty or relative name
+        return False
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 def _exit_code(e: SystemExit, out: TextIO) -> int:
