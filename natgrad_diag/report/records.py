@@ -35,7 +35,7 @@ def format_number(value: float | None, digits: int = 4) -> str:
 
 
 #: Width of plain-text output.
-TEXT_WIDTH = 88
+TEXT_WIDTH = 80
 
 
 def wrap(text: str, **kwargs: Any) -> str:
