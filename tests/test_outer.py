@@ -99,9 +99,9 @@ def test_outer_example__jacobian_contracted_by_hand_with_any_seed(default_report
 def test_outer_example__str_is_the_lesson(default_report):
     text = str(default_report)
     assert text.startswith("grad_outputs / output_gradients for y = outer(x, x), x = [1, 2, 3, 4] (float64)\n")
-    assert "2·sum(x) = 2·10 = 20 for every i" in text
+    assert "2·sum(x) = 2·10 = 20 for every i" in " ".join(text.split())
     assert "dL/dx_i = Σ_jk v_jk · ∂y_jk/∂x_i,     ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik" in text
-    flat = " ".join(text.split())  # paragraphs are wrapped at 88 columns
+    flat = " ".join(text.split())  # paragraphs are wrapped at 80 columns
     assert (
         "- TensorFlow's tape.gradient: InvalidArgumentError: Input to reshape is a tensor with 1 values, "
         "but the requested shape has 4" in flat

@@ -70,7 +70,7 @@ def test_str__a_cause_is_shown_once_with_its_fix():
 def test_str__a_pass_leads_with_the_suggested_gamma():
     lines = str(_report(failing=False)).splitlines()
     assert lines[3] == "Verdict: all checks hold."
-    assert lines[4].startswith("Suggested gamma: 1 (the gamma checked): the lowest loss after 5 steps of the 5 gamma")
+    assert " ".join(lines[4:6]).startswith("Suggested gamma: 1 (the gamma checked): the lowest loss after 5 steps of the 5 gamma")
 
 
 def test_gamma_table__rows_are_the_trials_largest_first_with_the_marks():
