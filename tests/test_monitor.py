@@ -123,7 +123,7 @@ def test_monitor__names_trainable_q_at_construction_and_is_silent_when_not():
     with pytest.warns(UserWarning) as caught:
         NatGradMonitor(model, data)
     (message,) = [str(w.message) for w in caught]
-    assert message.startswith("model.q_mu, model.q_sqrt are trainable: an optimizer over model.trainable_variables")
+    assert message.startswith("model.q_mu, model.q_sqrt are trainable: an optimizer over the model's trainable variables")
     assert message.endswith("gpflow.set_trainable(model.q_mu, False); gpflow.set_trainable(model.q_sqrt, False).")
     gpflow.set_trainable(model.q_mu, False)
     with pytest.warns(UserWarning, match=r"model.q_sqrt is trainable: .*: gpflow.set_trainable\(model.q_sqrt, False\)\.$"):

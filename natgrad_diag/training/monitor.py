@@ -17,7 +17,7 @@ from natgrad_diag.checks.api import validate_gamma_steps
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
-from natgrad_diag.checks.pairs import variational_pairs
+from natgrad_diag.checks.pairs import trainable_note, variational_pairs
 from natgrad_diag.report.timeline import timeline_html
 
 __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
@@ -26,10 +26,6 @@ __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
 #: the checked γ alone (a fast check costs about one step then) and records the last search's suggestion.
 SEARCH_EVERY = 10
 
-_TRAINABLE = (
-    "{names} {verb} trainable: an optimizer over model.trainable_variables (Adam on the hyperparameters) also moves q(u) "
-    "and undoes the natural-gradient step. Leave q(u) to the natural gradients: {fix}."
-)
 
 
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
@@ -276,11 +272,9 @@ def _warn_if_trainable(model: Any, pairs: list[Any]) -> None:
     """
     if hasattr(model, "f_layers"):
         return
-    names = [n for mu_name, q_mu, sq_name, q_sqrt in pairs for n, p in ((mu_name, q_mu), (sq_name, q_sqrt)) if p.trainable]
-    if names:
-        fix = "; ".join(f"gpflow.set_trainable({n}, False)" for n in names)
-        verb = "is" if len(names) == 1 else "are"
-        warnings.warn(_TRAINABLE.format(names=", ".join(names), verb=verb, fix=fix), UserWarning, stacklevel=3)
+    note = trainable_note(pairs)
+    if note:
+        warnings.warn(note, UserWarning, stacklevel=3)
 
 
 def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None:
