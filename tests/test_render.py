@@ -288,6 +288,22 @@ def test_write_report__markdown_links_its_images_beside_it(tmp_path, explanation
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r-checks.png", "r-eta1.png", "r-jacobian.png", "r.md"]
 
 
+@pytest.mark.parametrize("suffix", [".md", ".html"])
+def test_write_report__a_name_near_255_bytes_is_written_with_its_pictures(tmp_path, explanation, suffix):
+    """The file system allows 255 bytes per name: a report whose name fits is written, its temporary file and the
+    Markdown's pictures (``<stem>-<picture>.png``, which would not fit) named by the stem's SHA-1."""
+    import hashlib
+
+    name = "r" * (255 - len(suffix)) + suffix
+    written = files_mod.write_report(explanation, tmp_path / name)
+    assert (tmp_path / name).is_file() and not list(tmp_path.glob(".*.tmp"))
+    if suffix == ".md":
+        stem = hashlib.sha1(("r" * 252).encode()).hexdigest()
+        links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (tmp_path / name).read_text(encoding="utf-8"))
+        assert links == [f"{stem}-jacobian.png", f"{stem}-eta1.png", f"{stem}-checks.png"]
+        assert sorted(written.images) == sorted(tmp_path / link for link in links)
+
+
 def test_to_markdown__tables_keep_their_columns_and_escape_pipes():
     text = markdown_mod.to_markdown(Demo())
     lines = text.splitlines()

@@ -417,3 +417,27 @@ def test_convergence__xisqrtmeanvar_gamma_01_diverging_is_a_fail_named_step_too_
     with pytest.raises(tf.errors.InvalidArgumentError):
         for _ in range(5):
             opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_tiny_q_sqrt_vgp__gpflows_failing_step_is_judged_not_the_closed_forms(mode):
+    """VGP with q_sqrt = 1e-6·I: GPflow's step at γ = 1 raises while the closed form survives. Both modes judge
+    GPflow's step (step_health fails), name gpflow_precision, not wrong_gradient, and the suggested γ trains for the
+    look-ahead's k steps by GPflow's own optimizer."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(20, 1)
+    m = gpflow.models.VGP((X, np.sin(3 * X) + 0.1 * rng.randn(20, 1)), gpflow.kernels.SquaredExponential(), gpflow.likelihoods.StudentT())
+    m.q_mu.assign(rng.randn(20, 1))
+    m.q_sqrt.assign(1e-6 * np.eye(20)[None])
+    copy_ = gpflow.utilities.deepcopy(m)
+    with pytest.raises(tf.errors.InvalidArgumentError):  # the oracle: GPflow's optimizer at γ = 1
+        gpflow.optimizers.NaturalGradient(1.0).minimize(copy_.training_loss, [(copy_.q_mu, copy_.q_sqrt)])
+    r = check_natgrad(m, gamma=1.0, mode=mode, progress=False)
+    assert r.check("step_health").status == "fail" and r.check("reproduction").status == "fail"
+    names = [c.name for c in r.causes]
+    assert "gpflow_precision" in names and "wrong_gradient" not in names
+    if r.suggested_gamma is not None:
+        trained = gpflow.utilities.deepcopy(m)
+        for _ in range(r.gamma_steps):
+            gpflow.optimizers.NaturalGradient(r.suggested_gamma).minimize(trained.training_loss, [(trained.q_mu, trained.q_sqrt)])
+        assert np.isfinite(float(trained.training_loss()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def _file_mode(path: Path) -> int:
 
 def _stage(path: Path, data: bytes) -> Path:
     """Write ``data`` to a new temporary file beside ``path`` (with the mode ``path`` will have); return it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -82,6 +83,12 @@ def _discard(paths: list[Path]) -> None:
             os.unlink(tmp)
         except OSError:
             pass
+
+
+def _short(name: str) -> str:
+    """``name``, or its SHA-1 when a name built from it (a temporary file, a picture beside a Markdown report) could
+    pass the file system's 255 bytes: a report whose own name fits is never refused for those."""
+    return name if len(os.fsencode(name)) <= 160 else hashlib.sha1(os.fsencode(name)).hexdigest()
 
 
 def _write_all(files: list[tuple[Path, bytes]]) -> None:
@@ -130,7 +137,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     if fmt == "html":
         text = html_document(report, pics, note)
     else:
-        names = [f"{target.stem}-{p.name}.png" for p in pics]
+        names = [f"{_short(target.stem)}-{p.name}.png" for p in pics]
         images = [(target.with_name(n), p.png) for n, p in zip(names, pics)]
         text = to_markdown(report, image_names=names, pictures=pics, note=note)
     try:
