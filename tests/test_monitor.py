@@ -93,6 +93,7 @@ def test_monitor__every_must_be_positive():
             NatGradMonitor(model, data, every=bad)
 
 
+@pytest.mark.slow  # a fresh interpreter imports TensorFlow: 6 s
 def test_monitor__records_import_no_gpflow_and_the_class_loads_on_first_access():
     code = (
         "import sys, natgrad_diag, natgrad_diag.training.records; a = 'gpflow' in sys.modules, 'tensorflow' in sys.modules; "

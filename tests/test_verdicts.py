@@ -224,6 +224,7 @@ def test_inconclusive__an_uninformative_bound_is_warn_not_pass_and_says_what_pre
     assert any(cause.name == "ill_conditioning" and "fisher_identity" in cause.checks for cause in r.causes)
 
 
+@pytest.mark.slow  # its fixture checks 20 models in full mode (14 s)
 def test_fisher_condition_estimate__within_a_few_orders_of_the_measured_kappa(reports_767):
     for seed in (0, 5):
         m = small_q_sqrt_vgp(seed)
