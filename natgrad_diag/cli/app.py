@@ -260,8 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Exception) as e:
         if not _interrupted(e):
             raise
-        if own_process:  # a second Ctrl-C while TensorFlow shuts down stays quiet too
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if own_process:  # a second Ctrl-C while TensorFlow shuts down stays quiet too, and so do the objects an
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupt left half-built (TFP's cache refs) at teardown
+            sys.unraisablehook = lambda unraisable: None
         print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
