@@ -228,7 +228,7 @@ def test_cli__reports_spell_symbols_where_the_stream_cannot_encode_them(encoding
 # the check at 8 s looks 1000 steps ahead, so that it is still working on a loaded machine (a process already in
 # interpreter shutdown dies of the signal, as every Python program does)
 @pytest.mark.parametrize(("argv", "after"), [(["check", "--num-inducing", "30"], 0.5), (["check", "--num-inducing", "30", "--gamma-steps", "1000"], 8.0),
-                                             (["gradcheck", "--num-inducing", "20"], 6.0)])
+                                             (["gradcheck", "--num-inducing", "40"], 6.0)])
 def test_cli__ctrl_c_is_one_line_and_exit_130(argv, after):
     """SIGINT while TensorFlow loads (0.5 s) and while the checks run: one line on stderr, exit 130, nothing else."""
     import signal
