@@ -36,7 +36,7 @@ from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "evaluator",
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "eager_steps", "evaluator",
     "finite_loss", "float_dtype", "gpflow_update", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "Trial",
 ]  # fmt: skip
@@ -344,6 +344,15 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any], gpflow
 Trial = tuple[tuple[float, ...], str, "int | None"]
 
 
+def eager_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+    """:func:`one_step` by natgrad-diag's step and by GPflow's own update (a ``NaturalGradient`` with a γ variable)."""
+    import gpflow
+    import tensorflow as tf
+
+    gamma = tf.Variable(1.0, dtype=q_mu.dtype, trainable=False)
+    return one_step(q_mu, q_sqrt, xi, loss), one_step(q_mu, q_sqrt, xi, loss, (gpflow.optimizers.NaturalGradient(gamma, xi), gamma))
+
+
 def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list[float], before: float, rise: float) -> Trial:
     """The trial's outcome from the last step taken (step j of k; the trial stopped there), ``before`` being the
     loss before that step: its q(u) fails the full test, its loss is not finite or rose by more than ``rise``,
@@ -409,18 +418,17 @@ class Evaluator:
     compares = "natgrad-diag's closed form against GPflow's update, both eager"
 
     def __init__(self, ctx: Context, scratch: Any = None) -> None:
-        import gpflow
 
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         s = self.scratch
         if s is not None:
-            import tensorflow as tf
-
-            gamma = tf.Variable(1.0, dtype=s.q_mu.dtype, trainable=False)
-            own = (gpflow.optimizers.NaturalGradient(gamma, ctx.xi), gamma)
-            self._step, self._own = (one_step(s.q_mu, s.q_sqrt, ctx.xi, lambda data: ctx.loss(s), g) for g in (None, own))
+            self._step, self._own = self._trial_steps(s)
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
+
+    def _trial_steps(self, s: Any) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+        """The k-step trials' one step on the scratch copy ``s``: natgrad-diag's and GPflow's own (eager)."""
+        return eager_steps(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
 
     @property
     def data(self) -> Any:
@@ -634,7 +642,11 @@ class CompiledEvaluator(Evaluator):
         )  # fmt: skip
         self.pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, ctx.data is not None))
         super().__init__(ctx, self.pieces.scratch)
-        self._step, self._fisher = self.pieces.step, self.pieces.fisher
+        self._fisher = self.pieces.fisher
+
+    def _trial_steps(self, s: Any) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+        """The compiled pieces' steps (built once per model), not new eager ones per check."""
+        return self.pieces.steps[False], self.pieces.steps[True]
 
     def take(self) -> tuple[Step, GpflowStep]:
         """:meth:`Evaluator.take` by the pieces in turn; a piece that raises gives the step's error."""

@@ -26,7 +26,7 @@ import numpy as np
 from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, GpflowStep, Healthy, Run, Step, finite_loss, gpflow_update, one_step, resolve_mode, step_from_gradients,
+    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, resolve_mode, step_from_gradients,
     Trial, stepwise, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport
@@ -118,16 +118,11 @@ class PairEvaluator(Evaluator):
     compares = "natgrad_trace against GPflow's update of the pair"
 
     def __init__(self, ctx: Context, loss: Callable[[], Any], pair: Pair, grads: tuple[Any, Any], loss_before: float) -> None:
-        import gpflow
-        import tensorflow as tf
-
         super().__init__(ctx)
         self.loss, self.grads, self.loss_before = loss, grads, loss_before
         _, self.q_mu, _, self.q_sqrt = pair
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
-        gamma = tf.Variable(1.0, dtype=self.q_mu.dtype, trainable=False)
-        own = (gpflow.optimizers.NaturalGradient(gamma, ctx.xi), gamma)
-        self._step, self._own = (one_step(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss(), g) for g in (None, own))
+        self._step, self._own = eager_steps(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
 
     def take(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
