@@ -78,6 +78,61 @@ def check_model_memory(name: str, *, M: int, N: int, L: int, itemsize: int) -> N
     )  # fmt: skip
 
 
+#: ``natgrad-diag check``'s cost model (float64, 2 cores like CI's, fitted to the command's wall-clock times): the
+#: start (TensorFlow's import, the tracing) in seconds, then per step of the check its fixed cost (op dispatch) and
+#: the seconds per unit of L·m³ (dense factorisations), of L (TensorFlow's batched ops cost per matrix when m is
+#: small) and of N·m·(m + L) (the SVGP's predictions at the data).
+CHECK_COST = (15.0, 5e-3, 2.5e-10, 3e-5, 2e-10)
+
+#: ``natgrad-diag check`` refuses, before building the model, a run estimated to take longer (``--max-minutes``):
+#: the demo's check takes seconds, and minutes mean sizes beyond what a check of the set-up needs.
+CHECK_MAX_MINUTES = 2.0
+
+
+def check_seconds(name: str, *, M: int, N: int, L: int, gamma_steps: int) -> tuple[float, str]:
+    """Seconds ``natgrad-diag check`` is estimated to take, and the size option that costs the most; no GPflow.
+
+    With m = M (SVGP) or N (VGP) and s = 12 + 9·K steps (the reproduction and the finite differences, then K =
+    ``gamma_steps`` steps for each of the nine γ a search may try), t ≈ t₀ + s·(d + a·L·m³ + b·L + c·N·m·(m + L)),
+    (t₀, d, a, b, c) = :data:`CHECK_COST`. An estimate within a factor of about three: enough to refuse an hour's run.
+
+    Examples:
+        >>> round(check_seconds("vgp", M=10, N=5000, L=1, gamma_steps=5)[0] / 60)  # minutes
+        30
+        >>> check_seconds("svgp", M=10, N=50, L=100_000, gamma_steps=5)[1]
+        '--num-latent'
+    """
+    start, step, cube, latent, datum = CHECK_COST
+    m = N if name == "vgp" else M
+    size = "--num-inducing" if name == "svgp" else "--num-data"
+    terms = {"--gamma-steps": step, "--num-latent": latent * L, "--num-data": datum * N * m * (m + L) if name == "svgp" else 0.0}
+    terms[size] = terms.get(size, 0.0) + cube * L * m**3
+    steps = 12 + 9 * gamma_steps
+    return start + steps * sum(terms.values()), max(terms, key=terms.__getitem__)
+
+
+def check_model_work(name: str, *, M: int, N: int, L: int, gamma_steps: int, max_minutes: float) -> None:
+    """InputError naming the costliest size option when :func:`check_seconds` exceeds ``max_minutes`` (0: no limit);
+    the other arguments are checked as :func:`make_model` and ``check_natgrad`` check them."""
+    from natgrad_diag.checks.api import validate_gamma_steps
+
+    name, M, N, L = _choice(name, MODELS, "model"), _count(M, "num_inducing"), _count(N, "num_data"), _count(L, "num_latent")
+    gamma_steps = validate_gamma_steps(gamma_steps)
+    if isinstance(max_minutes, bool) or not isinstance(max_minutes, (int, float)) or not 0 <= max_minutes < float("inf"):
+        raise input_error("max_minutes must be a finite number ≥ 0.", "max_minutes", "a float ≥ 0 (0: no limit)",
+                          repr(max_minutes), "pass e.g. max_minutes=10, or 0 for no limit.")  # fmt: skip
+    seconds, argument = check_seconds(name, M=M, N=N, L=L, gamma_steps=gamma_steps)
+    if max_minutes and seconds > 60 * max_minutes:
+        about = f"{seconds:.0f} seconds" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+        raise input_error(
+            f"The check would take about {about} on a 2-core machine, more than --max-minutes {max_minutes:g}.",
+            argument, f"a run estimated under {max_minutes:g} minutes",
+            f"{name.upper()} with {f'M = {M}, ' if name == 'svgp' else ''}N = {N}, L = {L}, --gamma-steps {gamma_steps}",
+            f"use a smaller {argument}{' (or --gamma-steps 1)' if argument != '--gamma-steps' else ''}, or pass "
+            "--max-minutes 0 to run it anyway.",
+        )
+
+
 def make_data(
     *, num_data: int = 50, num_latent: int = 1, likelihood: str = "gaussian", dtype: Any = "float64", seed: int = 0,
 ) -> tuple[Array, Array]:

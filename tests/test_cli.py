@@ -174,6 +174,8 @@ def test_cli__every_help_fits_80_columns(command):
     [
         (["outer", "--x", "1,nan"], r"Argument: +x\n"),
         (["check", "--num-inducing", "100000"], r"Argument: +num_inducing\n"),
+        (["check", "--model", "vgp", "--num-data", "5000"], r"Argument: +--num-data\n"),
+        (["check", "--num-latent", "100000"], r"Argument: +--num-latent\n"),
         (["gradcheck", "--num-inducing", "100000", "--mode", "fast"], r"Argument: +--num-inducing\n"),
         (["gradcheck", "--num-inducing", "3000"], "pass --mode fast"),
         (["bench", "--sizes", "100000"], r"Argument: +sizes\n"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tensorflow as tf
 
 from natgrad_diag.autodiff.dense import jacobian
@@ -309,6 +311,56 @@ def test_check_cli__num_inducing_100000_exits_2_with_estimate(capsys):
     assert main(["check", "--num-inducing", "100000"]) == 2
     err = capsys.readouterr().err
     assert "Estimated size:" in err and "GiB" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["svgp", "vgp"]), st.integers(1, 3000), st.integers(1, 3000), st.integers(1, 10**5), st.integers(1, 1000),
+       st.sampled_from(["M", "N", "L", "gamma_steps"]))  # fmt: skip
+def test_check_seconds__never_falls_when_a_size_grows(name, M, N, L, k, grown):
+    from natgrad_diag.demo import check_seconds
+
+    sizes = dict(M=M, N=N, L=L, gamma_steps=k)
+    seconds, argument = check_seconds(name, **sizes)
+    sizes[grown] += 1
+    assert check_seconds(name, **sizes)[0] >= seconds > 0
+    assert argument in ("--num-inducing", "--num-data", "--num-latent", "--gamma-steps")
+
+
+def test_check_model_work__refuses_exactly_above_the_limit_and_never_at_zero():
+    from natgrad_diag.demo import check_model_work, check_seconds
+
+    seconds, argument = check_seconds("vgp", M=10, N=3000, L=2, gamma_steps=3)
+    assert argument == "--num-data"  # L·N³ dominates a VGP
+    check_model_work("vgp", M=10, N=3000, L=2, gamma_steps=3, max_minutes=seconds / 60 * (1 + 1e-9))
+    check_model_work("vgp", M=10, N=3000, L=2, gamma_steps=3, max_minutes=0)
+    with pytest.raises(InputError) as info:
+        check_model_work("vgp", M=10, N=3000, L=2, gamma_steps=3, max_minutes=seconds / 60 * (1 - 1e-9))
+    assert _argument(info.value) == "--num-data" and "--max-minutes 0" in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    (dict(max_minutes=True), "max_minutes"), (dict(max_minutes=-1.0), "max_minutes"), (dict(max_minutes=float("nan")), "max_minutes"),
+    (dict(max_minutes="2"), "max_minutes"), (dict(gamma_steps=0), "gamma_steps"), (dict(L=0), "num_latent"), (dict(name="sgpr"), "model"),
+])  # fmt: skip
+def test_check_model_work__bad_arguments_are_named(kwargs, named):
+    from natgrad_diag.demo import check_model_work
+
+    args = dict(name="svgp", M=10, N=50, L=1, gamma_steps=5, max_minutes=2.0) | kwargs
+    with pytest.raises(InputError) as info:
+        check_model_work(**args)
+    assert _argument(info.value) == named
+
+
+def test_check_cli__an_hours_vgp_is_refused_before_the_model_is_built():
+    """The 5000-point VGP (about 30 estimated minutes) is refused by the function behind ``natgrad-diag check`` as by
+    the command; without a limit (its default in Python) the same sizes pass the estimate."""
+    from natgrad_diag.cli.check import check_natgrad_cli
+    from natgrad_diag.demo import check_model_work
+
+    with pytest.raises(InputError) as info:
+        check_natgrad_cli(model="vgp", num_data=5000, max_minutes=2)
+    assert _argument(info.value) == "--num-data" and "about 30 minutes" in str(info.value)
+    check_model_work("vgp", M=10, N=5000, L=1, gamma_steps=5, max_minutes=0)
 
 
 def test_bench_cli__sizes_100000_refused_before_allocation(capsys):

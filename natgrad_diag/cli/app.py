@@ -133,6 +133,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from natgrad_diag.cli.check import gamma_steps_arg
+    from natgrad_diag.demo import CHECK_MAX_MINUTES
 
     parser = _Parser(
         prog="natgrad-diag",
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
     p.add_argument("--gamma-steps", type=gamma_steps_arg, default=5, metavar="K", help="judge gamma, and measure each gamma of the search, by K steps (default 5)")
     p.add_argument("--optimizer", default=None, metavar="MODULE:NAME", help="check your optimizer's step: module:Class or path.py:Class (built with gamma, xi_transform), or an update function")
+    p.add_argument("--max-minutes", type=_nonnegative_float, default=CHECK_MAX_MINUTES, metavar="T", help="refuse sizes estimated to take longer than T minutes (0: no limit)")
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
@@ -292,8 +294,12 @@ def _preflight(args: argparse.Namespace) -> None:
 
         validate_x(args.x)
     elif args.command == "check":
+        from natgrad_diag.demo import check_model_work
+
         itemsize = 8 if args.dtype == "float64" else 4
         check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent, itemsize=itemsize)
+        check_model_work(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
+                         gamma_steps=args.gamma_steps, max_minutes=args.max_minutes)  # fmt: skip
     elif args.command == "gradcheck":
         from natgrad_diag.cli.gradcheck import check_gradcheck_size
 

@@ -72,21 +72,24 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
 def check_natgrad_cli(
     *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int = 10, num_latent: int = 1,
     num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
-    mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None,
+    mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None, max_minutes: float = 0.0,
 ) -> NatGradReport:  # fmt: skip
     """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
 
     ``gamma_steps`` (``--gamma-steps K``): γ is judged, and each γ of the search measured, by K steps.
     ``optimizer`` (``--optimizer module:NAME``): the ``custom_step`` check of that optimizer (:func:`load_optimizer`).
+    ``max_minutes`` (``--max-minutes T``, 2 on the command line): refuse sizes estimated to take longer
+    (:func:`natgrad_diag.demo.check_model_work`); 0, the default here, sets no limit.
     """
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
-    from natgrad_diag.demo import make_model
+    from natgrad_diag.demo import check_model_work, make_model
     from natgrad_diag.checks.api import check_natgrad
 
     if xi not in ("nat", "meanvar"):
         raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
                           "pass --xi nat (GPflow's default) or --xi meanvar.")
+    check_model_work(model, M=num_inducing, N=num_data, L=num_latent, gamma_steps=gamma_steps, max_minutes=max_minutes)
     demo = make_model(
         model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
         whiten=whiten, dtype=dtype, seed=seed,
