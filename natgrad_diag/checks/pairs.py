@@ -17,13 +17,13 @@ SVGP or VGP) and are listed as skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.checks import custom_step, health, reproduction
+from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, resolve_mode, step_from_gradients,
@@ -97,15 +97,22 @@ def trainable_note(pairs: list[Pair]) -> str:
     )
 
 
-@contextmanager
-def _restored(variables: list[Any]) -> Iterator[None]:
-    """Put every variable back to its value on entry, bit for bit, on exit."""
-    saved = [np.array(v.numpy(), copy=True) for v in variables]
-    try:
-        yield
-    finally:
-        for v, value in zip(variables, saved):
-            v.assign(value)
+def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[Any]]:
+    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero if unconnected)."""
+    import tensorflow as tf
+
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        value = loss()
+    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+
+def pair_context(q_mu: Any, xi: Any, gamma: float, rtol: float | None, atol: float | None, **options: Any) -> Context:
+    """The context of one pair's checks: its dtype's tolerances with the overrides, M and L from q_mu [M, L]."""
+    np_dtype = np.dtype(q_mu.dtype.as_numpy_dtype)
+    tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
+    M, L = (int(n) for n in q_mu.shape)
+    return Context(model=None, data=None, xi=xi, gamma=gamma, tol=tol, np_dtype=np_dtype, M=M, L=L, **options)
 
 
 class PairEvaluator(Evaluator):
@@ -127,7 +134,7 @@ class PairEvaluator(Evaluator):
     def take(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
         step = traced(step_from_gradients(q_mu, q_sqrt, self.loss_before, g_mu, g_sq), q_mu, q_sqrt, g_mu, g_sq, ctx, compiled=None)
-        with _restored(self.variables):
+        with restored(self.variables):
             return step, gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, self.loss)
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
@@ -136,14 +143,14 @@ class PairEvaluator(Evaluator):
             self.q_sqrt.assign(q_sqrt)
             return self.loss()
 
-        with _restored(self.variables):
+        with restored(self.variables):
             return finite_loss(loss)
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
         import tensorflow as tf
 
         dtype = self.q_mu.dtype
-        with _restored(self.variables):
+        with restored(self.variables):
             args = ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
             return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
 
@@ -222,8 +229,6 @@ def check_pairs(
     Returns:
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
     """
-    import tensorflow as tf
-
     if not callable(loss_fn):
         raise InputError(
             "with var_list, the first argument must be the loss function.",
@@ -247,18 +252,12 @@ def check_pairs(
     loss = (lambda: loss_fn(data)) if data is not None else loss_fn
     resolved = resolve_mode(mode, [(int(p[1].shape[0]), int(p[1].shape[1])) for p in pairs])
     variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
-    with _restored(variables):
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(variables)
-            value = _scalar_loss(loss())
-        grads = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    with restored(variables):
+        value, grads = gradients(lambda: _scalar_loss(loss()), variables)
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):
-            np_dtype = np.dtype(pair[1].dtype.as_numpy_dtype)
-            tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
-            M, L = int(pair[1].shape[0]), int(pair[1].shape[1])
-            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search,
-                          optimizer=optimizer)
+            options = dict(gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)
+            ctx = pair_context(pair[1], xi, g, rtol, atol, **options)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     return NatGradReport.of_pairs(tuple(reports), resolved)
