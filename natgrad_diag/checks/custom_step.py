@@ -1,22 +1,18 @@
-"""The ``custom_step`` oracle: the step of the user's own natural-gradient optimizer against GPflow's, and the mistake
-it matches.
+"""The ``custom_step`` oracle: the user's own natural-gradient step against GPflow's, and the mistake it matches.
 
-The user's optimizer (anything with GPflow's ``minimize(loss_fn, var_list)``, or an update function with GPflow's
-private signature, wrapped by :func:`as_optimizer`) runs once on a scratch copy; its new q(u) = (q_mu [M, L],
-q_sqrt [L, M, M]) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ and ξ, to the bound of
-the ``reproduction`` check. When it does not, each common mistake is computed independently from the same gradients
-(:func:`mistaken_steps`), and the one the user's step matches to rounding is named. In the notation of
-:mod:`natgrad_diag.step` (GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η, Salimbeni et al. 2018, equation [10]), with
-∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
+The user's optimizer (GPflow's ``minimize(loss_fn, var_list)``, or an update function wrapped by :func:`as_optimizer`)
+runs once on a scratch copy; its new q(u) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ
+and ξ, to the ``reproduction`` bound. Else the common mistake it matches to rounding is named, each computed
+independently from the same gradients. With GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (Salimbeni et al. 2018,
+equation [10]), ∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
 
 * ``default_seed``: ∂L/∂η replaced by (Jᵀ·1)⊙v, the default seed's gradient times v elementwise (the lesson's
   question, :func:`natgrad_diag.explain_output_gradients`);
 * ``varsqrt_path``: ∂L/∂η₁ = ∂L/∂m, the path through varsqrt = chol(η₂ − η₁η₁ᵀ) dropped;
   ``varsqrt_seed``: the seed (∂L/∂m, 0), q_sqrt's gradient dropped;
 * ``gamma_twice``, ``gamma_missing``, ``ascent``: the step with γ², 1 or −γ;
-* ``unconstrained``: the gradients of the unconstrained variables used without ``_to_constrained``. With GPflow's
-  transforms (none on q_mu, ``triangular()`` on q_sqrt) this is the same step or a shape error, so it is named only
-  where a transform makes it differ;
+* ``unconstrained``: the unconstrained variables' gradients used without ``_to_constrained`` (named only where a
+  transform makes it differ: with GPflow's, it is the same step or a shape error);
 * ``wrong_xi``: XiNat's step when ξ is XiSqrtMeanVar, or the reverse;
 * ``transposed``: GPflow's new q_sqrt assigned transposed (a ``triangular()`` parameter scrambles its entries).
 
@@ -35,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error
-from natgrad_diag.checks.bounds import Conditioning, bounded_check
+from natgrad_diag.checks.bounds import Conditioning, bounded_check, finite
 from natgrad_diag.checks.causes import FIX
 from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step
 from natgrad_diag.checks.report import Outcome
@@ -95,8 +91,7 @@ def _function_arity(fn: Any) -> int:
     except (TypeError, ValueError):
         sig = None
     if sig is not None:
-        self_first = next(iter(sig.parameters), "") == "self"
-        for n in ((6, 5) if self_first else (5,)):
+        for n in ((6, 5) if next(iter(sig.parameters), "") == "self" else (5,)):
             with contextlib.suppress(TypeError):
                 sig.bind(*range(n))
                 return n
@@ -163,9 +158,6 @@ def who(optimizer: Any) -> str:
     return f"{getattr(fn, '__qualname__', 'the update function')}()" if fn is not None else type(optimizer).__name__
 
 
-# --- the user's optimizer, run and undone ------------------------------------------------------------------------
-
-
 def _variables(value: Any, depth: int = 0) -> list[Any]:
     """The tf.Variables in ``value``, its attributes and containers (three levels deep)."""
     import tensorflow as tf
@@ -224,9 +216,8 @@ class Applied:
 
 
 def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> Applied:
-    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of the variables
-    ``others`` (name -> tf.Variable) it changed; read before the optimizer is put back (which also restores any
-    variable it holds). The caller restores every variable."""
+    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of ``others`` (name ->
+    tf.Variable) it changed, read before the optimizer is put back. The caller restores every variable."""
     import tensorflow as tf
 
     before = {n: np.array(v.numpy(), copy=True) for n, v in others.items()}
@@ -246,12 +237,9 @@ def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, othe
             ) from e
         changed = tuple(n for n, v in others.items() if v.numpy().tobytes() != before[n].tobytes())
         mu, sq = q_mu.numpy(), q_sqrt.numpy()
-    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(sq))):
+    if not finite(mu, sq):
         return Applied(None, None, "NaN or Inf in its new q_mu or q_sqrt", changed)
     return Applied(mu, sq, "", changed)
-
-
-# --- the mistakes, computed independently -------------------------------------------------------------------------
 
 
 def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: Any, xi: Any) -> tuple[Any, Any]:
@@ -320,13 +308,10 @@ def mistaken_steps(
             mu, sq = (np.asarray(t) for t in plan())
         except tf.errors.InvalidArgumentError:
             mu = sq = np.full(1, np.nan)
-        yield name, ((mu, sq) if np.all(np.isfinite(mu)) and np.all(np.isfinite(sq)) else None)
+        yield name, ((mu, sq) if finite(mu, sq) else None)
     flipped = np.swapaxes(gp[1], -1, -2)
     # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
     yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
-
-
-# --- the verdict --------------------------------------------------------------------------------------------------
 
 
 def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[str, float]:
@@ -437,10 +422,9 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
     """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list`` = [(q_mu, q_sqrt) or
     (q_mu, q_sqrt, xi_transform), ...] of ``gpflow.Parameter`` s: for the training guard.
 
-    ``before`` holds the unconstrained variables of every pair (q_mu's, then q_sqrt's, pair by pair) from before the
-    step. The parameters are set back to ``before`` for the gradients of ``loss_fn`` (one tape, as ``minimize``
-    takes them) and GPflow's update of each pair at the optimizer's γ and ξ, then to their values after the step:
-    one more gradient and one more GPflow update per pair. The optimizer is not run again.
+    ``before`` holds every pair's unconstrained variables (q_mu's, then q_sqrt's) from before the step. From there
+    come the gradients of ``loss_fn`` (one tape) and GPflow's update of each pair at the optimizer's γ and ξ; the
+    parameters then get their values after the step back. The optimizer is not run again.
 
     Returns:
         One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's).

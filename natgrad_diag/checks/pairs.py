@@ -1,18 +1,11 @@
-"""The (q_mu, q_sqrt) pairs a step moves (found on a GPflow or GPflux model, or given as a var_list), and
+"""The (q_mu, q_sqrt) pairs a step moves (of a GPflow or GPflux model, or a var_list), and
 check_natgrad(loss_fn, var_list=[(q_mu, q_sqrt), ...]): the checks for any loss and any pairs, pair by pair.
 
-``NaturalGradient.minimize(loss_fn, var_list)`` takes the gradients of ``loss_fn`` w.r.t. every pair's unconstrained
-variables at the current parameters (one tape), then updates each pair with its own gradients. The checks do the
-same, pair by pair, each pair's step with the others held fixed: ``reproduction`` (natgrad-diag's step,
-:func:`natgrad_diag.natgrad_trace`, against GPflow's own update of the pair) and ``step_health`` with the γ search
-(:mod:`natgrad_diag.checks.health`), on a :class:`PairEvaluator`.
-
-The loss closes over the user's parameters, so there is no copy to step on: GPflow's update, the losses after a step
-and the k-step trials are computed on the parameters themselves, which are restored bit for bit (their unconstrained
-variables) before the function returns, also when it raises. What the loss itself changes when called (the running
-means of Keras metrics that GPflux's layers update at every call) is the loss's own side effect and is not undone.
-The Fisher-identity, ξ forward-mode and conjugate checks need a model (:func:`natgrad_diag.check_natgrad` with an
-SVGP or VGP) and are listed as skipped.
+As ``NaturalGradient.minimize(loss_fn, var_list)`` does, the gradients of ``loss_fn`` w.r.t. every pair come from one
+tape; each pair's step is then checked with the others held fixed (``reproduction``, ``custom_step``, ``step_health``
+with the γ search) on a :class:`PairEvaluator`. There is no copy to step on: the parameters themselves are stepped and
+restored bit for bit (also when it raises); what the loss itself changes when called (the running means of Keras
+metrics in GPflux's layers) is not undone. The checks that need a model are listed as skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, resolve_mode, step_from_gradients,
     Trial, stepwise, traced,
 )  # fmt: skip
-from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import InputError, ShapeMismatchError, UnsupportedModelError
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
@@ -116,11 +109,8 @@ def pair_context(q_mu: Any, xi: Any, gamma: float, rtol: float | None, atol: flo
 
 
 class PairEvaluator(Evaluator):
-    """The evaluator of one (q_mu, q_sqrt) pair of a loss function: every computation on the pair itself, restored.
-
-    natgrad-diag's step is :func:`natgrad_diag.natgrad_trace`; GPflow's is its own update assigned to the pair; the
-    k-step trials run eagerly (:func:`~natgrad_diag.checks.evaluator.one_step`).
-    """
+    """The evaluator of one (q_mu, q_sqrt) pair of a loss function: every computation (natgrad_trace, GPflow's update,
+    the eager k-step trials) on the pair itself, restored."""
 
     compares = "natgrad_trace against GPflow's update of the pair"
 
@@ -167,9 +157,9 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     step, gp = ev.take()
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
-    found = reproduction.stage(Run(ev, step, gp, cond, lambda *args: None))
-    found += custom_step.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
-    found += health.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
+    found = Outcome()
+    for stage in (reproduction.stage, custom_step.stage, health.stage):
+        found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
@@ -216,14 +206,11 @@ def check_pairs(
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
     Args:
-        loss_fn: the loss ``NaturalGradient.minimize`` minimises: a zero-argument callable, or ``loss_fn(data)``
-            when ``data`` is given.
+        loss_fn: the loss ``NaturalGradient.minimize`` minimises: ``loss_fn()``, or ``loss_fn(data)`` given ``data``.
         var_list: [(q_mu, q_sqrt), ...] or with a third element, the pair's ξ transform (as GPflow takes it).
-        data: passed to ``loss_fn`` when not None.
-        gamma, xi_transform, rtol, atol: as :func:`natgrad_diag.check_natgrad`.
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
-        gamma_steps, gamma_search: validated by the caller, as :func:`natgrad_diag.check_natgrad` takes them.
+        gamma, xi_transform, rtol, atol, gamma_steps, gamma_search: as :func:`natgrad_diag.check_natgrad` takes them.
         optimizer: the user's optimizer (already wrapped), stepped on each pair alone for ``custom_step``; or None.
 
     Returns:
