@@ -118,14 +118,14 @@ def test_767_state__20_seeds_have_no_fail_and_the_conjugate_checks_hold_against_
         assert r.passed and r.status != "fail", str(r)
         assert [c.status for c in r.checks if c.name.startswith("conjugate")] == ["pass", "pass"]
         # the oracle: GPR's marginal likelihood (noise σ² + jitter), independent of the step; GPflow asserts 1e-4
-        assert r.number("GPR log marginal likelihood (noise σ² + jitter)") == pytest.approx(lml_j, rel=1e-12)
+        assert dict(r.numbers)["GPR log marginal likelihood (noise σ² + jitter)"] == pytest.approx(lml_j, rel=1e-12)
         c = r.check("conjugate_optimality")
         assert c.max_abs_error <= 1e-4 and c.max_abs_error <= c.tolerance
         # the bound is meaningful: far below the 1e-2 of |ELBO| that would make it inconclusive
         assert c.tolerance < 1e-4 * abs(lml_j)
         assert "κ(F) + κ(Kuu)" in c.detail and "rounding" in c.detail
-        assert r.number("κ(S) (worst latent GP)") == pytest.approx(1.0)
-        assert r.number("cond(F)") > 1e6  # ill-conditioned (up to 1e9 over the seeds): the bound says so, no false alarm
+        assert dict(r.numbers)["κ(S) (worst latent GP)"] == pytest.approx(1.0)
+        assert dict(r.numbers)["cond(F)"] > 1e6  # ill-conditioned (up to 1e9 over the seeds): the bound says so, no false alarm
 
 
 def test_767_state__kappas_are_those_of_the_matrices():
@@ -134,11 +134,11 @@ def test_767_state__kappas_are_those_of_the_matrices():
     X = m.data[0]
     K = gpflow.kernels.SquaredExponential()(X).numpy() + gpflow.config.default_jitter() * np.eye(4)
     ev = np.linalg.eigvalsh(K)
-    assert r.number("κ(Kuu + jitter·I)") == pytest.approx(ev[-1] / ev[0], rel=1e-8)
+    assert dict(r.numbers)["κ(Kuu + jitter·I)"] == pytest.approx(ev[-1] / ev[0], rel=1e-8)
     S_new = r.new_q_sqrt[0] @ r.new_q_sqrt[0].T
     ev_new = np.linalg.eigvalsh(S_new)
-    assert r.number("κ(S) after the step") == pytest.approx(ev_new[-1] / ev_new[0], rel=1e-8)
-    assert r.number("cancellation λmin(S_new)/λmin(S)") == pytest.approx(ev_new[0] / 1e-6, rel=1e-8)
+    assert dict(r.numbers)["κ(S) after the step"] == pytest.approx(ev_new[-1] / ev_new[0], rel=1e-8)
+    assert dict(r.numbers)["cancellation λmin(S_new)/λmin(S)"] == pytest.approx(ev_new[0] / 1e-6, rel=1e-8)
 
 
 def test_767_state__three_consecutive_calls_give_identical_statuses_and_numbers():
@@ -218,7 +218,7 @@ def test_inconclusive__an_uninformative_bound_is_warn_not_pass_and_says_what_pre
     m, data = small_q_sqrt_svgp(q_scale=1e-5)
     r = check_natgrad(m, data, progress=False)
     c = r.check("fisher_identity")
-    assert r.number("cond(F)") * np.finfo(np.float64).eps * 100 > 1e-2
+    assert dict(r.numbers)["cond(F)"] * np.finfo(np.float64).eps * 100 > 1e-2
     assert c.status == "warn" and not c.passed
     assert "inconclusive" in c.detail and "κ(F)·ε <" in c.detail
     assert any(cause.name == "ill_conditioning" and "fisher_identity" in cause.checks for cause in r.causes)
@@ -229,7 +229,7 @@ def test_fisher_condition_estimate__within_a_few_orders_of_the_measured_kappa(re
     for seed in (0, 5):
         m = small_q_sqrt_vgp(seed)
         est = fisher_condition_estimate(m.q_mu.numpy(), m.q_sqrt.numpy())
-        measured = reports_767[seed].number("cond(F)")
+        measured = dict(reports_767[seed].numbers)["cond(F)"]
         assert measured / 1e3 < est < measured * 1e3
     assert kappa(np.diag([2.0, 8.0])[None])[0] == pytest.approx(4.0)
 
@@ -290,7 +290,7 @@ def test_auto_mode__n100_vgp_runs_the_conjugate_checks_in_seconds():
     assert r.mode == "fast" and r.check("conjugate_optimality").status == "pass", str(r)
     # the oracle: GPR's marginal likelihood with noise σ² + jitter, by GPflow
     lml_j = float(gpflow.models.GPR((X, Y), gpflow.kernels.SquaredExponential(), noise_variance=0.05 + gpflow.config.default_jitter()).log_marginal_likelihood())
-    assert r.number("GPR log marginal likelihood (noise σ² + jitter)") == pytest.approx(lml_j, rel=1e-12)
+    assert dict(r.numbers)["GPR log marginal likelihood (noise σ² + jitter)"] == pytest.approx(lml_j, rel=1e-12)
     assert r.check("conjugate_optimality").max_abs_error <= 1e-8 * abs(lml_j)
     assert elapsed < 60.0  # seconds, not the minutes of full mode (loaded machine: generous)
 
@@ -312,10 +312,10 @@ def test_minibatch__checked_against_the_batch_scaled_objective_with_gpflows_step
     opt = gpflow.optimizers.NaturalGradient(1.0)
     for _ in range(2):
         opt.minimize(lambda: copy_.training_loss(batch), [(copy_.q_mu, copy_.q_sqrt)])
-    assert float(copy_.elbo(batch)) == pytest.approx(r.number("batch-scaled SGPR bound"), rel=1e-9)
+    assert float(copy_.elbo(batch)) == pytest.approx(dict(r.numbers)["batch-scaled SGPR bound"], rel=1e-9)
     # and the full data's SGPR bound is a different number: the batch's optimum is not the full data's
     full = float(gpflow.models.SGPR((X, Y), gpflow.kernels.SquaredExponential(), X[::8].copy(), noise_variance=0.1).elbo())
-    assert abs(full - r.number("batch-scaled SGPR bound")) > 1.0
+    assert abs(full - dict(r.numbers)["batch-scaled SGPR bound"]) > 1.0
 
 
 @pytest.mark.slow
@@ -341,7 +341,7 @@ def test_multioutput__conjugate_checks_pass_against_the_sum_of_per_output_sgpr_b
     assert r.check("conjugate_optimality").status == "pass" and r.check("conjugate_fixed_point").status == "pass", str(r)
     # the oracle: GPflow's SGPR per output, summed (built here from the kernels and Z, not from the report's code)
     want = sum(float(gpflow.models.SGPR((X, Y[:, l : l + 1]), k, z, noise_variance=0.1).elbo()) for l, (k, z) in enumerate(zip(kernels, zs)))
-    assert r.number("sum of per-output SGPR bounds") == pytest.approx(want, rel=1e-12)
+    assert dict(r.numbers)["sum of per-output SGPR bounds"] == pytest.approx(want, rel=1e-12)
     # and GPflow's own optimizer, γ = 1, lands there
     copy_ = gpflow.utilities.deepcopy(m)
     gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: copy_.training_loss((X, Y)), [(copy_.q_mu, copy_.q_sqrt)])
@@ -372,7 +372,7 @@ def test_convergence__xinat_gamma_01_contracts_by_09_per_step_like_gpflows_optim
     r = check_natgrad(m, data, gamma=0.1, progress=False)
     c = r.check("conjugate_convergence")
     assert c.status == "pass" and c.max_abs_error < 1e-8, str(c)
-    assert r.number("observed contraction rate per step") == pytest.approx(0.9, abs=1e-8)
+    assert dict(r.numbers)["observed contraction rate per step"] == pytest.approx(0.9, abs=1e-8)
     # the oracle: GPflow's NaturalGradient, γ = 0.1, three steps, distance to GPflow's γ = 1 step
     star, walk = gpflow.utilities.deepcopy(m), gpflow.utilities.deepcopy(m)
     gpflow.optimizers.NaturalGradient(1.0).minimize(lambda: star.training_loss(data), [(star.q_mu, star.q_sqrt)])
@@ -394,7 +394,7 @@ def test_convergence__xisqrtmeanvar_gamma_01_approaches_the_same_optimum_and_rep
     r = check_natgrad(m, data, gamma=0.1, xi_transform=XiSqrtMeanVar(), progress=False)
     c = r.check("conjugate_convergence")
     assert c.status == "pass" and "observed rate" in c.detail, str(c)
-    rate = r.number("observed contraction rate per step")
+    rate = dict(r.numbers)["observed contraction rate per step"]
     assert 0.0 < rate < 1.0
     # the oracle: GPflow's optimizer with XiSqrtMeanVar, γ = 0.1, reaches SGPR's bound (the same optimum)
     sgpr = float(gpflow.models.SGPR(data, gpflow.kernels.SquaredExponential(), Z, noise_variance=0.1).elbo())

@@ -1,9 +1,6 @@
 """Why a natural-gradient check failed or was inconclusive: one of a small documented set of causes (:data:`CAUSES`),
-each with its evidence and fix.
-
-``ill_conditioning`` is GPflow #767's case: q_sqrt = 1e-3·I gives θ₂ = −½·10⁶·I, and one step brings it to O(1),
-cancelling most digits of the natural parameters. ``jitter`` is named when λmin(Kuu + jitter·I) is within 10× of the
-jitter, which then sets κ(Kuu) and the objective (VGP's ELBO is GPR's with noise σ² + jitter).
+each with its evidence and fix. ``ill_conditioning`` is GPflow #767's case (q_sqrt = 1e-3·I gives θ₂ = −½·10⁶·I, and
+one step cancels most of its digits); ``jitter`` is named when λmin(Kuu + jitter·I) is within 10× of the jitter.
 """
 
 from __future__ import annotations

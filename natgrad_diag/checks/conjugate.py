@@ -68,22 +68,20 @@ def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
     k, iv, L = model.kernel, model.inducing_variable, int(model.q_mu.shape[1])
     ivs = gpflow.inducing_variables
     if not isinstance(k, gpflow.kernels.MultioutputKernel):
-        return [(k, iv)] if isinstance(iv, ivs.InducingPoints) else None  # SGPR treats Y's L columns alike
+        return [(k, iv)] if isinstance(iv, ivs.InducingPoints) else None
     if isinstance(k, gpflow.kernels.SharedIndependent):
         kernels = [k.kernel] * L
-    elif isinstance(k, gpflow.kernels.SeparateIndependent) and len(k.kernels) == L:
+    elif isinstance(k, gpflow.kernels.SeparateIndependent):
         kernels = list(k.kernels)
     else:
         return None
-    if isinstance(iv, ivs.SharedIndependentInducingVariables) and isinstance(iv.inducing_variable, ivs.InducingPoints):
+    if isinstance(iv, ivs.SharedIndependentInducingVariables):
         points = [iv.inducing_variable] * L
-    elif isinstance(iv, ivs.SeparateIndependentInducingVariables) and len(iv.inducing_variable_list) == L:
+    elif isinstance(iv, ivs.SeparateIndependentInducingVariables):
         points = list(iv.inducing_variable_list)
-    elif isinstance(iv, ivs.InducingPoints):
-        points = [iv] * L
     else:
-        return None
-    if not all(isinstance(p, ivs.InducingPoints) for p in points):
+        points = [iv] * L
+    if len(kernels) != L or len(points) != L or not all(isinstance(p, ivs.InducingPoints) for p in points):
         return None
     return list(zip(kernels, points))
 
@@ -101,27 +99,22 @@ def conjugate_applicable(ctx: Context) -> str:
     if not keeps_gaussian_maths(m.likelihood):
         return f"needs a Gaussian likelihood (this model has {type(m.likelihood).__name__})"
     if isinstance(m, gpflow.models.SVGP):
-        if per_output_parts(m) is None:
-            return (
-                "SGPR's bound needs a single kernel with InducingPoints, or SharedIndependent / SeparateIndependent "
-                "kernels and inducing variables with one latent GP per output"
-            )
-        return ""
+        return "" if per_output_parts(m) is not None else (
+            "SGPR's bound needs a single kernel with InducingPoints, or SharedIndependent / SeparateIndependent "
+            "kernels and inducing variables with one latent GP per output"
+        )  # fmt: skip
     if isinstance(m, gpflow.models.VGP):
-        if isinstance(m.kernel, gpflow.kernels.MultioutputKernel):
-            return "GPR's closed form is checked for a single-output kernel (VGP with a multi-output kernel)"
-        return ""
+        multi = "GPR's closed form is checked for a single-output kernel (VGP with a multi-output kernel)"
+        return multi if isinstance(m.kernel, gpflow.kernels.MultioutputKernel) else ""
     return f"closed form known only for SVGP and VGP (this is {type(m).__name__})"
 
 
 def _conjugate_bound(ctx: Context, cond: Conditioning, ref: float) -> Bound:
-    """The bound on |ELBO − reference|: rounding with κ(F) + κ(Kuu), plus conjugate_rtol·|reference|.
+    """The bound on |ELBO − reference|: 100·ε·(κ(F) + κ(Kuu))·|reference| + conjugate_rtol·|reference|.
 
-    One γ = 1 step computes θ_new = θ − ∂L/∂η, which amounts to a solve with F (∂L/∂θ = F·∂L/∂η): the new q(u)
-    carries a relative error ε·κ(F) (Higham 2002, §7.1), and the ELBO, the SGPR bound and GPR's marginal
-    likelihood are each evaluated through a Cholesky of Kuu (or K + σ²I), with a relative error ε·κ(Kuu)
-    (§10.1). First order in both, so the rounding term is 100·ε·(κ(F) + κ(Kuu))·|reference|: conservative, as
-    the ELBO is stationary at the optimum.
+    One γ = 1 step θ_new = θ − ∂L/∂η amounts to a solve with F (∂L/∂θ = F·∂L/∂η): relative error ε·κ(F) (Higham
+    2002, §7.1); the ELBO, SGPR's bound and GPR's marginal likelihood go through a Cholesky of Kuu (or K + σ²I):
+    ε·κ(Kuu) (§10.1). First order in both: conservative, as the ELBO is stationary at the optimum.
     """
     return natgrad_bound(
         ctx.np_dtype, condition=cond.kappa_F + (cond.kappa_Kuu or 1.0), condition_name="κ(F) + κ(Kuu)", scale=abs(ref), rtol=ctx.tol.conjugate_rtol, atol=0.0,
@@ -129,23 +122,22 @@ def _conjugate_bound(ctx: Context, cond: Conditioning, ref: float) -> Bound:
     )  # fmt: skip
 
 
-def _sgpr_sum(ctx: Context, noise: Any) -> float:
+def _sgpr_sum(ctx: Context, noise: Any, parts: list[tuple[Any, Any]]) -> float:
     """Σ over outputs l of SGPR's bound for (X, Y[:, l] − mean(X)[:, l]) with kernel_l, Z_l and ``noise``."""
     import gpflow
 
-    m = ctx.model
-    X, Y = ctx.data
-    parts = per_output_parts(m)
-    assert parts is not None  # conjugate_applicable refused an SVGP without per-output parts
+    m, (X, Y) = ctx.model, ctx.data
     if len(parts) == 1:
         return float(gpflow.models.SGPR(
             ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise),
         ).elbo().numpy())  # fmt: skip
     resid = Y - m.mean_function(X)
-    total = 0.0
-    for l_, (kernel, points) in enumerate(parts):
-        total += float(gpflow.models.SGPR((X, resid[:, l_ : l_ + 1]), kernel=kernel, inducing_variable=points, likelihood=_oracle_likelihood(noise)).elbo().numpy())
-    return total
+    return sum(
+        float(gpflow.models.SGPR(
+            (X, resid[:, l : l + 1]), kernel=kernel, inducing_variable=points, likelihood=_oracle_likelihood(noise),
+        ).elbo().numpy())
+        for l, (kernel, points) in enumerate(parts)
+    )  # fmt: skip
 
 
 def batch_constant(N: int, c: float, noise: float) -> float:
@@ -166,9 +158,9 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
     if isinstance(m, gpflow.models.SVGP):
         N = int(ctx.data[0].shape[0])
         c = 1.0 if m.num_data is None else float(m.num_data) / N
-        ref = _sgpr_sum(ctx, noise / c) + int(ctx.data[1].shape[1]) * batch_constant(N, c, float(noise))
         parts = per_output_parts(m)
         assert parts is not None  # conjugate_applicable refused an SVGP without per-output parts
+        ref = _sgpr_sum(ctx, noise / c, parts) + int(ctx.data[1].shape[1]) * batch_constant(N, c, float(noise))
         if len(parts) > 1:
             name, claim = "sum of per-output SGPR bounds", (
                 f"after one XiNat step with γ = 1, SVGP's {'batch-scaled ' if c != 1.0 else ''}ELBO equals the sum of the "
@@ -201,14 +193,13 @@ def stage(run: Run) -> Outcome:
     """The conjugate checks (Gaussian likelihood), or why they do not apply or were skipped for their cost."""
     from gpflow.optimizers import XiNat
 
-    ev, cond = run.ev, run.cond
-    ctx = ev.ctx
+    ctx = run.ev.ctx
     why = conjugate_applicable(ctx) or ctx.skipped("conjugate_optimality")
     if why:
         return Outcome(skipped=(("conjugate_optimality", why),))
-    found = _check_conjugate(ev, cond)
+    found = _check_conjugate(run.ev, run.cond)
     if not (isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0):  # one XiNat γ = 1 step is the conjugate check itself
-        found += _check_convergence(ev, cond)
+        found += _check_convergence(run.ev, run.cond)
     batch = minibatch(ctx)
     if batch:  # the full data's optimum is out of reach; the batch's is checked
         why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
@@ -261,8 +252,8 @@ def _naturals(model: Any) -> Array:
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
-    t1, t2 = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
-    naturals: Array = np.concatenate([np.ravel(t1.numpy()), np.ravel(t2.numpy())]).astype(np.float64)
+    t = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
+    naturals: Array = np.concatenate([np.ravel(x.numpy()) for x in t]).astype(np.float64)
     return naturals
 
 

@@ -1,22 +1,18 @@
-"""The ``custom_step`` oracle: the step of the user's own natural-gradient optimizer against GPflow's, and the mistake
-it matches.
+"""The ``custom_step`` oracle: the user's own natural-gradient step against GPflow's, and the mistake it matches.
 
-The user's optimizer (anything with GPflow's ``minimize(loss_fn, var_list)``, or an update function with GPflow's
-private signature, wrapped by :func:`as_optimizer`) runs once on a scratch copy; its new q(u) = (q_mu [M, L],
-q_sqrt [L, M, M]) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ and ξ, to the bound of
-the ``reproduction`` check. When it does not, each common mistake is computed independently from the same gradients
-(:func:`mistaken_steps`), and the one the user's step matches to rounding is named. In the notation of
-:mod:`natgrad_diag.step` (GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η, Salimbeni et al. 2018, equation [10]), with
-∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
+The user's optimizer (GPflow's ``minimize(loss_fn, var_list)``, or an update function wrapped by :func:`as_optimizer`)
+runs once on a scratch copy; its new q(u) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ
+and ξ, to the ``reproduction`` bound. Else the common mistake it matches to rounding is named, each computed
+independently from the same gradients. With GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (Salimbeni et al. 2018,
+equation [10]), ∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
 
 * ``default_seed``: ∂L/∂η replaced by (Jᵀ·1)⊙v, the default seed's gradient times v elementwise (the lesson's
   question, :func:`natgrad_diag.explain_output_gradients`);
 * ``varsqrt_path``: ∂L/∂η₁ = ∂L/∂m, the path through varsqrt = chol(η₂ − η₁η₁ᵀ) dropped;
   ``varsqrt_seed``: the seed (∂L/∂m, 0), q_sqrt's gradient dropped;
 * ``gamma_twice``, ``gamma_missing``, ``ascent``: the step with γ², 1 or −γ;
-* ``unconstrained``: the gradients of the unconstrained variables used without ``_to_constrained``. With GPflow's
-  transforms (none on q_mu, ``triangular()`` on q_sqrt) this is the same step or a shape error, so it is named only
-  where a transform makes it differ;
+* ``unconstrained``: the unconstrained variables' gradients used without ``_to_constrained`` (named only where a
+  transform makes it differ: with GPflow's, it is the same step or a shape error);
 * ``wrong_xi``: XiNat's step when ξ is XiSqrtMeanVar, or the reverse;
 * ``transposed``: GPflow's new q_sqrt assigned transposed (a ``triangular()`` parameter scrambles its entries).
 
@@ -29,20 +25,22 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag._validate import input_error
-from natgrad_diag.checks.bounds import Bound, bounded_check, natgrad_bound, scale
+from natgrad_diag.checks.bounds import Conditioning, bounded_check, finite
 from natgrad_diag.checks.causes import FIX
-from natgrad_diag.checks.evaluator import GpflowStep, Run
+from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step
 from natgrad_diag.checks.report import Outcome
+from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
 from natgrad_diag.exceptions import InputError, NatGradDiagError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
-__all__ = ["MISTAKES", "Applied", "as_optimizer", "judge", "mistaken_steps", "optimizer_settings", "preserved", "stage", "step_from_eta", "verify_step", "who"]
+__all__ = ["MISTAKES", "as_optimizer", "optimizer_settings", "restored", "stage", "verify_step", "who"]
 
 _EXPLAIN = "output_gradients=[dL_dmean, dL_dvarsqrt] gives Jᵀ·v, the chain rule; see natgrad_diag.explain_output_gradients()"
 
@@ -93,8 +91,7 @@ def _function_arity(fn: Any) -> int:
     except (TypeError, ValueError):
         sig = None
     if sig is not None:
-        self_first = next(iter(sig.parameters), "") == "self"
-        for n in ((6, 5) if self_first else (5,)):
+        for n in ((6, 5) if next(iter(sig.parameters), "") == "self" else (5,)):
             with contextlib.suppress(TypeError):
                 sig.bind(*range(n))
                 return n
@@ -161,28 +158,6 @@ def who(optimizer: Any) -> str:
     return f"{getattr(fn, '__qualname__', 'the update function')}()" if fn is not None else type(optimizer).__name__
 
 
-# --- the user's optimizer, run and undone ------------------------------------------------------------------------
-
-
-def _contents(value: Any) -> Any:
-    """A copy of a mutable container's contents (None for anything else)."""
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, (list, dict, set)):
-        return value.copy()
-    return None
-
-
-def _refill(value: Any, contents: Any) -> None:
-    if isinstance(value, np.ndarray):
-        value[...] = contents
-    elif isinstance(value, list):
-        value[:] = contents
-    else:  # dict, set
-        value.clear()
-        value.update(contents)
-
-
 def _variables(value: Any, depth: int = 0) -> list[Any]:
     """The tf.Variables in ``value``, its attributes and containers (three levels deep)."""
     import tensorflow as tf
@@ -196,26 +171,37 @@ def _variables(value: Any, depth: int = 0) -> list[Any]:
 
 
 @contextlib.contextmanager
+def restored(variables: list[Any]) -> Iterator[None]:
+    """Put every variable back to its value on entry, bit for bit, on exit."""
+    saved = [np.array(v.numpy(), copy=True) for v in variables]
+    try:
+        yield
+    finally:
+        for v, value in zip(variables, saved):
+            v.assign(value)
+
+
+@contextlib.contextmanager
 def preserved(optimizer: Any) -> Iterator[None]:
     """Put ``optimizer`` back as it was on exit: its attributes (new ones removed), the contents of its lists, dicts,
     sets and arrays, and the values of its tf.Variables (γ, slots, counters), bit for bit."""
     state = dict(getattr(optimizer, "__dict__", {}))
-    contents = {k: _contents(v) for k, v in state.items()}
-    unique = {id(v): v for v in _variables(optimizer)}
-    saved = [(v, np.array(v.numpy(), copy=True)) for v in unique.values()]
-    try:
-        yield
-    finally:
-        if state:
-            attrs = optimizer.__dict__
-            for k in [k for k in attrs if k not in state]:
-                del attrs[k]
-            attrs.update(state)
+    contents = {k: v.copy() for k, v in state.items() if isinstance(v, (np.ndarray, list, dict, set))}
+    with restored(_variables(optimizer)):
+        try:
+            yield
+        finally:
+            if state:
+                optimizer.__dict__.clear()
+                optimizer.__dict__.update(state)
             for k, c in contents.items():
-                if c is not None:
-                    _refill(state[k], c)
-        for v, value in saved:
-            v.assign(value)
+                if isinstance(c, np.ndarray):
+                    state[k][...] = c
+                elif isinstance(c, list):
+                    state[k][:] = c
+                else:  # dict, set
+                    state[k].clear()
+                    state[k].update(c)
 
 
 @dataclass(frozen=True)
@@ -230,9 +216,8 @@ class Applied:
 
 
 def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> Applied:
-    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of the variables
-    ``others`` (name -> tf.Variable) it changed; read before the optimizer is put back (which also restores any
-    variable it holds). The caller restores every variable."""
+    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of ``others`` (name ->
+    tf.Variable) it changed, read before the optimizer is put back. The caller restores every variable."""
     import tensorflow as tf
 
     before = {n: np.array(v.numpy(), copy=True) for n, v in others.items()}
@@ -252,12 +237,9 @@ def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, othe
             ) from e
         changed = tuple(n for n, v in others.items() if v.numpy().tobytes() != before[n].tobytes())
         mu, sq = q_mu.numpy(), q_sqrt.numpy()
-    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(sq))):
+    if not finite(mu, sq):
         return Applied(None, None, "NaN or Inf in its new q_mu or q_sqrt", changed)
     return Applied(mu, sq, "", changed)
-
-
-# --- the mistakes, computed independently -------------------------------------------------------------------------
 
 
 def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: Any, xi: Any) -> tuple[Any, Any]:
@@ -287,16 +269,19 @@ def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: A
     return new_mu, new_sq
 
 
-def mistaken_steps(q_mu: Any, q_sqrt: Any, grads: tuple[Any, Any, Any, Any], transform: Any, gamma: float, xi: Any, gp: tuple[Array, Array]) -> Iterator[tuple[str, tuple[Array, Array] | None]]:
+def mistaken_steps(
+    q_mu: Any, q_sqrt: Any, step: Step, transform: Any, gamma: float, xi: Any, gp: tuple[Array, Array]
+) -> Iterator[tuple[str, tuple[Array, Array] | None]]:
     """(name, new (q_mu [M, L], q_sqrt [L, M, M])) of each mistake of :data:`MISTAKES` that can be computed here, one
-    at a time (None for a mistake whose step fails: Cholesky, NaN or Inf). ``grads`` = (unconstrained q_mu_grad, q_sqrt_grad, constrained dL/dmean,
-    dL/dvarsqrt); ``transform`` q_sqrt's; ``gp`` GPflow's new (q_mu, q_sqrt) (for ``transposed``)."""
+    at a time (None for a mistake whose step fails: Cholesky, NaN or Inf), from ``step``'s unconstrained and
+    constrained gradients; ``transform`` q_sqrt's; ``gp`` GPflow's new (q_mu, q_sqrt) (for ``transposed``)."""
     import tensorflow as tf
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
 
     from natgrad_diag.step.closed_form import expectation_gradients
 
+    grads = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
     g_mu, g_sq, d_mean, d_varsqrt = (tf.constant(np.asarray(a)) for a in grads)
     q_mu, q_sqrt = tf.constant(np.asarray(q_mu)), tf.constant(np.asarray(q_sqrt))
     right = expectation_gradients(q_mu, q_sqrt, d_mean, d_varsqrt)
@@ -323,13 +308,10 @@ def mistaken_steps(q_mu: Any, q_sqrt: Any, grads: tuple[Any, Any, Any, Any], tra
             mu, sq = (np.asarray(t) for t in plan())
         except tf.errors.InvalidArgumentError:
             mu = sq = np.full(1, np.nan)
-        yield name, ((mu, sq) if np.all(np.isfinite(mu)) and np.all(np.isfinite(sq)) else None)
+        yield name, ((mu, sq) if finite(mu, sq) else None)
     flipped = np.swapaxes(gp[1], -1, -2)
     # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
     yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
-
-
-# --- the verdict --------------------------------------------------------------------------------------------------
 
 
 def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[str, float]:
@@ -340,27 +322,32 @@ def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[s
     return f"{name} (latent GP {latent})", diff
 
 
-def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: tuple[Any, ...], transform: Any, gamma: float, xi: Any, bound: Bound, label: str) -> Check:
+def judge(
+    applied: Applied, gp: GpflowStep, before: tuple[Array, Array], step: Step, transform: Any, ctx: Context,
+    cond: Conditioning, label: str,
+) -> Check:
     """The ``custom_step`` check of the user's new q(u) ``applied`` against GPflow's ``gp``, both from ``before`` =
-    (q_mu [M, L], q_sqrt [L, M, M]) with ``grads`` (as :func:`mistaken_steps` takes them): |yours − GPflow's| ≤ the
-    ``reproduction`` bound, else the mistake it matches, where it differs most and by how much.
+    (q_mu [M, L], q_sqrt [L, M, M]) with ``step``'s gradients: |yours − GPflow's| ≤ the ``reproduction`` bound, else
+    the mistake it matches, where it differs most and by how much.
 
     A mistake matches when its step is within max(10·bound, √ε·scale) of the user's (the rounding of a second route
     through GPflow's maps) and GPflow's is not: mistakes differ from each other by far more, the step's own size.
     """
     from natgrad_diag.tolerance import eps
 
+    gamma, xi = ctx.gamma, ctx.xi
+    mistakes = partial(mistaken_steps, *before, step, transform, gamma, xi)
     claim = f"the step {label} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
     if applied.changed:
         detail = f"{label} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
         return Check("custom_step", claim, "fail", detail=detail + FIX + "update only the (q_mu, q_sqrt) pairs minimize() is given.")
     if applied.q_mu is None or applied.q_sqrt is None or gp.q_mu is None or gp.q_sqrt is None:
-        detail = f"{label}: {(applied.error or 'step succeeded').rstrip('.')}; GPflow: {(gp.error or 'step succeeded').rstrip('.')}."
+        detail = both_fail(label, applied.error, gp.error)
         if applied.q_mu is None and gp.q_mu is None:
             return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
-        failing = [n for n, s in mistaken_steps(*before, grads, transform, gamma, xi, (gp.q_mu, gp.q_sqrt)) if s is None]
+        failing = [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]
         if failing:
             detail += f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here: {MISTAKES[failing[0]][0]}"
             detail += f" (so do {', '.join(failing[1:])})." if failing[1:] else "."
@@ -369,15 +356,14 @@ def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: 
     if got[0].shape != want[0].shape or got[1].shape != want[1].shape:
         shapes = f"{list(got[0].shape)}, {list(got[1].shape)} against GPflow's {list(want[0].shape)}, {list(want[1].shape)}"
         return Check("custom_step", claim, "fail", detail=f"the new q_mu, q_sqrt have shapes {shapes}.")
-    err = max_abs_diff(got, want)
-    parts = f"q_mu: {format_number(max_abs_diff(got[0], want[0]))}, q_sqrt: {format_number(max_abs_diff(got[1], want[1]))}"
+    err, bound, parts = max_abs_diff(got, want), step_bound(ctx, cond, list(want)), differences(got, want)
     if err <= bound.total:
         return bounded_check("custom_step", claim, err, bound, parts)
     block, diff = _worst_block(got, want)
     where = f"It differs from GPflow's step most in {block}: {format_number(diff)} > tolerance {format_number(bound.total)} ({parts})."
     near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
     dist = {}
-    for name, s in mistaken_steps(*before, grads, transform, gamma, xi, want):
+    for name, s in mistakes(want):
         if s is not None and max_abs_diff(want, s) > near:
             dist[name] = max_abs_diff(got, s)
             if dist[name] <= near:
@@ -396,21 +382,6 @@ def judge(applied: Applied, gp: GpflowStep, before: tuple[Array, Array], grads: 
     return Check("custom_step", claim, "fail", err, bound.total, detail)
 
 
-def _bound(ctx: Any, cond: Any, gp: GpflowStep, before: tuple[Array, Array]) -> Bound:
-    """The ``reproduction`` check's bound for the steps from ``before``."""
-    sizes = [gp.q_mu, gp.q_sqrt] if gp.q_mu is not None else list(before)
-    name = "κ_η·κ(S_new)·cancellation"
-    return natgrad_bound(ctx.np_dtype, condition=cond.step_condition, condition_name=name, scale=scale(sizes), rtol=ctx.tol.rtol, atol=ctx.tol.atol)
-
-
-def _changed_and_restored(variables: dict[str, Any], saved: dict[str, Array]) -> tuple[str, ...]:
-    """The names of ``variables`` whose values differ from ``saved``; each is put back."""
-    changed = tuple(n for n, v in variables.items() if v.numpy().tobytes() != saved[n].tobytes())
-    for n in changed:
-        variables[n].assign(saved[n])
-    return changed
-
-
 def stage(run: Run) -> Outcome:
     """The ``custom_step`` check when the run has an optimizer (``ctx.optimizer``); nothing otherwise.
 
@@ -421,7 +392,7 @@ def stage(run: Run) -> Outcome:
     import gpflow
     import tensorflow as tf
 
-    ev, step, gp = run.ev, run.step, run.gp
+    ev = run.ev
     opt = ev.ctx.optimizer
     if opt is None:
         return Outcome()
@@ -429,10 +400,9 @@ def stage(run: Run) -> Outcome:
         model, scratch = ev.ctx.model, ev.sync()
         q_mu, q_sqrt = model.q_mu, model.q_sqrt
         own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
-        saved = {n: np.array(v.numpy(), copy=True) for n, v in own.items()}
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
-        applied = _apply(opt, lambda: ev.ctx.loss(scratch), scratch.q_mu, scratch.q_sqrt, {**others, **own})
-        _changed_and_restored(own, saved)
+        with restored(list(own.values())):
+            applied = _apply(opt, lambda: ev.ctx.loss(scratch), scratch.q_mu, scratch.q_sqrt, {**others, **own})
         ev.sync()
     else:  # the var_list form: the pair itself (a PairEvaluator)
         pev: Any = ev
@@ -440,68 +410,51 @@ def stage(run: Run) -> Outcome:
         with tf.GradientTape() as tape:
             pev.loss()
         read = {v.name + f"#{i}": v for i, v in enumerate(tape.watched_variables())}
-        pair = {"q_mu": q_mu.unconstrained_variable, "q_sqrt": q_sqrt.unconstrained_variable}
-        others = {n: v for n, v in read.items() if all(v is not p for p in pair.values())}
-        saved = {n: np.array(v.numpy(), copy=True) for n, v in {**others, **pair}.items()}
-        applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
-        _changed_and_restored({**others, **pair}, saved)
+        pair = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
+        others = {n: v for n, v in read.items() if all(v is not p for p in pair)}
+        with restored([*others.values(), *pair]):
+            applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())
-    grads = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
-    bound = _bound(ev.ctx, run.cond, gp, before)
-    return Outcome(checks=(judge(applied, gp, before, grads, q_sqrt.transform, ev.ctx.gamma, ev.ctx.xi, bound, who(opt)),))
+    return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))
 
 
 def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, before: list[Array], *, rtol: float | None = None, atol: float | None = None) -> tuple[Check, ...]:
     """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list`` = [(q_mu, q_sqrt) or
     (q_mu, q_sqrt, xi_transform), ...] of ``gpflow.Parameter`` s: for the training guard.
 
-    ``before`` holds the unconstrained variables of every pair (q_mu's, then q_sqrt's, pair by pair) from before the
-    step. The parameters are set back to ``before`` for the gradients of ``loss_fn`` (one tape, as ``minimize``
-    takes them) and GPflow's update of each pair at the optimizer's γ and ξ, then to their values after the step:
-    one more gradient and one more GPflow update per pair. The optimizer is not run again.
+    ``before`` holds every pair's unconstrained variables (q_mu's, then q_sqrt's) from before the step. From there
+    come the gradients of ``loss_fn`` (one tape) and GPflow's update of each pair at the optimizer's γ and ξ; the
+    parameters then get their values after the step back. The optimizer is not run again.
 
     Returns:
         One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's).
     """
-    import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
-    from natgrad_diag.checks.evaluator import Context, gpflow_update, step_from_gradients
-    pairs = [(None, item[0], None, item[1]) for item in var_list]  # as the guard holds them: checked when it starts
-    variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
+    from natgrad_diag.checks.bounds import measure_conditioning
+    from natgrad_diag.checks.evaluator import gpflow_update, step_from_gradients
+    from natgrad_diag.checks.pairs import gradients, pair_context
+
+    variables = [p.unconstrained_variable for item in var_list for p in item[:2]]
     if len(before) != len(variables) or any(np.shape(b) != tuple(v.shape) for b, v in zip(before, variables)):
         raise input_error("before must hold the unconstrained values of every pair's q_mu and q_sqrt.", "before",
                           f"{len(variables)} arrays of shapes {[tuple(v.shape) for v in variables]}", f"{len(before)} arrays",
                           "snapshot [v.numpy() for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)] per pair before the step.")
     gamma, default_xi = optimizer_settings(optimizer, None, None)
-    after = [np.array(v.numpy(), copy=True) for v in variables]
-    got = [(mu.numpy(), sq.numpy()) for _, mu, _, sq in pairs]
+    got = [Applied(mu.numpy(), sq.numpy()) for mu, sq, *_ in var_list]
     checks = []
-    try:
+    with restored(variables):
         for v, b in zip(variables, before):
             v.assign(b)
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(variables)
-            loss = loss_fn()
-        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        for i, (_, q_mu, _, q_sqrt) in enumerate(pairs):
-            xi = (var_list[i][2] if len(var_list[i]) > 2 else None) or default_xi or XiNat()
-            np_dtype = np.dtype(q_mu.dtype.as_numpy_dtype)
-            tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
-            M, L = int(q_mu.shape[0]), int(q_mu.shape[1])
-            ctx = Context(model=None, data=None, xi=xi, gamma=float(gamma), tol=tol, np_dtype=np_dtype, M=M, L=L)
-            g_mu, g_sq = grads[2 * i], grads[2 * i + 1]
+        loss, grads = gradients(loss_fn, variables)
+        for i, (q_mu, q_sqrt, *xi) in enumerate(var_list):
+            ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
             start = (q_mu.numpy(), q_sqrt.numpy())
-            step = step_from_gradients(q_mu, q_sqrt, loss, g_mu, g_sq)
-            gp = gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, loss_fn)
+            step = step_from_gradients(q_mu, q_sqrt, loss, grads[2 * i], grads[2 * i + 1])
+            gp = gpflow_update(ctx, grads[2 * i], grads[2 * i + 1], q_mu, q_sqrt, loss_fn)
             q_mu.unconstrained_variable.assign(before[2 * i])
             q_sqrt.unconstrained_variable.assign(before[2 * i + 1])
             cond = measure_conditioning(None, *start, gp.q_sqrt)
-            grads4 = (step.g_mu, step.g_sq, step.dL_dmean, step.dL_dvarsqrt)
-            label = who(optimizer) + (f" (pair {i})" if len(pairs) > 1 else "")
-            checks.append(judge(Applied(*got[i]), gp, start, grads4, q_sqrt.transform, float(gamma), xi, _bound(ctx, cond, gp, start), label))
-    finally:
-        for v, a in zip(variables, after):
-            v.assign(a)
+            label = who(optimizer) + (f" (pair {i})" if len(var_list) > 1 else "")
+            checks.append(judge(got[i], gp, start, step, q_sqrt.transform, ctx, cond, label))
     return tuple(checks)

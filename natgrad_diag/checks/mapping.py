@@ -10,13 +10,12 @@ from __future__ import annotations
 import sys
 import types
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.checks.bounds import maxabs, scale
-from natgrad_diag.checks.evaluator import Context, Run
+from natgrad_diag.checks.evaluator import Run
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
@@ -43,15 +42,13 @@ def is_isometric(transform: Any) -> bool:
     return type(transform) in (tfp.bijectors.Identity, tfp.bijectors.FillTriangular)
 
 
-@dataclass(frozen=True)
-class _Mapped:
-    """One parameter's comparison: error, bound, the report's texts, and the warning when it fails."""
-
-    err: float
-    bound: float
-    part: str
-    detail: str
-    warning: str = ""
+#: The warning for a transform whose gradient GPflow maps wrongly.
+_WARNING = (
+    "{name} has the transform {transform}: GPflow's natural gradient maps its gradient with "
+    "_to_constrained(grad, transform) = transform.forward(grad), which is the chain rule only for linear "
+    "isometric transforms (identity, FillTriangular); here it is off by up to {err}, so "
+    "the step is not a natural-gradient step. Use gpflow.utilities.triangular() for q_sqrt and no transform for q_mu."
+)
 
 
 def _correct_gradient(param: Any, g: Array, dtype: Any) -> tuple[Array, Array, Array]:
@@ -78,25 +75,6 @@ def _correct_gradient(param: Any, g: Array, dtype: Any) -> tuple[Array, Array, A
     return correct.numpy(), moving, back
 
 
-def _map_one(ctx: Context, name: str, param: Any, g: Array, gp: Array) -> _Mapped:
-    T = param.transform
-    tname = type(T).__name__
-    correct, moving, back = _correct_gradient(param, g, ctx.np_dtype)
-    err = maxabs(np.where(moving, gp - correct, 0.0))
-    bound = ctx.tol.atol + ctx.tol.rtol * scale([correct])
-    part = f"{name}: {tname} ({'linear isometric' if is_isometric(T) else 'not linear isometric'}), error {format_number(err)}"
-    detail = f"{name}: VJP of forward maps the correct ∂L/∂{name} back to ∂L/∂u to {format_number(maxabs(back - g))}"
-    warning = ""
-    if not err <= bound:
-        warning = (
-            f"{name} has the transform {tname}: GPflow's natural gradient maps its gradient with "
-            f"_to_constrained(grad, transform) = transform.forward(grad), which is the chain rule only for linear "
-            f"isometric transforms (identity, FillTriangular); here it is off by up to {format_number(err)}, so "
-            f"the step is not a natural-gradient step. Use gpflow.utilities.triangular() for q_sqrt and no transform for q_mu."
-        )
-    return _Mapped(err, bound, part, detail, warning)
-
-
 def stage(run: Run) -> Outcome:
     """GPflow's ``_to_constrained(grad, T) = T.forward(grad)`` against the chain rule, for q_mu and q_sqrt.
 
@@ -106,7 +84,7 @@ def stage(run: Run) -> Outcome:
     Jacobians (fast mode) a linear isometric transform is not recomputed: the map is exact by construction.
     """
     ctx, step = run.ev.ctx, run.step
-    parts, details, mapped = [], [], []
+    parts, details, margins, found = [], [], [], []
     for name, param, g, gp in (("q_mu", ctx.model.q_mu, step.g_mu, step.dL_dmean), ("q_sqrt", ctx.model.q_sqrt, step.g_sq, step.dL_dvarsqrt)):
         T = param.transform
         if T is None:
@@ -114,24 +92,21 @@ def stage(run: Run) -> Outcome:
         elif not run.ev.explicit_jacobians and is_isometric(T):
             parts.append(f"{name}: {type(T).__name__} (linear isometric: exact, not recomputed in fast mode)")
         else:
-            m = _map_one(ctx, name, param, g, gp)
-            mapped.append(m)
-            parts.append(m.part)
-            details.append(m.detail)
-            if m.warning:
-                warnings.warn(m.warning, UserWarning, stacklevel=_user_stacklevel())
-    worst = None
-    for m in mapped:  # the largest margin, the last of equal ones
-        worst = m if worst is None or m.err - m.bound >= worst.err - worst.bound else worst
-    check = Check(
-        name="gradient_mapping",
-        claim=(
-            "GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
-            "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt"
-        ),
-        status=status_of(all(m.err <= m.bound for m in mapped)),
-        max_abs_error=worst.err if worst is not None else 0.0,
-        tolerance=worst.bound if worst is not None and worst.bound else None,
-        detail="; ".join(parts + details),
+            correct, moving, back = _correct_gradient(param, g, ctx.np_dtype)
+            err = maxabs(np.where(moving, gp - correct, 0.0))
+            margins.append((err, ctx.tol.atol + ctx.tol.rtol * scale([correct])))
+            kind = "linear isometric" if is_isometric(T) else "not linear isometric"
+            parts.append(f"{name}: {type(T).__name__} ({kind}), error {format_number(err)}")
+            back_err = format_number(maxabs(back - g))
+            details.append(f"{name}: VJP of forward maps the correct ∂L/∂{name} back to ∂L/∂u to {back_err}")
+            if not err <= margins[-1][1]:
+                found.append(_WARNING.format(name=name, transform=type(T).__name__, err=format_number(err)))
+                warnings.warn(found[-1], UserWarning, stacklevel=_user_stacklevel())
+    worst, bound = max(reversed(margins), key=lambda m: m[0] - m[1], default=(0.0, 0.0))  # the last of equal margins
+    claim = (
+        "GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
+        "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt"
     )
-    return Outcome(checks=(check,), warnings=tuple(m.warning for m in mapped if m.warning))
+    status = status_of(all(e <= b for e, b in margins))
+    check = Check("gradient_mapping", claim, status, worst, bound or None, "; ".join(parts + details))
+    return Outcome(checks=(check,), warnings=tuple(found))

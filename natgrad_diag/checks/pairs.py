@@ -1,35 +1,28 @@
-"""The (q_mu, q_sqrt) pairs a step moves (found on a GPflow or GPflux model, or given as a var_list), and
+"""The (q_mu, q_sqrt) pairs a step moves (of a GPflow or GPflux model, or a var_list), and
 check_natgrad(loss_fn, var_list=[(q_mu, q_sqrt), ...]): the checks for any loss and any pairs, pair by pair.
 
-``NaturalGradient.minimize(loss_fn, var_list)`` takes the gradients of ``loss_fn`` w.r.t. every pair's unconstrained
-variables at the current parameters (one tape), then updates each pair with its own gradients. The checks do the
-same, pair by pair, each pair's step with the others held fixed: ``reproduction`` (natgrad-diag's step,
-:func:`natgrad_diag.natgrad_trace`, against GPflow's own update of the pair) and ``step_health`` with the γ search
-(:mod:`natgrad_diag.checks.health`), on a :class:`PairEvaluator`.
-
-The loss closes over the user's parameters, so there is no copy to step on: GPflow's update, the losses after a step
-and the k-step trials are computed on the parameters themselves, which are restored bit for bit (their unconstrained
-variables) before the function returns, also when it raises. What the loss itself changes when called (the running
-means of Keras metrics that GPflux's layers update at every call) is the loss's own side effect and is not undone.
-The Fisher-identity, ξ forward-mode and conjugate checks need a model (:func:`natgrad_diag.check_natgrad` with an
-SVGP or VGP) and are listed as skipped.
+As ``NaturalGradient.minimize(loss_fn, var_list)`` does, the gradients of ``loss_fn`` w.r.t. every pair come from one
+tape; each pair's step is then checked with the others held fixed (``reproduction``, ``custom_step``, ``step_health``
+with the γ search) on a :class:`PairEvaluator`. There is no copy to step on: the parameters themselves are stepped and
+restored bit for bit (also when it raises); what the loss itself changes when called (the running means of Keras
+metrics in GPflux's layers) is not undone. The checks that need a model are listed as skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.checks import custom_step, health, reproduction
+from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, resolve_mode, step_from_gradients,
     Trial, stepwise, traced,
 )  # fmt: skip
-from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import InputError, ShapeMismatchError, UnsupportedModelError
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
@@ -97,23 +90,27 @@ def trainable_note(pairs: list[Pair]) -> str:
     )
 
 
-@contextmanager
-def _restored(variables: list[Any]) -> Iterator[None]:
-    """Put every variable back to its value on entry, bit for bit, on exit."""
-    saved = [np.array(v.numpy(), copy=True) for v in variables]
-    try:
-        yield
-    finally:
-        for v, value in zip(variables, saved):
-            v.assign(value)
+def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[Any]]:
+    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero if unconnected)."""
+    import tensorflow as tf
+
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        value = loss()
+    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+
+def pair_context(q_mu: Any, xi: Any, gamma: float, rtol: float | None, atol: float | None, **options: Any) -> Context:
+    """The context of one pair's checks: its dtype's tolerances with the overrides, M and L from q_mu [M, L]."""
+    np_dtype = np.dtype(q_mu.dtype.as_numpy_dtype)
+    tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
+    M, L = (int(n) for n in q_mu.shape)
+    return Context(model=None, data=None, xi=xi, gamma=gamma, tol=tol, np_dtype=np_dtype, M=M, L=L, **options)
 
 
 class PairEvaluator(Evaluator):
-    """The evaluator of one (q_mu, q_sqrt) pair of a loss function: every computation on the pair itself, restored.
-
-    natgrad-diag's step is :func:`natgrad_diag.natgrad_trace`; GPflow's is its own update assigned to the pair; the
-    k-step trials run eagerly (:func:`~natgrad_diag.checks.evaluator.one_step`).
-    """
+    """The evaluator of one (q_mu, q_sqrt) pair of a loss function: every computation (natgrad_trace, GPflow's update,
+    the eager k-step trials) on the pair itself, restored."""
 
     compares = "natgrad_trace against GPflow's update of the pair"
 
@@ -127,7 +124,7 @@ class PairEvaluator(Evaluator):
     def take(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
         step = traced(step_from_gradients(q_mu, q_sqrt, self.loss_before, g_mu, g_sq), q_mu, q_sqrt, g_mu, g_sq, ctx, compiled=None)
-        with _restored(self.variables):
+        with restored(self.variables):
             return step, gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, self.loss)
 
     def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
@@ -136,14 +133,14 @@ class PairEvaluator(Evaluator):
             self.q_sqrt.assign(q_sqrt)
             return self.loss()
 
-        with _restored(self.variables):
+        with restored(self.variables):
             return finite_loss(loss)
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
         import tensorflow as tf
 
         dtype = self.q_mu.dtype
-        with _restored(self.variables):
+        with restored(self.variables):
             args = ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
             return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
 
@@ -160,9 +157,9 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     step, gp = ev.take()
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
-    found = reproduction.stage(Run(ev, step, gp, cond, lambda *args: None))
-    found += custom_step.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
-    found += health.stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
+    found = Outcome()
+    for stage in (reproduction.stage, custom_step.stage, health.stage):
+        found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
@@ -209,21 +206,16 @@ def check_pairs(
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
     Args:
-        loss_fn: the loss ``NaturalGradient.minimize`` minimises: a zero-argument callable, or ``loss_fn(data)``
-            when ``data`` is given.
+        loss_fn: the loss ``NaturalGradient.minimize`` minimises: ``loss_fn()``, or ``loss_fn(data)`` given ``data``.
         var_list: [(q_mu, q_sqrt), ...] or with a third element, the pair's ξ transform (as GPflow takes it).
-        data: passed to ``loss_fn`` when not None.
-        gamma, xi_transform, rtol, atol: as :func:`natgrad_diag.check_natgrad`.
         mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
             unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
-        gamma_steps, gamma_search: validated by the caller, as :func:`natgrad_diag.check_natgrad` takes them.
+        gamma, xi_transform, rtol, atol, gamma_steps, gamma_search: as :func:`natgrad_diag.check_natgrad` takes them.
         optimizer: the user's optimizer (already wrapped), stepped on each pair alone for ``custom_step``; or None.
 
     Returns:
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
     """
-    import tensorflow as tf
-
     if not callable(loss_fn):
         raise InputError(
             "with var_list, the first argument must be the loss function.",
@@ -247,18 +239,12 @@ def check_pairs(
     loss = (lambda: loss_fn(data)) if data is not None else loss_fn
     resolved = resolve_mode(mode, [(int(p[1].shape[0]), int(p[1].shape[1])) for p in pairs])
     variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
-    with _restored(variables):
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(variables)
-            value = _scalar_loss(loss())
-        grads = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    with restored(variables):
+        value, grads = gradients(lambda: _scalar_loss(loss()), variables)
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):
-            np_dtype = np.dtype(pair[1].dtype.as_numpy_dtype)
-            tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
-            M, L = int(pair[1].shape[0]), int(pair[1].shape[1])
-            ctx = Context(model=None, data=None, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L, gamma_steps=gamma_steps, search=gamma_search,
-                          optimizer=optimizer)
+            options = dict(gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)
+            ctx = pair_context(pair[1], xi, g, rtol, atol, **options)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     return NatGradReport.of_pairs(tuple(reports), resolved)

@@ -156,10 +156,6 @@ class NatGradReport(Report):
                 return c
         raise KeyError(f"no check named {name!r}; checks: {', '.join(c.name for c in self.checks)}")
 
-    def number(self, name: str) -> float:
-        """One of ``numbers`` by name."""
-        return dict(self.numbers)[name]
-
     def sections(self) -> tuple[Section, ...]:
         """The answer first (the verdict's causes and fixes, the suggested γ), then the γ trials with their picture,
         the checks (failed first) and, further down, the model, the numbers, what was not checked, the warnings."""
@@ -262,8 +258,7 @@ class NatGradReport(Report):
             loss_before=self.loss_before, loss_after=self.loss_after, suggested_gamma=self.suggested_gamma,
             gamma_steps=self.gamma_steps, gamma_losses={f"{g:g}": loss for g, loss in self.gamma_losses.items()},
             step_error=self.step_error, skipped=[dict(check=n, reason=r) for n, r in self.skipped],
-            gamma_trials=[dict(gamma=t.gamma, healthy=t.healthy, loss=t.loss, reason=t.reason, steps=t.steps, losses=list(t.losses),
-                               failed_step=t.failed_step) for t in self.gamma_trials],
+            gamma_trials=[dataclasses.asdict(t) for t in self.gamma_trials],
             warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
         )  # fmt: skip
         out: dict[str, Any] = to_jsonable(d)
