@@ -94,20 +94,18 @@ def _vjp_and_contraction(
     the first output's dtype)."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import flat_outputs, require_output_dtypes, seed_array, validate_seeds
+    from natgrad_diag._validate import flat_outputs, require_output_dtypes
     from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
     from natgrad_diag.gradcheck.full import reverse_jacobian
+    from natgrad_diag.gradcheck.problem import cotangent_arrays
 
-    seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
         ys = flat_outputs(fn(*xs))
     require_output_dtypes(ys, xs[0].dtype)
-    validate_seeds(seeds, ys, argument="cotangents", target_name="output")
-    out_shapes = [tuple(y.shape) for y in ys]
-    in_shapes = [tuple(x.shape) for x in xs]
-    check_memory(jacobian_nbytes(out_shapes, in_shapes, ys[0].dtype.size), max_bytes, "assert_vjp_matches_jacobian")
-    vs = [seed_array(s, y, f"cotangents[{i}]") for i, (s, y) in enumerate(zip(seeds, ys))]
+    vs = cotangent_arrays(cotangents, ys)
+    nbytes = jacobian_nbytes([tuple(y.shape) for y in ys], [tuple(x.shape) for x in xs], ys[0].dtype.size)
+    check_memory(nbytes, max_bytes, "assert_vjp_matches_jacobian")
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
     want = tuple(

@@ -270,7 +270,7 @@ def _fast_row(
 def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
     """After a fast-mode failure, full mode on that block alone names the worst entry (if small enough)."""
     i, j = row.output_index, row.input_index
-    n_coords = len(coordinates(prob.x[j].shape, prob.structures[j], prob.names[j]))
+    n_coords = len(coordinates(prob.x[j].shape, prob.structures[j]))
     need = 2 * prob.y[i].size * prob.x[j].size * prob.dtype.itemsize
     if n_coords > _RERUN_MAX_COORDS or need > prob.max_bytes:
         return dataclasses.replace(row, note=_join(row.note, (

@@ -44,7 +44,7 @@ def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[Gradie
     need = 2 * jacobian_nbytes([prob.y[i].shape for i in outputs_used], [prob.x[j].shape for j in inputs_used], prob.dtype.itemsize)
     check_memory(need, prob.max_bytes, "the full-mode check (analytical and numerical Jacobians)")
     block_of = _analytical_blocks(prob, only)
-    coords = {j: coordinates(prob.x[j].shape, prob.structures[j], prob.names[j]) for j in inputs_used}
+    coords = {j: coordinates(prob.x[j].shape, prob.structures[j]) for j in inputs_used}
     total = sum(map(len, coords.values()))
     rows = []
     with progress_bar(total=total, description=f"gradient check (full, {total} coordinates)") as advance:

@@ -119,9 +119,10 @@ class GradientCheckReport(Report):
                           "use names from report.output_names and report.input_names (or their indices).")
 
     def sections(self) -> tuple[Section, ...]:
+        fast = self.mode == "fast"
         how = (
             "central differences for every input coordinate (within its structure) against the explicit Jacobian"
-            if self.mode == "full"
+            if not fast
             else f"{self.num_directions} random unit direction pair(s) (u, v) per block: ⟨v, (f(x+εu) − f(x−εu))/2ε⟩ "
             "against ⟨Jᵀ·v, u⟩ from reverse mode; no dense Jacobian"
         )
@@ -134,33 +135,23 @@ class GradientCheckReport(Report):
             + ".\n"
             "Outputs: " + ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes)) + "."
         )
-        if self.mode == "fast":
+        if fast:
             settings += f"\nSeed {self.seed}" + ("; v = the given cotangents. " if self.cotangents_given else ". ") + _FORWARD_NOTE
         elif self.cotangents_given:
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
-        columns = ["", "block", "worst entry", "numerical", "analytical"]
-        if self.mode == "fast":
-            columns.append("forward")
-        columns += ["abs err", "rel err"]
-        rows = []
-        for r in self.rows:
-            cells = [
-                "PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r),
-                format_number(r.numerical), format_number(r.analytical),
-            ]  # fmt: skip
-            if self.mode == "fast":
-                cells.append(format_number(r.forward))
-            cells += [format_number(r.max_abs_error), format_number(r.max_rel_error)]
-            rows.append(tuple(cells))
-        sections = [
-            Section("Settings", settings),
-            Section("Blocks", "", (Table(columns=tuple(columns), rows=tuple(rows), title=_TABLE_TITLE),)),
-        ]
+        columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()), "abs err", "rel err")
+        rows = tuple(
+            ("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r), format_number(r.numerical),
+             format_number(r.analytical), *((format_number(r.forward),) if fast else ()),
+             format_number(r.max_abs_error), format_number(r.max_rel_error))
+            for r in self.rows
+        )  # fmt: skip
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
-        if notes:
-            sections.append(Section("What to do", "\n".join(notes)))
-        return tuple(sections)
+        return (
+            Section("Settings", settings), Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
+            *((Section("What to do", "\n".join(notes)),) if notes else ()),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -214,6 +205,4 @@ def _short_entry(r: GradientCheckRow) -> str:
 
 
 def _ratio(err: float, tol: float) -> float:
-    if tol > 0:
-        return err / tol
-    return math.inf if err > 0 else 0.0
+    return err / tol if tol > 0 else math.inf if err > 0 else 0.0
