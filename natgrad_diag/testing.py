@@ -13,13 +13,16 @@ natural-gradient checks load on first use::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.gradcheck.api import assert_gradients
 from natgrad_diag.typing import Array
+
+if TYPE_CHECKING:  # imported on first use (it needs GPflow) by __getattr__
+    from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
 
@@ -79,11 +82,10 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
     from natgrad_diag._validate import as_float_tensor, require_finite, split_inputs
 
     values, names = split_inputs(inputs, input_names)
-    # numbers and lists become float64, as everywhere in the package
-    xs = [tf.constant(np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)) for k, (n, v) in enumerate(zip(names, values))]
+    xs = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True) for k, (n, v) in enumerate(zip(names, values))]
     for n, x in zip(names, xs):
-        require_finite(x.numpy(), n)
-    return xs, names
+        require_finite(x, n)
+    return [tf.constant(x) for x in xs], names
 
 
 def _vjp_and_contraction(
@@ -140,18 +142,9 @@ def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: floa
     )
 
 
-def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
-    """Assert that a natural-gradient step matches GPflow's ``NaturalGradient``; the model is not changed.
+def __getattr__(name: str) -> Any:
+    if name == "assert_natgrad_step_matches_gpflow":
+        from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow
 
-    Call it as ``assert_natgrad_step_matches_gpflow(model, data=None, *, gamma=1.0, xi_transform=None,
-    atol=None, rtol=None)``: natgrad-diag's step on the model's own parameters is compared with the step
-    ``gpflow.optimizers.NaturalGradient`` applies to a deep copy. The check (it needs GPflow) is imported
-    when called.
-
-    Raises:
-        NatGradCheckError: the step differs from GPflow's (an ``AssertionError``).
-    """
-    __tracebackhide__ = True
-    from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow as check
-
-    return check(*args, **kwargs)
+        return assert_natgrad_step_matches_gpflow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
