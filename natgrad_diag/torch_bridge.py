@@ -36,11 +36,7 @@ def torch_available() -> bool:
 
 
 def require_torch() -> Any:
-    """Import and return ``torch``.
-
-    Raises:
-        MissingExtraError: PyTorch is not installed (also an ``ImportError``).
-    """
+    """Import and return ``torch``; MissingExtraError (also an ``ImportError``) when PyTorch is not installed."""
     try:
         import torch
     except ImportError as e:
@@ -119,18 +115,10 @@ def compare_with_tensorflow(
     tf_fn: Callable[..., Any], torch_fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any], *,
     name: str = "tf_equals_torch", rtol: float = 1e-12, atol: float = 1e-12,
 ) -> Check:
-    """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared; never raises on a
+    """Jᵀ·v of the same function written for TensorFlow (:func:`natgrad_diag.vjp`) and for PyTorch (:func:`torch_vjp`)
+    at ``primals`` (float64) with one seed per output, compared: a :class:`~natgrad_diag.Check` named ``name`` that
+    passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient; never raises on a
     disagreement.
-
-    Args:
-        tf_fn, torch_fn: the same function written for TensorFlow and for PyTorch.
-        primals: the inputs, float64 arrays.
-        cotangents: one seed per output.
-        name: the check's name.
-        rtol, atol: the check passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient.
-
-    Returns:
-        A :class:`~natgrad_diag.Check`.
 
     Raises:
         MissingExtraError: PyTorch is not installed.

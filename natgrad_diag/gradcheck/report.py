@@ -103,12 +103,6 @@ class GradientCheckReport(Report):
     def title(self) -> str:  # type: ignore[override]
         return f"Gradient check of {self.function} ({self.mode} mode, {self.dtype})"
 
-    @property
-    def failed_rows(self) -> tuple[GradientCheckRow, ...]:
-        """The rows that failed, worst (largest error/tolerance) first."""
-        bad = [r for r in self.rows if not r.passed]
-        return tuple(sorted(bad, key=lambda r: -_ratio(r.worst_abs_error, r.worst_tolerance)))
-
     def row(self, output: str | int, input: str | int) -> GradientCheckRow:  # noqa: A002
         """The row of block ∂output/∂input, by names or indices."""
         for r in self.rows:
@@ -162,11 +156,10 @@ class GradientCheckReport(Report):
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
-        bad = self.failed_rows
+        bad = sorted((r for r in self.rows if not r.passed), key=lambda r: -_ratio(r.worst_abs_error, r.worst_tolerance))
         if not bad:
             return None
         r = bad[0]
-        others = [f"∂{b.output}/∂{b.input}" for b in bad[1:]]
         context: list[tuple[str, object]] = [
             ("Output", f"{r.output_index} ({r.output})"),
             ("Input", f"{r.input_index} ({r.input}, structure {r.structure!r})"),
@@ -176,21 +169,18 @@ class GradientCheckReport(Report):
             ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} "
                       f"(rtol={self.rtol:g}, atol={self.atol:g})"),
             ("Block", f"max abs error {r.max_abs_error:.6g}, max rel error {r.max_rel_error:.6g}; {r.method}"),
+            *([("Note", r.note)] if r.note else []),
+            *([("Also failed", ", ".join(f"∂{b.output}/∂{b.input}" for b in bad[1:]))] if len(bad) > 1 else []),
         ]
-        if r.note:
-            context.append(("Note", r.note))
-        if others:
-            context.append(("Also failed", ", ".join(others)))
-        remedy = r.hint or (
-            f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
-            "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
-            "strongly, larger against rounding) or in float64."
-        )
         return JacobianMismatchError(
             f"Output {r.output_index} ({r.output}) with respect to input {r.input_index} ({r.input}): "
             "finite differences and the analytical derivative disagree.",
             context=context,
-            remedy=remedy,
+            remedy=r.hint or (
+                f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
+                "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
+                "strongly, larger against rounding) or in float64."
+            ),
         )
 
 

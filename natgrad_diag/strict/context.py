@@ -29,7 +29,6 @@ ACTIONS = ("raise", "warn")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-
 class _Local(threading.local):
     def __init__(self) -> None:
         self.stack: list[StrictGradients] = []  # the contexts this thread is inside, innermost last
@@ -77,10 +76,8 @@ class StrictGradients(contextlib.ContextDecorator):
 
     def __exit__(self, *exc_info: object) -> None:
         stack = _local.stack
-        for k in range(len(stack) - 1, -1, -1):
-            if stack[k] is self:
-                del stack[k]
-                break
+        if self in stack:  # the innermost entry of this context
+            del stack[len(stack) - 1 - stack[::-1].index(self)]
         _uninstall()
 
     def _recreate_cm(self) -> StrictGradients:
