@@ -82,7 +82,8 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
     from natgrad_diag._validate import as_float_tensor, require_finite, split_inputs
 
     values, names = split_inputs(inputs, input_names)
-    xs = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True) for k, (n, v) in enumerate(zip(names, values))]
+    xs = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)
+          for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
     for n, x in zip(names, xs):
         require_finite(x, n)
     return [tf.constant(x) for x in xs], names

@@ -115,8 +115,8 @@ def compare_with_tensorflow(
     tf_fn: Callable[..., Any], torch_fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any], *,
     name: str = "tf_equals_torch", rtol: float = 1e-12, atol: float = 1e-12,
 ) -> Check:
-    """Jᵀ·v of the same function written for TensorFlow (:func:`natgrad_diag.vjp`) and for PyTorch (:func:`torch_vjp`)
-    at ``primals`` (float64) with one seed per output, compared: a :class:`~natgrad_diag.Check` named ``name`` that
+    """Jᵀ·v of one function written for TensorFlow (:func:`natgrad_diag.vjp`) and for PyTorch (:func:`torch_vjp`) at
+    ``primals`` (float64) with one seed per output, compared: a :class:`~natgrad_diag.Check` named ``name`` that
     passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient; never raises on a
     disagreement.
 

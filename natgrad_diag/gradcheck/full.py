@@ -41,8 +41,9 @@ def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[Gradie
 
     inputs_used = range(len(prob.x)) if only is None else [only[1]]
     outputs_used = range(len(prob.y)) if only is None else [only[0]]
-    need = 2 * jacobian_nbytes([prob.y[i].shape for i in outputs_used], [prob.x[j].shape for j in inputs_used], prob.dtype.itemsize)
-    check_memory(need, prob.max_bytes, "the full-mode check (analytical and numerical Jacobians)")
+    out_shapes, in_shapes = [prob.y[i].shape for i in outputs_used], [prob.x[j].shape for j in inputs_used]
+    check_memory(2 * jacobian_nbytes(out_shapes, in_shapes, prob.dtype.itemsize), prob.max_bytes,
+                 "the full-mode check (analytical and numerical Jacobians)")
     block_of = _analytical_blocks(prob, only)
     coords = {j: coordinates(prob.x[j].shape, prob.structures[j]) for j in inputs_used}
     total = sum(map(len, coords.values()))
@@ -72,14 +73,15 @@ def _numerical_columns(prob: Problem, j: int, coords: Coords, advance: Callable[
 def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords) -> Array:
     """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
     flat = block.reshape(-1, int(np.prod(in_shape)))
-    cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape)) if in_shape else 0] for idx in coord) for coord in coords]
+    cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape)) if in_shape else 0] for idx in c) for c in coords]
     return np.stack(cols, axis=1) if cols else np.zeros((flat.shape[0], 0), block.dtype)
 
 
 def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[[int, int], Array]:
     """``block_of(i, j)``: ∂y_i/∂x_j from reverse mode, for every block or only the block ``only``."""
     if only is None:
-        return reverse_jacobian(prob.fn, list(prob.x), input_names=prob.names, output_names=prob.output_names, max_bytes=prob.max_bytes).block
+        return reverse_jacobian(prob.fn, list(prob.x), input_names=prob.names, output_names=prob.output_names,
+                                max_bytes=prob.max_bytes).block
     i0, j0 = only
 
     def restricted(xj: Any) -> Any:
@@ -98,14 +100,15 @@ def _block_row(prob: Problem, i: int, j: int, coords: Coords, num: Array, ana: A
     c = compare(num, ana, rtol=prob.rtol, atol=prob.atol)
     r, col = np.unravel_index(c.worst, num.shape) if num.size else (0, 0)
     out_idx = tuple(int(v) for v in np.unravel_index(r, prob.y[i].shape)) if num.size else ()
-    in_label = coord_label(prob.names[j], coords[col], prob.structures[j]) if coords else prob.names[j]
-    structure = prob.structures[j]
+    st = prob.structures[j]
+    in_label = coord_label(prob.names[j], coords[col], st) if coords else prob.names[j]
     return GradientCheckRow(
-        output=prob.output_names[i], input=prob.names[j], output_index=i, input_index=j, structure=structure,
-        method=f"central differences, {len(coords)} coordinate(s)" + (" (E_ab + E_ba)" if structure == "symmetric" else ""),
+        output=prob.output_names[i], input=prob.names[j], output_index=i, input_index=j, structure=st,
+        method=f"central differences, {len(coords)} coordinate(s)" + (" (E_ab + E_ba)" if st == "symmetric" else ""),
         compared=int(num.size), worst_entry=f"∂{label(prob.output_names[i], out_idx)}/∂{in_label}",
-        numerical=float(num.flat[c.worst]) if num.size else 0.0, analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
+        numerical=float(num.flat[c.worst]) if num.size else 0.0,
+        analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
         forward=None, max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error,
         worst_abs_error=c.worst_abs_error, worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(structure, prob.names[j], prob.x[j]),
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]),
     )  # fmt: skip

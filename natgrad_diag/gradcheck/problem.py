@@ -49,7 +49,7 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Arra
 
 
 def cotangent_arrays(cotangents: Any, ys: Sequence[Any]) -> list[Array]:
-    """Cotangents checked against the outputs ``ys``, as arrays of their shapes and dtypes (``None`` entries are ones)."""
+    """Cotangents checked against the outputs ``ys``, as arrays of their shapes and dtypes (``None``: ones)."""
     seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
     validate_seeds(seeds, ys, argument="cotangents", target_name="output")
     return [seed_array(s, y, f"cotangents[{k}]") for k, (s, y) in enumerate(zip(seeds, ys))]
@@ -80,8 +80,8 @@ class Problem:
         flat = flat_outputs(outputs)
         require_output_dtypes(flat, self.dtype.name)
         self.y = [np.asarray(y.numpy()) for y in flat]
-        # a dict's keys or paths, in tf.nest.flatten's order
-        self.output_names = names_of(output_labels(outputs) if output_names is None else output_names, len(self.y), "outputs")
+        labels = output_labels(outputs) if output_names is None else output_names  # a dict's keys or paths, flattened
+        self.output_names = names_of(labels, len(self.y), "outputs")
         for name, y in zip(self.output_names, self.y):
             if y.dtype.kind != "f":
                 raise input_error(
@@ -96,7 +96,7 @@ class Problem:
                 )
 
     def central(self, j: int, direction: Array, what: str) -> list[Array]:
-        """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; failures and NaN/Inf become InputError."""
+        """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; a failure or NaN/Inf: InputError."""
         import tensorflow as tf
 
         values = []
@@ -109,7 +109,8 @@ class Problem:
                 raise InputError(
                     f"fn failed at a finite-difference point ({what}).",
                     context=[("Argument", "eps"), ("Step", scale), ("Error", error_line(e, with_type=True))],
-                    remedy="pass a smaller eps, or a point further from the edge of fn's domain (e.g. better conditioned).",
+                    remedy="pass a smaller eps, or a point further from the edge of fn's domain "
+                    "(e.g. better conditioned).",
                 ) from e
             for name, y in zip(self.output_names, out):
                 if not np.all(np.isfinite(y)):

@@ -133,7 +133,8 @@ class GradientCheckReport(Report):
             settings += f"\nSeed {self.seed}" + ("; v = the given cotangents. " if self.cotangents_given else ". ") + _FORWARD_NOTE
         elif self.cotangents_given:
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
-        columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()), "abs err", "rel err")
+        columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()),
+                   "abs err", "rel err")  # fmt: skip
         rows = tuple(
             ("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r), format_number(r.numerical),
              format_number(r.analytical), *((format_number(r.forward),) if fast else ()),
@@ -143,7 +144,8 @@ class GradientCheckReport(Report):
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
         return (
-            Section("Settings", settings), Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
+            Section("Settings", settings),
+            Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
             *((Section("What to do", "\n".join(notes)),) if notes else ()),
         )
 
@@ -156,7 +158,7 @@ class GradientCheckReport(Report):
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
-        bad = sorted((r for r in self.rows if not r.passed), key=lambda r: -_ratio(r.worst_abs_error, r.worst_tolerance))
+        bad = sorted([r for r in self.rows if not r.passed], key=_badness)
         if not bad:
             return None
         r = bad[0]
@@ -177,9 +179,9 @@ class GradientCheckReport(Report):
             "finite differences and the analytical derivative disagree.",
             context=context,
             remedy=r.hint or (
-                f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
-                "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
-                "strongly, larger against rounding) or in float64."
+                f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, "
+                "RegisterGradient); if it is right, the difference is inaccurate: re-check with another eps "
+                "(smaller when fn curves strongly, larger against rounding) or in float64."
             ),
         )
 
@@ -194,5 +196,7 @@ def _short_entry(r: GradientCheckRow) -> str:
     return text.replace(" (above diagonal)", " (upper)")
 
 
-def _ratio(err: float, tol: float) -> float:
-    return err / tol if tol > 0 else math.inf if err > 0 else 0.0
+def _badness(r: GradientCheckRow) -> float:
+    """−error/tolerance at the worst entry: the worst row sorts first."""
+    err, tol = r.worst_abs_error, r.worst_tolerance
+    return -(err / tol if tol > 0 else math.inf if err > 0 else 0.0)

@@ -11,8 +11,8 @@ from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
-__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "label", "random_direction",
-           "resolve_structures"]  # fmt: skip
+__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "label",
+           "random_direction", "resolve_structures"]  # fmt: skip
 
 #: The input structures :func:`check_gradients` understands.
 STRUCTURES = ("general", "symmetric", "lower_triangular")

@@ -140,7 +140,7 @@ class OuterExample(Report):
         )
         table = Table(
             columns=("∂y_jk/∂x_0",) + tuple(f"k={k}" for k in range(n)),
-            rows=tuple((f"j={j}",) + tuple(format_number(self.jacobian_array[j, k, 0]) for k in range(n)) for j in range(n)),
+            rows=tuple((f"j={j}", *(format_number(self.jacobian_array[j, k, 0]) for k in range(n))) for j in range(n)),
             title="J[:, :, 0] = ∂y/∂x_0",
         )
         return Section("The Jacobian", jac_text, (table,) if n <= 6 else ())
@@ -197,9 +197,10 @@ class OuterExample(Report):
         t, skip = self.torch, ("jacobian", "jacobian_closed_form", "torch", "torch_status", "checks")
         d = super().to_dict() | {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         d.update(jacobian_shape=list(self.jacobian_array.shape), jacobian=self.jacobian_array)
+        torch_keys = ("gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error")
         d["torch"] = {"available": t is not None, "status": self.torch_status} | {
-            k: None if t is None else getattr(t, k) for k in ("gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error")
-        }  # fmt: skip
+            k: None if t is None else getattr(t, k) for k in torch_keys
+        }
         out: dict[str, Any] = to_jsonable(d)
         return out
 

@@ -51,7 +51,8 @@ def is_exempt(caller: FrameType | None) -> bool:
     frame = caller
     while frame is not None and frame.f_code.co_filename.startswith(autograph_dir):  # AutoGraph's converted_call
         frame = frame.f_back
-    return frame is not None and (frame.f_code.co_filename == backprop_file or frame.f_code.co_filename.startswith(_PACKAGE_DIR))
+    filename = "" if frame is None else frame.f_code.co_filename
+    return filename == backprop_file or filename.startswith(_PACKAGE_DIR)
 
 
 def call_site(caller: FrameType | None) -> CallSite:
