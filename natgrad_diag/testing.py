@@ -118,13 +118,12 @@ def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: floa
     """Raise JacobianMismatchError naming the worst entry when some |got − want| > atol + rtol·|want|."""
     from natgrad_diag.autodiff.blocks import element_labels
     from natgrad_diag.exceptions import JacobianMismatchError
+    from natgrad_diag.gradcheck.problem import compare
 
-    err = np.abs(got - want)
-    tol = atol + rtol * np.abs(want)
-    if np.all(err <= tol):
+    c = compare(got, want, rtol=rtol, atol=atol)
+    if c.passed:
         return
-    k = int(np.argmax(err - tol))
-    shape = tuple(got.shape)
+    k, shape = c.worst, tuple(got.shape)
     raise JacobianMismatchError(
         f"tape.gradient with output_gradients is not Jᵀ·v for input {j} ({name}).",
         context=[
@@ -132,7 +131,7 @@ def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: floa
             ("Worst entry", element_labels(name, shape)[k]),
             ("Expected", f"{float(want.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
             ("Actual", f"{float(got.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
-            ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} "
+            ("Error", f"{c.worst_abs_error:.6g} > atol + rtol·|Jᵀ·v| = {c.worst_tolerance:.6g} "
                       f"(rtol={rtol:g}, atol={atol:g})"),
         ],
         remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "

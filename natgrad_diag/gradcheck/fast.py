@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,15 +79,10 @@ class _Measured:
 
 
 class _Engine:
-    """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager.
-
-    * ``analytical(n_dirs)(xs, vs, us)``: f at x once and one VJP per output and direction (the forward
-      pass shared by all of them), contracted with every input direction: [n_dirs, n_out, n_in] scalars.
-    * ``central(active)(xs, vs, xp, xm)``: f(x + εu_j) − f(x − εu_j) contracted with v for each active input
-      j of one direction, and whether every output was finite. Scalars only come back: no Jacobian, no
-      dense intermediate.
-    * ``jvp()(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
-    """
+    """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager;
+    only scalars come back: ``analytical`` [n_dirs, n_out, n_in] ⟨Jᵀ·v, u⟩ (one forward pass, one VJP per output
+    and direction), ``central`` ⟨v, f(x + εu_j) − f(x − εu_j)⟩ per active input and whether all was finite,
+    ``jvp`` ⟨v_i, J_i·t⟩ by forward mode (information only)."""
 
     def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any, compiled: bool) -> None:
         import tensorflow as tf
@@ -166,14 +162,10 @@ def _engine(prob: Problem, compiled: bool) -> _Engine:
 
     xshapes = [tuple(x.shape) for x in prob.x]
     name = gpflow_map_name(prob.fn)
-
-    def build() -> _Engine:
-        return _Engine(prob.fn, xshapes, [tuple(y.shape) for y in prob.y], prob.dtype, compiled)
-
+    build = functools.partial(_Engine, prob.fn, xshapes, [tuple(y.shape) for y in prob.y], prob.dtype, compiled)
     if name is None or not compiled:
         return build()
-    engine: _Engine = _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
-    return engine
+    return cast(_Engine, _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build))
 
 
 def _measure(

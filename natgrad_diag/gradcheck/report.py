@@ -150,10 +150,8 @@ class GradientCheckReport(Report):
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rows", "checks", "cotangents_given")})
-        d.update(cotangents_given=self.cotangents_given, rows=[r.to_dict() for r in self.rows])
-        out: dict[str, Any] = to_jsonable(d)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checks"}
+        out: dict[str, Any] = to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]})
         return out
 
     def mismatch_message(self) -> JacobianMismatchError | None:

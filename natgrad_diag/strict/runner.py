@@ -106,10 +106,8 @@ def _module_exists(name: str) -> bool:
 
 
 def _exit_code(e: SystemExit, out: TextIO) -> int:
-    if e.code is None:
-        return EXIT_OK
-    if isinstance(e.code, int):
-        return e.code
+    if e.code is None or isinstance(e.code, int):
+        return e.code or EXIT_OK
     print(e.code, file=out)  # sys.exit("message"), as Python prints it
     return 1
 
