@@ -88,9 +88,8 @@ def check_gradients(
     tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
     cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
-    # torch's _slow_gradcheck / _fast_gradcheck: central differences are the only oracle independent of TensorFlow's
-    # registered gradients (forward mode is built by transposing them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when one
-    # is wrong); fast mode re-runs full mode on a small failing block to name the worst entry
+    # torch's _slow_gradcheck / _fast_gradcheck, against central differences: the only oracle independent of
+    # TensorFlow's registered gradients (forward mode transposes them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when wrong)
     if mode == "fast":
         check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
                      argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip

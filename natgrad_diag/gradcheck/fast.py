@@ -60,12 +60,9 @@ def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Ar
     if m is None:  # not traceable, or not finite at a point: the eager run names the cause
         m = _measure(prob, us, vs, atols, compiled=False)
         assert m is not None
-    rows = []
-    for i in range(len(prob.y)):
-        for j in range(len(prob.x)):
-            row = _fast_row(prob, i, j, m, len(us[j]), num_directions, atol=atols[i])
-            rows.append(row if row.passed else _rerun_full(prob, row))
-    return rows
+    blocks = np.ndindex(len(prob.y), len(prob.x))
+    rows = [_fast_row(prob, i, j, m, len(us[j]), num_directions, atol=atols[i]) for i, j in blocks]
+    return [row if row.passed else _rerun_full(prob, row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -217,13 +214,11 @@ def _forward_at_worst(
     tolerances); the reason when forward mode fails, else ""."""
     import tensorflow as tf
 
-    n_out, n_in = len(prob.y), len(prob.x)
     todo: dict[tuple[int, int], list[int]] = {}
-    for i in range(n_out):
-        for j in range(n_in):
-            n = len(us[j])
-            k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=prob.rtol, atol=atols[i]).worst
-            todo.setdefault((j, k), []).append(i)
+    for i, j in np.ndindex(len(prob.y), len(prob.x)):
+        n = len(us[j])
+        k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=prob.rtol, atol=atols[i]).worst
+        todo.setdefault((j, k), []).append(i)
     try:
         for (j, k), outs in todo.items():
             t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
