@@ -1,12 +1,4 @@
-"""Progress bars for work that takes more than a second (full-mode checks, benchmarks, training).
-
-Bars go to stderr through rich, and only when stderr is a terminal. Use::
-
-    with progress_bar(total=n, description="full-mode check") as advance:
-        for ...:
-            ...
-            advance()
-"""
+"""Progress bars (through rich, on stderr) for work that takes more than a second: checks, benchmarks, training."""
 
 from __future__ import annotations
 
@@ -17,7 +9,12 @@ from collections.abc import Callable, Iterator
 
 @contextlib.contextmanager
 def progress_bar(total: int | None, description: str, *, enabled: bool = True) -> Iterator[Callable[..., None]]:
-    """A context manager yielding ``advance(n=1)``; a no-op when ``enabled`` is false or stderr is not a terminal."""
+    """A context manager yielding ``advance(n=1)``; a no-op when ``enabled`` is false or stderr is not a terminal::
+
+        with progress_bar(total=n, description="full-mode check") as advance:
+            for ...:
+                advance()
+    """
     if not (enabled and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
         yield lambda n=1: None
         return

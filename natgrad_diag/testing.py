@@ -13,13 +13,16 @@ natural-gradient checks load on first use::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.gradcheck.api import assert_gradients
 from natgrad_diag.typing import Array
+
+if TYPE_CHECKING:  # imported on first use (it needs GPflow) by __getattr__
+    from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow
 
 __all__ = ["assert_gradients", "assert_natgrad_step_matches_gpflow", "assert_vjp_matches_jacobian"]
 
@@ -79,11 +82,11 @@ def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], t
     from natgrad_diag._validate import as_float_tensor, require_finite, split_inputs
 
     values, names = split_inputs(inputs, input_names)
-    # numbers and lists become float64, as everywhere in the package
-    xs = [tf.constant(np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)) for k, (n, v) in enumerate(zip(names, values))]
+    xs = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)
+          for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
     for n, x in zip(names, xs):
-        require_finite(x.numpy(), n)
-    return xs, names
+        require_finite(x, n)
+    return [tf.constant(x) for x in xs], names
 
 
 def _vjp_and_contraction(
@@ -94,39 +97,33 @@ def _vjp_and_contraction(
     the first output's dtype)."""
     import tensorflow as tf
 
-    from natgrad_diag._validate import flat_outputs, require_output_dtypes, seed_array, validate_seeds
+    from natgrad_diag._validate import flat_outputs, require_output_dtypes
     from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
     from natgrad_diag.gradcheck.full import reverse_jacobian
+    from natgrad_diag.gradcheck.problem import cotangent_arrays
 
-    seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
         ys = flat_outputs(fn(*xs))
     require_output_dtypes(ys, xs[0].dtype)
-    validate_seeds(seeds, ys, argument="cotangents", target_name="output")
-    out_shapes = [tuple(y.shape) for y in ys]
-    in_shapes = [tuple(x.shape) for x in xs]
-    check_memory(jacobian_nbytes(out_shapes, in_shapes, ys[0].dtype.size), max_bytes, "assert_vjp_matches_jacobian")
-    vs = [seed_array(s, y, f"cotangents[{i}]") for i, (s, y) in enumerate(zip(seeds, ys))]
+    vs = cotangent_arrays(cotangents, ys)
+    nbytes = jacobian_nbytes([tuple(y.shape) for y in ys], [tuple(x.shape) for x in xs], ys[0].dtype.size)
+    check_memory(nbytes, max_bytes, "assert_vjp_matches_jacobian")
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
-    want = tuple(
-        np.asarray(sum(np.tensordot(v, J.block(i, j), axes=v.ndim) for i, v in enumerate(vs))) for j in range(len(xs))
-    )
-    return tuple(g.numpy() for g in got), want, np.dtype(vs[0].dtype)
+    return tuple(g.numpy() for g in got), J.vjp(vs), np.dtype(vs[0].dtype)
 
 
 def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: float, atol: float) -> None:
     """Raise JacobianMismatchError naming the worst entry when some |got − want| > atol + rtol·|want|."""
     from natgrad_diag.autodiff.blocks import element_labels
     from natgrad_diag.exceptions import JacobianMismatchError
+    from natgrad_diag.gradcheck.problem import compare
 
-    err = np.abs(got - want)
-    tol = atol + rtol * np.abs(want)
-    if np.all(err <= tol):
+    c = compare(got, want, rtol=rtol, atol=atol)
+    if c.passed:
         return
-    k = int(np.argmax(err - tol))
-    shape = tuple(got.shape)
+    k, shape = c.worst, tuple(got.shape)
     raise JacobianMismatchError(
         f"tape.gradient with output_gradients is not Jᵀ·v for input {j} ({name}).",
         context=[
@@ -134,7 +131,7 @@ def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: floa
             ("Worst entry", element_labels(name, shape)[k]),
             ("Expected", f"{float(want.flat[k])!r}  (Jᵀ·v: tape.jacobian contracted with the cotangents)"),
             ("Actual", f"{float(got.flat[k])!r}  (tape.gradient(..., output_gradients=cotangents))"),
-            ("Error", f"{float(err.flat[k]):.6g} > atol + rtol·|Jᵀ·v| = {float(tol.flat[k]):.6g} "
+            ("Error", f"{c.worst_abs_error:.6g} > atol + rtol·|Jᵀ·v| = {c.worst_tolerance:.6g} "
                       f"(rtol={rtol:g}, atol={atol:g})"),
         ],
         remedy="a gradient on this path is not linear in the upstream gradient (in tf.custom_gradient, multiply "
@@ -142,18 +139,9 @@ def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: floa
     )
 
 
-def assert_natgrad_step_matches_gpflow(*args: Any, **kwargs: Any) -> Any:
-    """Assert that a natural-gradient step matches GPflow's ``NaturalGradient``; the model is not changed.
+def __getattr__(name: str) -> Any:
+    if name == "assert_natgrad_step_matches_gpflow":
+        from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow
 
-    Call it as ``assert_natgrad_step_matches_gpflow(model, data=None, *, gamma=1.0, xi_transform=None,
-    atol=None, rtol=None)``: natgrad-diag's step on the model's own parameters is compared with the step
-    ``gpflow.optimizers.NaturalGradient`` applies to a deep copy. The check (it needs GPflow) is imported
-    when called.
-
-    Raises:
-        NatGradCheckError: the step differs from GPflow's (an ``AssertionError``).
-    """
-    __tracebackhide__ = True
-    from natgrad_diag.checks.api import assert_natgrad_step_matches_gpflow as check
-
-    return check(*args, **kwargs)
+        return assert_natgrad_step_matches_gpflow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,11 +36,7 @@ def torch_available() -> bool:
 
 
 def require_torch() -> Any:
-    """Import and return ``torch``.
-
-    Raises:
-        MissingExtraError: PyTorch is not installed (also an ``ImportError``).
-    """
+    """Import and return ``torch``; MissingExtraError (also an ``ImportError``) when PyTorch is not installed."""
     try:
         import torch
     except ImportError as e:
@@ -82,25 +78,19 @@ def torch_outer(x: Sequence[float] | Array) -> TorchOuter:
     """
     torch = require_torch()
     xn = np.array(x, dtype=np.float64).reshape(-1)
-    xt = torch.tensor(xn, dtype=torch.float64, requires_grad=True)
-    y = torch.outer(xt, xt)
-    (g_ones,) = torch.autograd.grad(y, xt, grad_outputs=torch.ones_like(y), retain_graph=True)
     try:
-        torch.autograd.grad(y, xt, grad_outputs=torch.ones_like(xt), retain_graph=True)
+        torch_vjp(lambda a: torch.outer(a, a), [xn], [np.ones_like(xn)])
         wrong = ""
     except RuntimeError as e:
         wrong = str(e)
-    jac = torch.autograd.functional.jacobian(lambda a: torch.outer(a, a), xt.detach())
+    jac = torch.autograd.functional.jacobian(lambda a: torch.outer(a, a), torch.tensor(xn, dtype=torch.float64))
     # the chain x → y = x xᵀ → z = y², in two vector-Jacobian steps and in one
-    z = y**2
-    (dL_dy,) = torch.autograd.grad(z, y, grad_outputs=torch.ones_like(z), retain_graph=True)
-    (two,) = torch.autograd.grad(y, xt, grad_outputs=dL_dy, retain_graph=True)
-    (one,) = torch.autograd.grad(z, xt, grad_outputs=torch.ones_like(z))
-    return TorchOuter(
-        x=xn, gradient_ones_seed=g_ones.detach().numpy().copy(), jacobian=jac.detach().numpy().copy(),
-        dL_dy=dL_dy.detach().numpy().copy(), chain_two_step=two.detach().numpy().copy(),
-        chain_one_step=one.detach().numpy().copy(), wrong_seed_error=wrong, torch_version=str(torch.__version__),
-    )
+    (y,), (g_ones,) = torch_vjp(lambda a: torch.outer(a, a), [xn], [np.ones((xn.size, xn.size))])
+    _, (dL_dy,) = torch_vjp(lambda b: b**2, [y], [np.ones_like(y)])
+    _, (two,) = torch_vjp(lambda a: torch.outer(a, a), [xn], [dL_dy])
+    _, (one,) = torch_vjp(lambda a: torch.outer(a, a) ** 2, [xn], [np.ones_like(y)])
+    return TorchOuter(x=xn, gradient_ones_seed=g_ones, jacobian=jac.numpy().copy(), dL_dy=dL_dy, chain_two_step=two,
+                      chain_one_step=one, wrong_seed_error=wrong, torch_version=str(torch.__version__))
 
 
 def torch_vjp(
@@ -118,27 +108,17 @@ def torch_vjp(
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     vs = [torch.tensor(np.asarray(v, dtype=np.float64), dtype=torch.float64) for v in cotangents]
     grads = torch.autograd.grad(outs, xs, grad_outputs=vs, allow_unused=True, materialize_grads=True)
-    return (
-        tuple(o.detach().numpy().copy() for o in outs), tuple(g.detach().numpy().copy() for g in grads),
-    )
+    return tuple(o.detach().numpy().copy() for o in outs), tuple(g.detach().numpy().copy() for g in grads)
 
 
 def compare_with_tensorflow(
     tf_fn: Callable[..., Any], torch_fn: Callable[..., Any], primals: Sequence[Any], cotangents: Sequence[Any], *,
     name: str = "tf_equals_torch", rtol: float = 1e-12, atol: float = 1e-12,
 ) -> Check:
-    """Jᵀ·v from TensorFlow (:func:`natgrad_diag.vjp`) and from PyTorch (:func:`torch_vjp`), compared; never raises on a
+    """Jᵀ·v of one function written for TensorFlow (:func:`natgrad_diag.vjp`) and for PyTorch (:func:`torch_vjp`) at
+    ``primals`` (float64) with one seed per output, compared: a :class:`~natgrad_diag.Check` named ``name`` that
+    passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient; never raises on a
     disagreement.
-
-    Args:
-        tf_fn, torch_fn: the same function written for TensorFlow and for PyTorch.
-        primals: the inputs, float64 arrays.
-        cotangents: one seed per output.
-        name: the check's name.
-        rtol, atol: the check passes when max |tf − torch| ≤ atol + rtol · max |torch| over every output and gradient.
-
-    Returns:
-        A :class:`~natgrad_diag.Check`.
 
     Raises:
         MissingExtraError: PyTorch is not installed.

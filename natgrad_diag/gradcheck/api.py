@@ -2,45 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_callable, require_int, require_max_bytes, seed_array, validate_seeds
+from natgrad_diag._validate import input_error, require_callable, require_int, require_max_bytes
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, memory_limit
 from natgrad_diag.gradcheck.fast import MAX_DIRECTIONS, WHY_MAX_DIRECTIONS, directions_nbytes, fast_rows
 from natgrad_diag.gradcheck.full import full_rows
-from natgrad_diag.gradcheck.problem import Problem, to_arrays
+from natgrad_diag.gradcheck.problem import Problem, cotangent_arrays, to_arrays
 from natgrad_diag.gradcheck.report import GradientCheckReport, GradientCheckRow
-from natgrad_diag.gradcheck.structures import (
-    GPFLOW_MAPS,
-    STRUCTURES,
-    gpflow_map_name,
-    infer_structure,
-    resolve_structures,
-)
+from natgrad_diag.gradcheck.structures import GPFLOW_MAPS, gpflow_map_name, resolve_structures
 from natgrad_diag.report.records import Check, format_number, status_of
-from natgrad_diag.tolerance import default_tolerance, resolve, validate_tolerance
-from natgrad_diag.typing import Array
+from natgrad_diag.tolerance import Tolerance, resolve, validate_tolerance
 
-__all__ = ["MAX_DIRECTIONS", "MODES", "STRUCTURES", "GradientCheckReport", "GradientCheckRow", "assert_gradients", "check_gradients", "default_settings", "infer_structure"]
+__all__ = ["MAX_DIRECTIONS", "MODES", "GradientCheckReport", "assert_gradients", "check_gradients"]
 
 #: The modes of :func:`check_gradients`: every coordinate, or random directions (torch's slow and fast gradcheck).
 MODES = ("full", "fast")
-
-
-def default_settings(dtype: Any) -> tuple[float, float, float]:
-    """(eps, rtol, atol) for central differences in ``dtype``: the policy's ``"finite_difference"`` kind (ε ≈ ∛(machine ε)).
-
-    Examples:
-        >>> default_settings("float64")
-        (1e-06, 1e-05, 1e-07)
-    """
-    tol = default_tolerance(dtype, "finite_difference")
-    assert tol.eps is not None  # the finite_difference kind always has a step
-    return float(tol.eps), tol.rtol, tol.atol
 
 
 def check_gradients(
@@ -67,7 +48,7 @@ def check_gradients(
         mode: ``"full"`` (every coordinate against the explicit Jacobian) or ``"fast"`` (matrix-free).
         cotangents: fast mode's fixed cotangents v (one per flattened output, exact shape and dtype, ``None`` for
             ones) instead of random ones; validated but not needed in full mode.
-        eps, rtol, atol: the step and tolerances; default ``default_settings(dtype)`` (float64 1e-6, 1e-5, 1e-7).
+        eps, rtol, atol: the step and tolerances; default the dtype's (float64 1e-6, 1e-5, 1e-7; ε ≈ ∛(machine ε)).
         seed, num_directions: fast mode's random seed and direction pairs per block (k, 1 to :data:`MAX_DIRECTIONS`).
         input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.
@@ -91,59 +72,40 @@ def check_gradients(
         >>> check_gradients(expectation_to_meanvarsqrt, [eta1, (np.eye(2) + eta1 @ eta1.T)[None]]).structures
         ('general', 'symmetric')
     """
-    _check_options(fn, mode, seed)
-    num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
-                                 remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
-    max_bytes = require_max_bytes(max_bytes)
-    input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
-    arrays, names = to_arrays(inputs, input_names)
-    structures = resolve_structures(structure, fn, names, arrays)
-    settings = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
-    prob = Problem(fn, arrays, output_names)
-    cots = _cotangents(cotangents, prob)
-    if mode == "fast":
-        check_memory(directions_nbytes(prob, structures, num_directions), memory_limit(), "", title="Fast mode's random directions",
-                     argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
-    rows = _rows(mode, prob, names, structures, settings, num_directions, int(seed), cots, max_bytes)
-    return GradientCheckReport(
-        function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
-        eps=settings.eps, rtol=settings.rtol, atol=settings.atol, settings_source=settings.source,
-        structures=structures, input_names=names, output_names=prob.output_names,
-        input_shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
-        output_shapes=tuple(tuple(int(d) for d in y.shape) for y in prob.y),
-        num_directions=num_directions, seed=int(seed), rows=rows, checks=tuple(_check(r) for r in rows),
-        cotangents_given=cots is not None,
-    )  # fmt: skip
-
-
-def _rows(
-    mode: str, prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], settings: _Settings,
-    num_directions: int, seed: int, cots: list[Array] | None, max_bytes: int,
-) -> tuple[GradientCheckRow, ...]:  # fmt: skip
-    """The dispatcher: full or fast mode (torch's ``_slow_gradcheck`` / ``_fast_gradcheck``), rows in block order.
-
-    Central differences are the only oracle independent of TensorFlow's registered gradients (forward mode is
-    built by transposing them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when one is wrong). Full mode compares every
-    coordinate with the explicit reverse-mode Jacobian; fast mode ⟨v, D_u y⟩ with ⟨Jᵀ·v, u⟩ for k random unit
-    pairs (u, v), and re-runs full mode on a small failing block to name the worst entry.
-    References: torch.autograd.gradcheck; Salimbeni et al., AISTATS 2018 (gpflow.optimizers.natgrad's maps).
-    """
-    eps, rtol, atol = settings.eps, settings.rtol, settings.atol
-    if mode == "full":
-        rows = full_rows(prob, names, structures, eps, rtol, atol, max_bytes)
-    else:
-        rows = fast_rows(prob, names, structures, eps, rtol, atol, num_directions, seed, cots, max_bytes)
-    return tuple(sorted(rows, key=lambda r: (r.output_index, r.input_index)))
-
-
-def _check_options(fn: Any, mode: str, seed: Any) -> None:
     require_callable(fn)
     if mode not in MODES:
         raise input_error(
             f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
             "use mode='full' for small problems, mode='fast' for large ones.",
         )  # fmt: skip
-    require_int(seed, "seed")
+    seed = require_int(seed, "seed")
+    num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
+                                 remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
+    max_bytes = require_max_bytes(max_bytes)
+    input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
+    arrays, names = to_arrays(inputs, input_names)
+    structures = resolve_structures(structure, fn, names, arrays)
+    tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
+    prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
+    cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
+    # torch's _slow_gradcheck / _fast_gradcheck, against central differences: the only oracle independent of
+    # TensorFlow's registered gradients (forward mode transposes them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when wrong)
+    if mode == "fast":
+        check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
+                     argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
+        rows = fast_rows(prob, num_directions, seed, cots)
+    else:
+        rows = full_rows(prob)
+    rows = sorted(rows, key=lambda r: (r.output_index, r.input_index))
+    return GradientCheckReport(
+        function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
+        eps=prob.eps, rtol=prob.rtol, atol=prob.atol, settings_source=source,
+        structures=structures, input_names=names, output_names=prob.output_names,
+        input_shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
+        output_shapes=tuple(tuple(int(d) for d in y.shape) for y in prob.y),
+        num_directions=num_directions, seed=seed, rows=tuple(rows), checks=tuple(_check(r) for r in rows),
+        cotangents_given=cots is not None,
+    )  # fmt: skip
 
 
 def _gpflow_names(fn: Any, inputs: Any, input_names: Any, output_names: Any) -> tuple[Any, Any]:
@@ -151,26 +113,13 @@ def _gpflow_names(fn: Any, inputs: Any, input_names: Any, output_names: Any) -> 
     gp_map = gpflow_map_name(fn)
     if gp_map is None:
         return input_names, output_names
-    n_given = len(inputs) if isinstance(inputs, (Mapping, list, tuple)) else 1
-    if input_names is None and not isinstance(inputs, Mapping) and n_given == 2:
+    if input_names is None and isinstance(inputs, (list, tuple)) and len(inputs) == 2:
         input_names = GPFLOW_MAPS[gp_map][0]
-    if output_names is None:
-        output_names = GPFLOW_MAPS[gp_map][1]
-    return input_names, output_names
+    return input_names, GPFLOW_MAPS[gp_map][1] if output_names is None else output_names
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """The step and tolerances used, and which of them came from the dtype's defaults."""
-
-    eps: float
-    rtol: float
-    atol: float
-    source: str
-
-
-def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> _Settings:
-    d_eps, d_rtol, d_atol = default_settings(dtype)
+def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[Tolerance, str]:
+    """The step and tolerances used, and which of them came from the dtype's defaults (ε ≈ ∛(machine ε))."""
     given = [k for k, v in (("eps", eps), ("rtol", rtol), ("atol", atol)) if v is not None]
     if not given:
         source = f"defaults for {dtype.name}"
@@ -179,20 +128,11 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> _Setti
     else:
         source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
     tol = resolve(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
-    if eps is not None and validate_tolerance("eps", eps) == 0:
+    if eps is None:
+        return tol, source
+    if validate_tolerance("eps", eps) == 0:
         raise input_error("eps must be > 0.", "eps", "a finite step > 0, e.g. 1e-6", repr(eps), "pass eps > 0, or leave it out.")
-    return _Settings(eps=d_eps if eps is None else float(eps), rtol=tol.rtol, atol=tol.atol, source=source)
-
-
-def _cotangents(cotangents: Any, prob: Problem) -> list[Array] | None:
-    """The given cotangents as arrays of the outputs' shapes and dtypes (``None`` entries are ones)."""
-    if cotangents is None:
-        return None
-    if isinstance(cotangents, np.ndarray) or not isinstance(cotangents, (list, tuple)):
-        cotangents = [cotangents]
-    seeds = list(cotangents)
-    validate_seeds(seeds, prob.y, argument="cotangents", target_name="output")
-    return [seed_array(s, y, f"cotangents[{k}]") for k, (s, y) in enumerate(zip(seeds, prob.y))]
+    return dataclasses.replace(tol, eps=float(eps)), source
 
 
 def _check(r: GradientCheckRow) -> Check:

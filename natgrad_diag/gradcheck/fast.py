@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,57 +28,41 @@ WHY_MAX_DIRECTIONS = (
 )
 
 
-def directions_nbytes(prob: Problem, structures: tuple[str, ...], num_directions: int) -> int:
+def directions_nbytes(prob: Problem, num_directions: int) -> int:
     """Bytes of fast mode's random directions, held at once: k per input (2k for a lower-triangular one, whose
     strictly upper part gets its own), and max(those) output cotangents."""
-    per_input = [num_directions * (2 if st == "lower_triangular" and x.ndim and x.shape[-1] > 1 else 1) for x, st in zip(prob.x, structures)]
+    per_input = [num_directions * (2 if st == "lower_triangular" and x.ndim and x.shape[-1] > 1 else 1)
+                 for x, st in zip(prob.x, prob.structures)]  # fmt: skip
     entries = sum(n * x.size for n, x in zip(per_input, prob.x)) + max(per_input) * sum(y.size for y in prob.y)
     return int(entries) * prob.dtype.itemsize
 
 
-def fast_rows(
-    prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], eps: float, rtol: float, atol: float,
-    num_directions: int, seed: int, cotangents: list[Array] | None, max_bytes: int,
-) -> list[GradientCheckRow]:  # fmt: skip
+def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Array] | None) -> list[GradientCheckRow]:
     """One row per block from k random (u, v) pairs; a failing block is re-run in full mode to name the entry."""
     rng = np.random.default_rng(seed)
-    us = _input_directions(prob, structures, num_directions, rng)
+    # per input k unit directions u (lower_triangular: k lower-triangle plus k strictly-upper ones)
+    us = []
+    for x, st in zip(prob.x, prob.structures):
+        dirs = [random_direction(rng, x.shape, st, prob.dtype) for _ in range(num_directions)]
+        if st == "lower_triangular" and x.shape[-1] > 1:
+            dirs += [random_direction(rng, x.shape, st, prob.dtype, part="upper") for _ in range(num_directions)]
+        us.append(dirs)
     n_dirs = max(len(d) for d in us)
     if cotangents is not None:
         vs = [list(cotangents) for _ in range(n_dirs)]
     else:
         vs = [[random_direction(rng, y.shape, "general", prob.dtype) for y in prob.y] for _ in range(n_dirs)]
-    vnorms = [float(np.linalg.norm(vs[0][i])) if cotangents is not None else 1.0 for i in range(len(prob.y))]
-    atols = [atol * max(vn, 1.0) for vn in vnorms]
+    atols = [prob.atol * max(float(np.linalg.norm(v)) if cotangents is not None else 1.0, 1.0) for v in vs[0]]
     try:
-        m = _measure(prob, names, us, vs, eps, rtol, atols, compiled=True)
+        m = _measure(prob, us, vs, atols, compiled=True)
     except Exception:  # noqa: BLE001 - fn cannot be traced: the eager run below
         m = None
     if m is None:  # not traceable, or not finite at a point: the eager run names the cause
-        m = _measure(prob, names, us, vs, eps, rtol, atols, compiled=False)
+        m = _measure(prob, us, vs, atols, compiled=False)
         assert m is not None
-
-    rows = []
-    for i in range(len(prob.y)):
-        for j in range(len(prob.x)):
-            row = _fast_row(prob, names, structures, i, j, m, len(us[j]), num_directions, rtol=rtol, atol=atols[i])
-            if not row.passed:
-                row = _rerun_full(prob, names, structures, eps, rtol, atol, max_bytes, row)
-            rows.append(row)
-    return rows
-
-
-def _input_directions(
-    prob: Problem, structures: tuple[str, ...], k: int, rng: np.random.Generator
-) -> list[list[Array]]:
-    """Per input j a list of unit directions u (lower_triangular: k lower-triangle plus k strictly-upper ones)."""
-    us = []
-    for x, st in zip(prob.x, structures):
-        dirs = [random_direction(rng, x.shape, st, prob.dtype) for _ in range(k)]
-        if st == "lower_triangular" and x.shape[-1] > 1:
-            dirs += [random_direction(rng, x.shape, st, prob.dtype, part="upper") for _ in range(k)]
-        us.append(dirs)
-    return us
+    blocks = np.ndindex(len(prob.y), len(prob.x))
+    rows = [_fast_row(prob, i, j, m, len(us[j]), num_directions, atol=atols[i]) for i, j in blocks]
+    return [row if row.passed else _rerun_full(prob, row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -91,15 +76,10 @@ class _Measured:
 
 
 class _Engine:
-    """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager.
-
-    * ``analytical(n_dirs)(xs, vs, us)``: f at x once and one VJP per output and direction (the forward
-      pass shared by all of them), contracted with every input direction: [n_dirs, n_out, n_in] scalars.
-    * ``central(active)(xs, vs, xp, xm)``: f(x + εu_j) − f(x − εu_j) contracted with v for each active input
-      j of one direction, and whether every output was finite. Scalars only come back: no Jacobian, no
-      dense intermediate.
-    * ``jvp()(xs, tangents, vs)``: ⟨v_i, J_i·t⟩ by forward mode (information only), at the worst direction only.
-    """
+    """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager;
+    only scalars come back: ``analytical`` [n_dirs, n_out, n_in] ⟨Jᵀ·v, u⟩ (one forward pass, one VJP per output
+    and direction), ``central`` ⟨v, f(x + εu_j) − f(x − εu_j)⟩ per active input and whether all was finite,
+    ``jvp`` ⟨v_i, J_i·t⟩ by forward mode (information only)."""
 
     def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any, compiled: bool) -> None:
         import tensorflow as tf
@@ -178,22 +158,16 @@ def _engine(prob: Problem, compiled: bool) -> _Engine:
     from natgrad_diag import _compile
 
     xshapes = [tuple(x.shape) for x in prob.x]
-    yshapes = [tuple(y.shape) for y in prob.y]
     name = gpflow_map_name(prob.fn)
-
-    def build() -> _Engine:
-        return _Engine(prob.fn, xshapes, yshapes, prob.dtype, compiled)
-
+    build = functools.partial(_Engine, prob.fn, xshapes, [tuple(y.shape) for y in prob.y], prob.dtype, compiled)
     if name is None or not compiled:
         return build()
-    engine: _Engine = _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build)
-    return engine
+    return cast(_Engine, _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build))
 
 
 def _measure(
-    prob: Problem, names: tuple[str, ...], us: list[list[Array]], vs: list[list[Array]], eps: float, rtol: float,
-    atols: list[float], *, compiled: bool,
-) -> _Measured | None:  # fmt: skip
+    prob: Problem, us: list[list[Array]], vs: list[list[Array]], atols: list[float], *, compiled: bool
+) -> _Measured | None:
     """⟨Jᵀ·v, u⟩ (one call for every VJP: f once, n_out VJPs per direction), ⟨v, D_u y⟩ by central differences
     (2 f per input and direction), then forward mode at each block's worst direction. Compiled: ``None`` when fn
     is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
@@ -204,7 +178,7 @@ def _measure(
     n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
     numerical, analytical, forward = (np.full((n_out, n_in, n_dirs), np.nan) for _ in range(3))
     xs = [tf.constant(a) for a in prob.x]
-    step = np.asarray(eps, prob.dtype)
+    eps, step = prob.eps, np.asarray(prob.eps, prob.dtype)
     engine = _engine(prob, compiled)
     u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
     v_all = [[tf.constant(v) for v in vk] for vk in vs]
@@ -222,31 +196,29 @@ def _measure(
             else:
                 num = np.zeros((n_out, n_in))
                 for j in active:
-                    diffs = prob.central(j, us[j][k], eps, f"{names[j]} ± eps·u (direction {k})")
+                    diffs = prob.central(j, us[j][k], f"{prob.names[j]} ± eps·u (direction {k})")
                     num[:, j] = [np.vdot(vs[k][i], diffs[i]) for i in range(n_out)]
             for j in active:
                 analytical[:, j, k] = ana[k, :, j]
                 numerical[:, j, k] = num[:, j]
             advance()
     m = _Measured(numerical, analytical, forward, "")
-    return dataclasses.replace(m, forward_error=_forward_at_worst(prob, engine, xs, us, vs, m, rtol, atols))
+    return dataclasses.replace(m, forward_error=_forward_at_worst(prob, engine, xs, us, vs, m, atols))
 
 
 def _forward_at_worst(
-    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[Array]], vs: list[list[Array]],
-    m: _Measured, rtol: float, atols: list[float],
+    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[Array]], vs: list[list[Array]], m: _Measured,
+    atols: list[float],
 ) -> str:  # fmt: skip
     """Fill ``m.forward`` at each block's worst direction (the one its row reports, by the row's own
     tolerances); the reason when forward mode fails, else ""."""
     import tensorflow as tf
 
-    n_out, n_in = len(prob.y), len(prob.x)
     todo: dict[tuple[int, int], list[int]] = {}
-    for i in range(n_out):
-        for j in range(n_in):
-            n = len(us[j])
-            k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=rtol, atol=atols[i]).worst
-            todo.setdefault((j, k), []).append(i)
+    for i, j in np.ndindex(len(prob.y), len(prob.x)):
+        n = len(us[j])
+        k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=prob.rtol, atol=atols[i]).worst
+        todo.setdefault((j, k), []).append(i)
     try:
         for (j, k), outs in todo.items():
             t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
@@ -259,45 +231,40 @@ def _forward_at_worst(
 
 
 def _fast_row(
-    prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], i: int, j: int, m: _Measured,
-    n_dirs: int, num_directions: int, *, rtol: float, atol: float,
-) -> GradientCheckRow:  # fmt: skip
+    prob: Problem, i: int, j: int, m: _Measured, n_dirs: int, num_directions: int, *, atol: float
+) -> GradientCheckRow:
     """The row of block (i, j) from its ``n_dirs`` directions."""
-    num, ana = m.numerical[i, j, :n_dirs], m.analytical[i, j, :n_dirs]
-    c = compare(num, ana, rtol=rtol, atol=atol)
+    num, ana, st = m.numerical[i, j, :n_dirs], m.analytical[i, j, :n_dirs], prob.structures[j]
+    c = compare(num, ana, rtol=prob.rtol, atol=atol)
     k = c.worst
-    part = ", strictly upper" if structures[j] == "lower_triangular" and k >= num_directions else ""
+    part = ", strictly upper" if st == "lower_triangular" and k >= num_directions else ""
     method = f"fast: {n_dirs} random direction(s)"
-    if structures[j] == "lower_triangular" and n_dirs > num_directions:
+    if st == "lower_triangular" and n_dirs > num_directions:
         method += f" ({num_directions} lower-triangular, {n_dirs - num_directions} strictly upper)"
-    elif structures[j] == "symmetric":
+    elif st == "symmetric":
         method += " (symmetric u)"
     fwd = m.forward[i, j, k]
     return GradientCheckRow(
-        output=prob.output_names[i], input=names[j], output_index=i, input_index=j,
-        structure=structures[j], method=method, compared=n_dirs,
-        worst_entry=f"⟨v, ∂{prob.output_names[i]}/∂{names[j]}·u⟩, direction {k}{part}",
+        output=prob.output_names[i], input=prob.names[j], output_index=i, input_index=j, structure=st, method=method,
+        compared=n_dirs, worst_entry=f"⟨v, ∂{prob.output_names[i]}/∂{prob.names[j]}·u⟩, direction {k}{part}",
         numerical=float(num[k]), analytical=float(ana[k]), forward=None if np.isnan(fwd) else float(fwd),
         max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error, worst_abs_error=c.worst_abs_error,
         worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(structures[j], names[j], prob.x[j]), note=m.forward_error,
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]), note=m.forward_error,
     )  # fmt: skip
 
 
-def _rerun_full(
-    prob: Problem, names: tuple[str, ...], structures: tuple[str, ...], eps: float, rtol: float, atol: float,
-    max_bytes: int, row: GradientCheckRow,
-) -> GradientCheckRow:  # fmt: skip
+def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
     """After a fast-mode failure, full mode on that block alone names the worst entry (if small enough)."""
     i, j = row.output_index, row.input_index
-    n_coords = len(coordinates(prob.x[j].shape, structures[j], names[j]))
+    n_coords = len(coordinates(prob.x[j].shape, prob.structures[j]))
     need = 2 * prob.y[i].size * prob.x[j].size * prob.dtype.itemsize
-    if n_coords > _RERUN_MAX_COORDS or need > max_bytes:
+    if n_coords > _RERUN_MAX_COORDS or need > prob.max_bytes:
         return dataclasses.replace(row, note=_join(row.note, (
             f"block too large to re-run in full mode ({n_coords} coordinates); run check_gradients on a smaller "
             "instance with mode='full' to name the entry."
         )))  # fmt: skip
-    full = full_rows(prob, names, structures, eps, rtol, atol, max_bytes, only=(i, j))[0]
+    full = full_rows(prob, only=(i, j))[0]
     failed_dir = f"fast mode failed ({row.worst_entry}: error {row.worst_abs_error:.3g} > {row.worst_tolerance:.3g})"
     if full.passed:  # every coordinate agrees: the stronger check wins, the direction was finite-difference error
         return dataclasses.replace(

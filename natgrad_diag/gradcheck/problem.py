@@ -17,13 +17,16 @@ from natgrad_diag._validate import (
     require_finite,
     require_output_dtypes,
     require_same_dtype,
+    seed_array,
     shape_str,
     split_inputs,
+    validate_seeds,
 )
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
+from natgrad_diag.tolerance import Tolerance
 from natgrad_diag.typing import Array
 
-__all__ = ["Comparison", "Problem", "compare", "to_arrays"]
+__all__ = ["Comparison", "Problem", "compare", "cotangent_arrays", "to_arrays"]
 
 
 def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Array], tuple[str, ...]]:
@@ -45,14 +48,25 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Arra
     return arrays, names
 
 
-class Problem:
-    """fn at a point, flattened outputs as numpy arrays; evaluations never modify the inputs."""
+def cotangent_arrays(cotangents: Any, ys: Sequence[Any]) -> list[Array]:
+    """Cotangents checked against the outputs ``ys``, as arrays of their shapes and dtypes (``None``: ones)."""
+    seeds = list(cotangents) if isinstance(cotangents, (list, tuple)) else [cotangents]
+    validate_seeds(seeds, ys, argument="cotangents", target_name="output")
+    return [seed_array(s, y, f"cotangents[{k}]") for k, (s, y) in enumerate(zip(seeds, ys))]
 
-    def __init__(self, fn: Callable[..., Any], arrays: list[Array], output_names: Sequence[str] | None) -> None:
+
+class Problem:
+    """fn at a point with the check's settings: inputs ``x`` and flattened outputs ``y`` as numpy arrays, their names,
+    the inputs' structures, the step and tolerances ``tol`` and ``max_bytes``; evaluations never modify the inputs."""
+
+    def __init__(
+        self, fn: Callable[..., Any], arrays: list[Array], names: tuple[str, ...], output_names: Sequence[str] | None,
+        structures: tuple[str, ...], tol: Tolerance, max_bytes: int,
+    ) -> None:  # fmt: skip
         import tensorflow as tf
 
-        self.fn = fn
-        self.x = arrays
+        self.fn, self.x, self.names, self.structures, self.max_bytes = fn, arrays, names, structures, max_bytes
+        self.eps, self.rtol, self.atol = float(tol.eps or 0.0), tol.rtol, tol.atol
         self.dtype = arrays[0].dtype
         try:
             outputs = fn(*[tf.constant(a) for a in arrays])
@@ -65,11 +79,10 @@ class Problem:
             ) from e
         flat = flat_outputs(outputs)
         require_output_dtypes(flat, self.dtype.name)
-        if output_names is None:
-            output_names = output_labels(outputs)  # a dict's keys or paths, in tf.nest.flatten's order
-        ys = [np.asarray(y.numpy()) for y in flat]
-        output_names = names_of(output_names, len(ys), "outputs")
-        for name, y in zip(output_names, ys):
+        self.y = [np.asarray(y.numpy()) for y in flat]
+        labels = output_labels(outputs) if output_names is None else output_names  # a dict's keys or paths, flattened
+        self.output_names = names_of(labels, len(self.y), "outputs")
+        for name, y in zip(self.output_names, self.y):
             if y.dtype.kind != "f":
                 raise input_error(
                     f"output {name} is not floating point.", "fn", "float outputs", f"{name}: {y.dtype}",
@@ -81,36 +94,33 @@ class Problem:
                     context=[("Argument", "inputs"), ("Output", f"{name} {shape_str(y.shape)}")],
                     remedy="check the point: GPflow's maps need a positive-definite η₂ − η₁η₁ᵀ (or −θ₂).",
                 )
-        self.y = ys
-        self.output_names = output_names
 
-    def eval(self, j: int, direction: Array, scale: float, what: str) -> list[Array]:
-        """fn at x with x_j + scale·direction; errors and non-finite outputs become InputError."""
+    def central(self, j: int, direction: Array, what: str) -> list[Array]:
+        """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; a failure or NaN/Inf: InputError."""
         import tensorflow as tf
 
-        xs = [tf.constant(a) for a in self.x]
-        xs[j] = tf.constant(self.x[j] + np.asarray(scale, self.dtype) * direction)
-        try:
-            out = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(self.fn(*xs))]
-        except Exception as e:  # noqa: BLE001
-            raise InputError(
-                f"fn failed at a finite-difference point ({what}).",
-                context=[("Argument", "eps"), ("Step", scale), ("Error", error_line(e, with_type=True))],
-                remedy="pass a smaller eps, or a point further from the edge of fn's domain (e.g. better conditioned).",
-            ) from e
-        for name, y in zip(self.output_names, out):
-            if not np.all(np.isfinite(y)):
-                raise NonFiniteError(
-                    f"fn returned NaN or Inf in output {name} at a finite-difference point ({what}).",
-                    context=[("Argument", "eps"), ("Step", scale)],
-                    remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
-                )
-        return out
-
-    def central(self, j: int, direction: Array, eps: float, what: str) -> list[Array]:
-        plus = self.eval(j, direction, eps, what)
-        minus = self.eval(j, direction, -eps, what)
-        return [(p - m) / (2 * eps) for p, m in zip(plus, minus)]
+        values = []
+        for scale in (self.eps, -self.eps):
+            xs = [tf.constant(a) for a in self.x]
+            xs[j] = tf.constant(self.x[j] + np.asarray(scale, self.dtype) * direction)
+            try:
+                out = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(self.fn(*xs))]
+            except Exception as e:  # noqa: BLE001
+                raise InputError(
+                    f"fn failed at a finite-difference point ({what}).",
+                    context=[("Argument", "eps"), ("Step", scale), ("Error", error_line(e, with_type=True))],
+                    remedy="pass a smaller eps, or a point further from the edge of fn's domain "
+                    "(e.g. better conditioned).",
+                ) from e
+            for name, y in zip(self.output_names, out):
+                if not np.all(np.isfinite(y)):
+                    raise NonFiniteError(
+                        f"fn returned NaN or Inf in output {name} at a finite-difference point ({what}).",
+                        context=[("Argument", "eps"), ("Step", scale)],
+                        remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
+                    )
+            values.append(out)
+        return [(p - m) / (2 * self.eps) for p, m in zip(*values)]
 
 
 @dataclass(frozen=True)

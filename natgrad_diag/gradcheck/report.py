@@ -103,12 +103,6 @@ class GradientCheckReport(Report):
     def title(self) -> str:  # type: ignore[override]
         return f"Gradient check of {self.function} ({self.mode} mode, {self.dtype})"
 
-    @property
-    def failed_rows(self) -> tuple[GradientCheckRow, ...]:
-        """The rows that failed, worst (largest error/tolerance) first."""
-        bad = [r for r in self.rows if not r.passed]
-        return tuple(sorted(bad, key=lambda r: -_ratio(r.worst_abs_error, r.worst_tolerance)))
-
     def row(self, output: str | int, input: str | int) -> GradientCheckRow:  # noqa: A002
         """The row of block ∂output/∂input, by names or indices."""
         for r in self.rows:
@@ -119,9 +113,10 @@ class GradientCheckReport(Report):
                           "use names from report.output_names and report.input_names (or their indices).")
 
     def sections(self) -> tuple[Section, ...]:
+        fast = self.mode == "fast"
         how = (
             "central differences for every input coordinate (within its structure) against the explicit Jacobian"
-            if self.mode == "full"
+            if not fast
             else f"{self.num_directions} random unit direction pair(s) (u, v) per block: ⟨v, (f(x+εu) − f(x−εu))/2ε⟩ "
             "against ⟨Jᵀ·v, u⟩ from reverse mode; no dense Jacobian"
         )
@@ -134,48 +129,37 @@ class GradientCheckReport(Report):
             + ".\n"
             "Outputs: " + ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes)) + "."
         )
-        if self.mode == "fast":
+        if fast:
             settings += f"\nSeed {self.seed}" + ("; v = the given cotangents. " if self.cotangents_given else ". ") + _FORWARD_NOTE
         elif self.cotangents_given:
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
-        columns = ["", "block", "worst entry", "numerical", "analytical"]
-        if self.mode == "fast":
-            columns.append("forward")
-        columns += ["abs err", "rel err"]
-        rows = []
-        for r in self.rows:
-            cells = [
-                "PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r),
-                format_number(r.numerical), format_number(r.analytical),
-            ]  # fmt: skip
-            if self.mode == "fast":
-                cells.append(format_number(r.forward))
-            cells += [format_number(r.max_abs_error), format_number(r.max_rel_error)]
-            rows.append(tuple(cells))
-        sections = [
-            Section("Settings", settings),
-            Section("Blocks", "", (Table(columns=tuple(columns), rows=tuple(rows), title=_TABLE_TITLE),)),
-        ]
+        columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()),
+                   "abs err", "rel err")  # fmt: skip
+        rows = tuple(
+            ("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r), format_number(r.numerical),
+             format_number(r.analytical), *((format_number(r.forward),) if fast else ()),
+             format_number(r.max_abs_error), format_number(r.max_rel_error))
+            for r in self.rows
+        )  # fmt: skip
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
-        if notes:
-            sections.append(Section("What to do", "\n".join(notes)))
-        return tuple(sections)
+        return (
+            Section("Settings", settings),
+            Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
+            *((Section("What to do", "\n".join(notes)),) if notes else ()),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rows", "checks", "cotangents_given")})
-        d.update(cotangents_given=self.cotangents_given, rows=[r.to_dict() for r in self.rows])
-        out: dict[str, Any] = to_jsonable(d)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checks"}
+        out: dict[str, Any] = to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]})
         return out
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
-        bad = self.failed_rows
+        bad = sorted([r for r in self.rows if not r.passed], key=_badness)
         if not bad:
             return None
         r = bad[0]
-        others = [f"∂{b.output}/∂{b.input}" for b in bad[1:]]
         context: list[tuple[str, object]] = [
             ("Output", f"{r.output_index} ({r.output})"),
             ("Input", f"{r.input_index} ({r.input}, structure {r.structure!r})"),
@@ -185,21 +169,18 @@ class GradientCheckReport(Report):
             ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} "
                       f"(rtol={self.rtol:g}, atol={self.atol:g})"),
             ("Block", f"max abs error {r.max_abs_error:.6g}, max rel error {r.max_rel_error:.6g}; {r.method}"),
+            *([("Note", r.note)] if r.note else []),
+            *([("Also failed", ", ".join(f"∂{b.output}/∂{b.input}" for b in bad[1:]))] if len(bad) > 1 else []),
         ]
-        if r.note:
-            context.append(("Note", r.note))
-        if others:
-            context.append(("Also failed", ", ".join(others)))
-        remedy = r.hint or (
-            f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, RegisterGradient); "
-            "if it is right, the difference is inaccurate: re-check with another eps (smaller when fn curves "
-            "strongly, larger against rounding) or in float64."
-        )
         return JacobianMismatchError(
             f"Output {r.output_index} ({r.output}) with respect to input {r.input_index} ({r.input}): "
             "finite differences and the analytical derivative disagree.",
             context=context,
-            remedy=remedy,
+            remedy=r.hint or (
+                f"look for a wrong gradient on the path of ∂{r.output}/∂{r.input} (tf.custom_gradient, "
+                "RegisterGradient); if it is right, the difference is inaccurate: re-check with another eps "
+                "(smaller when fn curves strongly, larger against rounding) or in float64."
+            ),
         )
 
 
@@ -213,7 +194,7 @@ def _short_entry(r: GradientCheckRow) -> str:
     return text.replace(" (above diagonal)", " (upper)")
 
 
-def _ratio(err: float, tol: float) -> float:
-    if tol > 0:
-        return err / tol
-    return math.inf if err > 0 else 0.0
+def _badness(r: GradientCheckRow) -> float:
+    """−error/tolerance at the worst entry: the worst row sorts first."""
+    err, tol = r.worst_abs_error, r.worst_tolerance
+    return -(err / tol if tol > 0 else math.inf if err > 0 else 0.0)

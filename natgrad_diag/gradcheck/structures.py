@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,8 @@ from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
-__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "infer_structure", "label", "random_direction", "resolve_structures"]
+__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "label",
+           "random_direction", "resolve_structures"]  # fmt: skip
 
 #: The input structures :func:`check_gradients` understands.
 STRUCTURES = ("general", "symmetric", "lower_triangular")
@@ -35,22 +36,15 @@ def gpflow_map_name(fn: Any) -> str | None:
     return None
 
 
-def infer_structure(fn: Callable[..., Any], num_inputs: int) -> tuple[str, ...]:
-    """The input structures of ``fn``: known for GPflow's natgrad conversion maps, else all ``"general"``.
-
-    For ``gpflow.optimizers.natgrad``'s maps the second input is symmetric when it is η₂ or θ₂ (read
-    through a Cholesky factorisation) and lower-triangular when it is a square root L_S (varsqrt).
-    """
-    name = gpflow_map_name(fn)
-    if name is not None and num_inputs == 2:
-        return GPFLOW_MAPS[name][2]
-    return ("general",) * num_inputs
-
-
 def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[Array]) -> tuple[str, ...]:
-    n = len(arrays)
+    """One structure per input from ``structure`` (a string, a sequence, or a dict by input name over the inferred
+    ones), checked. Inferred: for ``gpflow.optimizers.natgrad``'s maps the second input is symmetric when it is η₂
+    or θ₂ (read through a Cholesky factorisation) and lower-triangular when it is a square root L_S (varsqrt);
+    anything else is general."""
+    n, gp_map = len(arrays), gpflow_map_name(fn)
+    inferred = GPFLOW_MAPS[gp_map][2] if gp_map is not None and n == 2 else ("general",) * n
     if structure is None:
-        result = infer_structure(fn, n)
+        result = inferred
     elif isinstance(structure, str):
         result = (structure,) * n
     elif isinstance(structure, Mapping):
@@ -60,8 +54,7 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
                 f"structure names unknown input(s) {unknown}.", "structure", f"keys among the input names {names}",
                 list(structure), "key the dict by input name, e.g. structure={'eta2': 'symmetric'}.",
             )  # fmt: skip
-        base = infer_structure(fn, n)
-        result = tuple(structure.get(name, base[k]) for k, name in enumerate(names))
+        result = tuple(structure.get(name, inferred[k]) for k, name in enumerate(names))
     elif isinstance(structure, (list, tuple)):
         if len(structure) != n:
             raise input_error(
@@ -89,7 +82,7 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
     return result
 
 
-def coordinates(shape: tuple[int, ...], structure: str, name: str) -> list[tuple[tuple[int, ...], ...]]:
+def coordinates(shape: tuple[int, ...], structure: str) -> list[tuple[tuple[int, ...], ...]]:
     """The perturbations of one input: tuples of multi-indices set to 1 (E_ab, or E_ab + E_ba).
 
     ``"general"`` and ``"lower_triangular"``: d = E_ab, one entry at a time, compared with g_ab (above the diagonal of
@@ -99,21 +92,15 @@ def coordinates(shape: tuple[int, ...], structure: str, name: str) -> list[tuple
     2·g_ab below the diagonal and 0 above it, a false mismatch.
 
     Examples:
-        >>> coordinates((2, 2), "symmetric", "S")
+        >>> coordinates((2, 2), "symmetric")
         [((0, 0),), ((1, 0), (0, 1)), ((1, 1),)]
-        >>> len(coordinates((2, 2), "general", "X"))
+        >>> len(coordinates((2, 2), "general"))
         4
     """
-    if structure == "symmetric":
-        coords: list[tuple[tuple[int, ...], ...]] = []
-        for idx in np.ndindex(*shape):
-            a, b = idx[-2], idx[-1]
-            if a > b:
-                coords.append((idx, idx[:-2] + (b, a)))
-            elif a == b:
-                coords.append((idx,))
-        return coords
-    return [(idx,) for idx in np.ndindex(*shape)]
+    if structure != "symmetric":
+        return [(idx,) for idx in np.ndindex(*shape)]
+    return [(idx,) if idx[-2] == idx[-1] else (idx, (*idx[:-2], idx[-1], idx[-2]))
+            for idx in np.ndindex(*shape) if idx[-2] >= idx[-1]]  # fmt: skip
 
 
 def label(name: str, idx: tuple[int, ...]) -> str:
@@ -133,10 +120,8 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
         d = 0.5 * (d + np.swapaxes(d, -1, -2))
     elif structure == "lower_triangular":
         d = np.tril(d) if part == "lower" else np.triu(d, 1)
-    norm = np.linalg.norm(d)
-    if norm == 0:  # an empty or 1x1 strictly-upper part
-        return d.astype(dtype)
-    return (d / norm).astype(dtype)
+    norm = np.linalg.norm(d)  # 0 for an empty or 1x1 strictly-upper part
+    return (d / norm if norm else d).astype(dtype)
 
 
 def hint(structure: str, name: str, value: Array) -> str:
@@ -144,10 +129,10 @@ def hint(structure: str, name: str, value: Array) -> str:
     if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
         return ""
     scale = float(np.max(np.abs(value), initial=0.0))
-    if np.allclose(value, np.swapaxes(value, -1, -2), rtol=0.0, atol=1e-12 * max(scale, 1.0)):
-        return (
-            f"input {name} looks symmetric ({name} = {name}ᵀ). If fn reads one triangle of it (tf.linalg.cholesky "
-            f"does), TensorFlow's gradient is symmetrised and one-entry differences cannot match it: check with "
-            f"structure='symmetric' (or structure={{'{name}': 'symmetric'}})."
-        )
-    return ""
+    if not np.allclose(value, np.swapaxes(value, -1, -2), rtol=0.0, atol=1e-12 * max(scale, 1.0)):
+        return ""
+    return (
+        f"input {name} looks symmetric ({name} = {name}ᵀ). If fn reads one triangle of it (tf.linalg.cholesky "
+        f"does), TensorFlow's gradient is symmetrised and one-entry differences cannot match it: check with "
+        f"structure='symmetric' (or structure={{'{name}': 'symmetric'}})."
+    )

@@ -43,22 +43,15 @@ def _tensorflow_dirs() -> tuple[str, str, str]:
     return root, os.path.join(root, "python", "autograph") + os.sep, os.path.abspath(backprop.__file__)
 
 
-def _skip_autograph(frame: FrameType | None, autograph_dir: str) -> FrameType | None:
-    """The first frame at or above ``frame`` that is not AutoGraph's call dispatch (``converted_call``)."""
-    while frame is not None and frame.f_code.co_filename.startswith(autograph_dir):
-        frame = frame.f_back
-    return frame
-
-
 def is_exempt(caller: FrameType | None) -> bool:
     """True when ``tape.gradient`` was called by TensorFlow's tape code (``tape.jacobian`` and ``batch_jacobian``
     call it per row without a seed) or by natgrad-diag (its lessons use the default seed on purpose), looking
     through AutoGraph's dispatch frames."""
     _, autograph_dir, backprop_file = _tensorflow_dirs()
-    frame = _skip_autograph(caller, autograph_dir)
-    if frame is None:
-        return False
-    filename = frame.f_code.co_filename
+    frame = caller
+    while frame is not None and frame.f_code.co_filename.startswith(autograph_dir):  # AutoGraph's converted_call
+        frame = frame.f_back
+    filename = "" if frame is None else frame.f_code.co_filename
     return filename == backprop_file or filename.startswith(_PACKAGE_DIR)
 
 
@@ -122,13 +115,9 @@ def _call_text(frame: FrameType) -> str:
     lines = [linecache.getline(code.co_filename, n, frame.f_globals) for n in range(start, end + 1)]
     if not any(lines):
         return ""
-    if col is not None and end_col is not None:  # offsets are in UTF-8 bytes
-        if start == end:
-            lines[0] = lines[0].encode()[col:end_col].decode(errors="replace")
-        else:
-            lines[0] = lines[0].encode()[col:].decode(errors="replace")
-            lines[-1] = lines[-1].encode()[:end_col].decode(errors="replace")
-        return _one_line("\n".join(lines))
+    if col is not None and end_col is not None:  # UTF-8 byte offsets: col in the first line, end_col in the last
+        text = "".join(lines).encode()
+        return _one_line(text[col : len(text) - len(lines[-1].encode()) + end_col].decode(errors="replace"))
     return _gradient_call(_one_line("\n".join(lines)))
 
 

@@ -28,7 +28,13 @@ ACTIONS = ("raise", "warn")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_local = threading.local()  # .stack: the StrictGradients this thread is inside, innermost last
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[StrictGradients] = []  # the contexts this thread is inside, innermost last
+
+
+_local = _Local()
 
 
 class _Patch:
@@ -65,15 +71,13 @@ class StrictGradients(contextlib.ContextDecorator):
 
     def __enter__(self) -> StrictGradients:  # noqa: PYI034  # not meant to be subclassed
         _install()
-        _stack().append(self)
+        _local.stack.append(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        stack = _stack()
-        for k in range(len(stack) - 1, -1, -1):
-            if stack[k] is self:
-                del stack[k]
-                break
+        stack = _local.stack
+        if self in stack:  # the innermost entry of this context
+            del stack[len(stack) - 1 - stack[::-1].index(self)]
         _uninstall()
 
     def _recreate_cm(self) -> StrictGradients:
@@ -149,13 +153,6 @@ def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False)
     return StrictGradients(action, allow_implicit_sum=allow_implicit_sum)
 
 
-def _stack() -> list[StrictGradients]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
-
-
 def _install() -> None:
     import tensorflow as tf
 
@@ -181,10 +178,9 @@ def _uninstall() -> None:
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def gradient(self: Any, *args: Any, **kwargs: Any) -> Any:
-        stack = getattr(_local, "stack", None)
-        if stack:
+        if _local.stack:
             __tracebackhide__ = True  # pytest shows the user's call as the failing line
-            active = stack[-1]
+            active = _local.stack[-1]
             found = active._judge(sys._getframe(1), args, kwargs)
             if found is not None:
                 if active.action == "raise":

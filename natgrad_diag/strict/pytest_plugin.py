@@ -20,15 +20,11 @@ MARKER = "strict_gradients"
 
 
 def pytest_addoption(parser: Any) -> None:
-    group = parser.getgroup("natgrad-diag")
-    group.addoption(
-        OPTION,
-        action="store_true",
-        default=False,
-        dest="strict_gradients",
+    parser.getgroup("natgrad-diag").addoption(
+        OPTION, action="store_true", default=False, dest="strict_gradients",
         help="run every test under natgrad_diag.strict_gradients(): tf.GradientTape.gradient refuses a "
         "non-scalar target without output_gradients and a seed of the wrong shape, as PyTorch does.",
-    )
+    )  # fmt: skip
 
 
 def pytest_configure(config: Any) -> None:

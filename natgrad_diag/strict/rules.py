@@ -63,18 +63,9 @@ class Violation:
 def check_call(
     target: Any, output_gradients: Any, *, allow_implicit_sum: bool, site: Callable[[], CallSite],
 ) -> Violation | None:  # fmt: skip
-    """The rule the call ``tape.gradient(target, ..., output_gradients=output_gradients)`` breaks, or None.
-
-    Args:
-        target: the call's ``target`` (a tensor or a nest of them, flattened as TensorFlow does).
-        output_gradients: the call's seeds, ``None`` for TensorFlow's default seed of ones.
-        allow_implicit_sum: do not judge targets without a seed (only the seeds given are checked).
-        site: returns the call site; called only when there is a violation.
-
-    Returns:
-        ``None`` when the call is fine or cannot be judged here (a target that is not a tensor: TensorFlow
-        reports that itself), else the :class:`Violation` with its located error.
-    """
+    """The :class:`Violation` of ``tape.gradient(target, ..., output_gradients=output_gradients)`` (nests flattened as
+    TensorFlow does), or ``None`` when it breaks no rule or cannot be judged here (a target that is not a tensor:
+    TensorFlow reports that itself); ``site()`` is called only for a violation."""
     import tensorflow as tf
 
     targets = tf.nest.flatten(target)
@@ -103,25 +94,15 @@ def _summed(target: Any) -> bool:
     one; otherwise (all known dims 1, some unknown while tracing a ``tf.function``) it is not judged.
     """
     dtype = getattr(target, "dtype", None)
-    if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)):
+    if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)) or target.shape.rank is None:
         return False  # integers and booleans get no gradient: nothing is summed
-    shape = target.shape
-    if getattr(shape, "rank", 0) is None:
-        return False
-    dims = [None if d is None else int(d) for d in shape]
-    if 0 in dims:
-        return False
-    return any(d is not None and d > 1 for d in dims)
+    dims = list(target.shape)
+    return 0 not in dims and any(d is not None and d > 1 for d in dims)
 
 
 def _count(target: Any) -> str:
-    """"16 elements", or "more than one element" when a dim is unknown while tracing."""
-    n = 1
-    for d in target.shape:
-        if d is None:
-            return "more than one element"
-        n *= int(d)
-    return f"{n} elements"
+    n = target.shape.num_elements()  # None when a dim is unknown while tracing
+    return "more than one element" if n is None else f"{n} elements"
 
 
 def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_none: bool) -> OutputGradientsError:

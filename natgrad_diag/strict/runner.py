@@ -53,13 +53,12 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     sys.path.insert(0, os.path.dirname(os.path.abspath(name)) if kind == "path" else os.getcwd())
     code = EXIT_OK
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), strict:
             warnings.simplefilter("ignore", StrictGradientsWarning)  # reported once, below
-            with strict:
-                if kind == "path":
-                    runpy.run_path(name, run_name="__main__")
-                else:
-                    runpy.run_module(name, run_name="__main__", alter_sys=True)
+            if kind == "path":
+                runpy.run_path(name, run_name="__main__")
+            else:
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e, out)
     except KeyboardInterrupt:
@@ -70,9 +69,7 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     print(format_violations(strict.violations, checked_calls=strict.checked_calls, prog=prog), file=out)
-    if code != EXIT_OK:
-        return code
-    return EXIT_VIOLATIONS if strict.violations else EXIT_OK
+    return code or (EXIT_VIOLATIONS if strict.violations else EXIT_OK)
 
 
 def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
@@ -106,10 +103,8 @@ def _module_exists(name: str) -> bool:
 
 
 def _exit_code(e: SystemExit, out: TextIO) -> int:
-    if e.code is None:
-        return EXIT_OK
-    if isinstance(e.code, int):
-        return e.code
+    if e.code is None or isinstance(e.code, int):
+        return e.code or EXIT_OK
     print(e.code, file=out)  # sys.exit("message"), as Python prints it
     return 1
 
