@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError
 
 __all__ = [
     "cholesky_vjp",
@@ -94,51 +94,37 @@ def _cov_times(sqrt: Any, v: Any) -> Any:
 
 
 def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any]:
-    """The four inputs as tensors, after static shape and dtype checks: q_mu [M, L], q_sqrt [L, M, M], each
-    gradient like its parameter."""
+    """The four inputs as tensors, after static shape and dtype checks."""
     import tensorflow as tf
 
-    named = {"q_mu": q_mu, "q_sqrt": q_sqrt, "dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = tensors = [
-        v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in named.values()
-    ]
-    others = {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
+    tensors = [x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
+               for x in (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)]  # fmt: skip
+    q_mu, q_sqrt = tensors[:2]
     qm, qs = q_mu.shape, q_sqrt.shape
     if qm.rank != 2 or qs.rank != 3:
         bad, want, got = ("q_mu", "[M, L]", qm) if qm.rank != 2 else ("q_sqrt", "[L, M, M]", qs)
-        raise ShapeMismatchError(
-            f"{bad} has the wrong rank.",
-            context=[("Argument", bad), ("Expected", want), ("Actual", shape_str(got))],
-            remedy="pass q_mu [M, L] and the full-covariance q_sqrt [L, M, M] (q_diag=True has no natural gradient).",
-        )
+        raise input_error(f"{bad} has the wrong rank.", bad, want, shape_str(got), "pass q_mu [M, L] and the "
+                          "full-covariance q_sqrt [L, M, M] (q_diag=True has no natural gradient).",
+                          kind=ShapeMismatchError, label="Actual")
     want_qs = [qm[1], qm[0], qm[0]]
     if not qs.is_compatible_with(want_qs):
-        raise ShapeMismatchError(
-            "q_sqrt does not match q_mu.",
-            context=[("Argument", "q_sqrt"), ("Expected", f"[L, M, M] = {shape_str(want_qs)}"), ("Actual", shape_str(qs))],
-            remedy="pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).",
-        )
-    for name, value in others.items():
-        like, like_name = (q_mu, "q_mu") if name == "dL_dmean" else (q_sqrt, "q_sqrt")
-        if not value.shape.is_compatible_with(like.shape):
-            raise ShapeMismatchError(
-                f"{name} must have the shape of {like_name}.",
-                context=[("Argument", name), ("Expected", shape_str(like.shape)), ("Actual", shape_str(value.shape))],
-                remedy=f"pass the gradient with respect to the constrained {like_name} (GPflow's _to_constrained of the tape's gradient).",
-            )
-    for name, value in {"q_sqrt": q_sqrt, **others}.items():
+        raise input_error("q_sqrt does not match q_mu.", "q_sqrt", f"[L, M, M] = {shape_str(want_qs)}", shape_str(qs),
+                          "pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).", kind=ShapeMismatchError,
+                          label="Actual")
+    for name, value, like in (("dL_dmean", tensors[2], "q_mu"), ("dL_dvarsqrt", tensors[3], "q_sqrt")):
+        want = (q_mu if like == "q_mu" else q_sqrt).shape
+        if not value.shape.is_compatible_with(want):
+            raise input_error(f"{name} must have the shape of {like}.", name, shape_str(want), shape_str(value.shape),
+                              f"pass the gradient with respect to the constrained {like} (GPflow's _to_constrained "
+                              "of the tape's gradient).", kind=ShapeMismatchError, label="Actual")
+    for name, value in zip(("q_sqrt", "dL_dmean", "dL_dvarsqrt"), tensors[1:]):
         if value.dtype != q_mu.dtype:
-            raise DTypeMismatchError(
-                f"{name} must have the dtype of q_mu.",
-                context=[("Argument", name), ("Expected", q_mu.dtype.name), ("Got", value.dtype.name)],
-                remedy=f"cast {name} with tf.cast({name}, {q_mu.dtype.name}).",
-            )
+            raise input_error(f"{name} must have the dtype of q_mu.", name, q_mu.dtype.name, value.dtype.name,
+                              f"cast {name} with tf.cast({name}, {q_mu.dtype.name}).", kind=DTypeMismatchError)
     if not q_mu.dtype.is_floating:
-        raise DTypeMismatchError(
-            "q_mu must be a floating-point tensor.",
-            context=[("Argument", "q_mu"), ("Expected", "float64 (or float32)"), ("Got", q_mu.dtype.name)],
-            remedy="cast the inputs with tf.cast(x, tf.float64) (GPflow's default float).",
-        )
+        raise input_error("q_mu must be a floating-point tensor.", "q_mu", "float64 (or float32)", q_mu.dtype.name,
+                          "cast the inputs with tf.cast(x, tf.float64) (GPflow's default float).",
+                          kind=DTypeMismatchError)
     return tensors
 
 
@@ -192,11 +178,9 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
 
 def _xi_name(xi: Any) -> str:
     if xi not in ("nat", "sqrtmeanvar"):  # GPflow's XiNat, XiSqrtMeanVar
-        raise InputError(
-            "No closed form for this ξ transform.",
-            context=[("Argument", "xi"), ("Expected", "'nat' or 'sqrtmeanvar'"), ("Got", repr(xi))],
-            remedy="use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) for other ξ.",
-        )
+        raise input_error("No closed form for this ξ transform.", "xi", "'nat' or 'sqrtmeanvar'", repr(xi),
+                          "use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) "
+                          "for other ξ.")
     return str(xi)
 
 
