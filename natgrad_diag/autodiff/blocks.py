@@ -65,33 +65,20 @@ def _vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
 
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
-    M = shape[-1]
-    rows, cols = np.tril_indices(M)
+    rows, cols = np.tril_indices(shape[-1])
     out = []
     for bidx in np.ndindex(*shape[:-2]):
-        pre = ",".join(map(str, bidx + ()))
-        for a, b in zip(rows, cols):
-            idx = f"{pre},{a},{b}" if pre else f"{a},{b}"
-            out.append(f"{name}[{idx}]" if a == b else f"{name}[{idx}]+[{(pre + ',') if pre else ''}{b},{a}]")
+        pre = "".join(f"{i}," for i in bidx)
+        out += [f"{name}[{pre}{a},{b}]" + ("" if a == b else f"+[{pre}{b},{a}]") for a, b in zip(rows, cols)]
     return out
 
 
-class _BlockGrid(Sequence[Any]):
+class _BlockGrid(tuple):  # type: ignore[type-arg]
     """``blocks[i][j]`` drawn from the stored matrix on first use: views for general inputs, expanded (and
-    cached) for vech inputs. Behaves like a tuple of tuples of arrays."""
-
-    def __init__(self, jac: BlockJacobian) -> None:
-        n_in = len(jac.input_shapes)
-        self._rows = tuple(_LazyRow(n_in, lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._rows[i]
-
-    def __len__(self) -> int:
-        return len(self._rows)
+    cached) for vech inputs. A tuple of rows, each like a tuple of arrays."""
 
     def __repr__(self) -> str:
-        return f"<blocks {len(self)} × {len(self._rows[0]) if self._rows else 0}>"
+        return f"<blocks {len(self)} × {len(self[0]) if self else 0}>"
 
 
 class _LazyRow(Sequence[Any]):
@@ -172,7 +159,8 @@ class BlockJacobian:
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
             compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
-        object.__setattr__(jac, "blocks", _BlockGrid(jac))
+        rows = (_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
+        object.__setattr__(jac, "blocks", _BlockGrid(rows))
         return jac
 
     # ---- layout of the stored matrix -------------------------------------------------------------
@@ -250,10 +238,8 @@ class BlockJacobian:
     @functools.cached_property
     def compact_col_labels(self) -> tuple[str, ...]:
         """Labels of the stored columns: ``"eta2[0,3,1]+[0,1,3]"`` is the tangent E₃₁ + E₁₃ of a vech input."""
-        out: list[str] = []
-        for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes)):
-            out.extend(_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s))
-        return tuple(out)
+        return tuple(lab for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes))
+                     for lab in (_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s)))
 
     def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[Array]:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
@@ -266,11 +252,10 @@ class BlockJacobian:
         for k, (v, s) in enumerate(zip(vectors, shapes)):
             a = np.asarray(v, dtype=self.dtype)
             if a.shape != tuple(s):
-                raise ShapeMismatchError(
-                    f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of {shape_str(s)}.",
-                    context=[("Argument", f"{argument}[{k}]"), ("Expected", shape_str(s)), ("Actual", shape_str(a.shape))],
-                    remedy=f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
-                )
+                raise input_error(f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of "
+                                  f"{shape_str(s)}.", f"{argument}[{k}]", shape_str(s), shape_str(a.shape),
+                                  f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
+                                  kind=ShapeMismatchError, label="Actual")
             out.append(a)
         return out
 
@@ -284,15 +269,10 @@ class BlockJacobian:
     def jvp(self, tangents: Any) -> tuple[Array, ...]:
         """J·u by explicit contraction; one tangent per input, one result per output."""
         us = self._check(tangents, self.input_shapes, "tangents", "input")
-        parts = []
-        for j, u in enumerate(us):
-            if self._is_sym(j):
-                # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
-                # scaled sum of the general entries that share a column.
-                index, scale, size = vech_layout(self.input_shapes[j])
-                parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
-            else:
-                parts.append(u.ravel())
+        # a vech coefficient is the scaled sum of the general entries (a, b) and (b, a) that share its column
+        layouts = [vech_layout(s) if self._is_sym(j) else None for j, s in enumerate(self.input_shapes)]
+        parts = [u.ravel() if lay is None else np.bincount(lay[0], u.ravel() * lay[1], lay[2]).astype(self.dtype)
+                 for u, lay in zip(us, layouts)]
         flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
         return tuple(flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes))
 
@@ -305,8 +285,7 @@ class BlockJacobian:
         if self.shape[0] != self.shape[1]:
             return False
         m = self.matrix
-        off = m - np.diag(np.diag(m))
-        return bool(np.max(np.abs(off), initial=0.0) <= atol)
+        return bool(np.max(np.abs(m - np.diag(np.diag(m))), initial=0.0) <= atol)
 
     def row(self, label: str) -> Array:
         """One row of the dense matrix, by its label (``"varsqrt[0,4,0]"``)."""

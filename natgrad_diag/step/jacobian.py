@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import require_finite, shape_str
+from natgrad_diag._validate import input_error, require_finite, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError, SingularCovarianceError
+from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError, SingularCovarianceError
 from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
@@ -27,26 +27,18 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     e1, e2 = np.asarray(eta1), np.asarray(eta2)
     for name, arr, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
         if arr.ndim != len(want.split(",")):
-            raise ShapeMismatchError(
-                f"{name} has the wrong rank.",
-                context=[("Argument", name), ("Expected", want), ("Actual", shape_str(arr.shape))],
-                remedy="pass eta1 = q_mu [M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].",
-            )
+            raise input_error(f"{name} has the wrong rank.", name, want, shape_str(arr.shape), "pass eta1 = q_mu "
+                              "[M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].", kind=ShapeMismatchError,
+                              label="Actual")
     M, L = e1.shape
     if e2.shape != (L, M, M):
-        raise ShapeMismatchError(
-            "eta2 does not match eta1.",
-            context=[("Argument", "eta2"), ("Expected", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = [{M}, {L}])"),
-                     ("Actual", shape_str(e2.shape))],
-            remedy="pass the eta1 [M, L] and eta2 [L, M, M] of the same q(u) (note GPflow's [M, L] / [L, M, M] order).",
-        )
+        raise input_error("eta2 does not match eta1.", "eta2", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = "
+                          f"[{M}, {L}])", shape_str(e2.shape), "pass the eta1 [M, L] and eta2 [L, M, M] of the same "
+                          "q(u) (note GPflow's [M, L] / [L, M, M] order).", kind=ShapeMismatchError, label="Actual")
     floats = (np.float32, np.float64)
     if e1.dtype in floats and e2.dtype in floats and e1.dtype != e2.dtype:
-        raise DTypeMismatchError(
-            "eta2 has another dtype than eta1.",
-            context=[("Argument", "eta2"), ("Expected", f"{e1.dtype} (like eta1)"), ("Got", str(e2.dtype))],
-            remedy="cast both to one dtype, e.g. float64.",
-        )
+        raise input_error("eta2 has another dtype than eta1.", "eta2", f"{e1.dtype} (like eta1)", str(e2.dtype),
+                          "cast both to one dtype, e.g. float64.", kind=DTypeMismatchError)
     if e1.dtype not in floats:
         e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
     require_finite(e1, "eta1")
@@ -55,12 +47,9 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     bound = rounding_bound(e2.dtype, condition=1.0, scale=float(np.max(np.abs(e2), initial=0.0)), factor=4.0 * (M + 1))
     if asym > bound:
         l, a, b = (int(i) for i in np.unravel_index(np.argmax(np.abs(e2 - np.swapaxes(e2, -1, -2))), e2.shape))
-        raise InputError(
-            "eta2 is not symmetric.",
-            context=[("Argument", "eta2"), ("Expected", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of forming it)"),
-                     ("Got", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}")],
-            remedy="pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).",
-        )
+        raise input_error("eta2 is not symmetric.", "eta2", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of "
+                          f"forming it)", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}",
+                          "pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).")
     for l in range(L):
         _cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l)
     return e1, e2
@@ -205,11 +194,8 @@ def natgrad_map_jacobian(
                [0., 1.]])
     """
     if method not in ("closed_form", "autodiff"):
-        raise InputError(
-            "unknown method.",
-            context=[("Argument", "method"), ("Expected", "'closed_form' or 'autodiff'"), ("Got", repr(method))],
-            remedy="pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).",
-        )
+        raise input_error("unknown method.", "method", "'closed_form' or 'autodiff'", repr(method),
+                          "pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).")
     e1, e2 = _validated(eta1, eta2)
     if method == "closed_form":
         return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)
