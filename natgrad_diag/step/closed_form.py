@@ -129,13 +129,8 @@ def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any
 
 
 def cholesky_vjp(chol: Any, grad: Any) -> Any:
-    """∂L/∂S = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from G = ∂L/∂C for C = chol(S) (item 1): TensorFlow's Cholesky gradient.
-
-    Args:
-        chol: [..., M, M], lower-triangular C with a positive diagonal; grad: [..., M, M], G = ∂L/∂C.
-
-    Returns:
-        [..., M, M], ∂L/∂S, symmetric.
+    """∂L/∂S [..., M, M] = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from C = chol(S) [..., M, M] (positive diagonal) and
+    G = ∂L/∂C [..., M, M] (item 1): TensorFlow's Cholesky gradient.
 
     Examples:
         >>> import tensorflow as tf
@@ -157,17 +152,9 @@ def cholesky_vjp(chol: Any, grad: Any) -> Any:
 
 
 def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> tuple[Any, Any]:
-    """∂L/∂η from ∂L/∂(m, L_S) (item 2): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=...)``.
-
-    Args:
-        q_mu: [M, L], m.
-        q_sqrt: [L, M, M], L_S, lower triangular.
-        dL_dmean: [M, L], ∂L/∂m.
-        dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (entries above the diagonal are ignored, as in GPflow).
-
-    Returns:
-        (dL_deta1 [M, L], dL_deta2 [L, M, M]).
-    """
+    """(dL_deta1 [M, L], dL_deta2 [L, M, M]) from m = q_mu [M, L], L_S = q_sqrt [L, M, M] (lower triangular),
+    ∂L/∂m [M, L] and G = ∂L/∂L_S [L, M, M] (item 2): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2],
+    output_gradients=...)``."""
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
@@ -185,11 +172,8 @@ def _xi_name(xi: Any) -> str:
 
 
 def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, xi: str = "nat") -> tuple[Any, Any]:
-    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1, nat_dL_xi2)``: ∂L/∂η for ``"nat"``, item 4 for ``"sqrtmeanvar"``.
-
-    Returns:
-        ([M, L], [L, M, M]).
-    """
+    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1 [M, L], nat_dL_xi2 [L, M, M])``: ∂L/∂η for ``"nat"``,
+    item 4 for ``"sqrtmeanvar"``."""
     if _xi_name(xi) == "nat":
         return expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
@@ -207,12 +191,9 @@ def natgrad_step_closed_form(
     Works eagerly and inside ``tf.function``; batched over the L latent GPs.
 
     Args:
-        q_mu: [M, L], m.
-        q_sqrt: [L, M, M], L_S, lower triangular (GPflow's ``triangular()`` parameter).
-        dL_dmean: [M, L], ∂L/∂m (``to_constrained(q_mu_grad, q_mu.transform)``).
-        dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S; only its lower triangle enters, as in GPflow.
-        gamma: the step length γ (a float or a scalar tensor or variable).
-        xi: ``"nat"`` or ``"sqrtmeanvar"``.
+        q_mu, q_sqrt: [M, L], [L, M, M], m and the lower-triangular L_S.
+        dL_dmean, dL_dvarsqrt: [M, L], [L, M, M], ∂L/∂m and G = ∂L/∂L_S (only its lower triangle enters).
+        gamma, xi: the step length γ (a float or a scalar tensor or variable); ``"nat"`` or ``"sqrtmeanvar"``.
 
     Returns:
         (new_q_mu [M, L], new_q_sqrt [L, M, M]).
@@ -249,15 +230,8 @@ def natgrad_step_closed_form(
 
 
 def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
-    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form (item 5): TensorFlow's gradient for a seed of ones.
-
-    Args:
-        eta1: [M, L]; varsqrt: [L, M, M], the Cholesky factor of η₂ − η₁η₁ᵀ.
-
-    Returns:
-        ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])``, equal to ``tape.gradient(meanvarsqrt,
-        [eta1, eta2])`` to rounding (tested against it).
-    """
+    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η (item 5): ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])`` from
+    eta1 [M, L] and varsqrt [L, M, M] = chol(η₂ − η₁η₁ᵀ), ``tape.gradient(meanvarsqrt, [eta1, eta2])`` to rounding."""
     import tensorflow as tf
 
     M = tf.shape(varsqrt)[-1]
@@ -272,11 +246,8 @@ def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
 
 
 def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
-    """``natgrad_tensors`` (:mod:`natgrad_diag.step.trace`) by items 1-5: the same record, no autodiff.
-
-    ``q_sqrt`` must be lower triangular (behind GPflow's ``triangular()`` transform). Equal to the autodiff record
-    to rounding, ε·κ(S) (tested against GPflow's step and the autodiff path).
-    """
+    """``natgrad_tensors`` (:mod:`natgrad_diag.step.trace`) by items 1-5, no autodiff, for a lower-triangular
+    ``q_sqrt``: the same record to rounding, ε·κ(S)."""
     from gpflow.optimizers.natgrad import meanvarsqrt_to_expectation
 
     eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
