@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._gpflow import to_constrained
+from natgrad_diag._gpflow import is_lower_triangular_transform, to_constrained
 from natgrad_diag._validate import dtype_name, input_error, param_parts, require_positive_float, shape_str, validate_grad, validate_q
 from natgrad_diag.exceptions import DTypeMismatchError, NatGradDiagError, ShapeMismatchError, StepFailedError
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.step.backend import StepBackend, closed_form_xi, is_lower_triangular_transform, step_backend
+from natgrad_diag.step.backend import StepBackend, closed_form_xi, step_backend
 from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
 from natgrad_diag.typing import Array, FloatArray
