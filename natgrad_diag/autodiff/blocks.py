@@ -83,16 +83,12 @@ class _BlockGrid(tuple):  # type: ignore[type-arg]
 
 class _LazyRow(Sequence[Any]):
     def __init__(self, n: int, make: Any) -> None:
-        self._n, self._make = n, make
-        self._cache: dict[int, Array] = {}
+        self._n, self._make = n, functools.cache(make)
 
     def __getitem__(self, j: Any) -> Any:
         if isinstance(j, slice):
             return tuple(self[k] for k in range(self._n)[j])
-        j = range(self._n)[j]  # negative indices; IndexError past the end
-        if j not in self._cache:
-            self._cache[j] = self._make(j)
-        return self._cache[j]
+        return self._make(range(self._n)[j])  # negative indices; IndexError past the end
 
     def __len__(self) -> int:
         return self._n
@@ -178,25 +174,24 @@ class BlockJacobian:
         sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
         return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
+    def _expand(self, j: int, part: Array) -> Array:
+        """Input j's stored columns of ``part`` → its general columns (a vech input's: scaled, gathered)."""
+        if not self._is_sym(j):
+            return part
+        index, scale, _ = vech_layout(self.input_shapes[j])
+        return part[:, index] * scale
+
     def _general(self, rows: Array) -> Array:
         """Stored columns of ``rows`` [n, stored] → general columns [n, Σ input sizes] (a view without vech inputs)."""
         if not any(self.symmetric or ()):
             return rows
-        parts = []
-        for j, s in enumerate(self.input_shapes):
-            part = rows[:, self._stored_offsets[j] : self._stored_offsets[j + 1]]
-            if self._is_sym(j):
-                index, scale, _ = vech_layout(s)
-                part = part[:, index] * scale
-            parts.append(part)
-        return np.concatenate(parts, axis=1)
+        off = self._stored_offsets
+        return np.concatenate([self._expand(j, rows[:, off[j] : off[j + 1]]) for j in range(len(off) - 1)], axis=1)
 
     def _dense_block(self, i: int, j: int) -> Array:
-        part = self.compact[self._row_offsets[i] : self._row_offsets[i + 1], self._stored_offsets[j] : self._stored_offsets[j + 1]]
-        if self._is_sym(j):
-            index, scale, _ = vech_layout(self.input_shapes[j])
-            part = part[:, index] * scale
-            part.setflags(write=False)
+        rows, cols = self._row_offsets, self._stored_offsets
+        part = self._expand(j, self.compact[rows[i] : rows[i + 1], cols[j] : cols[j + 1]])
+        part.setflags(write=False)
         return part.reshape(self.output_shapes[i] + self.input_shapes[j])
 
     # ---- public API ------------------------------------------------------------------------------
