@@ -34,16 +34,14 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
-    Stored column (a, b), a ≥ b, is the derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal):
-    M(M+1)/2 columns instead of M². The general-shaped blocks are the symmetrised general Jacobian,
-    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, exactly TensorFlow's
-    (symmetrised) Cholesky gradient (η₂ = S + m mᵀ of Salimbeni et al., AISTATS 2018, is symmetric).
+    Stored column (a, b), a ≥ b, is the derivative along E_ab + E_ba (E_aa on the diagonal); the general blocks are
+    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b, J·E_aa on the diagonal: TensorFlow's (symmetrised)
+    Cholesky gradient.
 
     Returns:
         ``(index, scale, size)``: ``index`` [prod(shape)] gives each general element (..., a, b), row-major, its vech
-        column k(max(a, b), min(a, b)) (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½
-        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``
-        and vech column k's tangent is ``onehot(k)[index]``. Cached per shape in :mod:`natgrad_diag._compile`.
+        column (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½ off it; ``size`` =
+        prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``.
     """
     shape = tuple(int(d) for d in shape)
     layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
@@ -112,9 +110,8 @@ class BlockJacobian:
         output_shapes, input_shapes: the shapes of the outputs and inputs.
         compact: the stored dense matrix [Σ output sizes, Σ stored input columns], read-only (built from
             ``blocks`` when not given; ``blocks`` are views of it when built by :meth:`from_compact`).
-        symmetric: one flag per input; ``True`` means that input [..., M, M] is stored by its vech
-            columns (symmetric tangents E_ab + E_ba), and its general-shaped blocks are the
-            symmetrised general Jacobian.
+        symmetric: one flag per input; ``True``: that input [..., M, M] is stored by its vech columns
+            (:func:`vech_layout`).
 
     Examples:
         >>> import numpy as np

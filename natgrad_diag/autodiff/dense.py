@@ -33,12 +33,9 @@ from natgrad_diag.typing import Array
 
 __all__ = ["jacobian"]
 
-#: A first call with at most this many output elements runs eagerly, one VJP per row (no tracing:
-#: for a one-off small Jacobian tracing costs more than it saves); a second call with the same
-#: function and shapes compiles.
+#: A first call with at most this many output elements runs eagerly, one VJP per row (tracing would cost more).
 _EAGER_MAX_ROWS = 64
-#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many,
-#: and uses eager ``tape.jacobian`` beyond.
+#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many, then tape.jacobian.
 _EAGER_LOOP_MAX_ROWS = 256
 
 
@@ -51,11 +48,9 @@ def jacobian(
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
     J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), in chunks of rows [e_r, …]ᵀ·J
-    (reverse mode: ``tape.gradient`` with one-hot seeds) or of columns J·[e_c, …] (forward mode), batched in a
-    ``tf.function`` traced once per (fn, input shapes and dtypes, options); it equals ``tape.jacobian`` block by
-    block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only, M(M+1)/2
-    columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly ``tape.jacobian``'s for a
-    function that reads X through a Cholesky factorisation.
+    (reverse mode) or of columns J·[e_c, …] (forward mode), batched in a ``tf.function``; it equals
+    ``tape.jacobian`` block by block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b)
+    and E_aa only; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), ``tape.jacobian``'s through a Cholesky.
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors; its compiled chunks are cached by
@@ -207,11 +202,8 @@ def _compiled_path(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array | None:  # fmt: skip
-    """Path 1: the compiled chunks, or ``None`` for a first small call (the eager rows are cheaper).
-
-    A first call records the outputs' shapes under ``key``, so that the next call compiles and skips
-    the eager forward pass.
-    """
+    """Path 1: the compiled chunks, or ``None`` for a first small call (it records the outputs' shapes under ``key``,
+    so that the next call compiles and skips the eager forward pass)."""
     if not probe.seen:
         remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
     if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):

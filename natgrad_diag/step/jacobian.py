@@ -20,9 +20,8 @@ __all__ = ["natgrad_map_jacobian"]
 def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
 
-    Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: each entry is an inner
-    product of M + 1 terms, so its two triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1);
-    :func:`natgrad_diag.tolerance.rounding_bound` with factor 4(M + 1) leaves a factor 2 of room.
+    Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: inner products of M + 1 terms, whose
+    triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1); the factor 4(M + 1) leaves a factor 2 of room.
     """
     e1, e2 = np.asarray(eta1), np.asarray(eta2)
     for name, arr, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
@@ -167,12 +166,10 @@ def natgrad_map_jacobian(
 ) -> BlockJacobian:  # fmt: skip
     """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁ [M, L], η₂ [L, M, M]).
 
-    The blocks are labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
-    symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time and memory);
-    ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals ``tape.jacobian``'s block, because
-    TensorFlow's Cholesky gradient is symmetrised. ``method="closed_form"`` (default) computes each column in closed
-    form in O(M²), O(M⁴) in all (``_natgrad_map_closed_form``), into one preallocated array; ``method="autodiff"``
-    builds the same matrix by :func:`natgrad_diag.autodiff.dense.jacobian` (``chunk_size`` applies to it only).
+    The blocks are labelled mean, varsqrt / eta1, eta2. ``symmetric=True`` differentiates η₂ along symmetric tangents
+    only (M(M+1)/2 columns instead of M² per latent GP); ``.block(i, 1)`` still has the general shape [..., L, M, M]
+    and equals ``tape.jacobian``'s block. ``method="closed_form"`` computes each column in O(M²), O(M⁴) in all;
+    ``method="autodiff"`` builds the same matrix by :func:`natgrad_diag.autodiff.dense.jacobian` (with ``chunk_size``).
 
     Raises:
         ShapeMismatchError: eta1 is not [M, L] or eta2 is not [L, M, M] with eta1's M and L.
