@@ -72,25 +72,11 @@ def _positive_diagonal(q_sqrt: Any) -> Any:
     return q_sqrt * signs[..., None, :]
 
 
-def _columns(q_mu: Any) -> Any:
-    """[M, L] -> [L, M, 1], GPflow's layout to TensorFlow's batched matrices."""
-    import tensorflow as tf
-
-    return tf.transpose(q_mu)[:, :, None]
-
-
-def _rows(x: Any) -> Any:
-    """[L, M, 1] -> [M, L]."""
-    import tensorflow as tf
-
-    return tf.transpose(x[:, :, 0])
-
-
 def _cov_times(sqrt: Any, v: Any) -> Any:
-    """(sqrt sqrtᵀ) v for sqrt [L, M, M] and v [L, M, 1]."""
+    """[M, L]: (sqrt sqrtᵀ) v per latent GP, for sqrt [L, M, M] and v [M, L]."""
     import tensorflow as tf
 
-    return tf.linalg.matmul(sqrt, tf.linalg.matmul(sqrt, v, transpose_a=True))
+    return tf.transpose(tf.linalg.matvec(sqrt, tf.linalg.matvec(sqrt, tf.transpose(v), transpose_a=True)))
 
 
 def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any]:
@@ -159,8 +145,7 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     import tensorflow as tf
 
     dL_dS = cholesky_vjp(_positive_diagonal(q_sqrt), dL_dvarsqrt)
-    dL_deta1 = _columns(dL_dmean) - 2.0 * tf.linalg.matmul(dL_dS, _columns(q_mu))
-    return _rows(dL_deta1), dL_dS
+    return dL_dmean - 2.0 * tf.transpose(tf.linalg.matvec(dL_dS, tf.transpose(q_mu))), dL_dS
 
 
 def _xi_name(xi: Any) -> str:
@@ -180,7 +165,7 @@ def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any,
     import tensorflow as tf
 
     nat_dL_xi2 = tf.linalg.matmul(q_sqrt, _phi(tf.linalg.matmul(q_sqrt, dL_dvarsqrt, transpose_a=True)))
-    return _rows(_cov_times(q_sqrt, _columns(dL_dmean))), nat_dL_xi2
+    return _cov_times(q_sqrt, dL_dmean), nat_dL_xi2
 
 
 def natgrad_step_closed_form(
@@ -225,8 +210,7 @@ def natgrad_step_closed_form(
     u = tf.reverse(tf.linalg.cholesky(tf.reverse(b, axis=[-2, -1])), axis=[-2, -1])  # B = U Uᵀ, U upper
     new_sqrt_t = tf.linalg.triangular_solve(u, tf.linalg.matrix_transpose(c), lower=False)  # U⁻¹Cᵀ = (C U⁻ᵀ)ᵀ
     new_sqrt = tf.linalg.band_part(tf.linalg.matrix_transpose(new_sqrt_t), -1, 0)
-    new_mu = _columns(q_mu) - gamma * _cov_times(new_sqrt, _columns(dL_dmean))
-    return _rows(new_mu), new_sqrt
+    return q_mu - gamma * _cov_times(new_sqrt, dL_dmean), new_sqrt
 
 
 def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
@@ -240,9 +224,7 @@ def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
     C = tf.cumsum(l_inv, axis=-2, exclusive=True) + 0.5 * l_inv
     A = tf.linalg.matmul(l_inv, s[..., :, None] * C, transpose_a=True)
     sigma_bar = 0.5 * (A + tf.linalg.adjoint(A))  # [L, M, M]
-    m = tf.linalg.adjoint(eta1)[:, :, None]  # [L, M, 1]
-    d1 = tf.ones_like(eta1) - 2.0 * tf.linalg.adjoint(tf.linalg.matmul(sigma_bar, m)[:, :, 0])
-    return d1, sigma_bar
+    return tf.ones_like(eta1) - 2.0 * tf.transpose(tf.linalg.matvec(sigma_bar, tf.transpose(eta1))), sigma_bar
 
 
 def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
