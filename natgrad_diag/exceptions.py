@@ -8,14 +8,16 @@ user would catch for that kind of problem (``ValueError`` for bad input, ``Asser
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "DTypeMismatchError", "InputError", "JacobianMismatchError", "MemoryLimitError", "MissingExtraError",
     "NatGradCheckError", "NatGradDiagError", "NonFiniteError", "OutputGradientsError", "ReportWriteError",
     "ShapeMismatchError", "SingularCovarianceError", "StepFailedError", "UnconnectedGradientError",
-    "UnsupportedModelError", "error_line",
+    "UnsupportedModelError", "error_line", "raised_as_is",
 ]
 
 
@@ -44,6 +46,25 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     return line or type(e).__name__
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def raised_as_is(fn: F) -> F:
+    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
+    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NatGradDiagError as e:
+            e.ag_pass_through = True
+            raise
+
+    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+    return cast(F, wrapper)
+
+
 class NatGradDiagError(Exception):
     """Base class of every error natgrad-diag raises.
 
@@ -67,8 +88,7 @@ class NatGradDiagError(Exception):
     """
 
     error_message = "An error in natgrad-diag."
-    #: Set on errors raised while a tf.function traces (AutoGraph, which checks ``hasattr``, re-raises them as is).
-    ag_pass_through: bool
+    ag_pass_through: bool  # set by :func:`raised_as_is`
 
     def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
         self.detail = detail

@@ -10,38 +10,18 @@ References: ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py); 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
 from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
-from natgrad_diag.exceptions import DTypeMismatchError, NatGradDiagError, OutputGradientsError, UnconnectedGradientError
+from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 
 #: Accepted values of ``unconnected``.
 UNCONNECTED_CHOICES = ("none", "zero", "raise")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _raised_as_is(fn: F) -> F:
-    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
-    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except NatGradDiagError as e:
-            e.ag_pass_through = True
-            raise
-
-    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
-    return cast(F, wrapper)
-
 
 def _unconnected_mode(unconnected: Any) -> str:
     """``"none"``, ``"zero"`` or ``"raise"`` from a string or a ``tf.UnconnectedGradients``."""
@@ -182,7 +162,7 @@ def _gradients(
                                    context=context, remedy=remedy)
 
 
-@_raised_as_is
+@raised_as_is
 def checked_gradient(
     tape: Any, target: Any, sources: Any, output_gradients: Any = None, *, unconnected: Any = "none",
 ) -> Any:
@@ -258,7 +238,7 @@ def _to_primal(x: Any, k: int) -> Any:
     return t
 
 
-@_raised_as_is
+@raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
     """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same maths and
     seed checks, with y = ``fn(*primals)`` and the cotangents as v).

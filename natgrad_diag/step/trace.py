@@ -17,7 +17,7 @@ from natgrad_diag import _compile
 from natgrad_diag._gpflow import is_lower_triangular_transform, to_constrained
 from natgrad_diag._validate import dtype_name, input_error, param_parts, require_positive_float, shape_str, validate_grad, validate_q
 from natgrad_diag.exceptions import DTypeMismatchError, NatGradDiagError, ShapeMismatchError, StepFailedError
-from natgrad_diag.exceptions import error_line
+from natgrad_diag.exceptions import error_line, raised_as_is
 from natgrad_diag.step.backend import StepBackend, closed_form_xi, step_backend
 from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
@@ -360,6 +360,7 @@ def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: flo
     return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
+@raised_as_is
 def natgrad_trace(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, *, gamma: float = 1.0, xi_transform: Any = None, compiled: bool | None = None
 ) -> NatGradTrace:
@@ -394,11 +395,7 @@ def natgrad_trace(
         >>> trace.dL_deta1.shape
         (5, 1)
     """
-    try:
-        _precheck(q_mu, q_sqrt)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
+    _precheck(q_mu, q_sqrt)
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)
     if compiled is not False:
@@ -427,8 +424,3 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
             remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
         ) from None
     return _record(dict(out, q_mu=mu_t, q_sqrt=sq_t, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
-
-
-# Inside tf.function AutoGraph must call natgrad_trace as it is, so that its "call it eagerly" error is not
-# wrapped in a StagingError (what tf.autograph.experimental.do_not_convert sets, without importing TensorFlow).
-natgrad_trace.autograph_info__ = frozenset()  # type: ignore[attr-defined]
