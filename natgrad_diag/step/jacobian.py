@@ -82,7 +82,7 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
     out = np.zeros((n_rows, n_cols), dtype=dtype)
     out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
-    a_idx, b_idx, scale2 = _eta2_tangents(M, symmetric, dtype)
+    b_idx, scale2 = _eta2_tangents(M, symmetric, dtype)
     for l in range(L):
         C = _cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l]), l)
         Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
@@ -101,16 +101,12 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     )
 
 
-def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype[Any]) -> tuple[Array, Array, Array]:
-    """The stored η₂ columns of one latent GP: (p index, q index, scale s) of dS = s(p qᵀ + q pᵀ)."""
+def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype[Any]) -> tuple[Array, Array]:
+    """The stored η₂ columns (a, b) of one latent GP, a-major: (b, scale s) of dS = s(e_a e_bᵀ + e_b e_aᵀ)."""
     if symmetric:
         a_idx, b_idx = np.tril_indices(M)
-        scale2 = np.ones(len(a_idx), dtype=dtype)
-        scale2[a_idx == b_idx] = 0.5  # E_aa = ½(c cᵀ + c cᵀ) in the rank-2 form
-    else:
-        a_idx, b_idx = (g.ravel() for g in np.meshgrid(np.arange(M), np.arange(M), indexing="ij"))
-        scale2 = np.full(len(a_idx), 0.5, dtype=dtype)  # ½(E_ab + E_ba); on the diagonal E_aa
-    return a_idx, b_idx, scale2
+        return b_idx, np.where(a_idx == b_idx, 0.5, 1.0).astype(dtype)  # E_aa = ½(e_a e_aᵀ + e_a e_aᵀ)
+    return np.tile(np.arange(M), M), np.full(M * M, 0.5, dtype=dtype)  # ½(E_ab + E_ba); on the diagonal E_aa
 
 
 def _cholesky(S: Array, l: int) -> Array:
