@@ -89,25 +89,19 @@ def _prepare_seeds(
                               f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
     flat = tf.nest.flatten(output_gradients)
     validate_seeds(flat, targets, argument=argument, target_name=target_name)
-    seeds = []
+    eager, seeds = tf.executing_eagerly(), []
     for i, (seed, tgt) in enumerate(zip(flat, targets)):
-        if seed is None:
-            seeds.append(tf.ones_like(tgt))
-            continue
+        dtype = None if hasattr(seed, "dtype") else tgt.dtype  # a seed's dtype is checked; a number takes its target's
         try:
-            # a seed with a dtype has already been checked; a Python number takes its target's dtype
-            seeds.append(tf.convert_to_tensor(seed) if hasattr(seed, "dtype") else tf.convert_to_tensor(seed, dtype=tgt.dtype))
+            t = tf.ones_like(tgt) if seed is None else tf.convert_to_tensor(seed, dtype)
         except (TypeError, ValueError) as e:
             raise input_error(f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.",
                               f"{argument}[{i}]", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}",
                               type(seed).__name__, f"pass tf.ones_like({target_name}[{i}]) or another tensor of "
                               "its shape and dtype.", kind=OutputGradientsError) from e
-    if tf.executing_eagerly():
-        for i, seed in enumerate(seeds):
-            if seed.dtype.is_floating:
-                require_finite(seed.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
-    else:
-        seeds = [_assert_same_shape_at_run_time(seed, tgt, f"{argument}[{i}]", f"{target_name}[{i}]") for i, (seed, tgt) in enumerate(zip(seeds, targets))]
+        if eager and t.dtype.is_floating:
+            require_finite(t.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
+        seeds.append(t if eager else _assert_same_shape_at_run_time(t, tgt, f"{argument}[{i}]", f"{target_name}[{i}]"))
     return seeds
 
 
