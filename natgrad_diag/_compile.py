@@ -35,11 +35,12 @@ MAX_PER_MODEL = 4
 _MODELS: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
 
 
-def _put(slot: Hashable, value: Any, keep: tuple[Any, ...]) -> None:
-    _ENTRIES[slot] = (value, keep)
-    _ENTRIES.move_to_end(slot)
-    while len(_ENTRIES) > MAX_ENTRIES:
-        _ENTRIES.popitem(last=False)
+def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
+    """``entries[key] = value`` as the most recently used; the least recently used go past ``limit``."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > limit:
+        entries.popitem(last=False)
 
 
 def _get(slot: Hashable) -> Any:
@@ -67,7 +68,7 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
         value = _get(slot)
         if value is _MISSING:
             value = build()
-            _put(slot, value, tuple(keep))
+            _put(_ENTRIES, slot, (value, tuple(keep)), MAX_ENTRIES)
         return value
 
 
@@ -90,24 +91,20 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
             entries.move_to_end(key)
             return entries[key]
         value = build()
-        entries[key] = value
-        while len(entries) > MAX_PER_MODEL:
-            entries.popitem(last=False)
+        _put(entries, key, value, MAX_PER_MODEL)
         return value
 
 
 def model_entries(model: Any = None) -> int:
     """How many entries :func:`for_model` holds for ``model`` (for every live model, when ``None``)."""
     with _LOCK:
-        if model is None:
-            return sum(len(e) for e in _MODELS.values())
-        return len(_MODELS.get(model, ()))
+        return sum(map(len, _MODELS.values())) if model is None else len(_MODELS.get(model, ()))
 
 
 def remember(key: Hashable, value: Any, *, keep: tuple[Any, ...] = ()) -> None:
     """Record ``value`` for ``key`` (what a first, eager call learned); :func:`recall` returns it."""
     with _LOCK:
-        _put(("seen", key), value, tuple(keep))
+        _put(_ENTRIES, ("seen", key), (value, tuple(keep)), MAX_ENTRIES)
 
 
 def recall(key: Hashable) -> Any:

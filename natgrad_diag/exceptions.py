@@ -1,10 +1,6 @@
-"""The exception hierarchy of natgrad-diag, rooted in :class:`NatGradDiagError`.
-
-Every error states what went wrong as a class attribute (``error_message``), its context as aligned lines,
-then what to do next (see :class:`NatGradDiagError`). Each subclass also derives from the builtin exception a
-user would catch for that kind of problem (``ValueError`` for bad input, ``AssertionError`` for a failed
-``assert_*`` check, ...).
-"""
+"""The exception hierarchy of natgrad-diag, rooted in :class:`NatGradDiagError`. Each subclass also derives from the
+builtin exception a user would catch for that kind of problem (``ValueError`` for bad input, ``AssertionError`` for a
+failed ``assert_*`` check, ...)."""
 
 from __future__ import annotations
 
@@ -95,11 +91,10 @@ class NatGradDiagError(Exception):
         self.context = tuple(context)
         self.remedy = remedy
         lines = [self.error_message + (f" {detail}" if detail else "")]
-        if self.context:
-            width = max(len(label) for label, _ in self.context) + 1
-            for label, value in self.context:
-                indent = "    " if label in ("Expected", "Actual", "Got") else "  "
-                lines.append(f"{indent}{(label + ':').ljust(width)} " + str(value).replace("\n", "\n" + " " * 14))
+        width = max((len(label) for label, _ in self.context), default=0) + 1
+        for label, value in self.context:
+            indent = "    " if label in ("Expected", "Actual", "Got") else "  "
+            lines.append(f"{indent}{(label + ':').ljust(width)} " + str(value).replace("\n", "\n" + " " * 14))
         if remedy:
             lines.append(f"  To fix: {remedy}")
         super().__init__("\n".join(lines))

@@ -81,12 +81,16 @@ class _BlockGrid(tuple):  # type: ignore[type-arg]
 
 class _LazyRow(Sequence[Any]):
     def __init__(self, n: int, make: Any) -> None:
-        self._n, self._make = n, functools.cache(make)
+        self._n, self._make = n, make
+        self._blocks: dict[int, Array] = {}
 
     def __getitem__(self, j: Any) -> Any:
         if isinstance(j, slice):
             return tuple(self[k] for k in range(self._n)[j])
-        return self._make(range(self._n)[j])  # negative indices; IndexError past the end
+        j = range(self._n)[j]  # negative indices; IndexError past the end
+        if j not in self._blocks:
+            self._blocks[j] = self._make(j)
+        return self._blocks[j]
 
     def __len__(self) -> int:
         return self._n

@@ -166,15 +166,13 @@ def checked_gradient(
 
         ∂L/∂x_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (Jᵀ·v; a seed of ones gives ∂(Σ y)/∂x_j)
 
-    As torch does: ``target`` and ``output_gradients`` are flattened as ``tf.nest.flatten`` does (a single tensor
-    for a single target is fine); there is one seed per target, of exactly its shape (no broadcasting) and dtype
-    (no cast; a Python number takes its target's dtype); a ``None`` entry means ones. Nothing is computed before
-    the checks pass, so a non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are
-    checked when the graph runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
+    As torch does: one seed per flattened target, of exactly its shape (no broadcasting) and dtype (no cast; a Python
+    number takes its target's dtype); ``None`` means ones. Nothing is computed before the checks pass, so a
+    non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are checked when the graph
+    runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
 
     Args:
-        tape: the ``tf.GradientTape`` that recorded the targets.
-        target: a tensor or a nest (list, tuple, dict) of tensors.
+        tape, target: the ``tf.GradientTape`` and the tensor or nest (list, tuple, dict) of tensors it recorded.
         sources: a tensor, a variable or a nest of them; the result has the same structure.
         output_gradients: ``None`` (ones for every target), or one seed per flattened target, nested or flat.
         unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as TensorFlow),
@@ -234,8 +232,7 @@ def _to_primal(x: Any, k: int) -> Any:
 
 @raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
-    """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same maths and
-    seed checks, with y = ``fn(*primals)`` and the cotangents as v).
+    """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same seed checks).
 
     Args:
         fn: a function of the primals returning a tensor or a nest of tensors.

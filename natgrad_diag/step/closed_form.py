@@ -35,9 +35,8 @@ with Ḡ = ones, where Cᵀ Ḡ = s 1ᵀ (s the column sums of C), so Φ(s 1ᵀ)
 exclusive cumulative sum over rows): Σ̄ = sym(C⁻ᵀ diag(s)(cumsum₋(C⁻¹) + ½C⁻¹)), sym(A) = ½(A + Aᵀ); then
 ∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2Σ̄η₁. One matrix product instead of a second backward pass.
 
-**Rounding.** GPflow forms S⁻¹ through triangular inverses and recovers S as η₂ − η₁η₁ᵀ, so its step carries an
-error of order ε·κ(S) relative to the result; the closed forms invert nothing for XiSqrtMeanVar and only the
-well-scaled B for XiNat, so they agree with GPflow to that bound and are at least as accurate.
+**Rounding.** GPflow inverts S and recovers it as η₂ − η₁η₁ᵀ: an error of order ε·κ(S) relative. The closed forms
+invert nothing for XiSqrtMeanVar and only the well-scaled B for XiNat: they agree with GPflow to that bound.
 """
 
 from __future__ import annotations

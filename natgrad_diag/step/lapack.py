@@ -1,10 +1,8 @@
 """The closed-form record of GPflow's natural-gradient step, computed by LAPACK's triangular kernels on numpy arrays.
 
-:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` returns, by the maths of
-:mod:`natgrad_diag.step.closed_form` (items 1-5; notation of :mod:`natgrad_diag.step`), on the kernels TensorFlow
-lacks: a triangular inverse (``trtri``, M³/3 flops) and a triangle times its transpose (``lauum``, M³/3) against
-2M³ for a dense product, triangle × matrix (``trmm``, M³) and U·A·Uᵀ for a triangular U and a symmetric A
-(``sygst``, M³). Per latent GP:
+:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` returns (items 1-5 of
+:mod:`natgrad_diag.step.closed_form`), on kernels TensorFlow lacks: ``trtri`` and ``lauum`` (M³/3 flops against 2M³
+for a dense product), ``trmm`` and ``sygst`` (M³). Per latent GP:
 
     C⁻¹ = trtri(C), once;  Λ = C⁻ᵀC⁻¹ = lauum(C⁻¹);  S = CCᵀ = J·lauum(JCᵀJ)·J;  P = Φ(CᵀG) by trmm
     ∂L/∂S = ½C⁻ᵀ(P + Pᵀ)C⁻¹ by sygst;  Jᵀ·1 by one trmm;  XiSqrtMeanVar's L_S Φ(L_Sᵀ G) = C P by trmm
