@@ -160,8 +160,6 @@ class BlockJacobian:
         object.__setattr__(jac, "blocks", _BlockGrid(rows))
         return jac
 
-    # ---- layout of the stored matrix -------------------------------------------------------------
-
     def _is_sym(self, j: int) -> bool:
         return bool(self.symmetric and self.symmetric[j])
 
@@ -194,8 +192,6 @@ class BlockJacobian:
         part = self._expand(j, self.compact[rows[i] : rows[i + 1], cols[j] : cols[j + 1]])
         part.setflags(write=False)
         return part.reshape(self.output_shapes[i] + self.input_shapes[j])
-
-    # ---- public API ------------------------------------------------------------------------------
 
     @property
     def dtype(self) -> np.dtype[Any]:

@@ -82,7 +82,6 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
     out = np.zeros((n_rows, n_cols), dtype=dtype)
     out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
-    b_idx, scale2 = _eta2_tangents(M, symmetric, dtype)
     for l in range(L):
         C = _cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l]), l)
         Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
@@ -95,18 +94,10 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
         eta1_cols = out[:, l : M * L : L]  # column m*L + l of η₁[m, l]: a strided view
         eta2_cols = out[:, M * L + l * K2 : M * L + (l + 1) * K2]
         _write_eta1_columns(eta1_cols, r0, Cinv, T_strict, U, w)
-        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric, b_idx, scale2)
+        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric)
     return BlockJacobian.from_compact(
         out, ("mean", "varsqrt"), ("eta1", "eta2"), [(M, L), (L, M, M)], [(M, L), (L, M, M)], (False, bool(symmetric))
     )
-
-
-def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype[Any]) -> tuple[Array, Array]:
-    """The stored η₂ columns (a, b) of one latent GP, a-major: (b, scale s) of dS = s(e_a e_bᵀ + e_b e_aᵀ)."""
-    if symmetric:
-        a_idx, b_idx = np.tril_indices(M)
-        return b_idx, np.where(a_idx == b_idx, 0.5, 1.0).astype(dtype)  # E_aa = ½(e_a e_aᵀ + e_a e_aᵀ)
-    return np.tile(np.arange(M), M), np.full(M * M, 0.5, dtype=dtype)  # ½(E_ab + E_ba); on the diagonal E_aa
 
 
 def _cholesky(S: Array, l: int) -> Array:
@@ -131,8 +122,7 @@ def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: A
         dest -= U[i, :n, None] * Cinv[:n, :n]
 
 
-def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array,
-                        symmetric: bool, b_idx: Array, scale: Array) -> None:  # fmt: skip
+def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array, symmetric: bool) -> None:
     """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
 
     The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both
@@ -141,7 +131,9 @@ def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: A
     """
     M = Cinv.shape[0]
     reps = np.arange(1, M + 1) if symmetric else np.full(M, M)
-    a_idx = np.repeat(np.arange(M), reps)
+    a_idx, b_idx = np.repeat(np.arange(M), reps), np.concatenate([np.arange(r) for r in reps])  # vech: tril order
+    # dS = s(e_a e_bᵀ + e_b e_aᵀ): vech E_ab + E_ba (s = 1), E_aa (s = ½); general ½(E_ab + E_ba) (s = ½)
+    scale = (np.where(a_idx == b_idx, 0.5, 1.0) if symmetric else np.full(len(a_idx), 0.5)).astype(Cinv.dtype)
     sA = Cinv[:, a_idx] * scale  # [k, c]: s·(C⁻¹)_ka
     sB = Cinv[:, b_idx] * scale
     buf = np.empty((M, len(b_idx)), dtype=Cinv.dtype)

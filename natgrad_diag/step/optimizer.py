@@ -40,10 +40,9 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
         of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which this class routes here.
 
         Args:
-            q_mu_grad: [M, L], ∂L/∂(q_mu's unconstrained variable).
-            q_sqrt_grad: [L, M(M+1)/2] (or [L, M, M] without a transform), ∂L/∂(q_sqrt's unconstrained variable).
-            q_mu: the ``gpflow.Parameter`` q_mu [M, L].
-            q_sqrt: the ``gpflow.Parameter`` q_sqrt [L, M, M].
+            q_mu_grad, q_sqrt_grad: ∂L/∂ q_mu's and q_sqrt's unconstrained variables, [M, L] and [L, M(M+1)/2] (or
+                [L, M, M] without a transform).
+            q_mu, q_sqrt: the ``gpflow.Parameter`` s q_mu [M, L] and q_sqrt [L, M, M].
             xi_transform: the ξ transform (``self.xi_transform`` when ``None``).
         """
         xi_transform = self.xi_transform if xi_transform is None else xi_transform

@@ -202,9 +202,6 @@ def natgrad_tensors(
     )  # fmt: skip
 
 
-# ---- the fast paths ------------------------------------------------------------------------------
-
-
 def _transform_key(transform: Any) -> Any:
     """A hashable key for a parameter transform that depends only on what it computes (``"identity"`` for None, or a
     TFP bijector's class and its plain-valued constructor parameters), or None when it cannot be keyed."""
