@@ -90,11 +90,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
-    """The default :class:`Tolerance` for comparisons of ``kind`` in ``dtype``.
-
-    Args:
-        dtype: a numpy or TensorFlow floating dtype (float16, float32 or float64).
-        kind: ``"exact"`` or ``"finite_difference"``.
+    """The default :class:`Tolerance` for comparisons of ``kind`` (``"exact"`` or ``"finite_difference"``) in
+    ``dtype`` (a numpy or TensorFlow float16, float32 or float64).
 
     Raises:
         InputError: for a dtype or kind without a default.
