@@ -246,8 +246,9 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
     import tensorflow as tf
 
     ckey, keep = ("natgrad_tensors", key), (xi, t_mu, t_sq)
-    if not build and _compile.recall(ckey) is None:
-        _compile.remember(ckey, True, keep=keep)  # the next call with this key compiles
+    seen = _compile.recall(ckey) is not None
+    _compile.remember(ckey, True, keep=keep)  # the next call with this key compiles
+    if not build and not seen:
         return None
 
     def make() -> Any:
@@ -272,7 +273,6 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
         signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
         return tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
 
-    _compile.remember(ckey, True, keep=keep)  # so that a later build=False call finds it
     return _compile.compiled(ckey, make, keep=keep)
 
 
