@@ -13,53 +13,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from natgrad_diag.exceptions import (
-    InputError,
-    JacobianMismatchError,
-    MemoryLimitError,
-    NatGradCheckError,
-    NatGradDiagError,
-    OutputGradientsError,
-    StepFailedError,
-    UnsupportedModelError,
-)
+    InputError, JacobianMismatchError, MemoryLimitError, NatGradCheckError, NatGradDiagError, OutputGradientsError,
+    StepFailedError, UnsupportedModelError,
+)  # fmt: skip
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockJacobian",
-    "Check",
-    "Explanation",
-    "GradientCheckReport",
-    "InputError",
-    "JacobianMismatchError",
-    "MemoryLimitError",
-    "NatGradCheckError",
-    "NatGradDiagError",
-    "NatGradMonitor",
-    "NatGradReport",
-    "NatGradTrace",
-    "NaturalGradient",
-    "OuterExample",
-    "OutputGradientsError",
-    "SeedScenario",
-    "StepFailedError",
-    "UnsupportedModelError",
-    "assert_gradients",
-    "assert_natgrad",
-    "check_gradients",
-    "check_natgrad",
-    "checked_gradient",
-    "explain_output_gradients",
-    "jacobian",
-    "natgrad_map_jacobian",
-    "natgrad_trace",
-    "outer_example",
-    "seed_scenario",
-    "strict_gradients",
-    "to_terminal",
-    "vjp",
-    "write_report",
-]
+    "BlockJacobian", "Check", "Explanation", "GradientCheckReport", "InputError", "JacobianMismatchError",
+    "MemoryLimitError", "NatGradCheckError", "NatGradDiagError", "NatGradMonitor", "NatGradReport", "NatGradTrace",
+    "NaturalGradient", "OuterExample", "OutputGradientsError", "SeedScenario", "StepFailedError",
+    "UnsupportedModelError", "assert_gradients", "assert_natgrad", "check_gradients", "check_natgrad",
+    "checked_gradient", "explain_output_gradients", "jacobian", "natgrad_map_jacobian", "natgrad_trace",
+    "outer_example", "seed_scenario", "strict_gradients", "to_terminal", "vjp", "write_report",
+]  # fmt: skip
 
 # module -> the names it defines (each imported on first access)
 _LAZY = {

@@ -1,30 +1,12 @@
-"""One cache for every compiled (tf.function) path: keyed LRU entries, a weak per-model store, one lock, one trace counter."""
+"""One cache for every compiled (tf.function) path: keyed LRU entries, a weak per-model store, one lock, one trace
+counter.
 
-# How to use it:
-#
-#     from natgrad_diag import _compile
-#
-#     def build():                                   # called once per key, under the cache's lock
-#         def body(x):
-#             _compile.note_trace("my_path")         # runs once per trace, not per call
-#             return tf.linalg.cholesky(x)
-#         return tf.function(body, input_signature=[...]).get_concrete_function()
-#
-#     fn = _compile.compiled(("my_path", shapes, dtype), build, keep=(user_fn,))
-#     fn(x)                                          # the second call with that key reuses fn
-#     _compile.trace_count("my_path")               # how often "my_path" was traced (tests)
-#
-# * ``key`` is any hashable; start it with the path's name so that paths never share an entry. When
-#   the key holds ``id(obj)``, pass ``keep=(obj,)``: the entry keeps ``obj`` alive, so its id cannot be
-#   reused by another object while the entry lives.
-# * ``remember(key, value)`` / ``recall(key)`` record what a first (eager) call learned, so that a
-#   second call with the same key compiles ("compile on the second call"; the records share the LRU).
-# * ``build`` runs under the lock (a re-entrant lock: a build may itself call ``compiled``), so each
-#   key is built once even when several threads ask for it at the same time. A build that raises
-#   stores nothing. Trace inside ``build`` (``get_concrete_function()``) to trace under the lock too.
-# * ``for_model(model, key, build)`` is the same for what belongs to one model (a scratch copy of it and the
-#   functions compiled on it): the store is weak on the model, so a deleted model frees its entries, and keeps
-#   the ``MAX_PER_MODEL`` most recently used keys of each model. Its values must not hold the model itself.
+``compiled(key, build, keep=...)`` returns the value ``build()`` made for ``key`` (start the key with the path's name;
+when it holds ``id(obj)``, ``keep=(obj,)`` keeps that id from being reused while the entry lives). ``build`` runs under
+a re-entrant lock, once per key; a build that raises stores nothing; trace inside it (``get_concrete_function()``).
+``remember``/``recall`` record what a first, eager call learned, so that the second call compiles; ``note_trace(kind)``
+in the traced body counts traces (``trace_count``, for tests). ``for_model`` is the store of what belongs to one model.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +16,10 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["MAX_ENTRIES", "MAX_PER_MODEL", "compiled", "for_model", "model_entries", "note_trace", "recall", "remember", "trace_count"]
+__all__ = [
+    "MAX_ENTRIES", "MAX_PER_MODEL", "compiled", "for_model", "model_entries", "note_trace", "recall", "remember",
+    "trace_count",
+]
 
 #: Entries kept (compiled functions and first-call records together); the least recently used goes first.
 MAX_ENTRIES = 96
@@ -50,11 +35,12 @@ MAX_PER_MODEL = 4
 _MODELS: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
 
 
-def _put(slot: Hashable, value: Any, keep: tuple[Any, ...]) -> None:
-    _ENTRIES[slot] = (value, keep)
-    _ENTRIES.move_to_end(slot)
-    while len(_ENTRIES) > MAX_ENTRIES:
-        _ENTRIES.popitem(last=False)
+def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
+    """``entries[key] = value`` as the most recently used; the least recently used go past ``limit``."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > limit:
+        entries.popitem(last=False)
 
 
 def _get(slot: Hashable) -> Any:
@@ -66,16 +52,8 @@ def _get(slot: Hashable) -> Any:
 
 
 def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = ()) -> Any:
-    """The cached value for ``key``, built by ``build()`` on the first request (like ``functools.lru_cache``).
-
-    Args:
-        key: a hashable naming the compiled path and everything the traced graph depends on
-            (shapes, dtypes, options, ``id`` of captured objects).
-        build: no-argument function returning the compiled function; runs under the lock, once per key.
-        keep: objects the entry keeps alive (those whose ``id`` is part of ``key``).
-
-    Returns:
-        What ``build()`` returned for this key, now or on an earlier call.
+    """The cached value for ``key`` (the path's name and all the traced graph depends on: shapes, dtypes, options,
+    ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request.
 
     Examples:
         >>> calls = []
@@ -90,7 +68,7 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
         value = _get(slot)
         if value is _MISSING:
             value = build()
-            _put(slot, value, tuple(keep))
+            _put(_ENTRIES, slot, (value, tuple(keep)), MAX_ENTRIES)
         return value
 
 
@@ -108,31 +86,25 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
         (True, 1)
     """
     with _LOCK:
-        entries = _MODELS.get(model)
-        if entries is None:
-            entries = _MODELS[model] = collections.OrderedDict()
+        entries = _MODELS.setdefault(model, collections.OrderedDict())
         if key in entries:
             entries.move_to_end(key)
             return entries[key]
         value = build()
-        entries[key] = value
-        while len(entries) > MAX_PER_MODEL:
-            entries.popitem(last=False)
+        _put(entries, key, value, MAX_PER_MODEL)
         return value
 
 
 def model_entries(model: Any = None) -> int:
     """How many entries :func:`for_model` holds for ``model`` (for every live model, when ``None``)."""
     with _LOCK:
-        if model is None:
-            return sum(len(e) for e in _MODELS.values())
-        return len(_MODELS.get(model, ()))
+        return sum(map(len, _MODELS.values())) if model is None else len(_MODELS.get(model, ()))
 
 
 def remember(key: Hashable, value: Any, *, keep: tuple[Any, ...] = ()) -> None:
     """Record ``value`` for ``key`` (what a first, eager call learned); :func:`recall` returns it."""
     with _LOCK:
-        _put(("seen", key), value, tuple(keep))
+        _put(_ENTRIES, ("seen", key), (value, tuple(keep)), MAX_ENTRIES)
 
 
 def recall(key: Hashable) -> Any:
@@ -158,8 +130,6 @@ def note_trace(kind: str) -> None:
 
 def trace_count(kind: str | None = None) -> int:
     """How many times path ``kind`` (every path, when ``None``) has been traced in this process.
-
-    Tests use it: a repeated call with the same key must not add to it.
 
     Examples:
         >>> before = trace_count("doctest")

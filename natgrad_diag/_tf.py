@@ -12,24 +12,16 @@ import os
 import sys
 import tempfile
 
-__all__ = ["import_tensorflow_quietly", "wants_tensorflow_logs"]
-
-
-def wants_tensorflow_logs() -> bool:
-    """True when the user asked for TensorFlow's own logs (``TF_CPP_MIN_LOG_LEVEL=0`` in the environment)."""
-    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0"
+__all__ = ["import_tensorflow_quietly"]
 
 
 def import_tensorflow_quietly(*, force: bool = False) -> None:
     """Import TensorFlow (and initialise its devices) with descriptor 2 pointed at a temporary file.
 
-    Does nothing when TensorFlow is already imported, or (unless ``force``) when the user asked for
-    TensorFlow's logs. Python-level TensorFlow logging is set to errors only, unless already configured.
-
-    Args:
-        force: quiet even when ``TF_CPP_MIN_LOG_LEVEL=0`` (the CLI's own runs).
+    Does nothing when TensorFlow is already imported, or (unless ``force``, the CLI's own runs) when the user asked
+    for TensorFlow's logs. Python-level TensorFlow logging is set to errors only, unless already configured.
     """
-    if "tensorflow" in sys.modules or (wants_tensorflow_logs() and not force):
+    if "tensorflow" in sys.modules or (os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0" and not force):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # 3: also the E-level notes of ops (oneDNN, cuInit)
     sys.stderr.flush()

@@ -1,21 +1,19 @@
-"""The exception hierarchy of natgrad-diag, rooted in :class:`NatGradDiagError`.
-
-Every error states what went wrong as a class attribute (``error_message``), its context as aligned lines,
-then what to do next (see :class:`NatGradDiagError`). Each subclass also derives from the builtin exception a
-user would catch for that kind of problem (``ValueError`` for bad input, ``AssertionError`` for a failed
-``assert_*`` check, ...).
-"""
+"""The exception hierarchy of natgrad-diag, rooted in :class:`NatGradDiagError`. Each subclass also derives from the
+builtin exception a user would catch for that kind of problem (``ValueError`` for bad input, ``AssertionError`` for a
+failed ``assert_*`` check, ...)."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "DTypeMismatchError", "InputError", "JacobianMismatchError", "MemoryLimitError", "MissingExtraError",
     "NatGradCheckError", "NatGradDiagError", "NonFiniteError", "OutputGradientsError", "ReportWriteError",
     "ShapeMismatchError", "SingularCovarianceError", "StepFailedError", "UnconnectedGradientError",
-    "UnsupportedModelError", "error_line",
+    "UnsupportedModelError", "error_line", "raised_as_is",
 ]
 
 
@@ -44,6 +42,25 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     return line or type(e).__name__
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def raised_as_is(fn: F) -> F:
+    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
+    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NatGradDiagError as e:
+            e.ag_pass_through = True
+            raise
+
+    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+    return cast(F, wrapper)
+
+
 class NatGradDiagError(Exception):
     """Base class of every error natgrad-diag raises.
 
@@ -67,19 +84,17 @@ class NatGradDiagError(Exception):
     """
 
     error_message = "An error in natgrad-diag."
-    #: Set on errors raised while a tf.function traces (AutoGraph, which checks ``hasattr``, re-raises them as is).
-    ag_pass_through: bool
+    ag_pass_through: bool  # set by :func:`raised_as_is`
 
     def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
         self.detail = detail
         self.context = tuple(context)
         self.remedy = remedy
         lines = [self.error_message + (f" {detail}" if detail else "")]
-        if self.context:
-            width = max(len(label) for label, _ in self.context) + 1
-            for label, value in self.context:
-                indent = "    " if label in ("Expected", "Actual", "Got") else "  "
-                lines.append(f"{indent}{(label + ':').ljust(width)} " + str(value).replace("\n", "\n" + " " * 14))
+        width = max((len(label) for label, _ in self.context), default=0) + 1
+        for label, value in self.context:
+            indent = "    " if label in ("Expected", "Actual", "Got") else "  "
+            lines.append(f"{indent}{(label + ':').ljust(width)} " + str(value).replace("\n", "\n" + " " * 14))
         if remedy:
             lines.append(f"  To fix: {remedy}")
         super().__init__("\n".join(lines))

@@ -33,12 +33,7 @@ import numpy.typing as npt
 
 from natgrad_diag._validate import input_error
 
-__all__ = [
-    "KINDS", "Tolerance", "default_tolerance", "eps", "resolve", "rounding_bound", "tolerance_bound",
-    "validate_tolerance",
-]
-
-KINDS = ("exact", "finite_difference")
+__all__ = ["Tolerance", "default_tolerance", "eps", "resolve", "rounding_bound", "validate_tolerance"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +51,15 @@ class Tolerance:
     eps: float | None = None
 
     def bound(self, want: npt.ArrayLike) -> float:
-        """The bound this tolerance allows against the reference ``want`` (an array or arrays)."""
-        return tolerance_bound(want, rtol=self.rtol, atol=self.atol)
+        """``atol + rtol · max|want|`` over every element of ``want`` (an array or a sequence of arrays).
+
+        Examples:
+            >>> Tolerance(rtol=0.5, atol=0.25).bound([1.0, -4.0])
+            2.25
+        """
+        wants = want if isinstance(want, (tuple, list)) else [want]
+        scale = max((float(np.max(np.abs(np.asarray(w, np.float64)), initial=0.0)) for w in wants), default=0.0)
+        return self.atol + self.rtol * scale
 
 
 # (rtol, atol, fd step) by dtype and kind; see the module docstring for where each number comes from.
@@ -88,11 +90,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
-    """The default :class:`Tolerance` for comparisons of ``kind`` in ``dtype``.
-
-    Args:
-        dtype: a numpy or TensorFlow floating dtype (float16, float32 or float64).
-        kind: ``"exact"`` or ``"finite_difference"``.
+    """The default :class:`Tolerance` for comparisons of ``kind`` (``"exact"`` or ``"finite_difference"``) in
+    ``dtype`` (a numpy or TensorFlow float16, float32 or float64).
 
     Raises:
         InputError: for a dtype or kind without a default.
@@ -105,8 +104,9 @@ def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
     """
 
     name = _dtype_name(dtype)
-    if kind not in KINDS:
-        raise input_error("Unknown kind of comparison.", "kind", " or ".join(KINDS), repr(kind), "use one of the kinds listed.")
+    if kind not in ("exact", "finite_difference"):
+        raise input_error("Unknown kind of comparison.", "kind", "exact or finite_difference", repr(kind),
+                          "use one of the kinds listed.")
     if name not in _TABLE:
         raise input_error("No default tolerance for this dtype.", "dtype", "float16, float32 or float64", name,
                           "cast the inputs to a floating dtype (GPflow's default is float64).")
@@ -116,20 +116,6 @@ def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
 def eps(dtype: Any) -> float:
     """Machine epsilon of ``dtype`` (2.2e-16 for float64)."""
     return float(np.finfo(np.dtype(_dtype_name(dtype))).eps)
-
-
-def tolerance_bound(want: npt.ArrayLike, *, rtol: float, atol: float) -> float:
-    """``atol + rtol · max|want|`` over every element of ``want`` (an array or a sequence of arrays).
-
-    Examples:
-        >>> tolerance_bound([1.0, -4.0], rtol=0.5, atol=0.25)
-        2.25
-    """
-    if isinstance(want, (tuple, list)) and want and not np.isscalar(want[0]):
-        scale = max((float(np.max(np.abs(np.asarray(w, np.float64)), initial=0.0)) for w in want), default=0.0)
-    else:
-        scale = float(np.max(np.abs(np.asarray(want, np.float64)), initial=0.0))
-    return atol + rtol * scale
 
 
 def rounding_bound(dtype: Any, *, condition: float, scale: float, factor: float = 100.0) -> float:
@@ -148,11 +134,9 @@ def resolve(dtype: Any, kind: str = "exact", *, rtol: float | None = None, atol:
         InputError: when rtol or atol is not a finite number ≥ 0.
     """
     base = default_tolerance(dtype, kind)
-    values = {
-        name: default if value is None else validate_tolerance(name, value)
-        for name, value, default in (("rtol", rtol, base.rtol), ("atol", atol, base.atol))
-    }
-    return Tolerance(rtol=values["rtol"], atol=values["atol"], eps=base.eps)
+    rtol = base.rtol if rtol is None else validate_tolerance("rtol", rtol)
+    atol = base.atol if atol is None else validate_tolerance("atol", atol)
+    return Tolerance(rtol=rtol, atol=atol, eps=base.eps)
 
 
 def validate_tolerance(name: str, value: Any) -> float:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import natgrad_diag as nd
 from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError, SingularCovarianceError, StepFailedError
 from natgrad_diag.step import trace as trace_module
-from natgrad_diag.step.trace import trace_count
+from natgrad_diag._compile import trace_count
 from natgrad_diag.tolerance import rounding_bound
 from tests.conftest import random_q
 
@@ -130,28 +130,28 @@ def test_natgrad_trace__repeated_calls_of_one_shape_trace_once():
     xi, other = XiNatTF(), XiSqrtMeanVarTF()
     p_mu, p_sq, g_mu, g_sq = _setup(7, 2, seed=0)
     nd.natgrad_trace(p_mu, p_sq, g_mu, g_sq, compiled=True, xi_transform=xi)
-    before = trace_count()
+    before = trace_count("natgrad_tensors")
     for k in range(5):  # new values, new gamma, new Parameters: same shapes, dtype and transforms
         a = _setup(7, 2, seed=k + 1)
         nd.natgrad_trace(*a, gamma=0.1 * (k + 1), compiled=True, xi_transform=xi)
-    assert trace_count() == before
+    assert trace_count("natgrad_tensors") == before
     nd.natgrad_trace(*_setup(8, 2, seed=0), compiled=True, xi_transform=xi)  # a new M
     nd.natgrad_trace(*_setup(7, 2, seed=0), compiled=True, xi_transform=other)  # a new ξ class
-    assert trace_count() == before + 2
+    assert trace_count("natgrad_tensors") == before + 2
 
 
 def test_natgrad_trace__default_runs_eagerly_once_then_compiles_once():
     """The tf.function path: a one-off call runs eagerly, the second call traces, later calls reuse it."""
     xi = XiNatTF()
     shape_args = _setup(9, 1, seed=3)  # a shape no other test uses
-    before = trace_count()
+    before = trace_count("natgrad_tensors")
     first = nd.natgrad_trace(*shape_args, xi_transform=xi)
-    assert trace_count() == before  # a one-off call pays no tracing
+    assert trace_count("natgrad_tensors") == before  # a one-off call pays no tracing
     second = nd.natgrad_trace(*shape_args, xi_transform=xi)
-    assert trace_count() == before + 1
+    assert trace_count("natgrad_tensors") == before + 1
     for _ in range(3):
         nd.natgrad_trace(*shape_args, xi_transform=xi)
-    assert trace_count() == before + 1
+    assert trace_count("natgrad_tensors") == before + 1
     _assert_same_trace(second, first)
 
 
@@ -159,12 +159,12 @@ def test_natgrad_trace__default_runs_eagerly_once_then_compiles_once():
 def test_natgrad_trace__closed_form_xi_take_lapack_from_the_first_call_and_never_trace(xi_name):
     """compiled=None (the default): XiNat and XiSqrtMeanVar skip the eager path from the first call, trace nothing."""
     args = _setup(11, 2, seed=5)  # a shape no other test uses
-    before = trace_count()
+    before = trace_count("natgrad_tensors")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trace_module, "_natgrad_trace_eager", lambda *a, **k: pytest.fail("the first call ran eagerly"))
         first = nd.natgrad_trace(*args, xi_transform=XI[xi_name]())
         again = nd.natgrad_trace(*args, xi_transform=XI[xi_name](), compiled=True)
-    assert trace_count() == before
+    assert trace_count("natgrad_tensors") == before
     _assert_same_trace(first, nd.natgrad_trace(*args, xi_transform=XI[xi_name](), compiled=False))
     _assert_same_trace(again, first)
 

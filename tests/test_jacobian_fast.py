@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import natgrad_diag as nd
 from natgrad_diag.exceptions import InputError, MemoryLimitError, ShapeMismatchError
 from natgrad_diag.autodiff.blocks import vech_layout
-from natgrad_diag.autodiff.dense import trace_count
+from natgrad_diag._compile import trace_count
+from natgrad_diag.autodiff.chunks import TRACE_KIND
 from natgrad_diag.autodiff.memory import jacobian_nbytes
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
@@ -286,13 +287,13 @@ def test_jacobian__peak_memory_at_M80_is_under_one_and_a_half_jacobians():
 def test_jacobian__repeated_calls_of_one_shape_trace_once():
     eta1, eta2 = _eta(5, 1, seed=1)
     natgrad_map_jacobian(eta1, eta2, chunk_size=11, method="autodiff")
-    before = trace_count()
+    before = trace_count(TRACE_KIND)
     for seed in range(4):
         e1, e2 = _eta(5, 1, seed=seed)  # new values, same shapes
         natgrad_map_jacobian(e1, e2, chunk_size=11, method="autodiff")
-    assert trace_count() == before
+    assert trace_count(TRACE_KIND) == before
     natgrad_map_jacobian(*_eta(6, 1, seed=0), chunk_size=11, method="autodiff")  # a new shape traces once more
-    assert trace_count() == before + 1
+    assert trace_count(TRACE_KIND) == before + 1
 
 
 # ---- bad input ------------------------------------------------------------------------------------

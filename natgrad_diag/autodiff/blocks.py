@@ -34,16 +34,14 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
     """Map a symmetric input of ``shape`` [..., M, M] to its vech (lower-triangle) columns.
 
-    Stored column (a, b), a ≥ b, is the derivative along the symmetric tangent E_ab + E_ba (E_aa on the diagonal):
-    M(M+1)/2 columns instead of M². The general-shaped blocks are the symmetrised general Jacobian,
-    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b and J·E_aa on the diagonal, exactly TensorFlow's
-    (symmetrised) Cholesky gradient (η₂ = S + m mᵀ of Salimbeni et al., AISTATS 2018, is symmetric).
+    Stored column (a, b), a ≥ b, is the derivative along E_ab + E_ba (E_aa on the diagonal); the general blocks are
+    ∂y/∂X[a, b] = ∂y/∂X[b, a] = ½ J·(E_ab + E_ba) for a ≠ b, J·E_aa on the diagonal: TensorFlow's (symmetrised)
+    Cholesky gradient.
 
     Returns:
         ``(index, scale, size)``: ``index`` [prod(shape)] gives each general element (..., a, b), row-major, its vech
-        column k(max(a, b), min(a, b)) (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½
-        off it; ``size`` = prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``
-        and vech column k's tangent is ``onehot(k)[index]``. Cached per shape in :mod:`natgrad_diag._compile`.
+        column (``np.tril_indices`` order, batch-major); ``scale`` is 1 on the diagonal and ½ off it; ``size`` =
+        prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``.
     """
     shape = tuple(int(d) for d in shape)
     layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
@@ -65,47 +63,34 @@ def _vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
 
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
-    M = shape[-1]
-    rows, cols = np.tril_indices(M)
+    rows, cols = np.tril_indices(shape[-1])
     out = []
     for bidx in np.ndindex(*shape[:-2]):
-        pre = ",".join(map(str, bidx + ()))
-        for a, b in zip(rows, cols):
-            idx = f"{pre},{a},{b}" if pre else f"{a},{b}"
-            out.append(f"{name}[{idx}]" if a == b else f"{name}[{idx}]+[{(pre + ',') if pre else ''}{b},{a}]")
+        pre = "".join(f"{i}," for i in bidx)
+        out += [f"{name}[{pre}{a},{b}]" + ("" if a == b else f"+[{pre}{b},{a}]") for a, b in zip(rows, cols)]
     return out
 
 
-class _BlockGrid(Sequence[Any]):
+class _BlockGrid(tuple):  # type: ignore[type-arg]
     """``blocks[i][j]`` drawn from the stored matrix on first use: views for general inputs, expanded (and
-    cached) for vech inputs. Behaves like a tuple of tuples of arrays."""
-
-    def __init__(self, jac: BlockJacobian) -> None:
-        n_in = len(jac.input_shapes)
-        self._rows = tuple(_LazyRow(n_in, lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._rows[i]
-
-    def __len__(self) -> int:
-        return len(self._rows)
+    cached) for vech inputs. A tuple of rows, each like a tuple of arrays."""
 
     def __repr__(self) -> str:
-        return f"<blocks {len(self)} × {len(self._rows[0]) if self._rows else 0}>"
+        return f"<blocks {len(self)} × {len(self[0]) if self else 0}>"
 
 
 class _LazyRow(Sequence[Any]):
     def __init__(self, n: int, make: Any) -> None:
         self._n, self._make = n, make
-        self._cache: dict[int, Array] = {}
+        self._blocks: dict[int, Array] = {}
 
     def __getitem__(self, j: Any) -> Any:
         if isinstance(j, slice):
             return tuple(self[k] for k in range(self._n)[j])
         j = range(self._n)[j]  # negative indices; IndexError past the end
-        if j not in self._cache:
-            self._cache[j] = self._make(j)
-        return self._cache[j]
+        if j not in self._blocks:
+            self._blocks[j] = self._make(j)
+        return self._blocks[j]
 
     def __len__(self) -> int:
         return self._n
@@ -129,9 +114,8 @@ class BlockJacobian:
         output_shapes, input_shapes: the shapes of the outputs and inputs.
         compact: the stored dense matrix [Σ output sizes, Σ stored input columns], read-only (built from
             ``blocks`` when not given; ``blocks`` are views of it when built by :meth:`from_compact`).
-        symmetric: one flag per input; ``True`` means that input [..., M, M] is stored by its vech
-            columns (symmetric tangents E_ab + E_ba), and its general-shaped blocks are the
-            symmetrised general Jacobian.
+        symmetric: one flag per input; ``True``: that input [..., M, M] is stored by its vech columns
+            (:func:`vech_layout`).
 
     Examples:
         >>> import numpy as np
@@ -172,10 +156,9 @@ class BlockJacobian:
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
             compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
-        object.__setattr__(jac, "blocks", _BlockGrid(jac))
+        rows = (_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
+        object.__setattr__(jac, "blocks", _BlockGrid(rows))
         return jac
-
-    # ---- layout of the stored matrix -------------------------------------------------------------
 
     def _is_sym(self, j: int) -> bool:
         return bool(self.symmetric and self.symmetric[j])
@@ -190,28 +173,25 @@ class BlockJacobian:
         sizes = [vech_layout(s)[2] if self._is_sym(j) else int(np.prod(s)) for j, s in enumerate(self.input_shapes)]
         return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
+    def _expand(self, j: int, part: Array) -> Array:
+        """Input j's stored columns of ``part`` → its general columns (a vech input's: scaled, gathered)."""
+        if not self._is_sym(j):
+            return part
+        index, scale, _ = vech_layout(self.input_shapes[j])
+        return part[:, index] * scale
+
     def _general(self, rows: Array) -> Array:
         """Stored columns of ``rows`` [n, stored] → general columns [n, Σ input sizes] (a view without vech inputs)."""
         if not any(self.symmetric or ()):
             return rows
-        parts = []
-        for j, s in enumerate(self.input_shapes):
-            part = rows[:, self._stored_offsets[j] : self._stored_offsets[j + 1]]
-            if self._is_sym(j):
-                index, scale, _ = vech_layout(s)
-                part = part[:, index] * scale
-            parts.append(part)
-        return np.concatenate(parts, axis=1)
+        off = self._stored_offsets
+        return np.concatenate([self._expand(j, rows[:, off[j] : off[j + 1]]) for j in range(len(off) - 1)], axis=1)
 
     def _dense_block(self, i: int, j: int) -> Array:
-        part = self.compact[self._row_offsets[i] : self._row_offsets[i + 1], self._stored_offsets[j] : self._stored_offsets[j + 1]]
-        if self._is_sym(j):
-            index, scale, _ = vech_layout(self.input_shapes[j])
-            part = part[:, index] * scale
-            part.setflags(write=False)
+        rows, cols = self._row_offsets, self._stored_offsets
+        part = self._expand(j, self.compact[rows[i] : rows[i + 1], cols[j] : cols[j + 1]])
+        part.setflags(write=False)
         return part.reshape(self.output_shapes[i] + self.input_shapes[j])
-
-    # ---- public API ------------------------------------------------------------------------------
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -250,10 +230,8 @@ class BlockJacobian:
     @functools.cached_property
     def compact_col_labels(self) -> tuple[str, ...]:
         """Labels of the stored columns: ``"eta2[0,3,1]+[0,1,3]"`` is the tangent E₃₁ + E₁₃ of a vech input."""
-        out: list[str] = []
-        for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes)):
-            out.extend(_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s))
-        return tuple(out)
+        return tuple(lab for j, (n, s) in enumerate(zip(self.input_names, self.input_shapes))
+                     for lab in (_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s)))
 
     def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[Array]:
         if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
@@ -266,11 +244,10 @@ class BlockJacobian:
         for k, (v, s) in enumerate(zip(vectors, shapes)):
             a = np.asarray(v, dtype=self.dtype)
             if a.shape != tuple(s):
-                raise ShapeMismatchError(
-                    f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of {shape_str(s)}.",
-                    context=[("Argument", f"{argument}[{k}]"), ("Expected", shape_str(s)), ("Actual", shape_str(a.shape))],
-                    remedy=f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
-                )
+                raise input_error(f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of "
+                                  f"{shape_str(s)}.", f"{argument}[{k}]", shape_str(s), shape_str(a.shape),
+                                  f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
+                                  kind=ShapeMismatchError, label="Actual")
             out.append(a)
         return out
 
@@ -284,15 +261,10 @@ class BlockJacobian:
     def jvp(self, tangents: Any) -> tuple[Array, ...]:
         """J·u by explicit contraction; one tangent per input, one result per output."""
         us = self._check(tangents, self.input_shapes, "tangents", "input")
-        parts = []
-        for j, u in enumerate(us):
-            if self._is_sym(j):
-                # Σ_ab ½(D_ab)(u_ab) over both (a, b) and (b, a): the vech coefficient is the
-                # scaled sum of the general entries that share a column.
-                index, scale, size = vech_layout(self.input_shapes[j])
-                parts.append(np.bincount(index, weights=u.ravel() * scale, minlength=size).astype(self.dtype))
-            else:
-                parts.append(u.ravel())
+        # a vech coefficient is the scaled sum of the general entries (a, b) and (b, a) that share its column
+        layouts = [vech_layout(s) if self._is_sym(j) else None for j, s in enumerate(self.input_shapes)]
+        parts = [u.ravel() if lay is None else np.bincount(lay[0], u.ravel() * lay[1], lay[2]).astype(self.dtype)
+                 for u, lay in zip(us, layouts)]
         flat = self.compact @ np.concatenate(parts) if parts else np.zeros(self.shape[0], self.dtype)
         return tuple(flat[self._row_offsets[i] : self._row_offsets[i + 1]].reshape(s) for i, s in enumerate(self.output_shapes))
 
@@ -305,8 +277,7 @@ class BlockJacobian:
         if self.shape[0] != self.shape[1]:
             return False
         m = self.matrix
-        off = m - np.diag(np.diag(m))
-        return bool(np.max(np.abs(off), initial=0.0) <= atol)
+        return bool(np.max(np.abs(m - np.diag(np.diag(m))), initial=0.0) <= atol)
 
     def row(self, label: str) -> Array:
         """One row of the dense matrix, by its label (``"varsqrt[0,4,0]"``)."""

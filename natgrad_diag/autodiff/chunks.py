@@ -116,29 +116,32 @@ def _concat(parts: Sequence[Any]) -> Any:
     return tf.concat(list(parts), axis=-1) if len(parts) > 1 else parts[0]
 
 
+def _basis(lay: _Layout, start: Any, sizes: Sequence[int], shapes: Sequence[Any], layouts: Any = None) -> Any:
+    """``lay.chunk`` one-hot rows from ``start`` as [chunk, *shape] parts (vech parts gathered: E_ab + E_ba)."""
+    import tensorflow as tf
+
+    E = tf.one_hot(start + tf.range(lay.chunk), depth=int(sum(sizes)), dtype=lay.dtype)
+    return tuple(tf.reshape(p if v is None else tf.gather(p, v[0], axis=1), (lay.chunk,) + s)
+                 for p, s, v in zip(_split(E, sizes), shapes, layouts or [None] * len(shapes)))
+
+
 def _forward_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
     """J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by ForwardAccumulator."""
     import tensorflow as tf
 
     zero = tf.UnconnectedGradients.ZERO
-    n_stored, n_out = int(sum(lay.stored_sizes)), int(sum(lay.out_sizes))
 
     def forward_chunk(*args: Any) -> Any:
         note_trace(TRACE_KIND)
         inputs, start = list(args[:-1]), args[-1]
-        E = tf.one_hot(start + tf.range(lay.chunk), depth=n_stored, dtype=lay.dtype)  # [chunk, n_stored]
-        tangents = []
-        for p, s, vech in zip(_split(E, lay.stored_sizes), lay.in_shapes, lay.layouts):
-            if vech is not None:
-                p = tf.gather(p, vech[0], axis=1)  # E_ab + E_ba
-            tangents.append(tf.reshape(p, (lay.chunk,) + s))
+        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
 
         def one(ts: Any) -> Any:
             with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
                 ys = _flat_outputs(fn(*inputs))
             return _concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys])
 
-        return _batched(one, tuple(tangents), n_out, lay.dtype)
+        return _batched(one, tangents, int(sum(lay.out_sizes)), lay.dtype)
 
     return forward_chunk
 
@@ -148,7 +151,6 @@ def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
     import tensorflow as tf
 
     zero = tf.UnconnectedGradients.ZERO
-    n_out, n_in = int(sum(lay.out_sizes)), int(sum(lay.in_sizes))
 
     def reverse_chunk(*args: Any) -> Any:
         note_trace(TRACE_KIND)
@@ -156,21 +158,17 @@ def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)
             ys = _flat_outputs(fn(*inputs))
-        V = tf.one_hot(start + tf.range(lay.chunk), depth=n_out, dtype=lay.dtype)  # [chunk, n_out]
-        cots = tuple(tf.reshape(p, (lay.chunk,) + s) for p, s in zip(_split(V, lay.out_sizes), lay.out_shapes))
+        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
 
         def one(vs: Any) -> Any:
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
             return _concat([tf.reshape(g, [-1]) for g in gs])
 
-        rows = _batched(one, cots, n_in, lay.dtype)  # [chunk, Σ input sizes]
+        rows = _batched(one, cots, int(sum(lay.in_sizes)), lay.dtype)  # [chunk, Σ input sizes]
         if all(v is None for v in lay.layouts):
             return rows
-        folded = []
-        for p, vech in zip(_split(rows, lay.in_sizes), lay.layouts):
-            if vech is not None:  # stored column k = Σ of the general entries (a, b), (b, a) mapping to k
-                p = tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), vech[0], vech[2]))
-            folded.append(p)
-        return _concat(folded)
+        # stored column k of a vech input = Σ of the general entries (a, b), (b, a) mapping to k
+        return _concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
+                        for p, v in zip(_split(rows, lay.in_sizes), lay.layouts)])
 
     return reverse_chunk

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._compile import recall, remember
-from natgrad_diag._compile import trace_count as _trace_count
 from natgrad_diag._validate import (
     input_error,
     as_float_tensor,
@@ -27,25 +26,17 @@ from natgrad_diag._validate import (
     split_inputs,
 )
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
-from natgrad_diag.autodiff.chunks import TRACE_KIND, run_chunks
+from natgrad_diag.autodiff.chunks import run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
-__all__ = ["jacobian", "trace_count"]
+__all__ = ["jacobian"]
 
-#: A first call with at most this many output elements runs eagerly, one VJP per row (no tracing:
-#: for a one-off small Jacobian tracing costs more than it saves); a second call with the same
-#: function and shapes compiles.
+#: A first call with at most this many output elements runs eagerly, one VJP per row (tracing would cost more).
 _EAGER_MAX_ROWS = 64
-#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many,
-#: and uses eager ``tape.jacobian`` beyond.
+#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many, then tape.jacobian.
 _EAGER_LOOP_MAX_ROWS = 256
-
-
-def trace_count() -> int:
-    """How many times a compiled Jacobian chunk function has been traced in this process (for tests)."""
-    return _trace_count(TRACE_KIND)
 
 
 def jacobian(
@@ -57,11 +48,9 @@ def jacobian(
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
     J[r, c] = ∂y_r/∂x_c for the flattened outputs y (rows) and inputs x (columns), in chunks of rows [e_r, …]ᵀ·J
-    (reverse mode: ``tape.gradient`` with one-hot seeds) or of columns J·[e_c, …] (forward mode), batched in a
-    ``tf.function`` traced once per (fn, input shapes and dtypes, options); it equals ``tape.jacobian`` block by
-    block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b) and E_aa only, M(M+1)/2
-    columns instead of M²; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), exactly ``tape.jacobian``'s for a
-    function that reads X through a Cholesky factorisation.
+    (reverse mode) or of columns J·[e_c, …] (forward mode), batched in a ``tf.function``; it equals
+    ``tape.jacobian`` block by block. A ``symmetric`` input X [..., M, M] is differentiated along E_ab + E_ba (a > b)
+    and E_aa only; its general blocks are ½(∂y/∂X_ab + ∂y/∂X_ba), ``tape.jacobian``'s through a Cholesky.
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors; its compiled chunks are cached by
@@ -125,12 +114,10 @@ def _build(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array:  # fmt: skip
-    """The stored matrix, by the first path that applies: 1. compiled chunks (:func:`_compiled_path`; peak memory
-    the Jacobian plus one chunk's intermediates, about 1.1-1.3× at M = 80, not the 3-4× of ``tape.jacobian``'s pfor);
-    2. eager rows, one ``tape.gradient`` each: a first call with ≤ 64 rows (tracing costs more than it saves), an
-    untraceable ``fn`` with ≤ 256 rows, or a dtype other than float64 (TensorFlow 2.21's pfor segfaults on a float32
-    Cholesky gradient); 3. eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns
-    when an input is ``symmetric``."""
+    """The stored matrix, by the first path that applies: 1. compiled chunks (peak memory about 1.1-1.3× the
+    Jacobian at M = 80, not the 3-4× of ``tape.jacobian``'s pfor); 2. eager rows, one ``tape.gradient`` each: a first
+    call with ≤ 64 rows, an untraceable ``fn`` with ≤ 256 rows, or a dtype other than float64; 3. eager
+    ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns."""
     import tensorflow as tf
 
     dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)
@@ -215,11 +202,8 @@ def _compiled_path(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array | None:  # fmt: skip
-    """Path 1: the compiled chunks, or ``None`` for a first small call (the eager rows are cheaper).
-
-    A first call records the outputs' shapes under ``key``, so that the next call compiles and skips
-    the eager forward pass.
-    """
+    """Path 1: the compiled chunks, or ``None`` for a first small call (it records the outputs' shapes under ``key``,
+    so that the next call compiles and skips the eager forward pass)."""
     if not probe.seen:
         remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
     if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):
@@ -251,10 +235,8 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
 
 
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
-    if symmetric is None:
-        return (False,) * len(in_shapes)
-    if isinstance(symmetric, bool):
-        symmetric = [symmetric] * len(in_shapes)
+    if symmetric is None or isinstance(symmetric, bool):
+        symmetric = [bool(symmetric)] * len(in_shapes)
     flags = tuple(bool(s) for s in symmetric)
     if len(flags) != len(in_shapes):
         raise input_error("symmetric needs one flag per input.", "symmetric",
@@ -262,11 +244,9 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
                           "pass e.g. symmetric=(False, True) to store the second input by its lower triangle.")
     for flag, s, n in zip(flags, in_shapes, in_names):
         if flag and (len(s) < 2 or s[-1] != s[-2]):
-            raise ShapeMismatchError(
-                f"input {n!r} is marked symmetric but is not a (batch of) square matrices.",
-                context=[("Argument", "symmetric"), ("Expected", f"{n} of shape [..., M, M]"), ("Actual", shape_str(s))],
-                remedy=f"mark only square-matrix inputs as symmetric (symmetric=False for {n}).",
-            )
+            raise input_error(f"input {n!r} is marked symmetric but is not a (batch of) square matrices.", "symmetric",
+                              f"{n} of shape [..., M, M]", shape_str(s), f"mark only square-matrix inputs as symmetric "
+                              f"(symmetric=False for {n}).", kind=ShapeMismatchError, label="Actual")
     return flags
 
 
@@ -274,25 +254,18 @@ def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool
     """Row r of J = tape.gradient with a one-hot seed at output element r, eagerly (vech inputs folded)."""
     import tensorflow as tf
 
-    dtype = xs[0].dtype
-    out = np.empty((n_rows, n_cols), dtype=dtype.as_numpy_dtype)
-    shapes = [tuple(y.shape.as_list()) for y in ys]
-    sizes = [int(np.prod(s)) for s in shapes]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    zeros = [tf.zeros(s, dtype) for s in shapes]
+    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype)
     layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
-    for i, (s, n) in enumerate(zip(shapes, sizes)):
-        for a in range(n):
-            seed = np.zeros(n, dtype=dtype.as_numpy_dtype)
-            seed[a] = 1.0
-            cots = list(zeros)
-            cots[i] = tf.constant(seed.reshape(s))
-            gs = tape.gradient(ys, xs, output_gradients=cots, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            parts = []
-            for g, lay in zip(gs, layouts):
-                flat = g.numpy().ravel()
-                parts.append(flat if lay is None else np.bincount(lay[0], weights=flat, minlength=lay[2]))
-            out[offsets[i] + a] = np.concatenate(parts)
+    zeros = [tf.zeros_like(y) for y in ys]
+    r = 0
+    for i, y in enumerate(ys):
+        for a in range(int(np.prod(y.shape.as_list()))):
+            seed = tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))
+            gs = tape.gradient(ys, xs, output_gradients=zeros[:i] + [seed] + zeros[i + 1 :],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            parts = [g.numpy().ravel() for g in gs]
+            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
+            r += 1
     return out
 
 

@@ -25,9 +25,7 @@ def jacobian_nbytes(output_shapes: Sequence[Sequence[int]], input_shapes: Sequen
         >>> jacobian_nbytes([(3, 2)], [(3, 2), (2, 3, 3)], 8)  # 6 rows, 6 + 18 columns, float64
         1152
     """
-    rows = sum(int(np.prod(s)) for s in output_shapes)
-    cols = sum(int(np.prod(s)) for s in input_shapes)
-    return rows * cols * itemsize
+    return sum(int(np.prod(s)) for s in output_shapes) * sum(int(np.prod(s)) for s in input_shapes) * itemsize
 
 
 def _gib(n: int) -> str:
@@ -41,8 +39,8 @@ class AllocationLimitError(MemoryLimitError):
 
 
 def memory_limit() -> int:
-    """Half of this machine's physical memory, or :data:`DEFAULT_MAX_BYTES` when unknown: the limit for what is
-    allocated besides a Jacobian (a demo model, a benchmark's matrices), above which the process would swap."""
+    """Half of this machine's physical memory (or :data:`DEFAULT_MAX_BYTES`): the limit for what is allocated besides a
+    Jacobian, above which the process would swap."""
     import os
 
     try:
@@ -55,11 +53,9 @@ def memory_limit() -> int:
 def check_memory(
     nbytes: int, max_bytes: int, what: str, *, remedy: str | None = None, title: str | None = None, argument: str = "max_bytes"
 ) -> None:
-    """Refuse, before allocating, a dense Jacobian of ``nbytes`` larger than ``max_bytes``.
-
-    ``what`` says what would be allocated (``"2 output(s) and 2 input(s)"``); ``title`` and ``remedy`` replace the
-    message's subject and remedy for other allocations (an :class:`AllocationLimitError`, e.g. ``title="The demo
-    SVGP with M = 100000"``); ``argument`` is the argument to change. Raises MemoryLimitError over the limit.
+    """Refuse, before allocating, a dense Jacobian of ``nbytes`` (``what``: ``"2 output(s) and 2 input(s)"``) larger
+    than ``max_bytes``: a MemoryLimitError, or an :class:`AllocationLimitError` for other allocations, whose ``title``
+    and ``remedy`` replace the message's (``title="The demo SVGP with M = 100000"``).
 
     Examples:
         >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens

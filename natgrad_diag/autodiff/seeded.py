@@ -10,44 +10,18 @@ References: ``tf.GradientTape.gradient`` (tensorflow/python/eager/backprop.py); 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
 from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
-from natgrad_diag.exceptions import (
-    DTypeMismatchError,
-    InputError,
-    NatGradDiagError,
-    OutputGradientsError,
-    UnconnectedGradientError,
-)
+from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
 __all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
 
 #: Accepted values of ``unconnected``.
 UNCONNECTED_CHOICES = ("none", "zero", "raise")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _raised_as_is(fn: F) -> F:
-    """Inside ``tf.function`` AutoGraph calls ``fn`` unconverted (``autograph_info__``, what
-    ``tf.autograph.experimental.do_not_convert`` sets) and re-raises its NatGradDiagError as is, not as a StagingError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except NatGradDiagError as e:
-            e.ag_pass_through = True
-            raise
-
-    wrapper.autograph_info__ = frozenset()  # type: ignore[attr-defined]
-    return cast(F, wrapper)
-
 
 def _unconnected_mode(unconnected: Any) -> str:
     """``"none"``, ``"zero"`` or ``"raise"`` from a string or a ``tf.UnconnectedGradients``."""
@@ -73,14 +47,12 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
                           f"pass the {target_name}(s) computed inside the tape's context.")
     for i, t in enumerate(flat):
         if not isinstance(t, (tf.Tensor, tf.Variable)):
-            got = "None" if t is None else f"{type(t).__name__} {t!r}"[:60]
-            raise InputError(
-                f"{argument} (flattened entry {i}) is not a tensor, so it was not recorded on a tape.",
-                context=[("Argument", argument if len(flat) == 1 else f"{argument} (flattened entry {i})"),
-                         ("Expected", "a tf.Tensor or tf.Variable computed inside the tape's context"), ("Got", got)],
-                remedy=f"pass the {target_name} tensor(s) computed from the sources inside `with tf.GradientTape() as tape:`; "
-                "a number, a numpy array or None has no gradient.",
-            )
+            raise input_error(f"{argument} (flattened entry {i}) is not a tensor, so it was not recorded on a tape.",
+                              argument if len(flat) == 1 else f"{argument} (flattened entry {i})",
+                              "a tf.Tensor or tf.Variable computed inside the tape's context",
+                              "None" if t is None else f"{type(t).__name__} {t!r}"[:60],
+                              f"pass the {target_name} tensor(s) computed from the sources inside `with "
+                              "tf.GradientTape() as tape:`; a number, a numpy array or None has no gradient.")
         if not t.dtype.is_floating and not t.dtype.is_complex:
             raise input_error(f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
                               argument, "floating-point targets", f"{target_name}[{i}]: {t.dtype.name}",
@@ -117,26 +89,19 @@ def _prepare_seeds(
                               f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
     flat = tf.nest.flatten(output_gradients)
     validate_seeds(flat, targets, argument=argument, target_name=target_name)
-    seeds = []
+    eager, seeds = tf.executing_eagerly(), []
     for i, (seed, tgt) in enumerate(zip(flat, targets)):
-        if seed is None:
-            seeds.append(tf.ones_like(tgt))
-            continue
+        dtype = None if hasattr(seed, "dtype") else tgt.dtype  # a seed's dtype is checked; a number takes its target's
         try:
-            # a seed with a dtype has already been checked; a Python number takes its target's dtype
-            seeds.append(tf.convert_to_tensor(seed) if hasattr(seed, "dtype") else tf.convert_to_tensor(seed, dtype=tgt.dtype))
+            t = tf.ones_like(tgt) if seed is None else tf.convert_to_tensor(seed, dtype)
         except (TypeError, ValueError) as e:
-            raise OutputGradientsError(
-                f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.",
-                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}"), ("Got", type(seed).__name__)],
-                remedy=f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
-            ) from e
-    if tf.executing_eagerly():
-        for i, seed in enumerate(seeds):
-            if seed.dtype.is_floating:
-                require_finite(seed.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
-    else:
-        seeds = [_assert_same_shape_at_run_time(seed, tgt, f"{argument}[{i}]", f"{target_name}[{i}]") for i, (seed, tgt) in enumerate(zip(seeds, targets))]
+            raise input_error(f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.",
+                              f"{argument}[{i}]", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}",
+                              type(seed).__name__, f"pass tf.ones_like({target_name}[{i}]) or another tensor of "
+                              "its shape and dtype.", kind=OutputGradientsError) from e
+        if eager and t.dtype.is_floating:
+            require_finite(t.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
+        seeds.append(t if eager else _assert_same_shape_at_run_time(t, tgt, f"{argument}[{i}]", f"{target_name}[{i}]"))
     return seeds
 
 
@@ -167,32 +132,31 @@ _WATCH_REMEDY = (
 )
 
 
-def _raise_unconnected(
-    flat_sources: list[Any], flat_grads: list[Any], targets: list[Any], *, source_name: str = "sources",
+def _gradients(
+    tape: Any, targets: list[Any], flat_sources: list[Any], seeds: Any, mode: str, *, source_name: str = "sources",
     target_name: str = "target", remedy: str = _WATCH_REMEDY,
-) -> None:  # fmt: skip
-    """Raise :class:`UnconnectedGradientError` naming the first source whose gradient is None."""
-    missing = [j for j, g in enumerate(flat_grads) if g is None]
+) -> list[Any]:  # fmt: skip
+    """``tape.gradient`` with ``unconnected`` = ``mode``; for "raise", an :class:`UnconnectedGradientError` naming the
+    first source whose gradient is None."""
+    import tensorflow as tf
+
+    tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
+    grads = list(tape.gradient(targets, flat_sources, output_gradients=seeds, unconnected_gradients=tf_mode))
+    missing = [j for j, g in enumerate(grads) if g is None] if mode == "raise" else []
     if not missing:
-        return
+        return grads
     j = missing[0]
-    if len(targets) == 1:
-        where = f"{target_name}[0]"
-    else:
-        where = f"any of the {len(targets)} {target_name}s"
+    where = f"{target_name}[0]" if len(targets) == 1 else f"any of the {len(targets)} {target_name}s"
     target_text = "; ".join(f"{target_name}[{i}]: {_describe(t)}" for i, t in enumerate(targets))
-    context: list[tuple[str, object]] = [
-        ("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"), ("Target", target_text),
-    ]
+    context: list[tuple[str, object]] = [("Source", f"{source_name}[{j}]: {_describe(flat_sources[j])}"),
+                                         ("Target", target_text)]
     if len(missing) > 1:
         context.append(("Also unconnected", ", ".join(f"{source_name}[{k}]" for k in missing[1:])))
-    raise UnconnectedGradientError(
-        f"{source_name}[{j}] is not connected to {where}: TensorFlow's gradient is None.", context=context,
-        remedy=remedy,
-    )
+    raise UnconnectedGradientError(f"{source_name}[{j}] is not connected to {where}: TensorFlow's gradient is None.",
+                                   context=context, remedy=remedy)
 
 
-@_raised_as_is
+@raised_as_is
 def checked_gradient(
     tape: Any, target: Any, sources: Any, output_gradients: Any = None, *, unconnected: Any = "none",
 ) -> Any:
@@ -202,15 +166,13 @@ def checked_gradient(
 
         ∂L/∂x_j = Σ_i Σ_a v_i[a] · ∂y_i[a]/∂x_j          (Jᵀ·v; a seed of ones gives ∂(Σ y)/∂x_j)
 
-    As torch does: ``target`` and ``output_gradients`` are flattened as ``tf.nest.flatten`` does (a single tensor
-    for a single target is fine); there is one seed per target, of exactly its shape (no broadcasting) and dtype
-    (no cast; a Python number takes its target's dtype); a ``None`` entry means ones. Nothing is computed before
-    the checks pass, so a non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are
-    checked when the graph runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
+    As torch does: one seed per flattened target, of exactly its shape (no broadcasting) and dtype (no cast; a Python
+    number takes its target's dtype); ``None`` means ones. Nothing is computed before the checks pass, so a
+    non-persistent tape stays usable. Inside ``tf.function``, dims unknown when tracing are checked when the graph
+    runs (``tf.errors.InvalidArgumentError``, "Mismatch in output_gradients").
 
     Args:
-        tape: the ``tf.GradientTape`` that recorded the targets.
-        target: a tensor or a nest (list, tuple, dict) of tensors.
+        tape, target: the ``tf.GradientTape`` and the tensor or nest (list, tuple, dict) of tensors it recorded.
         sources: a tensor, a variable or a nest of them; the result has the same structure.
         output_gradients: ``None`` (ones for every target), or one seed per flattened target, nested or flat.
         unconnected: what a source that does not influence any target gets: ``"none"`` (``None``, as TensorFlow),
@@ -244,12 +206,7 @@ def checked_gradient(
     mode = _unconnected_mode(unconnected)
     targets = _flat_targets(target, "target", "target")
     seeds = _prepare_seeds(output_gradients, targets, argument="output_gradients", target_name="target", structure=target)
-    flat_sources = _flat_sources(sources)
-    tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
-    grads = tape.gradient(targets, flat_sources, output_gradients=seeds, unconnected_gradients=tf_mode)
-    if mode == "raise":
-        _raise_unconnected(flat_sources, list(grads), targets)
-    return tf.nest.pack_sequence_as(sources, grads)
+    return tf.nest.pack_sequence_as(sources, _gradients(tape, targets, _flat_sources(sources), seeds, mode))
 
 
 def _to_primal(x: Any, k: int) -> Any:
@@ -273,10 +230,9 @@ def _to_primal(x: Any, k: int) -> Any:
     return t
 
 
-@_raised_as_is
+@raised_as_is
 def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: Any = "zero") -> tuple[Any, Any]:
-    """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same maths and
-    seed checks, with y = ``fn(*primals)`` and the cotangents as v).
+    """The outputs of ``fn(*primals)`` and Jᵀ·v, the functional form of :func:`checked_gradient` (same seed checks).
 
     Args:
         fn: a function of the primals returning a tensor or a nest of tensors.
@@ -312,18 +268,12 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
         outputs = call_fn(fn, xs)
     targets = _flat_targets(outputs, "fn's outputs", "output")
     if cotangents is None:
-        raise OutputGradientsError(
-            "cotangents is None.",
-            context=[("Argument", "cotangents"), ("Expected", "one seed per output: " + ", ".join(shape_str(t) for t in targets)), ("Actual", "None")],
-            remedy="pass the cotangents ∂L/∂output explicitly (tf.ones_like(output) for the gradient of the sum).",
-        )
+        raise input_error("cotangents is None.", "cotangents",
+                          "one seed per output: " + ", ".join(shape_str(t) for t in targets), "None",
+                          "pass the cotangents ∂L/∂output explicitly (tf.ones_like(output) for the gradient of "
+                          "the sum).", kind=OutputGradientsError, label="Actual")
     seeds = _prepare_seeds(cotangents, targets, argument="cotangents", target_name="output", structure=outputs)
-    tf_mode = tf.UnconnectedGradients.ZERO if mode == "zero" else tf.UnconnectedGradients.NONE
-    grads = tape.gradient(targets, xs, output_gradients=seeds, unconnected_gradients=tf_mode)
-    if mode == "raise":
-        _raise_unconnected(
-            xs, list(grads), targets, source_name="primals", target_name="output",
-            remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.',
-        )
+    grads = _gradients(tape, targets, xs, seeds, mode, source_name="primals", target_name="output",
+                       remedy='make fn use every primal, or pass unconnected="zero" if a zero gradient is right.')
     grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]  # tf.gather: dense
     return outputs, (grads[0] if single else tuple(grads))

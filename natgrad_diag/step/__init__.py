@@ -21,7 +21,4 @@ where ∂L/∂(m, L_S) are the loss gradients mapped to the constrained paramete
 (:func:`natgrad_diag._gpflow.to_constrained`). Notation of the closed forms: G = ∂L/∂L_S; C = chol(S) = L_S·D
 with D = diag(sign L_S,ii) (GPflow does not constrain the signs of q_sqrt's diagonal); Φ(X) is the lower triangle
 of X with its diagonal halved; J is the exchange matrix (it reverses rows and columns).
-
-Modules: ``trace`` (``natgrad_trace``, ``NatGradTrace``), ``closed_form`` (in TensorFlow), ``lapack`` (the same record
-by LAPACK), ``optimizer`` (the drop-in ``NaturalGradient``), ``backend`` (which runs), ``jacobian`` (of the map back).
 """

@@ -1,13 +1,10 @@
-"""Which code computes the natural-gradient step: GPflow's autodiff, the TensorFlow closed form, or LAPACK.
-
-:func:`step_backend` is the one place this is decided; ``natgrad_trace``, the drop-in ``NaturalGradient``, the checks'
-evaluator and the k-step γ trials all ask it.
+"""Which code computes the natural-gradient step, decided in one place (:func:`step_backend`) for every caller.
 
 * The closed form holds for GPflow's own ``XiNat`` and ``XiSqrtMeanVar`` (the exact classes: a subclass may override
   the maps it relies on) on a ``q_sqrt`` kept lower triangular by a lower ``tfp.bijectors.FillTriangular`` (GPflow's
-  ``triangular()``) or any subclass of it (``isinstance``: a subclass takes the class's path). Else: GPflow's autodiff.
+  ``triangular()``) or a subclass of it. Else: GPflow's autodiff.
 * There LAPACK computes it on the CPU; when TensorFlow sees a GPU, or the tensors live on one, the TensorFlow closed
-  form runs instead, where they are (LAPACK would copy them to the host).
+  form runs instead, where they are.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Any, Literal
 
 from natgrad_diag._gpflow import is_lower_triangular_transform
 
-__all__ = ["StepBackend", "closed_form_xi", "is_lower_triangular_transform", "step_backend"]
+__all__ = ["StepBackend", "closed_form_xi", "step_backend"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +47,8 @@ def _on_gpu(tensors: tuple[Any, ...]) -> bool:
 
 
 def step_backend(xi_transform: Any, q_sqrt_transform: Any, *tensors: Any) -> StepBackend:
-    """The code that computes the step for ``xi_transform`` on a ``q_sqrt`` with ``q_sqrt_transform``.
-
-    Args:
-        xi_transform: a ``gpflow.optimizers.XiTransform`` instance.
-        q_sqrt_transform: q_sqrt's transform (``q_sqrt.transform``; None for a plain tensor).
-        tensors: the step's tensors, whose device decides between LAPACK (CPU) and the TensorFlow closed form.
-
-    Returns:
-        ``StepBackend("lapack" | "closed_form", "nat" | "sqrtmeanvar")`` or ``StepBackend("autodiff")``.
+    """The code that computes the step for ``xi_transform`` on a ``q_sqrt`` with ``q_sqrt_transform`` (None for a plain
+    tensor); the ``tensors``' device decides between LAPACK (CPU) and the TensorFlow closed form.
 
     Examples:
         >>> import gpflow

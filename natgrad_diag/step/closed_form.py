@@ -35,17 +35,16 @@ with Ḡ = ones, where Cᵀ Ḡ = s 1ᵀ (s the column sums of C), so Φ(s 1ᵀ)
 exclusive cumulative sum over rows): Σ̄ = sym(C⁻ᵀ diag(s)(cumsum₋(C⁻¹) + ½C⁻¹)), sym(A) = ½(A + Aᵀ); then
 ∂/∂η₂ = Σ̄ and ∂/∂η₁ = 1 − 2Σ̄η₁. One matrix product instead of a second backward pass.
 
-**Rounding.** GPflow forms S⁻¹ through triangular inverses and recovers S as η₂ − η₁η₁ᵀ, so its step carries an
-error of order ε·κ(S) relative to the result; the closed forms invert nothing for XiSqrtMeanVar and only the
-well-scaled B for XiNat, so they agree with GPflow to that bound and are at least as accurate.
+**Rounding.** GPflow inverts S and recovers it as η₂ − η₁η₁ᵀ: an error of order ε·κ(S) relative. The closed forms
+invert nothing for XiSqrtMeanVar and only the well-scaled B for XiNat: they agree with GPflow to that bound.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from natgrad_diag._validate import shape_str
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError
 
 __all__ = [
     "cholesky_vjp",
@@ -72,84 +71,51 @@ def _positive_diagonal(q_sqrt: Any) -> Any:
     return q_sqrt * signs[..., None, :]
 
 
-def _columns(q_mu: Any) -> Any:
-    """[M, L] -> [L, M, 1], GPflow's layout to TensorFlow's batched matrices."""
-    import tensorflow as tf
-
-    return tf.transpose(q_mu)[:, :, None]
-
-
-def _rows(x: Any) -> Any:
-    """[L, M, 1] -> [M, L]."""
-    import tensorflow as tf
-
-    return tf.transpose(x[:, :, 0])
-
-
 def _cov_times(sqrt: Any, v: Any) -> Any:
-    """(sqrt sqrtᵀ) v for sqrt [L, M, M] and v [L, M, 1]."""
+    """[M, L]: (sqrt sqrtᵀ) v per latent GP, for sqrt [L, M, M] and v [M, L]."""
     import tensorflow as tf
 
-    return tf.linalg.matmul(sqrt, tf.linalg.matmul(sqrt, v, transpose_a=True))
+    return tf.transpose(tf.linalg.matvec(sqrt, tf.linalg.matvec(sqrt, tf.transpose(v), transpose_a=True)))
 
 
 def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any]:
-    """The four inputs as tensors, after static shape and dtype checks: q_mu [M, L], q_sqrt [L, M, M], each
-    gradient like its parameter."""
+    """The four inputs as tensors, after static shape and dtype checks."""
     import tensorflow as tf
 
-    named = {"q_mu": q_mu, "q_sqrt": q_sqrt, "dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = tensors = [
-        v if isinstance(v, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(v) for v in named.values()
-    ]
-    others = {"dL_dmean": dL_dmean, "dL_dvarsqrt": dL_dvarsqrt}
+    tensors = [x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
+               for x in (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)]  # fmt: skip
+    q_mu, q_sqrt = tensors[:2]
     qm, qs = q_mu.shape, q_sqrt.shape
     if qm.rank != 2 or qs.rank != 3:
         bad, want, got = ("q_mu", "[M, L]", qm) if qm.rank != 2 else ("q_sqrt", "[L, M, M]", qs)
-        raise ShapeMismatchError(
-            f"{bad} has the wrong rank.",
-            context=[("Argument", bad), ("Expected", want), ("Actual", shape_str(got))],
-            remedy="pass q_mu [M, L] and the full-covariance q_sqrt [L, M, M] (q_diag=True has no natural gradient).",
-        )
+        raise input_error(f"{bad} has the wrong rank.", bad, want, shape_str(got), "pass q_mu [M, L] and the "
+                          "full-covariance q_sqrt [L, M, M] (q_diag=True has no natural gradient).",
+                          kind=ShapeMismatchError, label="Actual")
     want_qs = [qm[1], qm[0], qm[0]]
     if not qs.is_compatible_with(want_qs):
-        raise ShapeMismatchError(
-            "q_sqrt does not match q_mu.",
-            context=[("Argument", "q_sqrt"), ("Expected", f"[L, M, M] = {shape_str(want_qs)}"), ("Actual", shape_str(qs))],
-            remedy="pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).",
-        )
-    for name, value in others.items():
-        like, like_name = (q_mu, "q_mu") if name == "dL_dmean" else (q_sqrt, "q_sqrt")
-        if not value.shape.is_compatible_with(like.shape):
-            raise ShapeMismatchError(
-                f"{name} must have the shape of {like_name}.",
-                context=[("Argument", name), ("Expected", shape_str(like.shape)), ("Actual", shape_str(value.shape))],
-                remedy=f"pass the gradient with respect to the constrained {like_name} (GPflow's _to_constrained of the tape's gradient).",
-            )
-    for name, value in {"q_sqrt": q_sqrt, **others}.items():
+        raise input_error("q_sqrt does not match q_mu.", "q_sqrt", f"[L, M, M] = {shape_str(want_qs)}", shape_str(qs),
+                          "pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).", kind=ShapeMismatchError,
+                          label="Actual")
+    for name, value, like in (("dL_dmean", tensors[2], "q_mu"), ("dL_dvarsqrt", tensors[3], "q_sqrt")):
+        want = (q_mu if like == "q_mu" else q_sqrt).shape
+        if not value.shape.is_compatible_with(want):
+            raise input_error(f"{name} must have the shape of {like}.", name, shape_str(want), shape_str(value.shape),
+                              f"pass the gradient with respect to the constrained {like} (GPflow's _to_constrained "
+                              "of the tape's gradient).", kind=ShapeMismatchError, label="Actual")
+    for name, value in zip(("q_sqrt", "dL_dmean", "dL_dvarsqrt"), tensors[1:]):
         if value.dtype != q_mu.dtype:
-            raise DTypeMismatchError(
-                f"{name} must have the dtype of q_mu.",
-                context=[("Argument", name), ("Expected", q_mu.dtype.name), ("Got", value.dtype.name)],
-                remedy=f"cast {name} with tf.cast({name}, {q_mu.dtype.name}).",
-            )
+            raise input_error(f"{name} must have the dtype of q_mu.", name, q_mu.dtype.name, value.dtype.name,
+                              f"cast {name} with tf.cast({name}, {q_mu.dtype.name}).", kind=DTypeMismatchError)
     if not q_mu.dtype.is_floating:
-        raise DTypeMismatchError(
-            "q_mu must be a floating-point tensor.",
-            context=[("Argument", "q_mu"), ("Expected", "float64 (or float32)"), ("Got", q_mu.dtype.name)],
-            remedy="cast the inputs with tf.cast(x, tf.float64) (GPflow's default float).",
-        )
+        raise input_error("q_mu must be a floating-point tensor.", "q_mu", "float64 (or float32)", q_mu.dtype.name,
+                          "cast the inputs with tf.cast(x, tf.float64) (GPflow's default float).",
+                          kind=DTypeMismatchError)
     return tensors
 
 
 def cholesky_vjp(chol: Any, grad: Any) -> Any:
-    """∂L/∂S = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from G = ∂L/∂C for C = chol(S) (item 1): TensorFlow's Cholesky gradient.
-
-    Args:
-        chol: [..., M, M], lower-triangular C with a positive diagonal; grad: [..., M, M], G = ∂L/∂C.
-
-    Returns:
-        [..., M, M], ∂L/∂S, symmetric.
+    """∂L/∂S [..., M, M] = ½ C⁻ᵀ(P + Pᵀ)C⁻¹, P = Φ(CᵀG), from C = chol(S) [..., M, M] (positive diagonal) and
+    G = ∂L/∂C [..., M, M] (item 1): TensorFlow's Cholesky gradient.
 
     Examples:
         >>> import tensorflow as tf
@@ -171,48 +137,34 @@ def cholesky_vjp(chol: Any, grad: Any) -> Any:
 
 
 def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> tuple[Any, Any]:
-    """∂L/∂η from ∂L/∂(m, L_S) (item 2): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=...)``.
-
-    Args:
-        q_mu: [M, L], m.
-        q_sqrt: [L, M, M], L_S, lower triangular.
-        dL_dmean: [M, L], ∂L/∂m.
-        dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (entries above the diagonal are ignored, as in GPflow).
-
-    Returns:
-        (dL_deta1 [M, L], dL_deta2 [L, M, M]).
-    """
+    """(dL_deta1 [M, L], dL_deta2 [L, M, M]) from m = q_mu [M, L], L_S = q_sqrt [L, M, M] (lower triangular),
+    ∂L/∂m [M, L] and G = ∂L/∂L_S [L, M, M] (item 2): GPflow's ``tape.gradient(meanvarsqrt, [eta1, eta2],
+    output_gradients=...)``."""
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
     dL_dS = cholesky_vjp(_positive_diagonal(q_sqrt), dL_dvarsqrt)
-    dL_deta1 = _columns(dL_dmean) - 2.0 * tf.linalg.matmul(dL_dS, _columns(q_mu))
-    return _rows(dL_deta1), dL_dS
+    return dL_dmean - 2.0 * tf.transpose(tf.linalg.matvec(dL_dS, tf.transpose(q_mu))), dL_dS
 
 
 def _xi_name(xi: Any) -> str:
     if xi not in ("nat", "sqrtmeanvar"):  # GPflow's XiNat, XiSqrtMeanVar
-        raise InputError(
-            "No closed form for this ξ transform.",
-            context=[("Argument", "xi"), ("Expected", "'nat' or 'sqrtmeanvar'"), ("Got", repr(xi))],
-            remedy="use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) for other ξ.",
-        )
+        raise input_error("No closed form for this ξ transform.", "xi", "'nat' or 'sqrtmeanvar'", repr(xi),
+                          "use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) "
+                          "for other ξ.")
     return str(xi)
 
 
 def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, xi: str = "nat") -> tuple[Any, Any]:
-    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1, nat_dL_xi2)``: ∂L/∂η for ``"nat"``, item 4 for ``"sqrtmeanvar"``.
-
-    Returns:
-        ([M, L], [L, M, M]).
-    """
+    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1 [M, L], nat_dL_xi2 [L, M, M])``: ∂L/∂η for ``"nat"``,
+    item 4 for ``"sqrtmeanvar"``."""
     if _xi_name(xi) == "nat":
         return expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
 
     nat_dL_xi2 = tf.linalg.matmul(q_sqrt, _phi(tf.linalg.matmul(q_sqrt, dL_dvarsqrt, transpose_a=True)))
-    return _rows(_cov_times(q_sqrt, _columns(dL_dmean))), nat_dL_xi2
+    return _cov_times(q_sqrt, dL_dmean), nat_dL_xi2
 
 
 def natgrad_step_closed_form(
@@ -223,12 +175,9 @@ def natgrad_step_closed_form(
     Works eagerly and inside ``tf.function``; batched over the L latent GPs.
 
     Args:
-        q_mu: [M, L], m.
-        q_sqrt: [L, M, M], L_S, lower triangular (GPflow's ``triangular()`` parameter).
-        dL_dmean: [M, L], ∂L/∂m (``to_constrained(q_mu_grad, q_mu.transform)``).
-        dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S; only its lower triangle enters, as in GPflow.
-        gamma: the step length γ (a float or a scalar tensor or variable).
-        xi: ``"nat"`` or ``"sqrtmeanvar"``.
+        q_mu, q_sqrt: [M, L], [L, M, M], m and the lower-triangular L_S.
+        dL_dmean, dL_dvarsqrt: [M, L], [L, M, M], ∂L/∂m and G = ∂L/∂L_S (only its lower triangle enters).
+        gamma, xi: the step length γ (a float or a scalar tensor or variable); ``"nat"`` or ``"sqrtmeanvar"``.
 
     Returns:
         (new_q_mu [M, L], new_q_sqrt [L, M, M]).
@@ -260,20 +209,12 @@ def natgrad_step_closed_form(
     u = tf.reverse(tf.linalg.cholesky(tf.reverse(b, axis=[-2, -1])), axis=[-2, -1])  # B = U Uᵀ, U upper
     new_sqrt_t = tf.linalg.triangular_solve(u, tf.linalg.matrix_transpose(c), lower=False)  # U⁻¹Cᵀ = (C U⁻ᵀ)ᵀ
     new_sqrt = tf.linalg.band_part(tf.linalg.matrix_transpose(new_sqrt_t), -1, 0)
-    new_mu = _columns(q_mu) - gamma * _cov_times(new_sqrt, _columns(dL_dmean))
-    return _rows(new_mu), new_sqrt
+    return q_mu - gamma * _cov_times(new_sqrt, dL_dmean), new_sqrt
 
 
 def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
-    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η in closed form (item 5): TensorFlow's gradient for a seed of ones.
-
-    Args:
-        eta1: [M, L]; varsqrt: [L, M, M], the Cholesky factor of η₂ − η₁η₁ᵀ.
-
-    Returns:
-        ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])``, equal to ``tape.gradient(meanvarsqrt,
-        [eta1, eta2])`` to rounding (tested against it).
-    """
+    """Jᵀ·1 of ``expectation_to_meanvarsqrt`` at η (item 5): ``(dtheta_deta1 [M, L], dtheta_deta2 [L, M, M])`` from
+    eta1 [M, L] and varsqrt [L, M, M] = chol(η₂ − η₁η₁ᵀ), ``tape.gradient(meanvarsqrt, [eta1, eta2])`` to rounding."""
     import tensorflow as tf
 
     M = tf.shape(varsqrt)[-1]
@@ -282,17 +223,12 @@ def default_seed_gradient(eta1: Any, varsqrt: Any) -> tuple[Any, Any]:
     C = tf.cumsum(l_inv, axis=-2, exclusive=True) + 0.5 * l_inv
     A = tf.linalg.matmul(l_inv, s[..., :, None] * C, transpose_a=True)
     sigma_bar = 0.5 * (A + tf.linalg.adjoint(A))  # [L, M, M]
-    m = tf.linalg.adjoint(eta1)[:, :, None]  # [L, M, 1]
-    d1 = tf.ones_like(eta1) - 2.0 * tf.linalg.adjoint(tf.linalg.matmul(sigma_bar, m)[:, :, 0])
-    return d1, sigma_bar
+    return tf.ones_like(eta1) - 2.0 * tf.transpose(tf.linalg.matvec(sigma_bar, tf.transpose(eta1))), sigma_bar
 
 
 def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, xi: str) -> dict[str, Any]:
-    """``natgrad_tensors`` (:mod:`natgrad_diag.step.trace`) by items 1-5: the same record, no autodiff.
-
-    ``q_sqrt`` must be lower triangular (behind GPflow's ``triangular()`` transform). Equal to the autodiff record
-    to rounding, ε·κ(S) (tested against GPflow's step and the autodiff path).
-    """
+    """``natgrad_tensors`` (:mod:`natgrad_diag.step.trace`) by items 1-5, no autodiff, for a lower-triangular
+    ``q_sqrt``: the same record to rounding, ε·κ(S)."""
     from gpflow.optimizers.natgrad import meanvarsqrt_to_expectation
 
     eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)

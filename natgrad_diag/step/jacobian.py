@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import require_finite, shape_str
+from natgrad_diag._validate import input_error, require_finite, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError, SingularCovarianceError
+from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError, SingularCovarianceError
 from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
@@ -20,33 +20,24 @@ __all__ = ["natgrad_map_jacobian"]
 def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
 
-    Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: each entry is an inner
-    product of M + 1 terms, so its two triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1);
-    :func:`natgrad_diag.tolerance.rounding_bound` with factor 4(M + 1) leaves a factor 2 of room.
+    Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: inner products of M + 1 terms, whose
+    triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1); the factor 4(M + 1) leaves a factor 2 of room.
     """
     e1, e2 = np.asarray(eta1), np.asarray(eta2)
     for name, arr, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
         if arr.ndim != len(want.split(",")):
-            raise ShapeMismatchError(
-                f"{name} has the wrong rank.",
-                context=[("Argument", name), ("Expected", want), ("Actual", shape_str(arr.shape))],
-                remedy="pass eta1 = q_mu [M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].",
-            )
+            raise input_error(f"{name} has the wrong rank.", name, want, shape_str(arr.shape), "pass eta1 = q_mu "
+                              "[M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].", kind=ShapeMismatchError,
+                              label="Actual")
     M, L = e1.shape
     if e2.shape != (L, M, M):
-        raise ShapeMismatchError(
-            "eta2 does not match eta1.",
-            context=[("Argument", "eta2"), ("Expected", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = [{M}, {L}])"),
-                     ("Actual", shape_str(e2.shape))],
-            remedy="pass the eta1 [M, L] and eta2 [L, M, M] of the same q(u) (note GPflow's [M, L] / [L, M, M] order).",
-        )
+        raise input_error("eta2 does not match eta1.", "eta2", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = "
+                          f"[{M}, {L}])", shape_str(e2.shape), "pass the eta1 [M, L] and eta2 [L, M, M] of the same "
+                          "q(u) (note GPflow's [M, L] / [L, M, M] order).", kind=ShapeMismatchError, label="Actual")
     floats = (np.float32, np.float64)
     if e1.dtype in floats and e2.dtype in floats and e1.dtype != e2.dtype:
-        raise DTypeMismatchError(
-            "eta2 has another dtype than eta1.",
-            context=[("Argument", "eta2"), ("Expected", f"{e1.dtype} (like eta1)"), ("Got", str(e2.dtype))],
-            remedy="cast both to one dtype, e.g. float64.",
-        )
+        raise input_error("eta2 has another dtype than eta1.", "eta2", f"{e1.dtype} (like eta1)", str(e2.dtype),
+                          "cast both to one dtype, e.g. float64.", kind=DTypeMismatchError)
     if e1.dtype not in floats:
         e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
     require_finite(e1, "eta1")
@@ -55,12 +46,9 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
     bound = rounding_bound(e2.dtype, condition=1.0, scale=float(np.max(np.abs(e2), initial=0.0)), factor=4.0 * (M + 1))
     if asym > bound:
         l, a, b = (int(i) for i in np.unravel_index(np.argmax(np.abs(e2 - np.swapaxes(e2, -1, -2))), e2.shape))
-        raise InputError(
-            "eta2 is not symmetric.",
-            context=[("Argument", "eta2"), ("Expected", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of forming it)"),
-                     ("Got", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}")],
-            remedy="pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).",
-        )
+        raise input_error("eta2 is not symmetric.", "eta2", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of "
+                          f"forming it)", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}",
+                          "pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).")
     for l in range(L):
         _cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l)
     return e1, e2
@@ -94,7 +82,6 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
     out = np.zeros((n_rows, n_cols), dtype=dtype)
     out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
-    a_idx, b_idx, scale2 = _eta2_tangents(M, symmetric, dtype)
     for l in range(L):
         C = _cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l]), l)
         Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
@@ -107,22 +94,10 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
         eta1_cols = out[:, l : M * L : L]  # column m*L + l of η₁[m, l]: a strided view
         eta2_cols = out[:, M * L + l * K2 : M * L + (l + 1) * K2]
         _write_eta1_columns(eta1_cols, r0, Cinv, T_strict, U, w)
-        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric, b_idx, scale2)
+        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric)
     return BlockJacobian.from_compact(
         out, ("mean", "varsqrt"), ("eta1", "eta2"), [(M, L), (L, M, M)], [(M, L), (L, M, M)], (False, bool(symmetric))
     )
-
-
-def _eta2_tangents(M: int, symmetric: bool, dtype: np.dtype[Any]) -> tuple[Array, Array, Array]:
-    """The stored η₂ columns of one latent GP: (p index, q index, scale s) of dS = s(p qᵀ + q pᵀ)."""
-    if symmetric:
-        a_idx, b_idx = np.tril_indices(M)
-        scale2 = np.ones(len(a_idx), dtype=dtype)
-        scale2[a_idx == b_idx] = 0.5  # E_aa = ½(c cᵀ + c cᵀ) in the rank-2 form
-    else:
-        a_idx, b_idx = (g.ravel() for g in np.meshgrid(np.arange(M), np.arange(M), indexing="ij"))
-        scale2 = np.full(len(a_idx), 0.5, dtype=dtype)  # ½(E_ab + E_ba); on the diagonal E_aa
-    return a_idx, b_idx, scale2
 
 
 def _cholesky(S: Array, l: int) -> Array:
@@ -147,8 +122,7 @@ def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: A
         dest -= U[i, :n, None] * Cinv[:n, :n]
 
 
-def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array,
-                        symmetric: bool, b_idx: Array, scale: Array) -> None:  # fmt: skip
+def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array, symmetric: bool) -> None:
     """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
 
     The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both
@@ -157,7 +131,9 @@ def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: A
     """
     M = Cinv.shape[0]
     reps = np.arange(1, M + 1) if symmetric else np.full(M, M)
-    a_idx = np.repeat(np.arange(M), reps)
+    a_idx, b_idx = np.repeat(np.arange(M), reps), np.concatenate([np.arange(r) for r in reps])  # vech: tril order
+    # dS = s(e_a e_bᵀ + e_b e_aᵀ): vech E_ab + E_ba (s = 1), E_aa (s = ½); general ½(E_ab + E_ba) (s = ½)
+    scale = (np.where(a_idx == b_idx, 0.5, 1.0) if symmetric else np.full(len(a_idx), 0.5)).astype(Cinv.dtype)
     sA = Cinv[:, a_idx] * scale  # [k, c]: s·(C⁻¹)_ka
     sB = Cinv[:, b_idx] * scale
     buf = np.empty((M, len(b_idx)), dtype=Cinv.dtype)
@@ -178,12 +154,10 @@ def natgrad_map_jacobian(
 ) -> BlockJacobian:  # fmt: skip
     """J = ∂(mean, varsqrt)/∂(eta1, eta2) of GPflow's ``expectation_to_meanvarsqrt`` at (η₁ [M, L], η₂ [L, M, M]).
 
-    The blocks are labelled mean, varsqrt / eta1, eta2. With ``symmetric=True`` (default) η₂ is differentiated along
-    symmetric tangents only (M + M(M+1)/2 columns per latent GP instead of M + M²: about half the time and memory);
-    ``.block(i, 1)`` still has the general shape [..., L, M, M] and equals ``tape.jacobian``'s block, because
-    TensorFlow's Cholesky gradient is symmetrised. ``method="closed_form"`` (default) computes each column in closed
-    form in O(M²), O(M⁴) in all (``_natgrad_map_closed_form``), into one preallocated array; ``method="autodiff"``
-    builds the same matrix by :func:`natgrad_diag.autodiff.dense.jacobian` (``chunk_size`` applies to it only).
+    The blocks are labelled mean, varsqrt / eta1, eta2. ``symmetric=True`` differentiates η₂ along symmetric tangents
+    only (M(M+1)/2 columns instead of M² per latent GP); ``.block(i, 1)`` still has the general shape [..., L, M, M]
+    and equals ``tape.jacobian``'s block. ``method="closed_form"`` computes each column in O(M²), O(M⁴) in all;
+    ``method="autodiff"`` builds the same matrix by :func:`natgrad_diag.autodiff.dense.jacobian` (with ``chunk_size``).
 
     Raises:
         ShapeMismatchError: eta1 is not [M, L] or eta2 is not [L, M, M] with eta1's M and L.
@@ -205,11 +179,8 @@ def natgrad_map_jacobian(
                [0., 1.]])
     """
     if method not in ("closed_form", "autodiff"):
-        raise InputError(
-            "unknown method.",
-            context=[("Argument", "method"), ("Expected", "'closed_form' or 'autodiff'"), ("Got", repr(method))],
-            remedy="pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).",
-        )
+        raise input_error("unknown method.", "method", "'closed_form' or 'autodiff'", repr(method),
+                          "pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).")
     e1, e2 = _validated(eta1, eta2)
     if method == "closed_form":
         return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)

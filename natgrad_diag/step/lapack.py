@@ -1,10 +1,8 @@
 """The closed-form record of GPflow's natural-gradient step, computed by LAPACK's triangular kernels on numpy arrays.
 
-:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` returns, by the maths of
-:mod:`natgrad_diag.step.closed_form` (items 1-5; notation of :mod:`natgrad_diag.step`), on the kernels TensorFlow
-lacks: a triangular inverse (``trtri``, M³/3 flops) and a triangle times its transpose (``lauum``, M³/3) against
-2M³ for a dense product, triangle × matrix (``trmm``, M³) and U·A·Uᵀ for a triangular U and a symmetric A
-(``sygst``, M³). Per latent GP:
+:func:`natgrad_record_lapack` returns what ``natgrad_tensors_closed_form`` returns (items 1-5 of
+:mod:`natgrad_diag.step.closed_form`), on kernels TensorFlow lacks: ``trtri`` and ``lauum`` (M³/3 flops against 2M³
+for a dense product), ``trmm`` and ``sygst`` (M³). Per latent GP:
 
     C⁻¹ = trtri(C), once;  Λ = C⁻ᵀC⁻¹ = lauum(C⁻¹);  S = CCᵀ = J·lauum(JCᵀJ)·J;  P = Φ(CᵀG) by trmm
     ∂L/∂S = ½C⁻ᵀ(P + Pᵀ)C⁻¹ by sygst;  Jᵀ·1 by one trmm;  XiSqrtMeanVar's L_S Φ(L_Sᵀ G) = C P by trmm
@@ -16,10 +14,8 @@ matrix is copied to be transposed (such a copy costs as much as a small kernel a
 are cheap copies. ``overwrite_*`` is set only on this module's own temporaries (never on a view of an input: a
 1×1 array is both C- and Fortran-ordered).
 
-**Threads.** The kernels run in one BLAS thread (threadpoolctl; the previous limits come back afterwards): the record
-is the same to the bit whatever the load or core count, and OpenBLAS's multi-threaded LAPACK collapses on a busy
-machine (at load 3 on 2 cores, M = 1000: ``trtri`` 194 ms against 12 ms in one thread). docs/performance.md says why
-one thread, and ``natgrad-diag bench`` shows the ratio to the BLAS default on your machine.
+**Threads.** The kernels run in one BLAS thread (threadpoolctl): the record is the same to the bit whatever the load,
+and OpenBLAS's multi-threaded LAPACK collapses on a busy machine (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from natgrad_diag.typing import FloatArray
 
 __all__ = ["RECORD_KEYS", "natgrad_record_lapack", "one_blas_thread"]
 
-#: The keys of the step's record (NatGradTrace's arrays besides the inputs), in order.
+#: The keys of the step's record (NatGradTrace's arrays besides the inputs).
 RECORD_KEYS = (
     "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
     "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
@@ -46,19 +42,13 @@ _MATRIX_KEYS = ("eta2", "dL_deta2", "dtheta_deta2", "xi2", "nat_dL_xi2", "new_q_
 
 
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
-# One record at a time: two threads setting and restoring the BLAS limit in interleaved order would leave the
-# process at one thread. The kernels run in one thread anyway, so serialising costs no parallelism.
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # two threads restoring the BLAS limit in interleaved order would leave the process at one
 
 
 @contextlib.contextmanager
 def one_blas_thread(*, limit: bool = True) -> Iterator[None]:
-    """Run the body with every BLAS library of the process at one thread, one such body at a time.
-
-    The numpy/scipy linear algebra of the checks (this record, the condition numbers of
-    :mod:`natgrad_diag.checks.bounds`) runs in it: reproducible to the bit, and safe from OpenBLAS's
-    collapse on a busy machine (see the module docstring). ``limit=False`` leaves the thread counts as they are.
-    """
+    """Run the body with every BLAS library of the process at one thread (unless ``limit=False``), one such body at a
+    time: this record and :mod:`natgrad_diag.checks.bounds` run in it (module docstring, Threads)."""
     from threadpoolctl import ThreadpoolController
 
     if not _CONTROLLER:
@@ -98,9 +88,7 @@ def _c_layout(x: FloatArray) -> FloatArray:
 def _times(k: Any, a: FloatArray, v: FloatArray) -> FloatArray:
     """a v by scipy's BLAS (never numpy's own OpenBLAS: one BLAS library, one thread limit); a C-ordered a
     is passed as the Fortran array aᵀ with trans=1, so f2py copies nothing."""
-    if a.flags.f_contiguous:
-        return np.asarray(k.gemv(1.0, a, v))
-    return np.asarray(k.gemv(1.0, a.T, v, trans=1))
+    return np.asarray(k.gemv(1.0, a, v) if a.flags.f_contiguous else k.gemv(1.0, a.T, v, trans=1))
 
 
 def _default_seed(k: Any, u: FloatArray, v: FloatArray, m: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -180,21 +168,18 @@ def natgrad_record_lapack(
     q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: float, xi: str, *, full: bool = True,
     one_thread: bool = True,
 ) -> dict[str, FloatArray]:
-    """``natgrad_tensors_closed_form``'s record by LAPACK, one latent GP at a time (the module docstring lists the kernels).
+    """``natgrad_tensors_closed_form``'s record by LAPACK, one latent GP at a time.
 
     Args:
         q_mu, dL_dmean: [M, L], m and ∂L/∂m.
-        q_sqrt: [L, M, M], L_S, lower triangular: zeros above the diagonal (natgrad_trace's input check
-            ensures it; GPflow's S = L_S L_Sᵀ would read them), negative diagonal entries allowed (C = L_S·D).
+        q_sqrt: [L, M, M], L_S with zeros above the diagonal (natgrad_trace checks it); a negative diagonal is fine.
         dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (its upper triangle does not enter, as in GPflow).
         gamma, xi: the step length γ; ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
-        full: ``False`` computes only ∂L/∂η, the natural gradient in ξ and the new q(u) (the fast check's needs),
-            leaving out η, Jᵀ·1 and ξ.
-        one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's
-            comparison; the last bits may then vary between calls).
+        full: ``False`` leaves out η, Jᵀ·1 and ξ (the fast check needs only ∂L/∂η, the natural gradient, the step).
+        one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's comparison).
 
     Returns:
-        ``{key: array}`` for the :data:`RECORD_KEYS` ([M, L] or [L, M, M], the inputs' dtype, float32 or float64).
+        ``{key: array}`` for the :data:`RECORD_KEYS` ([M, L] or [L, M, M], the inputs' dtype).
 
     Raises:
         SingularCovarianceError: a zero on q_sqrt's diagonal.

@@ -17,13 +17,11 @@ __all__ = ["NaturalGradient"]
 class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, unused-ignore]  # untyped where GPflow is absent (nox typecheck)
     """GPflow's ``NaturalGradient`` whose update is the closed form of :mod:`natgrad_diag.step.closed_form`.
 
-    A drop-in replacement: the same constructor ``NaturalGradient(gamma, xi_transform=XiNat(), name=None)``, the
-    same ``minimize(loss_fn, var_list)`` with ``(q_mu, q_sqrt)`` or ``(q_mu, q_sqrt, xi)`` tuples, eagerly and inside
-    ``tf.function``. GPflow's ``minimize`` computes the loss gradients; each pair is then updated by
-    :meth:`apply_natgrad`: for ``XiNat`` one Cholesky and one triangular solve, for ``XiSqrtMeanVar`` two triangular
-    products, instead of GPflow's autodiff through three Choleskys. Where
-    :func:`~natgrad_diag.step.backend.step_backend` finds no closed form, GPflow's own update runs. The new
-    parameters equal GPflow's to ε·κ(S) relative (GPflow's path inverts S), below 1e-10 for κ(S) ≲ 10⁵ in float64.
+    A drop-in replacement (same constructor, same ``minimize``, eagerly and inside ``tf.function``) whose
+    :meth:`apply_natgrad` takes one Cholesky and one triangular solve for ``XiNat``, two triangular products for
+    ``XiSqrtMeanVar``, instead of GPflow's autodiff through three Choleskys; GPflow's own update runs where
+    :func:`~natgrad_diag.step.backend.step_backend` finds no closed form. The new parameters equal GPflow's to
+    ε·κ(S) relative (GPflow's path inverts S).
 
     Examples:
         >>> import gpflow, numpy as np, tensorflow as tf
@@ -38,16 +36,13 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
     """
 
     def apply_natgrad(self, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi_transform: Any = None) -> None:
-        """One natural-gradient update of ``q_mu`` [M, L] and ``q_sqrt`` [L, M, M], assigned in place.
-
-        The public form of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which this
-        class routes here; the gradients are mapped to the constrained parameters as GPflow maps them.
+        """One natural-gradient update of ``q_mu`` [M, L] and ``q_sqrt`` [L, M, M], assigned in place: the public form
+        of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which this class routes here.
 
         Args:
-            q_mu_grad: [M, L], ∂L/∂(q_mu's unconstrained variable).
-            q_sqrt_grad: [L, M(M+1)/2] (or [L, M, M] without a transform), ∂L/∂(q_sqrt's unconstrained variable).
-            q_mu: the ``gpflow.Parameter`` q_mu [M, L].
-            q_sqrt: the ``gpflow.Parameter`` q_sqrt [L, M, M].
+            q_mu_grad, q_sqrt_grad: ∂L/∂ q_mu's and q_sqrt's unconstrained variables, [M, L] and [L, M(M+1)/2] (or
+                [L, M, M] without a transform).
+            q_mu, q_sqrt: the ``gpflow.Parameter`` s q_mu [M, L] and q_sqrt [L, M, M].
             xi_transform: the ξ transform (``self.xi_transform`` when ``None``).
         """
         xi_transform = self.xi_transform if xi_transform is None else xi_transform

@@ -1,10 +1,9 @@
 """``natgrad_trace``: GPflow's natural-gradient step reproduced line by line and recorded, without assigning anything.
 
-The maths is stated in :mod:`natgrad_diag.step`. ``natgrad_trace`` checks its inputs, then takes the path
-:func:`~natgrad_diag.step.backend.step_backend` picks: the closed-form record by LAPACK (XiNat and XiSqrtMeanVar with
-GPflow's ``triangular()`` q_sqrt, on the CPU), no tracing; the TensorFlow closed form (the same ξ, tensors on a GPU) or
-the eager path's operations (any other ξ or q_sqrt transform) in a ``tf.function`` traced once per key and cached.
-The eager reference path stays the source of every error message: a fast path that sees anything unusual defers to it.
+The maths is in :mod:`natgrad_diag.step`. After its input checks ``natgrad_trace`` takes the path
+:func:`~natgrad_diag.step.backend.step_backend` picks: LAPACK's closed-form record, no tracing; or, in a
+``tf.function`` traced once per key, the TensorFlow closed form (tensors on a GPU) or the eager path's operations (any
+other ξ or q_sqrt transform). A fast path that sees anything unusual defers to the eager path, which names every error.
 """
 
 from __future__ import annotations
@@ -15,16 +14,16 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._gpflow import to_constrained
+from natgrad_diag._gpflow import is_lower_triangular_transform, to_constrained
 from natgrad_diag._validate import dtype_name, input_error, param_parts, require_positive_float, shape_str, validate_grad, validate_q
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, NatGradDiagError, ShapeMismatchError, StepFailedError
-from natgrad_diag.exceptions import error_line
-from natgrad_diag.step.backend import StepBackend, closed_form_xi, is_lower_triangular_transform, step_backend
+from natgrad_diag.exceptions import DTypeMismatchError, NatGradDiagError, ShapeMismatchError, StepFailedError
+from natgrad_diag.exceptions import error_line, raised_as_is
+from natgrad_diag.step.backend import StepBackend, closed_form_xi, step_backend
 from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
 from natgrad_diag.typing import Array, FloatArray
 
-__all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "trace_count"]
+__all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform"]
 
 
 @dataclass(frozen=True)
@@ -95,18 +94,14 @@ def resolve_xi_transform(xi_transform: Any) -> Any:
     if xi_transform is None:
         return XiNat()
     if isinstance(xi_transform, type):
-        raise InputError(
-            "xi_transform must be an instance, not a class.",
-            context=[("Argument", "xi_transform"), ("Expected", "an instance such as XiNat()"), ("Got", f"the class {xi_transform.__name__}")],
-            remedy=f"pass xi_transform={xi_transform.__name__}().",
-        )
+        raise input_error("xi_transform must be an instance, not a class.", "xi_transform",
+                          "an instance such as XiNat()", f"the class {xi_transform.__name__}",
+                          f"pass xi_transform={xi_transform.__name__}().")
     needed = ("meanvarsqrt_to_xi", "xi_to_meanvarsqrt", "naturals_to_xi")
     if not isinstance(xi_transform, XiTransform) and not all(callable(getattr(xi_transform, n, None)) for n in needed):
-        raise InputError(
-            "xi_transform is not a gpflow XiTransform.",
-            context=[("Argument", "xi_transform"), ("Expected", "gpflow.optimizers.XiTransform"), ("Got", type(xi_transform).__name__)],
-            remedy="pass XiNat(), XiSqrtMeanVar() or a subclass of gpflow.optimizers.XiTransform.",
-        )
+        raise input_error("xi_transform is not a gpflow XiTransform.", "xi_transform", "gpflow.optimizers.XiTransform",
+                          type(xi_transform).__name__,
+                          "pass XiNat(), XiSqrtMeanVar() or a subclass of gpflow.optimizers.XiTransform.")
     return xi_transform
 
 
@@ -131,20 +126,17 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
         )  # fmt: skip
     for name, x in (("q_mu", q_mu), ("q_sqrt", q_sqrt)):
         if dtype_name(x) in ("float16", "bfloat16"):
-            raise DTypeMismatchError(
-                f"{name} is {dtype_name(x)}: GPflow's natural-gradient step needs float32 or float64 "
-                "(its Cholesky and triangular solves have no half-precision kernels).",
-                context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", dtype_name(x))],
-                remedy="build the model in float64 (GPflow's default: gpflow.config.set_default_float(np.float64)).",
-            )
+            raise input_error(f"{name} is {dtype_name(x)}: GPflow's natural-gradient step needs float32 or float64 "
+                              "(its Cholesky and triangular solves have no half-precision kernels).", name,
+                              "float64 (or float32)", dtype_name(x), "build the model in float64 (GPflow's default: "
+                              "gpflow.config.set_default_float(np.float64)).", kind=DTypeMismatchError)
     for name, x, dims in (("q_mu", q_mu, "[M, L]"), ("q_sqrt", q_sqrt, "[L, M, M]")):
         shape = getattr(x, "shape", None)
         if shape is not None and 0 in tuple(shape):
-            raise ShapeMismatchError(
-                f"{name} is empty (M = 0 inducing points or L = 0 latent GPs): there is no step to trace.",
-                context=[("Argument", name), ("Expected", f"{dims} with M ≥ 1 and L ≥ 1"), ("Actual", shape_str(shape))],
-                remedy="pass the q_mu and q_sqrt of a model with at least one inducing point and one latent GP.",
-            )
+            raise input_error(f"{name} is empty (M = 0 inducing points or L = 0 latent GPs): there is no step to "
+                              "trace.", name, f"{dims} with M ≥ 1 and L ≥ 1", shape_str(shape), "pass the q_mu and "
+                              "q_sqrt of a model with at least one inducing point and one latent GP.",
+                              kind=ShapeMismatchError, label="Actual")
     # without a lower-triangular transform q_sqrt must be lower-triangular: GPflow's step reads the full matrix in
     # one place and its lower triangle in another, so entries above the diagonal make it mix two matrices
     if isinstance(q_sqrt, gpflow.Parameter) and is_lower_triangular_transform(q_sqrt.transform):
@@ -158,13 +150,12 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
     upper = np.triu(a, 1)
     if np.any(upper != 0):
         l_idx, i, j = (int(k) for k in np.argwhere(upper != 0)[0])
-        raise InputError(
-            "q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
-            "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).",
-            context=[("Argument", "q_sqrt"), ("Expected", "lower-triangular [L, M, M] (zeros above the diagonal)"),
-                     ("Got", f"{shape_str(a.shape)} with q_sqrt[{l_idx}, {i}, {j}] = {a[l_idx, i, j]:.6g}")],
-            remedy="pass np.tril(q_sqrt) (the Cholesky factor), or a gpflow.Parameter with transform=gpflow.utilities.triangular().",
-        )
+        raise input_error("q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
+                          "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).", "q_sqrt",
+                          "lower-triangular [L, M, M] (zeros above the diagonal)",
+                          f"{shape_str(a.shape)} with q_sqrt[{l_idx}, {i}, {j}] = {a[l_idx, i, j]:.6g}",
+                          "pass np.tril(q_sqrt) (the Cholesky factor), or a gpflow.Parameter with "
+                          "transform=gpflow.utilities.triangular().")
 
 
 def natgrad_tensors(
@@ -211,14 +202,6 @@ def natgrad_tensors(
     )  # fmt: skip
 
 
-# ---- the fast paths ------------------------------------------------------------------------------
-
-
-def trace_count() -> int:
-    """How many times the compiled natural-gradient step has been traced in this process (for tests)."""
-    return _compile.trace_count("natgrad_tensors")
-
-
 def _transform_key(transform: Any) -> Any:
     """A hashable key for a parameter transform that depends only on what it computes (``"identity"`` for None, or a
     TFP bijector's class and its plain-valued constructor parameters), or None when it cannot be keyed."""
@@ -263,8 +246,9 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
     import tensorflow as tf
 
     ckey, keep = ("natgrad_tensors", key), (xi, t_mu, t_sq)
-    if not build and _compile.recall(ckey) is None:
-        _compile.remember(ckey, True, keep=keep)  # the next call with this key compiles
+    seen = _compile.recall(ckey) is not None
+    _compile.remember(ckey, True, keep=keep)  # the next call with this key compiles
+    if not build and not seen:
         return None
 
     def make() -> Any:
@@ -289,16 +273,14 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
         signature = tuple(tf.TensorSpec(s, dtype) for s in shapes) + (tf.TensorSpec([], dtype),)
         return tf.function(step, input_signature=signature, autograph=False).get_concrete_function()
 
-    _compile.remember(ckey, True, keep=keep)  # so that a later build=False call finds it
     return _compile.compiled(ckey, make, keep=keep)
 
 
 def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
-    """A fast path's trace, or ``None`` when the eager reference path must decide (any unusual input, a failed
-    in-graph check, a failed Cholesky: it then raises its error), or, with ``build=False``, when the tf.function
-    for this key is not compiled yet (a first call runs eagerly; LAPACK runs whatever ``build`` is)."""
+    """A fast path's trace, or ``None`` when the eager path must decide (an unusual input, a failed in-graph check or
+    Cholesky) or, with ``build=False``, when the tf.function for this key is not compiled yet (LAPACK runs anyway)."""
     import tensorflow as tf
 
     p_mu, p_sq, gr_mu, gr_sq = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
@@ -375,17 +357,16 @@ def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: flo
     return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
+@raised_as_is
 def natgrad_trace(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, *, gamma: float = 1.0, xi_transform: Any = None, compiled: bool | None = None
 ) -> NatGradTrace:
     """Reproduce GPflow's natural-gradient step for (q_mu, q_sqrt) and return every intermediate.
 
     Nothing is assigned: the parameters are bit-identical afterwards. The paths (module docstring) give the same
-    numbers to rounding, ε·κ(S), tested against each other and GPflow's optimizer. The eager reference runs the
-    user's lines as written, the default-seed ``dtheta_deta`` as the literal ``tape.gradient(meanvarsqrt, [eta1,
-    eta2])`` (``natgrad-diag explain`` uses it); the LAPACK record traces nothing and is faster than GPflow's
-    compiled step (TensorFlow has no triangular kernels); a ``tf.function`` is traced once per (shapes, dtype,
-    ξ transform, parameter transforms), from the second call with that key.
+    numbers to rounding, ε·κ(S). The eager reference runs the user's lines as written, ``dtheta_deta`` as the literal
+    ``tape.gradient(meanvarsqrt, [eta1, eta2])``; a ``tf.function`` is traced once per (shapes, dtype, ξ transform,
+    parameter transforms), from the second call with that key.
 
     Args:
         q_mu, q_sqrt: [M, L], [L, M, M], ``gpflow.Parameter``s (q_sqrt usually ``triangular()``); a tf.Variable,
@@ -411,11 +392,7 @@ def natgrad_trace(
         >>> trace.dL_deta1.shape
         (5, 1)
     """
-    try:
-        _precheck(q_mu, q_sqrt)
-    except NatGradDiagError as e:
-        e.ag_pass_through = True  # inside tf.function, AutoGraph re-raises it as is (not as a StagingError)
-        raise
+    _precheck(q_mu, q_sqrt)
     xi = resolve_xi_transform(xi_transform)
     g = _validate_gamma(gamma)
     if compiled is not False:
@@ -444,8 +421,3 @@ def _natgrad_trace_eager(q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: An
             remedy="use a smaller gamma (natgrad-diag check suggests one), or float64 if you are in float32.",
         ) from None
     return _record(dict(out, q_mu=mu_t, q_sqrt=sq_t, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
-
-
-# Inside tf.function AutoGraph must call natgrad_trace as it is, so that its "call it eagerly" error is not
-# wrapped in a StagingError (what tf.autograph.experimental.do_not_convert sets, without importing TensorFlow).
-natgrad_trace.autograph_info__ = frozenset()  # type: ignore[attr-defined]
