@@ -209,7 +209,7 @@ def test_check_natgrad__var_list_form_names_the_mistake():
 def test_verify_step__judges_the_step_just_taken_without_running_the_optimizer_again():
     import gpflow
 
-    from natgrad_diag.checks.custom_step import verify_step
+    from natgrad_diag.checks.pairs import verify_step
 
     model, data = _model("svgp", 1)
     pairs = [(model.q_mu, model.q_sqrt)]

@@ -40,7 +40,7 @@ from natgrad_diag.exceptions import InputError, NatGradDiagError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
-__all__ = ["MISTAKES", "as_optimizer", "optimizer_settings", "restored", "stage", "verify_step", "who"]
+__all__ = ["MISTAKES", "as_optimizer", "optimizer_settings", "restored", "stage", "who"]
 
 _EXPLAIN = "output_gradients=[dL_dmean, dL_dvarsqrt] gives Jᵀ·v, the chain rule; see natgrad_diag.explain_output_gradients()"
 
@@ -416,45 +416,3 @@ def stage(run: Run) -> Outcome:
             applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())
     return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))
-
-
-def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, before: list[Array], *, rtol: float | None = None, atol: float | None = None) -> tuple[Check, ...]:
-    """The ``custom_step`` check of a step ``optimizer`` has just taken on ``var_list`` = [(q_mu, q_sqrt) or
-    (q_mu, q_sqrt, xi_transform), ...] of ``gpflow.Parameter`` s: for the training guard.
-
-    ``before`` holds every pair's unconstrained variables (q_mu's, then q_sqrt's) from before the step. From there
-    come the gradients of ``loss_fn`` (one tape) and GPflow's update of each pair at the optimizer's γ and ξ; the
-    parameters then get their values after the step back. The optimizer is not run again.
-
-    Returns:
-        One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's).
-    """
-    from gpflow.optimizers import XiNat
-
-    from natgrad_diag.checks.bounds import measure_conditioning
-    from natgrad_diag.checks.evaluator import gpflow_update, step_from_gradients
-    from natgrad_diag.checks.pairs import gradients, pair_context
-
-    variables = [p.unconstrained_variable for item in var_list for p in item[:2]]
-    if len(before) != len(variables) or any(np.shape(b) != tuple(v.shape) for b, v in zip(before, variables)):
-        raise input_error("before must hold the unconstrained values of every pair's q_mu and q_sqrt.", "before",
-                          f"{len(variables)} arrays of shapes {[tuple(v.shape) for v in variables]}", f"{len(before)} arrays",
-                          "snapshot [v.numpy() for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)] per pair before the step.")
-    gamma, default_xi = optimizer_settings(optimizer, None, None)
-    got = [Applied(mu.numpy(), sq.numpy()) for mu, sq, *_ in var_list]
-    checks = []
-    with restored(variables):
-        for v, b in zip(variables, before):
-            v.assign(b)
-        loss, grads = gradients(loss_fn, variables)
-        for i, (q_mu, q_sqrt, *xi) in enumerate(var_list):
-            ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
-            start = (q_mu.numpy(), q_sqrt.numpy())
-            step = step_from_gradients(q_mu, q_sqrt, loss, grads[2 * i], grads[2 * i + 1])
-            gp = gpflow_update(ctx, grads[2 * i], grads[2 * i + 1], q_mu, q_sqrt, loss_fn)
-            q_mu.unconstrained_variable.assign(before[2 * i])
-            q_sqrt.unconstrained_variable.assign(before[2 * i + 1])
-            cond = measure_conditioning(None, *start, gp.q_sqrt)
-            label = who(optimizer) + (f" (pair {i})" if len(var_list) > 1 else "")
-            checks.append(judge(got[i], gp, start, step, q_sqrt.transform, ctx, cond, label))
-    return tuple(checks)

@@ -219,9 +219,9 @@ class StepGuard:
 
     def _verified(self) -> str:
         """"" when the step just taken is GPflow's natural-gradient step for every pair, else why not (the mistake it
-        matches): :func:`~natgrad_diag.checks.custom_step.verify_step` from the snapshot, one more gradient and one
+        matches): :func:`~natgrad_diag.checks.pairs.verify_step` from the snapshot, one more gradient and one
         more GPflow update per pair; each optimizer of a list checks its own pair."""
-        from natgrad_diag.checks.custom_step import verify_step
+        from natgrad_diag.checks.pairs import verify_step
 
         m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
         loss = lambda: m.loss_tensor(self.data)  # noqa: E731
