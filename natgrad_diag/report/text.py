@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import STATUS_STYLES, arrange, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import STATUS_STYLES, arrange, text_blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
@@ -79,7 +79,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
         cell.append("\n" + c.claim)
         if c.detail:
             cell.append("\n" + c.detail, style="" if plain else "dim")
-        err, bound = check_numbers(c)
+        err, bound = c.numbers()
         t.add_row(mark, cell, err, bound.replace(" (must differ)", "\n(must differ)"))
     return t
 
@@ -135,10 +135,8 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 
 
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
-    """The report as the terminal shows it, lines at most ``width`` columns: title, sections, aligned tables, the checks
-    with PASS/FAIL; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not
-    with ``plain``).
-    """
+    """The report as the terminal shows it, lines at most ``width`` columns; ``plain``: no colour and no table
+    borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
     import io
 
     return render_on(report, console_for(io.StringIO(), plain=plain, width=width, color=color), plain)
