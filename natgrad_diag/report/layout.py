@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.exceptions import MissingExtraError
-from natgrad_diag.report.records import Check, Section
 
-__all__ = ["STATUS_STYLES", "Arranged", "arrange", "blocks", "report_pictures_or_note", "text_blocks", "verdict"]
+__all__ = ["STATUS_STYLES", "blocks", "report_pictures_or_note", "text_blocks", "verdict"]
 
 
 #: The terminal colour of each status (PASS green, WARN yellow, FAIL red).
@@ -44,41 +42,23 @@ def verdict(report: Any) -> str:
     return " ".join(p for p in parts if p)
 
 
-@dataclass(frozen=True)
-class Arranged:
-    """A report in the order every output form draws it: each section with the pictures it names, then the
-    pictures no section named (``rest``), then ``checks`` unless a section carries them (None then)."""
-
-    sections: tuple[tuple[Section, tuple[Any, ...]], ...]
-    rest: tuple[Any, ...]
-    checks: tuple[Check, ...] | None
-
-
-def arrange(report: Any, pictures: Sequence[Any] = ()) -> Arranged:
-    """Place ``pictures`` (:class:`~natgrad_diag.pictures.Picture`) in the sections that name them and the checks
-    at the end unless a section carries them."""
-    sections = report.sections()
-    named = {n for s in sections for n in s.figures}
-    placed = tuple((s, tuple(p for n in s.figures for p in pictures if p.name == n)) for s in sections)
-    carried = any(s.checks is not None for s in sections)
-    return Arranged(placed, tuple(p for p in pictures if p.name not in named), None if carried else tuple(report.checks))
-
-
 def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tuple[str, Any]]:
     """The report in the order every output form draws it: ("h1" | "h2" | "verdict" | "lead" | "para" | "code" |
-    "note", text), ("table", Table), ("checks", checks), ("figure", Picture)."""
-    laid = arrange(report, pictures)
+    "note", text), ("table", Table), ("checks", checks), ("figure", Picture). Each section is followed by the pictures
+    it names; the pictures no section names go under "Pictures", then the checks unless a section carries them."""
+    sections = report.sections()
     out: list[tuple[str, Any]] = [("h1", str(report.title)), ("verdict", verdict(report))]
     out += [("lead", block) for _, block in text_blocks(getattr(report, "lead", ""))]
-    for section, figures in laid.sections:
+    for section in sections:
         out += [("h2", section.heading)] if section.heading else []
         out += [*text_blocks(section.text), *(("table", t) for t in section.tables)]
         out += [("checks", section.checks)] if section.checks is not None else []
-        out += [("figure", p) for p in figures]
-    out += [("h2", "Pictures")] if laid.rest or note else []
+        out += [("figure", p) for n in section.figures for p in pictures if p.name == n]
+    rest = [p for p in pictures if p.name not in {n for s in sections for n in s.figures}]
+    out += [("h2", "Pictures")] if rest or note else []
     out += [("note", note)] if note else []
-    out += [("figure", p) for p in laid.rest]
-    return out + ([("h2", "Checks"), ("checks", laid.checks)] if laid.checks is not None else [])
+    out += [("figure", p) for p in rest]
+    return out + ([] if any(s.checks is not None for s in sections) else [("h2", "Checks"), ("checks", tuple(report.checks))])
 
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
