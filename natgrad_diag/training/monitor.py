@@ -45,17 +45,14 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         data: (X, Y) for SVGP, or a zero-argument callable returning the current batch; None for VGP.
         gamma, xi_transform: the step length and ξ transform used in training (None: ``XiNat()``).
         raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
-        on_failure: what a guard does with a failed step: "warn" (q(u) stays as the step left it), "raise"
-            (NatGradCheckError with the cause and a γ to use; also on a failed periodic check) or "rollback"
-            (restore q(u) bit for bit, set the optimizer's γ to the one the γ search measured, swallow the step's
-            error and go on; see :mod:`natgrad_diag.training.guard`).
+        on_failure: what a guard does with a failed step: "warn", "raise" (NatGradCheckError with the cause and a γ;
+            also on a failed periodic check) or "rollback" (restore q(u), set γ to the searched one, go on).
         loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
-            1)``; 0.5 allows minibatch noise and a first step from a poor q(u), and catches blow-ups (50× and more
-            on GPflow's heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and NaN.
+            1)``; 0.5 allows minibatch noise and catches blow-ups. ``math.inf`` flags only failures and NaN.
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there (a str
             or os.PathLike; the directory is created now).
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
-            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`loss_value`).
+            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`measure`).
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
             :func:`natgrad_diag.checks.pairs.variational_pairs`).
         gamma_steps: passed to :func:`~natgrad_diag.check_natgrad` (None: its default): the suggested γ is the one
@@ -67,8 +64,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         gamma: the γ the periodic check checks; a guard sets it to its optimizer's γ after every guarded step.
 
     Warns:
-        UserWarning: a q_mu or q_sqrt it watches is trainable (names them and the ``gpflow.set_trainable(..., False)``
-            fix); not for a GPflux DeepGP, whose NatGradModel keeps q(u) out of its Adam step itself.
+        UserWarning: a q_mu or q_sqrt it watches is trainable (names them and the ``gpflow.set_trainable`` fix); not
+            for a GPflux DeepGP, whose NatGradModel keeps q(u) out of its Adam step itself.
     """
 
     def __init__(
@@ -97,8 +94,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self._healthy_run = 0  # healthy guarded steps since γ last changed
         self._checks = 0  # periodic checks run so far
         self._suggestion: float | None = None
-        # a trainable q(u) is moved by an optimizer over model.trainable_variables too; not a GPflux DeepGP's, whose
-        # NatGradModel keeps q(u) out of its Adam step itself and needs it trainable
         if not hasattr(model, "f_layers") and (note := trainable_note(self._pairs)):
             warnings.warn(note, UserWarning, stacklevel=2)
 
@@ -233,7 +228,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
-    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`loss_value`)."""
+    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`measure`)."""
     import tensorflow as tf
 
     fn = monitor.loss_fn
