@@ -13,13 +13,13 @@ reach it. A step that raises inside ``fit`` stops ``fit`` (Keras lets no callbac
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 __all__ = ["NatGradCallback"]  # noqa: F822 (built by __getattr__ on first access)
 
+_CLASS: dict[str, type] = {}  # NatGradCallback, built once
 
-@functools.cache
+
 def _build() -> type:
     from gpflow.keras import tf_keras
 
@@ -62,5 +62,5 @@ def _build() -> type:
 def __getattr__(name: str) -> Any:
     """``NatGradCallback`` derives from tf_keras' Callback: built on first access so that importing this module is light."""
     if name == "NatGradCallback":
-        return _build()
+        return _CLASS.get(name) or _CLASS.setdefault(name, _build())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
