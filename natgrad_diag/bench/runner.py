@@ -61,8 +61,10 @@ def bench_cli(run: Run) -> list[BenchRow]:
                      None if t_help is None or not t_py else t_help / t_py, "≤ 0.3 s", None if t_help is None else t_help <= 0.3)]  # fmt: skip
     t_explain = None if run.quick else time_subprocess(cli_command() + ["--plain"], run.few)
     t_gpflow = None if run.quick else time_subprocess([sys.executable, "-c", "import gpflow"], run.few)
-    ratio, meets, note = ((t_explain / t_gpflow, t_explain <= t_gpflow + 2.0, f"{t_explain - t_gpflow:+.2f} s")
-                          if t_explain is not None and t_gpflow is not None else (None, None, "skipped in --quick" if run.quick else ""))  # fmt: skip
+    ratio, meets, note = (
+        (t_explain / t_gpflow, t_explain <= t_gpflow + 2.0, f"{t_explain - t_gpflow:+.2f} s")
+        if t_explain is not None and t_gpflow is not None else (None, None, "skipped in --quick" if run.quick else "")
+    )
     rows.append(BenchRow(group, "natgrad-diag (explain)", None, t_explain, "python -c 'import gpflow'", t_gpflow, ratio,
                          "≤ import + 2 s", meets, note=note))  # fmt: skip
     return rows

@@ -75,8 +75,8 @@ def _html_lead(block: str) -> str:
     status = block[2:6].lower()
     if not block.startswith("- "):
         return f"<p>{html.escape(block)}</p>"
-    mark = f'<span class="{status}">{block[2:6]}</span>{html.escape(block[6:])}' if status in STATUSES else html.escape(block[2:])
-    return f"<ul><li>{mark}</li></ul>"
+    mark = f'<span class="{status}">{block[2:6]}</span>{html.escape(block[6:])}' if status in STATUSES else None
+    return f"<ul><li>{mark or html.escape(block[2:])}</li></ul>"
 
 
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
@@ -84,11 +84,13 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     status = worst_status(c.status for c in report.checks)
     draw: dict[str, Any] = {
         "h1": lambda t: f"<h1>{e(t)}</h1>", "h2": lambda t: f"<h2>{e(t)}</h2>", "lead": _html_lead,
-        "verdict": lambda t: f'<p>Verdict: <span class="{status}">{e(t)}</span></p>', "para": lambda t: f"<p>{e(t)}</p>",
+        "verdict": lambda t: f'<p>Verdict: <span class="{status}">{e(t)}</span></p>',
+        "para": lambda t: f"<p>{e(t)}</p>",
         "code": lambda t: f"<pre>{e(textwrap.dedent(t))}</pre>", "note": lambda t: f'<p class="note">{e(t)}</p>',
         "table": _html_table, "checks": _html_checks, "figure": _html_figure,
     }  # fmt: skip
-    return "\n".join(['<div class="ngd-report">', *(draw[kind](x) for kind, x in blocks(report, pictures, note)), "</div>"])
+    drawn = [draw[kind](x) for kind, x in blocks(report, pictures, note)]
+    return "\n".join(['<div class="ngd-report">', *drawn, "</div>"])
 
 
 def to_html_fragment(report: Any) -> str:

@@ -58,7 +58,8 @@ def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tu
     out += [("h2", "Pictures")] if rest or note else []
     out += [("note", note)] if note else []
     out += [("figure", p) for p in rest]
-    return out + ([] if any(s.checks is not None for s in sections) else [("h2", "Checks"), ("checks", tuple(report.checks))])
+    carried = any(s.checks is not None for s in sections)
+    return out + ([] if carried else [("h2", "Checks"), ("checks", tuple(report.checks))])
 
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:

@@ -38,9 +38,10 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     draw: dict[str, Any] = {
         "h1": lambda t: f"# {_md(t)}", "h2": lambda t: f"## {_md(t)}", "verdict": lambda t: f"Verdict: **{t}**",
         "lead": _md, "para": _md, "code": lambda t: f"```\n{textwrap.dedent(t)}\n```", "note": lambda t: f"> {_md(t)}",
-        "table": lambda t: (f"*{_md(t.title)}*\n\n" if t.title else "") + _md_table(t.columns, [[_md(c) for c in r] for r in t.rows]),
-        "checks": _md_checks,
-        "figure": lambda p: f"![{_md(p.caption)}]({quote(links[p.name])})\n\n{_md(p.caption)}" if p.name in links else "",
+        "table": lambda t: (f"*{_md(t.title)}*\n\n" if t.title else "")
+        + _md_table(t.columns, [[_md(c) for c in r] for r in t.rows]),
+        "checks": _md_checks, "figure": lambda p: (
+            f"![{_md(p.caption)}]({quote(links[p.name])})\n\n{_md(p.caption)}" if p.name in links else ""),
     }  # fmt: skip
     return "\n\n".join(x for x in (draw[kind](v) for kind, v in blocks(report, pictures, note)) if x) + "\n"
 

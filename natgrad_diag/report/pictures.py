@@ -229,7 +229,8 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
         ax.set_title(data.labels[k], fontsize=9)
         ax.set_xticks(range(4), ["VJP", "naive", "mean", "varsqrt"], fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
-    fig.legend(fig.axes[0].patches[:4], [legend for _, legend in Eta1Comparison.SERIES], loc="outside lower center", ncols=2, fontsize=8)
+    legends = [legend for _, legend in Eta1Comparison.SERIES]
+    fig.legend(fig.axes[0].patches[:4], legends, loc="outside lower center", ncols=2, fontsize=8)
     more = f" (first {n} of {len(data.labels)} elements)" if n < len(data.labels) else ""
     fig.suptitle(f"dL/deta1 per element: the VJP = mean path + varsqrt path, not the naive product{more}", fontsize=10)
     return fig

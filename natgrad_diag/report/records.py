@@ -50,7 +50,7 @@ def wrap(text: str, **kwargs: Any) -> str:
 
 def to_jsonable(value: Any) -> Any:
     """``value`` as strict JSON data: numpy arrays and scalars to Python lists and numbers, recursively; non-finite
-    floats to the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has none), so ``json.dumps(..., allow_nan=False)`` works.
+    floats to the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has none): ``json.dumps(..., allow_nan=False)`` works.
 
     Examples:
         >>> to_jsonable({"x": np.array([1.0, np.inf]), 2: np.float64("nan")})
@@ -211,7 +211,8 @@ class Table:
     def __post_init__(self) -> None:
         for i, row in enumerate(self.rows):
             if len(row) != len(self.columns):
-                raise ValueError(f"Table row {i} has {len(row)} cells, expected {len(self.columns)} (columns {self.columns}).")
+                raise ValueError(
+                    f"Table row {i} has {len(row)} cells, expected {len(self.columns)} (columns {self.columns}).")
 
 
 @dataclass(frozen=True)

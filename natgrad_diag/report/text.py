@@ -110,7 +110,8 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
 
     draw: dict[str, Any] = {
         "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
-        "verdict": verdict_line, "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"), "table": table,
+        "verdict": verdict_line, "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
+        "table": table,
         "checks": lambda checks: console.print(_rich_checks(checks, plain)),
     }  # fmt: skip
     for kind, x in blocks(report):

@@ -60,7 +60,7 @@ def require_step(step: Any) -> int:
 
 
 def read_gamma(optimizer: Any) -> float:
-    """The optimizer's γ as a float (a Python float is not passed through TensorFlow, which would round it to float32)."""
+    """The optimizer's γ as a float (a Python float is not passed through TensorFlow: it would round it to float32)."""
     gamma = optimizer.gamma
     return float(gamma.numpy()) if hasattr(gamma, "numpy") else float(gamma)
 
