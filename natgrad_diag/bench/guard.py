@@ -25,10 +25,8 @@ def _training(M: int, N: int) -> tuple[Any, Any, Any, Any]:
     from gpflow.keras import tf_keras
 
     model, data = svgp(M, N)
-    gpflow.set_trainable(model.kernel, True)
-    gpflow.set_trainable(model.likelihood, True)
-    gpflow.set_trainable(model.q_mu, False)
-    gpflow.set_trainable(model.q_sqrt, False)
+    for part, trainable in ((model.kernel, True), (model.likelihood, True), (model.q_mu, False), (model.q_sqrt, False)):
+        gpflow.set_trainable(part, trainable)
     natgrad, adam = gpflow.optimizers.NaturalGradient(tf.Variable(0.5, dtype=tf.float64)), tf_keras.optimizers.Adam(0.01)
     loss = model.training_loss_closure(data, compile=False)
 
@@ -56,11 +54,7 @@ def bench_guard(run: Run) -> list[BenchRow]:
                 step()
             count[0] += 1
 
-    def unguarded() -> None:
-        for _ in range(_BLOCK):
-            plain_step()
-
-    t_ours, t_base = compare(guarded, unguarded, max(run.repeats, 7))
+    t_ours, t_base = compare(guarded, lambda: [plain_step() for _ in range(_BLOCK)], max(run.repeats, 7))
     records = monitor.guard_records
     run.checks.append(Check("guard_records_every_step", f"the guard recorded each of the {len(records)} timed steps "
                             "healthy and rolled none back", status_of(len(records) == count[0] and all(r.passed for r in records))))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def bench_jacobian(run: Run) -> list[BenchRow]:
     e1, e2 = natgrad_map_fixture(M)
     compiled_tape = tf.function(tape_jacobian)
 
-    def ours() -> Any:  # jacobian()'s own machinery (TensorFlow autodiff), not the closed form
+    def ours() -> Any:
         return natgrad_map_jacobian(e1, e2, method="autodiff")
 
     t_ours, t_comp = compare(ours, lambda: compiled_tape(e1, e2), run.repeats)
@@ -101,12 +102,11 @@ def peak_memory(M: int, how: str) -> None:
 
     compiled_tape = tf.function(tape_jacobian)
     build(6)  # warm up TensorFlow and our code at a small size
-    try:
+    reset = False
+    with contextlib.suppress(OSError):
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
         reset = True
-    except OSError:
-        reset = False
     baseline = status("VmRSS") if reset else status("VmHWM")
     build(M)  # VmHWM keeps its peak
     cols = (M + M * (M + 1) // 2) if how == "vech" else M + M * M
@@ -120,8 +120,8 @@ def bench_memory(run: Run) -> list[BenchRow]:
     names = {"general": "jacobian(), general η₂", "vech": "jacobian(), vech η₂", "tape": "tape.jacobian, compiled"}
     rows = []
     for how in hows:
+        code = f"from natgrad_diag.bench.jacobian import peak_memory; peak_memory({M}, {how!r})"
         try:
-            code = f"from natgrad_diag.bench.jacobian import peak_memory; peak_memory({M}, {how!r})"
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                                  env=subprocess_env(), check=True)  # fmt: skip
             r = json.loads(out.stdout.strip().splitlines()[-1])

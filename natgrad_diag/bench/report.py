@@ -62,10 +62,8 @@ class BenchReport(Report):
             "Ratio = ours / baseline (lower is better) unless marked ×faster. Targets are reported, not enforced."
         )
         sections = [Section("Machine", machine)]
-        groups: dict[str, list[BenchRow]] = {}
-        for r in self.rows:
-            groups.setdefault(r.group, []).append(r)
-        for name, rows in groups.items():
+        for name in dict.fromkeys(r.group for r in self.rows):
+            rows = [r for r in self.rows if r.group == name]
             table = Table(columns=("what", "ours", "baseline", "ratio", "target"), rows=tuple(
                 (
                     SHORT.get(r.what, r.what) + ("" if r.M is None else f", M={r.M}"), fmt_value(r.ours, r.unit),
@@ -96,7 +94,8 @@ SHORT = {
     "_natgrad_apply_gradients": "GPflow", "natgrad_map_jacobian": "jacobian()", "tape.jacobian, compiled": "TF graph",
     "tape.jacobian, eager": "TF eager", "vech Jacobian: time": "vech time", "vech Jacobian: stored size": "vech size",
     "general Jacobian": "general", "jacobian(), general η₂": "ours, general", "jacobian(), vech η₂": "ours, vech",
-    "Jacobian size": "J", "check_natgrad(mode='fast', gamma_steps=1)": "fast check, 1 step", "check_natgrad(mode='fast', defaults)": "fast check", "NaturalGradient step": "GPflow step",
+    "Jacobian size": "J", "check_natgrad(mode='fast', gamma_steps=1)": "fast check, 1 step",
+    "check_natgrad(mode='fast', defaults)": "fast check", "NaturalGradient step": "GPflow step",
     "NaturalGradient apply (natgrad_diag)": "ours, apply", "NaturalGradient (natgrad_diag)": "ours, minimize",
     "NaturalGradient (gpflow)": "GPflow minimize", "filling its array": "np.ones",
     "check_gradients(mode='fast')": "fast gradcheck", "one compiled f and VJP": "f + VJP", "natgrad-diag --help": "--help",
@@ -107,8 +106,6 @@ SHORT = {
 
 def fmt_value(v: float | None, unit: str) -> str:
     """Seconds as ms or s (3 significant digits), bytes as MiB; ``-`` for not measured."""
-    if v is None:
-        return "-"
-    if unit == "bytes":
-        return f"{v / 1024**2:.1f} MiB"
+    if v is None or unit == "bytes":
+        return "-" if v is None else f"{v / 1024**2:.1f} MiB"
     return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"

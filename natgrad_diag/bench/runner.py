@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -31,10 +32,9 @@ def validate_sizes(sizes: Any) -> tuple[int, ...] | None:
 
     if sizes is None:
         return None
-    try:
+    out: tuple[int, ...] = ()
+    with contextlib.suppress(TypeError, ValueError):
         out = tuple(int(s) for s in sizes)
-    except (TypeError, ValueError):
-        out = ()
     if not out or any(s < 2 for s in out) or any(float(s) != float(o) for s, o in zip(out, sizes)):
         raise input_error("sizes must be a list of integers M ≥ 2.", "sizes", "e.g. [50, 200, 1000]", repr(sizes),
                           "pass --sizes 50,200 (comma-separated), or leave it out for the defaults.")  # fmt: skip
@@ -63,8 +63,7 @@ def bench_cli(run: Run) -> list[BenchRow]:
     t_gpflow = None if run.quick else time_subprocess([sys.executable, "-c", "import gpflow"], run.few)
     ratio, meets, note = (
         (t_explain / t_gpflow, t_explain <= t_gpflow + 2.0, f"{t_explain - t_gpflow:+.2f} s")
-        if t_explain is not None and t_gpflow is not None
-        else (None, None, "skipped in --quick" if run.quick else "")
+        if t_explain is not None and t_gpflow is not None else (None, None, "skipped in --quick" if run.quick else "")
     )
     rows.append(BenchRow(group, "natgrad-diag (explain)", None, t_explain, "python -c 'import gpflow'", t_gpflow, ratio,
                          "≤ import + 2 s", meets, note=note))  # fmt: skip
@@ -77,10 +76,9 @@ ROWS = (bench_trace, bench_threads, bench_jacobian, bench_vech, bench_memory, be
 
 
 def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool = False, progress: bool = True) -> BenchReport:
-    """Time natgrad-diag against TensorFlow and GPflow in one run; return the ratios.
-
-    Each measurement warms up ours and the baseline, then alternates ``repeats`` timed calls of each; ratio = the
-    medians' ours / baseline. Targets are reported, never enforced. A comparison that raises gets a row saying so.
+    """Time natgrad-diag against TensorFlow and GPflow in one run: each measurement warms up ours and the baseline,
+    then alternates ``repeats`` timed calls of each; ratio = the medians' ours / baseline. Targets are reported, never
+    enforced. A comparison that raises gets a row saying so.
 
     Args:
         sizes: M for the ``natgrad_trace`` rows (default 50, 200, 1000; ``quick``: 10, 30); the others are fixed.
@@ -88,11 +86,8 @@ def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool 
         quick: a smoke run at small sizes (about a minute); the targets are meant for the full run.
         progress: show a progress bar on a terminal.
 
-    Returns:
-        A frozen :class:`BenchReport` (``to_dict()["ratios"]``); its checks are the correctness of what was timed.
-
-    Raises:
-        InputError: ``sizes`` or ``repeats`` is not valid.
+    Returns a frozen :class:`BenchReport` (``to_dict()["ratios"]``) whose checks are the correctness of what was
+    timed; raises InputError when ``sizes`` or ``repeats`` is not valid.
     """
     from natgrad_diag.progress import progress_bar
 

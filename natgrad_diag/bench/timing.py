@@ -72,9 +72,8 @@ def make_row(group: str, what: str, M: int | None, ours: float | None, base_name
     """The row with ratio ours / baseline (baseline / ours when ``higher_is_better``) and its verdict; ``target=None``
     is a reference row (shown, not judged); ``applies=False`` a target meant for the full sizes ("n/a at this size")."""
     ratio = None if ours is None or base is None or ours <= 0 or base <= 0 else (base / ours if higher_is_better else ours / base)
-    meets = None
-    if ratio is not None and target is not None and applies:
-        meets = ratio >= target if higher_is_better else ratio <= target
+    meets = ((ratio >= target if higher_is_better else ratio <= target)
+             if ratio is not None and target is not None and applies else None)  # fmt: skip
     tgt = "reference" if target is None else f"≥ {target:g}× faster" if higher_is_better else f"≤ {target:g}×"
     return BenchRow(group, what, M, ours, base_name, base, ratio, tgt, meets, note, unit, higher_is_better, applies or target is None)
 
@@ -100,8 +99,7 @@ def random_q(M: int, L: int = 1, seed: int = 0) -> tuple[Array, Array]:
     """q_mu [M, L] ~ N(0, 1) and q_sqrt [L, M, M] = chol(A Aᵀ + I), A ~ N(0, 1/M): κ(S) of a few."""
     rng = np.random.default_rng(seed)
     A = rng.normal(size=(L, M, M)) / np.sqrt(M)
-    S = A @ np.swapaxes(A, -1, -2) + np.eye(M)
-    return rng.normal(size=(M, L)), np.linalg.cholesky(S)
+    return rng.normal(size=(M, L)), np.linalg.cholesky(A @ np.swapaxes(A, -1, -2) + np.eye(M))
 
 
 def subprocess_env() -> dict[str, str]:

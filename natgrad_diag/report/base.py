@@ -1,8 +1,5 @@
-"""The base class of every report: its checks, its layout, and ``str()``/Jupyter output through the renderers.
-
-A report is a frozen dataclass that lists its ``checks`` and lays itself out as ``sections()``; the renderers
-draw every output form from that one layout (they take any object with ``title``, ``checks`` and ``sections()``).
-"""
+"""The base class of every report: its checks, its layout, and ``str()``/Jupyter output through the renderers (which
+draw every output form from ``title``, ``checks`` and ``sections()``)."""
 
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ __all__ = ["Report"]
 
 
 class Report:
-    """Base of every report: ``checks``, ``sections()``, ``to_dict()``, ``passed`` and ``str()``.
-
-    Subclasses are frozen dataclasses that define ``title``, ``checks`` and ``sections()``.
-    """
+    """Base of every report; subclasses are frozen dataclasses that define ``title``, ``checks`` and ``sections()``."""
 
     # Annotations only: a default here would leak into subclasses' dataclass fields.
     title: str
@@ -41,14 +35,13 @@ class Report:
         return {"title": self.title, "status": self.status, "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
 
     def __str__(self) -> str:
-        """The plain-text layout that ``natgrad-diag --plain`` prints (one renderer for both)."""
+        """The plain-text layout that ``natgrad-diag --plain`` prints."""
         from natgrad_diag.report.text import to_terminal
 
         return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
-        """The pictures of this report as ``natgrad_diag.pictures.Picture`` (name, caption, PNG bytes), drawn from
-        what it carries (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace pictures."""
+        """The pictures of this report (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace."""
         from natgrad_diag.report.pictures import report_pictures
 
         return report_pictures(self)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import hashlib
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +24,8 @@ REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown"}
 
 
 def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> str:
-    """``"html"`` or ``"markdown"`` from the extension of ``path``.
-
-    Raises:
-        InputError: ``path`` is not a path, or its extension is not ``.html``, ``.htm`` or ``.md`` (the
-            message names ``argument``).
-    """
+    """``"html"`` or ``"markdown"`` from the extension of ``path``; an InputError naming ``argument`` when ``path`` is
+    not a path or its extension is not ``.html``, ``.htm`` or ``.md``."""
     if not isinstance(path, (str, os.PathLike)):
         raise input_error("the report path must be a file path.", argument,
                           "a str or os.PathLike ending in .html, .htm or .md", type(path).__name__,
@@ -63,7 +60,7 @@ def _file_mode(path: Path) -> int:
 
 
 def _stage(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a new temporary file beside ``path`` (with the mode ``path`` will have); return it."""
+    """A new temporary file beside ``path`` holding ``data``, with the mode ``path`` will have."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -79,10 +76,8 @@ def _stage(path: Path, data: bytes) -> Path:
 
 def _discard(paths: list[Path]) -> None:
     for tmp in paths:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def _short(name: str) -> str:
@@ -98,27 +93,18 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
     try:
         for path, data in files:
             staged.append(_stage(path, data))
-    except BaseException:
-        _discard(staged)
-        raise
-    for k, ((path, _), tmp) in enumerate(zip(files, staged)):
-        try:
+        for (path, _), tmp in zip(files, staged):
             os.replace(tmp, path)
-        except BaseException:
-            _discard(staged[k:])
-            raise
+    except BaseException:
+        _discard(staged)  # those already moved into place are no longer there
+        raise
 
 
 def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "path") -> WrittenReport:
-    """Write ``report`` as a self-contained HTML file or as Markdown with its pictures beside it; a training monitor
-    (``NatGradMonitor``: anything with ``records`` and ``guard_records``) as its training timeline: the loss and γ over
-    the steps with the failed checks and rollbacks marked, and a table of them.
-
-    ``.html``/``.htm`` embed the pictures as base64 PNG; ``.md`` writes ``<stem>-<picture>.png`` beside it,
-    linked relatively. Everything is rendered in memory, then written atomically: a failure leaves any previous
-    report at ``path`` as it was. Without matplotlib the report has no pictures and ``note`` says so.
-
-    ``argument`` names ``path`` in error messages (the CLI passes ``"--report"``). Returns a :class:`WrittenReport`.
+    """Write ``report`` (or a ``NatGradMonitor``'s training timeline) as a self-contained HTML file, pictures embedded
+    as base64 PNG (``.html``/``.htm``), or as Markdown (``.md``) with ``<stem>-<picture>.png`` beside it. Everything is
+    rendered in memory, then written atomically: a failure leaves any previous report at ``path`` as it was. Without
+    matplotlib there are no pictures and ``note`` says so. ``argument`` names ``path`` in error messages.
 
     Raises:
         InputError: the extension is not .html, .htm or .md.
@@ -126,8 +112,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     """
     fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
-    if is_monitor(report):
-        report = timeline_of(report)
+    report = timeline_of(report) if is_monitor(report) else report
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
         raise input_error("only a natgrad-diag report can be written.", "report",
                           "a report (check_natgrad(...), explain_output_gradients(), ...) or a NatGradMonitor", type(report).__name__,

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from natgrad_diag.report.layout import arrange, check_numbers, report_pictures_or_note, text_blocks, verdict
+from natgrad_diag.report.layout import blocks, report_pictures_or_note
 from natgrad_diag.report.records import STATUSES, Check, Table, worst_status
 
 __all__ = ["html_document", "to_html_fragment"]
@@ -24,22 +24,18 @@ _CSS = """
 .ngd-report td.text { overflow-wrap: anywhere; min-width: 12rem; }
 .ngd-report .ngd-scroll { max-width: 100%; overflow-x: auto; }
 .ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
-.ngd-report .pass { color: #1e7b34; font-weight: bold; }
-.ngd-report .fail { color: #b42318; font-weight: bold; }
-.ngd-report .warn { color: #9a6700; font-weight: bold; }
+.ngd-report .pass, .ngd-report .fail, .ngd-report .warn { font-weight: bold; }
+.ngd-report .pass { color: #1e7b34; } .ngd-report .fail { color: #b42318; } .ngd-report .warn { color: #9a6700; }
 .ngd-report .claim { color: #444; }
 .ngd-report .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4rem 0.75rem; }
-.ngd-report figure { margin: 1rem 0; }
-.ngd-report figure img { max-width: 100%; height: auto; }
+.ngd-report figure { margin: 1rem 0; } .ngd-report figure img { max-width: 100%; height: auto; }
 .ngd-report figcaption { font-size: 0.9rem; color: #444; }
 """
 
 
 def _html_table(table: Table) -> str:
     e = html.escape
-    parts = ['<div class="ngd-scroll"><table>']
-    if table.title:
-        parts.append(f"<caption>{e(table.title)}</caption>")
+    parts = ['<div class="ngd-scroll"><table>' + (f"<caption>{e(table.title)}</caption>" if table.title else "")]
     parts.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
     for row in table.rows:
         cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="{"num" if len(cell) <= 24 else "text"}">{e(cell)}</td>'
@@ -57,7 +53,7 @@ def _html_checks(checks: Sequence[Check]) -> str:
     ]
     for c in checks:
         mark = f'<span class="{c.status}">{c.mark}</span>'
-        err, bound = check_numbers(c)
+        err, bound = c.numbers()
         claim = e(c.claim) + (f"<br><small>{e(c.detail)}</small>" if c.detail else "")
         parts.append(
             f"<tr><td>{mark}</td><td><code>{e(c.name)}</code></td><td class=\"claim\">{claim}</td>"
@@ -74,34 +70,27 @@ def _html_figure(p: Any) -> str:
             f"<figcaption>{e(p.caption)}</figcaption></figure>")  # fmt: skip
 
 
+def _html_lead(block: str) -> str:
+    """A line of the answer under the verdict (a NatGradReport's); a list item's PASS/WARN/FAIL marked."""
+    status = block[2:6].lower()
+    if not block.startswith("- "):
+        return f"<p>{html.escape(block)}</p>"
+    mark = f'<span class="{status}">{block[2:6]}</span>{html.escape(block[6:])}' if status in STATUSES else None
+    return f"<ul><li>{mark or html.escape(block[2:])}</li></ul>"
+
+
 def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     e = html.escape
-    parts = ['<div class="ngd-report">', f"<h1>{e(str(report.title))}</h1>"]
-    verdict_class = worst_status(c.status for c in report.checks)
-    parts.append(f'<p>Verdict: <span class="{verdict_class}">{e(verdict(report))}</span></p>')
-    for _, block in text_blocks(getattr(report, "lead", "")):  # the answer under the verdict (a NatGradReport's)
-        status = block[2:6].lower()
-        mark = f'<span class="{status}">{block[2:6]}</span>{e(block[6:])}' if status in STATUSES else e(block[2:])
-        parts.append(f"<ul><li>{mark}</li></ul>" if block.startswith("- ") else f"<p>{e(block)}</p>")
-    laid = arrange(report, pictures)
-    for section, figures in laid.sections:
-        if section.heading:
-            parts.append(f"<h2>{e(section.heading)}</h2>")
-        for kind, block in text_blocks(section.text):
-            parts.append(f"<pre>{e(textwrap.dedent(block))}</pre>" if kind == "code" else f"<p>{e(block)}</p>")
-        parts.extend(_html_table(t) for t in section.tables)
-        if section.checks is not None:
-            parts.append(_html_checks(section.checks))
-        parts.extend(_html_figure(p) for p in figures)
-    if laid.rest or note:
-        parts.append("<h2>Pictures</h2>")
-    if note:
-        parts.append(f'<p class="note">{e(note)}</p>')
-    parts.extend(_html_figure(p) for p in laid.rest)
-    if laid.checks is not None:
-        parts += ["<h2>Checks</h2>", _html_checks(laid.checks)]
-    parts.append("</div>")
-    return "\n".join(parts)
+    status = worst_status(c.status for c in report.checks)
+    draw: dict[str, Any] = {
+        "h1": lambda t: f"<h1>{e(t)}</h1>", "h2": lambda t: f"<h2>{e(t)}</h2>", "lead": _html_lead,
+        "verdict": lambda t: f'<p>Verdict: <span class="{status}">{e(t)}</span></p>',
+        "para": lambda t: f"<p>{e(t)}</p>",
+        "code": lambda t: f"<pre>{e(textwrap.dedent(t))}</pre>", "note": lambda t: f'<p class="note">{e(t)}</p>',
+        "table": _html_table, "checks": _html_checks, "figure": _html_figure,
+    }  # fmt: skip
+    drawn = [draw[kind](x) for kind, x in blocks(report, pictures, note)]
+    return "\n".join(['<div class="ngd-report">', *drawn, "</div>"])
 
 
 def to_html_fragment(report: Any) -> str:

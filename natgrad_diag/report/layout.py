@@ -1,15 +1,13 @@
-"""The layout every output form shares: text blocks, a check's numbers, the verdict line, the pictures."""
+"""The layout every output form shares: text blocks, the verdict line, the pictures."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.exceptions import MissingExtraError
-from natgrad_diag.report.records import Check, Section, format_number
 
-__all__ = ["STATUS_STYLES", "Arranged", "arrange", "check_numbers", "report_pictures_or_note", "text_blocks", "verdict"]
+__all__ = ["STATUS_STYLES", "blocks", "report_pictures_or_note", "text_blocks", "verdict"]
 
 
 #: The terminal colour of each status (PASS green, WARN yellow, FAIL red).
@@ -17,11 +15,8 @@ STATUS_STYLES = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red"
 
 
 def text_blocks(text: str) -> list[tuple[str, str]]:
-    """Split a section's text into ``("para", ...)`` and ``("code", ...)`` blocks.
-
-    Lines indented by a space are code and keep their line breaks; consecutive other lines form one
-    paragraph (reports break their source lines anywhere), except lines that start a list item.
-    """
+    """Split a section's text into ``("para", ...)`` and ``("code", ...)`` blocks: lines indented by a space are code
+    and keep their line breaks; consecutive other lines form one paragraph, except lines that start a list item."""
     blocks: list[tuple[str, str]] = []
     for line in text.splitlines():
         if not line.strip():
@@ -30,25 +25,10 @@ def text_blocks(text: str) -> list[tuple[str, str]]:
         kind = "code" if line.startswith(" ") else "para"
         starts_item = kind == "para" and line.lstrip()[:2] in ("- ", "* ", "• ")
         if blocks and blocks[-1][0] == kind and not starts_item:
-            sep = "\n" if kind == "code" else " "
-            blocks[-1] = (kind, blocks[-1][1] + sep + line)
+            blocks[-1] = (kind, blocks[-1][1] + ("\n" if kind == "code" else " ") + line)
         else:
             blocks.append((kind, line))
     return [b for b in blocks if b[0] != "break"]
-
-
-def check_numbers(check: Check) -> tuple[str, str]:
-    """(max abs error, "≤ tol" / "> tol") as printed in every check table."""
-    if check.max_abs_error is None:
-        return "-", "-"
-    err = format_number(check.max_abs_error)
-    if check.tolerance is None:
-        return err, "-"
-    relation = "≤" if check.max_abs_error <= check.tolerance else ">"  # NaN is not within
-    bound = f"{relation} {format_number(check.tolerance)}"
-    if check.expect_difference:
-        bound += " (must differ)"
-    return err, bound
 
 
 def verdict(report: Any) -> str:
@@ -57,42 +37,37 @@ def verdict(report: Any) -> str:
     failed, warned = statuses.count("fail"), statuses.count("warn")
     if not failed and not warned:
         return "all checks hold."
-    parts = [f"{failed} of {len(statuses)} check(s) FAILED."] if failed else []
-    if warned:
-        parts.append(f"{warned} check(s) inconclusive (WARN).")
-    return " ".join(parts)
+    parts = [f"{failed} of {len(statuses)} check(s) FAILED." if failed else "",
+             f"{warned} check(s) inconclusive (WARN)." if warned else ""]  # fmt: skip
+    return " ".join(p for p in parts if p)
 
 
-@dataclass(frozen=True)
-class Arranged:
-    """A report in the order every output form draws it: each section with the pictures it names, then the
-    pictures no section named (``rest``), then ``checks`` unless a section carries them (None then)."""
-
-    sections: tuple[tuple[Section, tuple[Any, ...]], ...]
-    rest: tuple[Any, ...]
-    checks: tuple[Check, ...] | None
-
-
-def arrange(report: Any, pictures: Sequence[Any] = ()) -> Arranged:
-    """Place ``pictures`` (:class:`~natgrad_diag.pictures.Picture`) in the sections that name them and the checks
-    at the end unless a section carries them."""
+def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tuple[str, Any]]:
+    """The report in the order every output form draws it: ("h1" | "h2" | "verdict" | "lead" | "para" | "code" |
+    "note", text), ("table", Table), ("checks", checks), ("figure", Picture). Each section is followed by the pictures
+    it names; the pictures no section names go under "Pictures", then the checks unless a section carries them."""
     sections = report.sections()
-    named = {n for s in sections for n in s.figures}
-    placed = tuple((s, tuple(p for n in s.figures for p in pictures if p.name == n)) for s in sections)
+    out: list[tuple[str, Any]] = [("h1", str(report.title)), ("verdict", verdict(report))]
+    out += [("lead", block) for _, block in text_blocks(getattr(report, "lead", ""))]
+    for section in sections:
+        out += [("h2", section.heading)] if section.heading else []
+        out += [*text_blocks(section.text), *(("table", t) for t in section.tables)]
+        out += [("checks", section.checks)] if section.checks is not None else []
+        out += [("figure", p) for n in section.figures for p in pictures if p.name == n]
+    rest = [p for p in pictures if p.name not in {n for s in sections for n in s.figures}]
+    out += [("h2", "Pictures")] if rest or note else []
+    out += [("note", note)] if note else []
+    out += [("figure", p) for p in rest]
     carried = any(s.checks is not None for s in sections)
-    return Arranged(placed, tuple(p for p in pictures if p.name not in named), None if carried else tuple(report.checks))
+    return out + ([] if carried else [("h2", "Checks"), ("checks", tuple(report.checks))])
 
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
     """(pictures, note): the report's pictures, or none and a note saying why."""
+    from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY, report_pictures
+
     figures = getattr(report, "figures", None)
     try:
-        if callable(figures):
-            return tuple(figures()), ""
-        from natgrad_diag.report.pictures import report_pictures
-
-        return report_pictures(report), ""
+        return tuple(figures() if callable(figures) else report_pictures(report)), ""
     except MissingExtraError:
-        from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY
-
         return (), f"Pictures are not included: matplotlib is not installed. To add them: {PLOT_EXTRA_REMEDY}."

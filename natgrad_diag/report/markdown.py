@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from natgrad_diag.report.layout import arrange, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import blocks
 
 __all__ = ["to_markdown"]
 
@@ -34,40 +34,22 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
     (:class:`~natgrad_diag.pictures.Picture`) linked by their relative ``image_names`` with their captions, or ``note``
     where they would be (e.g. that matplotlib is missing).
     """
-    parts = [f"# {_md(str(report.title))}", "", f"Verdict: **{verdict(report)}**"]
     links = dict(zip((p.name for p in pictures), image_names))
-
-    def figure(p: Any) -> list[str]:
-        return ["", f"![{_md(p.caption)}]({quote(links[p.name])})", "", _md(p.caption)] if p.name in links else []
-
-    parts += [line for _, block in text_blocks(getattr(report, "lead", "")) for line in ("", _md(block))]
-    laid = arrange(report, pictures)
-    for section, figures in laid.sections:
-        if section.heading:
-            parts += ["", f"## {_md(section.heading)}"]
-        for kind, block in text_blocks(section.text):
-            parts += ["", f"```\n{textwrap.dedent(block)}\n```" if kind == "code" else _md(block)]
-        for table in section.tables:
-            if table.title:
-                parts += ["", f"*{_md(table.title)}*"]
-            parts += ["", _md_table(table.columns, [[_md(c) for c in r] for r in table.rows])]
-        if section.checks is not None:
-            parts += ["", _md_checks(section.checks)]
-        parts += [line for p in figures for line in figure(p)]
-    if laid.rest or note:
-        parts += ["", "## Pictures"]
-    if note:
-        parts += ["", f"> {_md(note)}"]
-    parts += [line for p in laid.rest for line in figure(p)]
-    if laid.checks is not None:
-        parts += ["", "## Checks", "", _md_checks(laid.checks)]
-    return "\n".join([*parts, ""])
+    draw: dict[str, Any] = {
+        "h1": lambda t: f"# {_md(t)}", "h2": lambda t: f"## {_md(t)}", "verdict": lambda t: f"Verdict: **{t}**",
+        "lead": _md, "para": _md, "code": lambda t: f"```\n{textwrap.dedent(t)}\n```", "note": lambda t: f"> {_md(t)}",
+        "table": lambda t: (f"*{_md(t.title)}*\n\n" if t.title else "")
+        + _md_table(t.columns, [[_md(c) for c in r] for r in t.rows]),
+        "checks": _md_checks, "figure": lambda p: (
+            f"![{_md(p.caption)}]({quote(links[p.name])})\n\n{_md(p.caption)}" if p.name in links else ""),
+    }  # fmt: skip
+    return "\n\n".join(x for x in (draw[kind](v) for kind, v in blocks(report, pictures, note)) if x) + "\n"
 
 
 def _md_checks(checks: Sequence[Any]) -> str:
     rows = []
     for c in checks:
-        err, bound = check_numbers(c)
+        err, bound = c.numbers()
         claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
         rows.append([f"**{c.mark}**", f"`{c.name}`", claim, _md(err), _md(bound)])
     return _md_table(["", "check", "claim", "max abs error", "tolerance"], rows)

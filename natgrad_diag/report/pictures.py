@@ -2,8 +2,8 @@
 
 Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
 varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
-element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v and the two paths; the loss after k natural-gradient
-steps against γ; each check's error against its tolerance (when the bars inform). The ``*_data`` functions need no matplotlib.
+element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v; the loss after k steps against γ; a training timeline;
+each check's error against its tolerance. The ``*_data`` functions need no matplotlib.
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ def figure_to_png(fig: Any, *, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-# ---- (1) the Jacobian heatmap ----
-
-
 @dataclass(frozen=True)
 class BlockSpan:
     """One block of rows (an output) or of columns (an input): ``matrix[start:stop]`` belongs to ``name``."""
@@ -114,12 +111,9 @@ class HeatmapData:
 
 
 def _spans(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[BlockSpan, ...]:
-    spans, start = [], 0
-    for name, shape in zip(names, shapes):
-        size = int(np.prod(shape, dtype=np.int64))
-        spans.append(BlockSpan(str(name), tuple(int(d) for d in shape), start, start + size))
-        start += size
-    return tuple(spans)
+    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    return tuple(BlockSpan(str(n), tuple(int(d) for d in shape), start, start + size)
+                 for n, shape, start, size in zip(names, shapes, np.cumsum([0, *sizes]).tolist(), sizes))  # fmt: skip
 
 
 def heatmap_data(jacobian: Any) -> HeatmapData:
@@ -139,22 +133,17 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
 
 
 def plot_jacobian_heatmap(jacobian: Any) -> Any:
-    """A heatmap of a :class:`~natgrad_diag.BlockJacobian` with block boundaries and labels: a
-    ``matplotlib.figure.Figure`` on an Agg canvas (save it with ``fig.savefig``).
-
-    Colours are symmetric about zero (white = 0); a block of zeros (mean–eta2 for GPflow's map) is also
-    marked "all 0". Raises MissingExtraError without matplotlib, InputError for anything but a BlockJacobian.
-    """
+    """A heatmap of a :class:`~natgrad_diag.BlockJacobian` with block boundaries and labels, colours symmetric about
+    zero (white = 0), a block of zeros (mean–eta2 for GPflow's map) marked "all 0": a ``matplotlib.figure.Figure`` on
+    an Agg canvas. Raises MissingExtraError without matplotlib, InputError for anything but a BlockJacobian."""
     data = heatmap_data(jacobian)
-    require_matplotlib()
-    from matplotlib.colors import TwoSlopeNorm
-
     R, C = data.matrix.shape
     side = min(9.0, max(5.0, 0.12 * max(R, C) + 3.0))
     fig = _new_figure(side + 1.5, side)
+    from matplotlib.colors import TwoSlopeNorm
+
     ax = fig.add_subplot()
-    finite = data.matrix[np.isfinite(data.matrix)]
-    vmax = float(np.max(np.abs(finite), initial=0.0)) or 1.0
+    vmax = float(np.max(np.abs(data.matrix[np.isfinite(data.matrix)]), initial=0.0)) or 1.0
     image = ax.imshow(data.matrix, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -vmax, vmax), interpolation="nearest", aspect="auto")
     fig.colorbar(image, ax=ax, shrink=0.8, label="∂ output element / ∂ input element")
     for blocks, line, ticks in ((data.row_blocks, ax.axhline, ax.set_yticks), (data.col_blocks, ax.axvline, ax.set_xticks)):
@@ -165,17 +154,13 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
     ax.xaxis.tick_top()
     for r in data.row_blocks:
         for c in data.col_blocks:
-            block = data.matrix[r.start : r.stop, c.start : c.stop]
-            if not np.any(block):
+            if not np.any(data.matrix[r.start : r.stop, c.start : c.stop]):
                 ax.text((c.start + c.stop - 1) / 2, (r.start + r.stop - 1) / 2, f"∂{r.name}/∂{c.name}\nall 0",
                         ha="center", va="center", fontsize=8, color="0.35")  # fmt: skip
     outs = ", ".join(s.name for s in data.row_blocks)
     ins = ", ".join(s.name for s in data.col_blocks)
     ax.set_xlabel(f"J = ∂({outs}) / ∂({ins}),  {R} × {C}: rows = outputs, columns = inputs")
     return fig
-
-
-# ---- (2) dL/deta1 element by element ----
 
 
 @dataclass(frozen=True)
@@ -197,10 +182,8 @@ class Eta1Comparison:
     varsqrt_path: Array
 
     #: (attribute, legend) in the order drawn.
-    SERIES = (
-        ("vjp", "dL/deta1 = J^T v  (output_gradients)"), ("naive", "naive (J^T 1) * v"), ("mean_path", "mean path"),
-        ("varsqrt_path", "varsqrt path"),
-    )
+    SERIES = (("vjp", "dL/deta1 = J^T v  (output_gradients)"), ("naive", "naive (J^T 1) * v"),
+              ("mean_path", "mean path"), ("varsqrt_path", "varsqrt path"))  # fmt: skip
 
 
 def has_eta1_comparison(report: Any) -> bool:
@@ -218,50 +201,39 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
                           "trace.dL_deta1, naive_product, mean_path, varsqrt_path", type(report).__name__,
                           "pass the result of natgrad_diag.explain_output_gradients().")
     arrays = [np.asarray(a) for a in (report.trace.dL_deta1, report.naive_product, report.mean_path, report.varsqrt_path)]
-    shapes = {a.shape for a in arrays}
-    if len(shapes) != 1:
+    if len({a.shape for a in arrays}) != 1:
         raise input_error("the eta1 series do not have one shape.", "report",
                           "four [M, L] arrays", str([a.shape for a in arrays]),
                           "build the report with explain_output_gradients().")
-    shape = arrays[0].shape
-    labels = tuple(f"eta1[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape))
-    vjp, naive, mean_path, varsqrt_path = (np.array(a, dtype=float).ravel() for a in arrays)
-    return Eta1Comparison(labels, vjp, naive, mean_path, varsqrt_path)
+    labels = tuple(f"eta1[{','.join(map(str, idx))}]" for idx in np.ndindex(*arrays[0].shape))
+    return Eta1Comparison(labels, *(np.array(a, dtype=float).ravel() for a in arrays))
 
 
 def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -> Any:
     """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁
-    (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal.
-
-    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when
-    ``report`` is not an explanation or ``max_charts`` < 1.
-    """
+    (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal: a
+    ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when ``report`` is not an
+    explanation or ``max_charts`` < 1."""
     data = eta1_comparison_data(report)
     if not isinstance(max_charts, int) or max_charts < 1:
         raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts), "pass e.g. max_charts=24.")
-    require_matplotlib()
     n = min(len(data.labels), max_charts)
     ncols = min(n, 5)
     nrows = math.ceil(n / ncols)
     fig = _new_figure(2.3 * ncols + 0.5, 2.3 * nrows + 1.2)
-    colours = ("#1f5fa8", "#c0392b", "#7f8c8d", "#e6a23c")
-    names = [attr for attr, _ in Eta1Comparison.SERIES]
     for k in range(n):
         ax = fig.add_subplot(nrows, ncols, k + 1)
-        values = [getattr(data, attr)[k] for attr in names]
-        ax.bar(range(4), values, color=colours)
+        ax.bar(range(4), [getattr(data, attr)[k] for attr, _ in data.SERIES],
+               color=("#1f5fa8", "#c0392b", "#7f8c8d", "#e6a23c"))  # fmt: skip
         ax.axhline(0.0, color="black", linewidth=0.6)
         ax.set_title(data.labels[k], fontsize=9)
         ax.set_xticks(range(4), ["VJP", "naive", "mean", "varsqrt"], fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
-    handles = [fig.axes[0].patches[i] for i in range(4)]
-    fig.legend(handles, [legend for _, legend in Eta1Comparison.SERIES], loc="outside lower center", ncols=2, fontsize=8)
+    legends = [legend for _, legend in Eta1Comparison.SERIES]
+    fig.legend(fig.axes[0].patches[:4], legends, loc="outside lower center", ncols=2, fontsize=8)
     more = f" (first {n} of {len(data.labels)} elements)" if n < len(data.labels) else ""
     fig.suptitle(f"dL/deta1 per element: the VJP = mean path + varsqrt path, not the naive product{more}", fontsize=10)
     return fig
-
-
-# ---- (3) each check's error against its tolerance ----
 
 
 @dataclass(frozen=True)
@@ -285,16 +257,12 @@ def check_errors_data(report: Any) -> tuple[CheckError, ...]:
 
 def plot_check_errors(report: Any) -> Any:
     """Each numeric check's max abs error (a bar, green when it passes) against its tolerance (a black tick), on a
-    log scale; errors of exactly 0 are drawn at the left edge and labelled "0".
-
-    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when the
-    report has no check with both an error and a tolerance.
-    """
+    log scale, errors of exactly 0 at the left edge: a ``matplotlib.figure.Figure``. Raises MissingExtraError without
+    matplotlib, InputError when the report has no check with both an error and a tolerance."""
     rows = check_errors_data(report)
     if not rows:
         raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
                           "draw this picture only for reports with numeric checks (see check_errors_data).")
-    require_matplotlib()
     values = [v for r in rows for v in (r.max_abs_error, r.tolerance) if np.isfinite(v) and v > 0]
     floor = 10.0 ** (math.floor(math.log10(min(values))) - 2) if values else 1e-18
     top = 10.0 ** (math.ceil(math.log10(max(values))) + 1) if values else 1.0
@@ -302,25 +270,16 @@ def plot_check_errors(report: Any) -> Any:
     ax = fig.add_subplot()
     y = np.arange(len(rows))[::-1]
     for yk, r in zip(y, rows):
-        err = r.max_abs_error if np.isfinite(r.max_abs_error) else top
-        shown = max(err, floor)
-        colour = "#2e8b57" if r.passed else "#c0392b"
-        ax.barh(yk, shown - floor, left=floor, height=0.6, color=colour, alpha=0.8)
+        shown = max(r.max_abs_error if np.isfinite(r.max_abs_error) else top, floor)
+        ax.barh(yk, shown - floor, left=floor, height=0.6, color="#2e8b57" if r.passed else "#c0392b", alpha=0.8)
         ax.plot([r.tolerance], [yk], marker="|", markersize=18, markeredgewidth=2.5, color="black")
         relation = "≤" if r.max_abs_error <= r.tolerance else ">"  # NaN is not within
-        text = f"{'0' if r.max_abs_error == 0 else format_number(r.max_abs_error)} {relation} {format_number(r.tolerance)}"
-        if r.expect_difference:
-            text += "  (must differ)"
-        ax.text(shown * 1.5, yk, text, va="center", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlim(floor, top * 1e3)
+        text = f"{format_number(r.max_abs_error)} {relation} {format_number(r.tolerance)}"
+        ax.text(shown * 1.5, yk, text + ("  (must differ)" if r.expect_difference else ""), va="center", fontsize=8)
+    ax.set(xscale="log", xlim=(floor, top * 1e3), xlabel="max abs error (bar) and tolerance (black tick), log scale")
     ax.set_yticks(y, [r.name for r in rows], fontsize=8)
-    ax.set_xlabel("max abs error (bar) and tolerance (black tick), log scale")
     ax.set_title("Each check's error against its tolerance (green = pass, red = fail)", fontsize=10)
     return fig
-
-
-# ---- (4) the loss after k steps against γ ----
 
 
 @dataclass(frozen=True)
@@ -344,15 +303,10 @@ class GammaCurve:
     steps: int
 
 
-def has_gamma_trials(report: Any) -> bool:
-    """True when ``report`` carries γ trials (a :class:`~natgrad_diag.NatGradReport` whose γ was searched)."""
-    return bool(getattr(report, "gamma_trials", ()))
-
-
 def gamma_curve_data(report: Any) -> GammaCurve:
     """The γ trials of ``report`` (a :class:`~natgrad_diag.NatGradReport`) as :class:`GammaCurve`; an InputError when
     it has none."""
-    if not has_gamma_trials(report):
+    if not getattr(report, "gamma_trials", ()):
         raise input_error("the report has no gamma trials to draw.", "report", "a NatGradReport with gamma_trials",
                           type(report).__name__, "run check_natgrad with gamma_search=True (the default).")
     trials = sorted(report.gamma_trials, key=lambda t: t.gamma)
@@ -366,17 +320,14 @@ def gamma_curve_data(report: Any) -> GammaCurve:
 
 def plot_gamma_losses(report: Any) -> Any:
     """The training loss after k natural-gradient steps against γ (log axis): a line through the healthy trials, the
-    failed ones as red × at the top edge labelled with the step that failed, the suggestion ringed, the γ checked as a
-    dashed line, the loss before any step as a dotted one.
-
-    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError without trials.
-    """
+    failed ones as red × at the top edge labelled with the step that failed, the suggestion ringed, the γ checked
+    dashed, the loss before any step dotted: a ``matplotlib.figure.Figure``. Raises MissingExtraError without
+    matplotlib, InputError without trials."""
     data = gamma_curve_data(report)
-    require_matplotlib()
     fig = _new_figure(7.0, 3.8)
     ax = fig.add_subplot()
-    k = data.steps
-    ax.plot(data.gammas, data.losses, marker="o", color="#1f5fa8", label=f"loss after {k} step{'s' if k > 1 else ''}")
+    k, s = data.steps, "s" if data.steps > 1 else ""
+    ax.plot(data.gammas, data.losses, marker="o", color="#1f5fa8", label=f"loss after {k} step{s}")
     if data.loss_before is not None and math.isfinite(data.loss_before):
         ax.axhline(data.loss_before, linestyle=":", color="0.4", label="loss before any step")
     ax.axvline(data.checked, linestyle="--", color="0.3", label=f"gamma checked = {data.checked:g}")
@@ -394,16 +345,11 @@ def plot_gamma_losses(report: Any) -> Any:
             ax.text(g, 0.88, "failed" if j is None else f"step {j}", transform=edge, ha="center", va="top", fontsize=7, color="#c0392b")
     from matplotlib.ticker import FuncFormatter
 
-    ax.set_xscale("log")
+    ax.set(xscale="log", xlabel="gamma (log scale)", ylabel=f"training loss after {k} step{s}")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda g, _: f"{g:g}"))
-    ax.set_xlabel("gamma (log scale)")
-    ax.set_ylabel(f"training loss after {k} step{'s' if k > 1 else ''}")
-    ax.set_title(f"Loss after {k} natural-gradient step{'s' if k > 1 else ''} with each gamma (lower is better)", fontsize=10)
+    ax.set_title(f"Loss after {k} natural-gradient step{s} with each gamma (lower is better)", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     return fig
-
-
-# ---- (5) a training timeline ----
 
 
 @dataclass(frozen=True)
@@ -457,13 +403,9 @@ def timeline_data(monitor: Any) -> TimelineData:
 
 def plot_training_timeline(monitor: Any) -> Any:
     """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks and failed
-    guarded steps as red × at the top edge, rollbacks as red dashed lines through both panels.
-
-    Returns a ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a
-    monitor.
-    """
+    guarded steps as red × at the top edge, rollbacks as red dashed lines through both panels: a
+    ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a monitor."""
     data = timeline_data(monitor)
-    require_matplotlib()
     fig = _new_figure(8.0, 5.0)
     loss_ax, gamma_ax = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     if data.guard_steps:
@@ -490,16 +432,12 @@ def plot_training_timeline(monitor: Any) -> Any:
         gamma_ax.set_yticks(levels, [f"{g:g}" for g in levels] if len(levels) <= 8 else None)
         gamma_ax.yaxis.set_minor_formatter(NullFormatter())
     loss_ax.set_ylabel("training loss")
-    gamma_ax.set_ylabel("gamma")
-    gamma_ax.set_xlabel("training step")
+    gamma_ax.set(xlabel="training step", ylabel="gamma")
     loss_ax.set_title("Natural-gradient training: loss and gamma over the steps", fontsize=10)
     for ax in (loss_ax, gamma_ax):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="best")
     return fig
-
-
-# ---- dispatch ----
 
 
 @dataclass(frozen=True)
@@ -511,22 +449,20 @@ class Picture:
     png: bytes
 
 
-def _errors_inform(report: Any) -> bool:
-    """The error bars carry information: the report has numeric checks, and on a natural-gradient report (whose
-    errors are mostly 0, its γ picture saying more) one of them failed or is inconclusive."""
-    rows = check_errors_data(report)
-    return bool(rows) and (not hasattr(report, "gamma_trials") or not all(r.passed for r in rows))
-
-
 def picture_kinds(report: Any) -> tuple[str, ...]:
     """The pictures ``report`` has, by what it carries: ``"jacobian"``, ``"eta1"``, ``"gamma"`` (γ trials),
-    ``"checks"`` (only when the bars inform: see :func:`_errors_inform`)."""
+    ``"timeline"`` (a monitor's records) and ``"checks"`` when the error bars inform: numeric checks, and on a
+    natural-gradient report (errors mostly 0, its γ picture saying more) one that failed or is inconclusive."""
     from natgrad_diag.autodiff.blocks import BlockJacobian
 
-    timeline = bool(getattr(report, "records", None) or getattr(report, "guard_records", None))
-    has = (isinstance(getattr(report, "jacobian", None), BlockJacobian), has_eta1_comparison(report), has_gamma_trials(report),
-           timeline, _errors_inform(report))  # fmt: skip
-    return tuple(kind for kind, ok in zip(("jacobian", "eta1", "gamma", "timeline", "checks"), has) if ok)
+    rows = check_errors_data(report)
+    has = {
+        "jacobian": isinstance(getattr(report, "jacobian", None), BlockJacobian), "eta1": has_eta1_comparison(report),
+        "gamma": bool(getattr(report, "gamma_trials", ())),
+        "timeline": bool(getattr(report, "records", None) or getattr(report, "guard_records", None)),
+        "checks": bool(rows) and (not hasattr(report, "gamma_trials") or not all(r.passed for r in rows)),
+    }  # fmt: skip
+    return tuple(kind for kind, ok in has.items() if ok)
 
 
 def _caption(kind: str, report: Any) -> str:

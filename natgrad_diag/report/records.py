@@ -1,6 +1,5 @@
 """Result records at the bottom of the package: a named check, a table, a section, number formatting. Imports nothing
-else of natgrad-diag (and no TensorFlow); the report base class, which knows its renderers, is in ``report.base``.
-"""
+else of natgrad-diag (and no TensorFlow); the report base class, which knows its renderers, is in ``report.base``."""
 
 from __future__ import annotations
 
@@ -50,10 +49,8 @@ def wrap(text: str, **kwargs: Any) -> str:
 
 
 def to_jsonable(value: Any) -> Any:
-    """``value`` as strict JSON data: numpy arrays and scalars to Python lists and numbers, recursively.
-
-    JSON has no NaN or infinity, so non-finite floats become the strings ``"nan"``, ``"inf"`` and
-    ``"-inf"`` (Python's ``str``); ``json.dumps(..., allow_nan=False)`` then always succeeds.
+    """``value`` as strict JSON data: numpy arrays and scalars to Python lists and numbers, recursively; non-finite
+    floats to the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has none): ``json.dumps(..., allow_nan=False)`` works.
 
     Examples:
         >>> to_jsonable({"x": np.array([1.0, np.inf]), 2: np.float64("nan")})
@@ -147,16 +144,20 @@ class Check:
             "expect_difference": self.expect_difference,
         }
 
+    def numbers(self) -> tuple[str, str]:
+        """(max abs error, "≤ tol" / "> tol", with " (must differ)" for an expected difference) as every check table
+        prints them; "-" where there is none."""
+        if self.max_abs_error is None or self.tolerance is None:
+            return ("-" if self.max_abs_error is None else format_number(self.max_abs_error)), "-"
+        relation = "≤" if self.max_abs_error <= self.tolerance else ">"  # NaN is not within
+        bound = f"{relation} {format_number(self.tolerance)}"
+        return format_number(self.max_abs_error), bound + (" (must differ)" if self.expect_difference else "")
+
     def __str__(self) -> str:
-        mark = self.mark
-        nums = ""
-        if self.max_abs_error is not None:
-            nums = f"  (max abs error {format_number(self.max_abs_error)}"
-            if self.tolerance is not None:
-                within = self.max_abs_error <= self.tolerance
-                nums += f" {'≤' if within else '>'} {format_number(self.tolerance)}"
-            nums += ")"
-        text = wrap(f"[{mark}] {self.name}: {self.claim}{nums}", subsequent_indent="       ")
+        err, bound = self.numbers()
+        bound = "" if self.tolerance is None else " " + bound.removesuffix(" (must differ)")
+        nums = "" if self.max_abs_error is None else f"  (max abs error {err}{bound})"
+        text = wrap(f"[{self.mark}] {self.name}: {self.claim}{nums}", subsequent_indent="       ")
         if self.detail:
             text += "\n" + wrap(self.detail, initial_indent="       ", subsequent_indent="       ")
         return text
@@ -211,9 +212,7 @@ class Table:
         for i, row in enumerate(self.rows):
             if len(row) != len(self.columns):
                 raise ValueError(
-                    f"Table row {i} has {len(row)} cells, expected {len(self.columns)} "
-                    f"(columns {self.columns})."
-                )
+                    f"Table row {i} has {len(row)} cells, expected {len(self.columns)} (columns {self.columns}).")
 
 
 @dataclass(frozen=True)

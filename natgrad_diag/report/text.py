@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag.report.layout import STATUS_STYLES, arrange, check_numbers, text_blocks, verdict
+from natgrad_diag.report.layout import STATUS_STYLES, blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
 
 __all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
@@ -79,7 +79,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
         cell.append("\n" + c.claim)
         if c.detail:
             cell.append("\n" + c.detail, style="" if plain else "dim")
-        err, bound = check_numbers(c)
+        err, bound = c.numbers()
         t.add_row(mark, cell, err, bound.replace(" (must differ)", "\n(must differ)"))
     return t
 
@@ -87,39 +87,35 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
 def _print_terminal(report: Any, console: Any, plain: bool) -> None:
     from rich.text import Text
 
-    title = str(report.title)
     style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
-    console.print(Text(title, style="" if plain else "bold"))
-    console.print("=" * min(len(title), console.width))
-    if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
-        console.print(Text(f"Verdict: {verdict(report)}", style=style))
-        for _, block in text_blocks(report.lead):
-            console.print(Text(block, no_wrap=False, overflow="fold"), soft_wrap=False)
-    laid = arrange(report)
 
-    def heading(text: str) -> None:
-        console.print()
-        console.print(Text(text, style="" if plain else "bold underline"))
-        if plain:
-            console.print("-" * min(len(text), console.width))
-
-    for section, _ in laid.sections:
-        if section.heading:
-            heading(section.heading)
-        for kind, block in text_blocks(section.text):
-            code = "cyan" if kind == "code" and not plain else ""
-            console.print(Text(block, style=code, no_wrap=False, overflow="fold"), soft_wrap=False)
-        for table in section.tables:
+    def heading(text: str, level: int) -> None:
+        if level == 2:
             console.print()
-            if fits(table, console.width if plain else console.width - 2):
-                console.print(_rich_table(table, plain, console.width))
-            else:
-                console.print(Text(vertical(table)), soft_wrap=True)
-        if section.checks is not None:
-            console.print(_rich_checks(section.checks, plain))
-    if laid.checks is not None:
-        heading("Checks")
-        console.print(_rich_checks(laid.checks, plain))
+        console.print(Text(text, style="" if plain else ("bold", "bold underline")[level - 1]))
+        if level == 1 or plain:
+            console.print("=-"[level - 1] * min(len(text), console.width))
+
+    def paragraph(block: str, colour: str = "") -> None:
+        console.print(Text(block, style="" if plain else colour, no_wrap=False, overflow="fold"), soft_wrap=False)
+
+    def table(t: Table) -> None:
+        console.print()
+        wide = not fits(t, console.width if plain else console.width - 2)
+        console.print(Text(vertical(t)) if wide else _rich_table(t, plain, console.width), soft_wrap=wide)
+
+    def verdict_line(text: str) -> None:
+        if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
+            console.print(Text(f"Verdict: {text}", style=style))
+
+    draw: dict[str, Any] = {
+        "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
+        "verdict": verdict_line, "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
+        "table": table,
+        "checks": lambda checks: console.print(_rich_checks(checks, plain)),
+    }  # fmt: skip
+    for kind, x in blocks(report):
+        draw[kind](x)
     console.print()
     console.print(Text(f"Verdict: {verdict(report)}", style=style))
 
@@ -135,10 +131,8 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 
 
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
-    """The report as the terminal shows it, lines at most ``width`` columns: title, sections, aligned tables, the checks
-    with PASS/FAIL; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not
-    with ``plain``).
-    """
+    """The report as the terminal shows it, lines at most ``width`` columns; ``plain``: no colour and no table
+    borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
     import io
 
     return render_on(report, console_for(io.StringIO(), plain=plain, width=width, color=color), plain)

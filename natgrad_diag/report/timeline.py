@@ -1,7 +1,5 @@
 """The training timeline of a :class:`~natgrad_diag.NatGradMonitor` as a report: the loss and γ over the steps, the
-failed checks and the rollbacks. Reads the monitor by duck typing (``records``, ``guard_records``, ``gamma``), so
-this module imports nothing of ``natgrad_diag.training``.
-"""
+failed checks and the rollbacks. Reads the monitor by duck typing (``records``, ``guard_records``, ``gamma``)."""
 
 from __future__ import annotations
 
@@ -71,8 +69,8 @@ class TrainingTimeline(Report):
 
     def events(self) -> list[tuple[int, str, str, str, str]]:
         """(step, what, gamma, loss, why) for each failed check, failed guarded step and rollback, by step."""
-        out = [(r.step, "check failed", _g(r.suggested_gamma, "suggested "), _losses(r.loss, r.loss_after), r.detail)
-               for r in self.records if not r.passed]  # fmt: skip
+        out = [(r.step, "check failed", "-" if r.suggested_gamma is None else f"suggested {r.suggested_gamma:g}",
+                _losses(r.loss, r.loss_after), r.detail) for r in self.records if not r.passed]  # fmt: skip
         out += [(r.step, "rolled back" if r.rolled_back else "guard failed",
                  f"{r.gamma_before:g} → {r.gamma_after:g}" if r.gamma_after != r.gamma_before else f"{r.gamma_before:g}",
                  _losses(r.loss_before, r.loss_after), r.cause) for r in self.guard_records if r.status != "ok" or r.rolled_back]  # fmt: skip
@@ -99,19 +97,14 @@ def _steps(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:10])) + (f" and {len(steps) - 10} more" if len(steps) > 10 else "")
 
 
-def _g(gamma: float | None, prefix: str = "") -> str:
-    return "-" if gamma is None else f"{prefix}{gamma:g}"
-
-
 def _losses(before: float | None, after: float | None) -> str:
     return f"{format_number(before, 8)} → {format_number(after, 8)}"
 
 
 def timeline_of(monitor: Any) -> TrainingTimeline:
     """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a timeline as it is."""
-    if isinstance(monitor, TrainingTimeline):
-        return monitor
-    return TrainingTimeline(tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))
+    return monitor if isinstance(monitor, TrainingTimeline) else TrainingTimeline(
+        tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))  # fmt: skip
 
 
 def timeline_html(monitor: Any) -> str:

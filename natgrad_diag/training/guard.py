@@ -1,35 +1,26 @@
-"""The guard around a user's natural-gradient step: snapshot q(u), judge the step, warn, raise or roll back, learn γ.
+"""The guard around a user's natural-gradient step (docs/training.md): snapshot q(u), judge the step, act, learn γ.
 
-``NatGradMonitor.guard(step, optimizer)`` returns a :class:`StepGuard`. On entry it reads every (q_mu, q_sqrt) pair
-once (their unconstrained variables, bit for bit: the snapshot, and whether something else moved q(u) since its last
-exit) and reads γ. The loss before the step is the loss the previous guarded step left when the batch is the same
-object (one compiled loss evaluation per guarded step; the rise is then measured across whatever ran between, e.g.
-an Adam step on the hyperparameters), else it is evaluated. On exit it judges the step:
-
-1. the step raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient raises it when the new q(u) has NaN:
-   its Cholesky or ``check_numerics`` fails);
-2. a new q_mu or q_sqrt is not finite, or a q_sqrt left the positive-definite cone (a diagonal entry ≤ 0);
-3. the loss after the step is not finite;
-4. the loss rose by more than ``loss_increase · max(|loss before|, 1)``.
-
-A failed step is, by ``on_failure``: rolled back ("rollback": q(u) restored bit for bit, the step's error swallowed,
-and each optimizer's γ set to the one :meth:`NatGradMonitor.search` measures on the restored q(u) — one suggestion per
-pair and optimizer for a list of optimizers, one per pair, as GPflux's NatGradModel has — or to the next value of
-:data:`~natgrad_diag.checks.health.GAMMA_GRID` below the failed γ when the search suggests none below it), raised as a
-:class:`~natgrad_diag.exceptions.NatGradCheckError` naming the cause and a γ, or warned about. After
-:data:`RAISE_AFTER` healthy guarded steps in a row the search runs again from the current γ and γ rises to its
-suggestion when that is larger, never above the optimizer's γ when the guard first saw it. ``monitor.gamma`` follows the (first) optimizer's γ. Each exit appends a
-:class:`~natgrad_diag.training.records.GuardRecord` to ``monitor.guard_records``.
+On entry :class:`StepGuard` reads every (q_mu, q_sqrt) pair's unconstrained variables bit for bit (the snapshot, and
+whether something else moved q(u) since its last exit), γ, and the loss before the step: the loss the previous guarded
+step left when the batch is the same object (the rise is then measured across whatever ran between, e.g. an Adam step),
+else evaluated. On exit the step fails when it raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient does
+when the new q(u) has NaN), a new q_mu or q_sqrt is not finite or a q_sqrt diagonal entry is ≤ 0, the loss after it is
+not finite, or the loss rose by more than ``loss_increase · max(|loss before|, 1)``. By ``on_failure`` a failed step
+is warned about, raised as a NatGradCheckError naming the cause and a γ, or rolled back: q(u) restored bit for bit,
+the step's error swallowed, each optimizer's γ set to the suggestion :meth:`NatGradMonitor.search` measures on the
+restored q(u) (one per pair for a list of optimizers) or to the next value of GAMMA_GRID below the failed γ. After
+:data:`RAISE_AFTER` healthy steps in a row γ rises to the search's suggestion when larger, never above the optimizer's
+first guarded γ. ``monitor.gamma`` follows the (first) optimizer's γ; each exit appends a GuardRecord.
 """
 
 from __future__ import annotations
 
 import warnings
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from natgrad_diag._validate import input_error, require_bool, require_int
 from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.training.records import GuardRecord
@@ -41,8 +32,7 @@ __all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem"
 #: What the guard does with a failed step.
 ON_FAILURE = ("warn", "raise", "rollback")
 
-#: Healthy guarded steps in a row after which the guard searches γ again and raises it to the suggestion when that is
-#: larger (never above the optimizer's first guarded γ).
+#: Healthy guarded steps in a row after which the guard searches γ again and raises it to a larger suggestion.
 RAISE_AFTER = 20
 
 _RETRACE = (
@@ -59,10 +49,8 @@ _MOVED = (
 
 
 def require_step(step: Any) -> int:
-    """The training step as an int from 0 to 2⁶³ − 1 (gpflow.monitor keeps it as an int64); a Python or numpy integer,
-    or an integer scalar tensor or tf.Variable (a step counter). Else an InputError naming ``step``."""
-    from natgrad_diag._validate import require_int
-
+    """The training step (a Python or numpy integer, or an integer scalar tensor or tf.Variable) as an int from 0 to
+    2⁶³ − 1, as gpflow.monitor's int64; else an InputError naming ``step``."""
     dtype = getattr(step, "dtype", None)
     if hasattr(step, "numpy") and getattr(dtype, "is_integer", False) and step.shape.rank == 0:
         step = step.numpy()
@@ -72,8 +60,7 @@ def require_step(step: Any) -> int:
 
 
 def read_gamma(optimizer: Any) -> float:
-    """The optimizer's current γ as a float (a Python number, a tensor or a tf.Variable; a Python float is not
-    passed through TensorFlow, which would round it to float32)."""
+    """The optimizer's γ as a float (a Python float is not passed through TensorFlow: it would round it to float32)."""
     gamma = optimizer.gamma
     return float(gamma.numpy()) if hasattr(gamma, "numpy") else float(gamma)
 
@@ -102,29 +89,24 @@ def set_gamma(optimizer: Any, gamma: float) -> bool:
 
 
 def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
-    """Why the current q(u) is not usable ("" when every q_mu is finite and every q_sqrt has a positive finite diagonal).
-
-    ``pairs`` holds (name of q_mu, q_mu, name of q_sqrt, q_sqrt), q_mu [M, L] and q_sqrt [L, M, M].
-    """
+    """Why q(u) is not usable ("" when every q_mu is finite and every q_sqrt has a positive finite diagonal);
+    ``pairs`` holds (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M])."""
     for mu_name, q_mu, sq_name, q_sqrt in pairs:
-        mu, sq = np.asarray(q_mu.numpy()), np.asarray(q_sqrt.numpy())
-        if not np.all(np.isfinite(mu)):
-            return f"{mu_name} has {int(np.sum(~np.isfinite(mu)))} NaN/Inf value(s) after the step"
-        if not np.all(np.isfinite(sq)):
-            return f"{sq_name} has {int(np.sum(~np.isfinite(sq)))} NaN/Inf value(s) after the step"
+        for name, value in ((mu_name, q_mu), (sq_name, q_sqrt)):
+            bad = int(np.sum(~np.isfinite(value.numpy())))
+            if bad:
+                return f"{name} has {bad} NaN/Inf value(s) after the step"
+        sq = np.asarray(q_sqrt.numpy())
         diag = np.diagonal(sq, axis1=-2, axis2=-1)
         if not np.all(diag > 0):
             l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
-            return (
-                f"{sq_name} left the positive-definite cone: {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
-                f"{format_number(float(diag[l_idx, m_idx]))} ≤ 0"
-            )
+            return (f"{sq_name} left the positive-definite cone: {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
+                    f"{format_number(float(diag[l_idx, m_idx]))} ≤ 0")
     return ""
 
 
 def qu_valid(pairs: list[tuple[str, Any, str, Any]]) -> Any:
-    """A boolean tensor: every q_mu and q_sqrt is finite and every q_sqrt has a positive diagonal (what
-    :func:`qu_problem` checks, traceable: the guard runs it in the same compiled call as the loss)."""
+    """:func:`qu_problem`'s test as a traceable boolean tensor (the guard runs it in the loss's compiled call)."""
     import tensorflow as tf
 
     ok = []
@@ -136,11 +118,7 @@ def qu_valid(pairs: list[tuple[str, Any, str, Any]]) -> Any:
 
 def _variables(pairs: list[tuple[str, Any, str, Any]]) -> list[tuple[str, Any]]:
     """(name, unconstrained tf.Variable) of every parameter of the pairs, q_mu then q_sqrt."""
-    return [
-        (n, p.unconstrained_variable)
-        for mu_name, q_mu, sq_name, q_sqrt in pairs
-        for n, p in ((mu_name, q_mu), (sq_name, q_sqrt))
-    ]
+    return [(n, p.unconstrained_variable) for a, mu, b, sq in pairs for n, p in ((a, mu), (b, sq))]
 
 
 def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[Array]:
@@ -152,13 +130,9 @@ class StepGuard:
     """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (see the module docstring)."""
 
     def __init__(self, monitor: Any, step: int, optimizer: Any, *, verify: bool = False) -> None:
-        from natgrad_diag._validate import require_bool
-
         self.verify = require_bool(verify, "verify")
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
-            from natgrad_diag._validate import input_error
-
             raise input_error(
                 "the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
                 "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
@@ -211,16 +185,13 @@ class StepGuard:
             allowed = self.monitor.loss_increase * max(abs(before), 1.0)
             if loss_after - before > allowed:
                 ratio = f" (×{format_number(loss_after / before)})" if before > 0 else ""
-                return (
-                    f"the loss rose from {format_number(before)} to {format_number(loss_after)}{ratio}, more than "
-                    f"loss_increase · max(|loss|, 1) = {format_number(allowed)}"
-                ), loss_after
+                return (f"the loss rose from {format_number(before)} to {format_number(loss_after)}{ratio}, more than "
+                        f"loss_increase · max(|loss|, 1) = {format_number(allowed)}"), loss_after
         return "", loss_after
 
     def _verified(self) -> str:
-        """"" when the step just taken is GPflow's natural-gradient step for every pair, else why not (the mistake it
-        matches): :func:`~natgrad_diag.checks.pairs.verify_step` from the snapshot, one more gradient and one
-        more GPflow update per pair; each optimizer of a list checks its own pair."""
+        """"" when the step was GPflow's natural-gradient step for every pair (each optimizer of a list its own pair),
+        else the mistake :func:`~natgrad_diag.checks.pairs.verify_step` matches from the snapshot."""
         from natgrad_diag.checks.pairs import verify_step
 
         m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
@@ -232,8 +203,7 @@ class StepGuard:
         return "; ".join("the step is not GPflow's natural-gradient step: " + c.detail.partition(" To fix: ")[0] for c in checks if not c.passed)
 
     def _suggestions(self, report: Any) -> list[float | None]:
-        """Each optimizer's suggested γ from a search report (the smallest of the pairs' for one optimizer over
-        several pairs)."""
+        """Each optimizer's suggested γ (the smallest of the pairs' for one optimizer over several pairs)."""
         suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
         if len(suggested) != len(self.optimizers):
             found = [g for g in suggested if g is not None]
@@ -248,9 +218,8 @@ class StepGuard:
         return [s if s is not None and s < g else lower_gamma(g) for s, g in zip(suggested, self.gammas)], report.loss_before
 
     def _raised(self) -> list[float] | None:
-        """After :data:`RAISE_AFTER` healthy steps in a row, below the first guarded γ: the search from the current γ
-        (which can say larger), each γ raised to its suggestion, capped at its first guarded value; None when none
-        rises (a γ is raised only to a value the search measured to train)."""
+        """After :data:`RAISE_AFTER` healthy steps in a row below the first guarded γ: each γ raised to the suggestion
+        of a search from the current γ, capped at its first guarded value; None when none rises."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
         if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
@@ -266,9 +235,7 @@ class StepGuard:
             if new != old and set_gamma(opt, new):
                 warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=3)
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         import tensorflow as tf
 
         m = self.monitor

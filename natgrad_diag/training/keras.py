@@ -1,14 +1,11 @@
 """NatGradCallback: NatGradMonitor's guard around every training batch of a Keras fit (GPflux's NatGradModel).
 
-``gpflux.optimization.NatGradModel.fit`` takes one ``NaturalGradient`` step per ``GPLayer``, then an Adam step.
-The callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when the
-batch ends: the step is judged, recorded in ``monitor.guard_records`` and, with ``on_failure="rollback"``, q(u) of
-every layer restored and each layer's optimizer set to the γ the search measured for its layer (see
-:mod:`natgrad_diag.training.guard`: the same compiled loss, one evaluation per batch, and the same γ learning as the
-guard). Build those optimizers with ``gamma=tf.Variable(...)``: Keras
-compiles the train step, and a Python-number γ changed afterwards does not reach it. A step that raises inside
-``fit`` stops ``fit`` (Keras lets no callback catch it). Imported as ``natgrad_diag.keras``, without importing
-TensorFlow or Keras (the class is built on first access)::
+``gpflux.optimization.NatGradModel.fit`` takes one ``NaturalGradient`` step per ``GPLayer``, then an Adam step. The
+callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when it ends (see
+:mod:`natgrad_diag.training.guard`; a rollback sets each layer's optimizer to its layer's γ). Build those optimizers
+with ``gamma=tf.Variable(...)``: Keras compiles the train step, and a Python-number γ changed afterwards does not
+reach it. A step that raises inside ``fit`` stops ``fit`` (Keras lets no callback catch it). Imported as
+``natgrad_diag.keras`` without importing TensorFlow or Keras (the class is built on first access)::
 
     from natgrad_diag.keras import NatGradCallback
     model.fit(data, epochs=10, callbacks=[NatGradCallback(monitor)])
@@ -20,7 +17,7 @@ from typing import Any
 
 __all__ = ["NatGradCallback"]  # noqa: F822 (built by __getattr__ on first access)
 
-_CLASS: dict[str, type] = {}
+_CLASS: dict[str, type] = {}  # NatGradCallback, built once
 
 
 def _build() -> type:
@@ -44,8 +41,7 @@ def _build() -> type:
                                   "a natgrad_diag.NatGradMonitor", type(monitor).__name__,
                                   "pass NatGradCallback(NatGradMonitor(deep_gp, data, on_failure='rollback')).")  # fmt: skip
             super().__init__()
-            self.monitor, self.optimizers = monitor, optimizers
-            self.step: int = 0
+            self.monitor, self.optimizers, self.step = monitor, optimizers, 0
             self._guard: Any = None
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
@@ -66,7 +62,5 @@ def _build() -> type:
 def __getattr__(name: str) -> Any:
     """``NatGradCallback`` derives from tf_keras' Callback: built on first access so that importing this module is light."""
     if name == "NatGradCallback":
-        if name not in _CLASS:
-            _CLASS[name] = _build()
-        return _CLASS[name]
+        return _CLASS.get(name) or _CLASS.setdefault(name, _build())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,9 @@
-"""``NatGradMonitor``: the cheap natural-gradient checks inside a training loop, as a GPflow monitor task.
-
-The class derives from ``gpflow.monitor.MonitorTask``, so this module imports GPflow (:mod:`natgrad_diag` imports
-it on first access to ``NatGradMonitor``).
-"""
+"""``NatGradMonitor``: the cheap natural-gradient checks inside a training loop, as a ``gpflow.monitor.MonitorTask``
+(so this module imports GPflow; :mod:`natgrad_diag` imports it on first access to ``NatGradMonitor``)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -14,6 +12,7 @@ from gpflow.monitor import MonitorTask
 
 from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.api import validate_gamma_steps
+from natgrad_diag.exceptions import NatGradCheckError
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
@@ -25,7 +24,6 @@ __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
 #: The periodic check searches γ at its first call, every SEARCH_EVERY-th and after a failed record; between, it judges
 #: the checked γ alone (a fast check costs about one step then) and records the last search's suggestion.
 SEARCH_EVERY = 10
-
 
 
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
@@ -47,17 +45,14 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         data: (X, Y) for SVGP, or a zero-argument callable returning the current batch; None for VGP.
         gamma, xi_transform: the step length and ξ transform used in training (None: ``XiNat()``).
         raise_on_failure: raise :class:`~natgrad_diag.exceptions.NatGradCheckError` at the first failed record.
-        on_failure: what a guard does with a failed step: "warn" (q(u) stays as the step left it), "raise"
-            (NatGradCheckError with the cause and a γ to use; also on a failed periodic check) or "rollback"
-            (restore q(u) bit for bit, set the optimizer's γ to the one the γ search measured, swallow the step's
-            error and go on; see :mod:`natgrad_diag.training.guard`).
+        on_failure: what a guard does with a failed step: "warn", "raise" (NatGradCheckError with the cause and a γ;
+            also on a failed periodic check) or "rollback" (restore q(u), set γ to the searched one, go on).
         loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
-            1)``; 0.5 allows minibatch noise and a first step from a poor q(u), and catches blow-ups (50× and more
-            on GPflow's heteroskedastic notebook model at γ = 1). ``math.inf`` flags only failures and NaN.
+            1)``; 0.5 allows minibatch noise and catches blow-ups. ``math.inf`` flags only failures and NaN.
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there (a str
             or os.PathLike; the directory is created now).
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
-            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`loss_value`).
+            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`measure`).
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
             :func:`natgrad_diag.checks.pairs.variational_pairs`).
         gamma_steps: passed to :func:`~natgrad_diag.check_natgrad` (None: its default): the suggested γ is the one
@@ -69,8 +64,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         gamma: the γ the periodic check checks; a guard sets it to its optimizer's γ after every guarded step.
 
     Warns:
-        UserWarning: a q_mu or q_sqrt it watches is trainable (names them and the ``gpflow.set_trainable(..., False)``
-            fix); not for a GPflux DeepGP, whose NatGradModel keeps q(u) out of its Adam step itself.
+        UserWarning: a q_mu or q_sqrt it watches is trainable (names them and the ``gpflow.set_trainable`` fix); not
+            for a GPflux DeepGP, whose NatGradModel keeps q(u) out of its Adam step itself.
     """
 
     def __init__(
@@ -91,7 +86,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.guard_records: list[GuardRecord] = []
         self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
         self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
-        self._left_by_guard: list[Any] | None = None
+        self._left_by_guard: list[Any] | None = None  # the pairs' values the last guarded step left
         self._moved_warned = False
         self._measure: Any = None  # the compiled validity and loss, built at first use
         self._last_loss: tuple[Any, float | None] | None = None  # (batch, loss) the last guarded step left
@@ -99,7 +94,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self._healthy_run = 0  # healthy guarded steps since γ last changed
         self._checks = 0  # periodic checks run so far
         self._suggestion: float | None = None
-        _warn_if_trainable(model, self._pairs)
+        if not hasattr(model, "f_layers") and (note := trainable_note(self._pairs)):
+            warnings.warn(note, UserWarning, stacklevel=2)
 
     _repr_html_ = timeline_html  # the training timeline in a notebook
 
@@ -135,19 +131,14 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         return -self.model.elbo(data)  # a GPflux DeepGP: −ELBO, as GPflow's training_loss
 
     def loss_value(self, data: Any) -> float | None:
-        """The training loss on ``data`` now as a float (None when it is not finite): :meth:`measure`'s."""
+        """The training loss on ``data`` now (None when it is not finite)."""
         return self.measure(data)[1]
 
     def measure(self, data: Any) -> tuple[bool, float | None]:
-        """Whether every q(u) pair is valid (finite, each q_sqrt with a positive diagonal; the details are
-        :func:`~natgrad_diag.training.guard.qu_problem`'s) and the training loss on ``data`` (None when not finite),
-        in one compiled call. Raises what the loss raises.
-
-        The model's own loss is compiled (a ``tf.function``, traced once per data shape). A ``loss_fn`` is compiled
-        when that is safe: two compiled calls and one eager call, made once at the first use, agree to √ε of the
-        loss's dtype (a deterministic loss without Python side effects); it is called eagerly otherwise (a random
-        or batch-drawing loss), and a ``tf.function`` is used as it is.
-        """
+        """Whether every q(u) pair is valid (:func:`~natgrad_diag.training.guard.qu_valid`) and the training loss on
+        ``data`` (None when not finite), in one compiled call; raises what the loss raises. A ``loss_fn`` is compiled
+        only when two compiled calls and one eager call, made at the first use, agree to √ε of its dtype (no Python
+        side effects); it is called eagerly otherwise, and a ``tf.function`` is used as it is."""
         import tensorflow as tf
 
         if self._measure is None:
@@ -197,8 +188,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
-            from natgrad_diag.exceptions import NatGradCheckError
-
             raise NatGradCheckError(
                 f"at training step {step}.", context=[("Record", str(last))],
                 remedy=(f"use gamma = {last.suggested_gamma:g}." if last.suggested_gamma else "use a smaller gamma, or float64."),
@@ -207,11 +196,9 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def check(self, step: int) -> NatGradRecord:
         """Run the cheap checks at ``monitor.gamma`` now and return the record (not appended).
 
-        The γ search runs at the first check, every :data:`SEARCH_EVERY`-th and after a failed record; the other
-        checks judge γ alone (``gamma_search=False``) and record the last search's suggestion (a guard's search after
-        a failed step counts). A GPflux DeepGP or a ``var_list`` gets the pair-by-pair checks, folded into one record
-        (the largest reproduction error, every pair healthy, the smallest suggested γ, the loss after the step when
-        there is one pair).
+        The γ search runs at the first check, every :data:`SEARCH_EVERY`-th and after a failed record; the others
+        judge γ alone and record the last search's suggestion (a guard's counts). The pair-by-pair checks of a GPflux
+        DeepGP or a ``var_list`` fold into one record (largest reproduction error, smallest suggested γ).
         """
         data = self.batch()
         search = self._checks % SEARCH_EVERY == 0 or bool(self.records and not self.records[-1].passed)
@@ -219,17 +206,13 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         report = self.search(data, self.gamma) if search else self._report(data, self.gamma, search=False)
         reports = list(report.pairs) or [report]
         reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
-        failed = [c for c in report.checks if not c.passed]
         return NatGradRecord(
-            step=step,
-            loss=reports[0].loss_before,
-            loss_after=reports[0].loss_after if len(reports) == 1 else None,
+            step=step, loss=reports[0].loss_before, loss_after=reports[0].loss_after if len(reports) == 1 else None,
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
             step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
-            suggested_gamma=self._suggestion,
-            passed=report.passed,
-            detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in failed),
+            suggested_gamma=self._suggestion, passed=report.passed,
+            detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in report.checks if not c.passed),
         )
 
 
@@ -240,14 +223,12 @@ def _folded(report: Any) -> float | None:
 
 
 def _finite(value: Any) -> float | None:
-    import math
-
     value = float(value)
     return value if math.isfinite(value) else None
 
 
 def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
-    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`loss_value`)."""
+    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`measure`)."""
     import tensorflow as tf
 
     fn = monitor.loss_fn
@@ -265,21 +246,7 @@ def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
     return (lambda data: fn()), same
 
 
-def _warn_if_trainable(model: Any, pairs: list[Any]) -> None:
-    """Warn when a watched q_mu or q_sqrt is trainable (an optimizer over ``model.trainable_variables`` moves it too).
-
-    Not for a GPflux DeepGP: GPflux's NatGradModel keeps q(u) out of its Adam step itself and needs it trainable.
-    """
-    if hasattr(model, "f_layers"):
-        return
-    note = trainable_note(pairs)
-    if note:
-        warnings.warn(note, UserWarning, stacklevel=3)
-
-
 def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None:
-    import math
-
     if on_failure not in ON_FAILURE:
         raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
                           "'warn' | 'raise' | 'rollback'", repr(on_failure),

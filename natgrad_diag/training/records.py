@@ -32,12 +32,9 @@ class NatGradRecord:
     detail: str = ""
 
     def __str__(self) -> str:
-        mark = "ok" if self.passed else "FAILED"
         err = "-" if self.reproduction_error is None else f"{self.reproduction_error:.2e}"
-        return (
-            f"step {self.step}: {mark}; loss {self.loss!r} → {self.loss_after!r}; healthy={self.step_healthy}; "
-            f"reproduction error {err}" + (f"; {self.detail}" if self.detail else "")
-        )
+        return (f"step {self.step}: {'ok' if self.passed else 'FAILED'}; loss {self.loss!r} → {self.loss_after!r}; "
+                f"healthy={self.step_healthy}; reproduction error {err}" + (f"; {self.detail}" if self.detail else ""))
 
 
 @dataclass(frozen=True)
@@ -70,14 +67,8 @@ class GuardRecord:
         return self.status == "ok"
 
     def __str__(self) -> str:
-        text = f"step {self.step}: {self.status}; gamma {self.gamma_before:g}"
-        if self.gamma_after != self.gamma_before:
-            text += f" → {self.gamma_after:g}"
-        text += f"; loss {self.loss_before!r} → {self.loss_after!r}"
-        if self.rolled_back:
-            text += "; rolled back"
-        if self.cause:
-            text += f"; {self.cause}"
-        if self.moved_by_other:
-            text += f"; moved by another optimizer: {', '.join(self.moved_by_other)}"
-        return text
+        parts = [f"step {self.step}: {self.status}", f"gamma {self.gamma_before:g}" + (
+            f" → {self.gamma_after:g}" if self.gamma_after != self.gamma_before else ""),
+            f"loss {self.loss_before!r} → {self.loss_after!r}", "rolled back" if self.rolled_back else "", self.cause,
+            f"moved by another optimizer: {', '.join(self.moved_by_other)}" if self.moved_by_other else ""]  # fmt: skip
+        return "; ".join(p for p in parts if p)

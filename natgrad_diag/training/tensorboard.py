@@ -1,9 +1,6 @@
-"""The monitor's TensorBoard scalars, written as gpflow.monitor's TensorBoard tasks write theirs: ``tf.summary.write``
-with the scalar plugin's metadata writes what ``tf.summary.scalar`` writes, without needing the tensorboard package.
-
-The guarded steps and the periodic checks write different tags (``natgrad/check/...`` for the checks), and a tag is
-written once per step: a second value for the same (tag, step) in a row is dropped.
-"""
+"""The monitor's TensorBoard scalars: ``tf.summary.write`` with the scalar plugin's metadata writes what
+``tf.summary.scalar`` writes, without the tensorboard package. A tag is written once per step (a second value for the
+same (tag, step) is dropped); the periodic checks write ``natgrad/check/...``."""
 
 from __future__ import annotations
 
@@ -45,13 +42,12 @@ def log_directory(log_dir: Any) -> str:
 
 
 class ScalarLog:
-    """A ``tf.summary`` file writer in ``log_dir`` (the directory made by :func:`log_directory`; the writer opened on
-    first use), the rollbacks counted so far and the last step written under each tag."""
+    """A ``tf.summary`` file writer in ``log_dir`` (opened on first use), the rollbacks counted so far and the last
+    step written under each tag."""
 
     def __init__(self, log_dir: Any) -> None:
-        self.log_dir = log_directory(log_dir)
+        self.log_dir, self.rollbacks = log_directory(log_dir), 0
         self._writer: Any = None
-        self.rollbacks = 0
         self._last_step: dict[str, int] = {}
 
     def _write(self, step: int, values: dict[str, float | None]) -> None:
