@@ -58,8 +58,7 @@ def _ratio(lo: Array, hi: Array) -> Array:
 def kappa(matrices: Any) -> tuple[float, float, float]:
     """(worst κ, smallest λmin, largest λmax) over symmetric matrices [..., M, M] (κ = λmax/λmin; ∞ if λmin ≤ 0).
 
-    The lower triangle is read (the matrices are symmetric up to rounding). The caller limits BLAS's threads
-    (:func:`~natgrad_diag.step.lapack.one_blas_thread`), as :func:`measure_conditioning` does.
+    The lower triangle is read (symmetric up to rounding); callers limit BLAS's threads (``one_blas_thread``).
     """
     a = np.asarray(matrices, np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
@@ -76,8 +75,8 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     C Cᵀ and Cᵀ C have the same eigenvalues (the squared singular values of C), and LAPACK's ``lauum`` forms
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
-    A factor that is not lower triangular (a user's own pair) is multiplied out instead. The caller limits BLAS's
-    threads, as for :func:`kappa`.
+    A factor that is not lower triangular (a user's own pair) is multiplied out instead. As :func:`kappa`, in the
+    caller's BLAS threads.
     """
     import scipy.linalg
 
@@ -113,10 +112,7 @@ def fisher_condition_estimate(q_mu: Array, q_sqrt: Array, extremes: tuple[Array,
     in the determinant and m = ‖m‖∞, never less than κ(S)² (the θ₂ block alone is S ⊗ S). ``extremes`` are
     λmin(S), λmax(S) [L] when already known (:func:`factor_extremes`).
     """
-    if extremes is None:
-        with one_blas_thread():
-            extremes = factor_extremes(q_sqrt)
-    lo_all, hi_all = extremes
+    lo_all, hi_all = extremes if extremes is not None else factor_extremes(q_sqrt)
     out = 1.0
     for l_ in range(q_sqrt.shape[0]):
         lo, hi = float(lo_all[l_]), float(hi_all[l_])
@@ -204,9 +200,8 @@ def _kuu(model: Any) -> Array | None:
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
     """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F).
 
-    Each matrix is factored once: λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by one
-    symmetric eigenvalue solve per matrix. λ(S) is solved in a second thread meanwhile (LAPACK releases the GIL;
-    each solve runs in one BLAS thread, so the numbers do not depend on the split).
+    λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by symmetric eigenvalue solves; λ(S) in a
+    second thread (LAPACK releases the GIL), every solve in one BLAS thread, so the numbers do not depend on the split.
     """
     from concurrent.futures import ThreadPoolExecutor
 

@@ -677,8 +677,8 @@ class CompiledEvaluator(Evaluator):
         return step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"]))
 
     def _lapack(self, g: dict[str, Any], gamma: float) -> dict[str, Any] | None:
-        """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record, None when it does not apply or
-        refuses the step (γ too long, a singular q_sqrt): the compiled step (:meth:`_ours`) then decides."""
+        """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record; None when it does not apply or
+        refuses the step (γ too long, a singular q_sqrt), and :meth:`_ours`, the compiled step, decides."""
         if self.pieces.lapack_xi is None:
             return None
         try:
@@ -688,9 +688,7 @@ class CompiledEvaluator(Evaluator):
         return {k: rec[k] for k in _KEEP[2:]}
 
     def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
-        """natgrad-diag's compiled step from the gradients ``g``, whose failure is TensorFlow's error."""
-        args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"])
-        return {k: v.numpy() for k, v in self.pieces.ours(*args, gamma).items()}
+        return {k: v.numpy() for k, v in self.pieces.ours(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma).items()}
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
