@@ -58,14 +58,13 @@ def _ratio(lo: Array, hi: Array) -> Array:
 def kappa(matrices: Any) -> tuple[float, float, float]:
     """(worst κ, smallest λmin, largest λmax) over symmetric matrices [..., M, M] (κ = λmax/λmin; ∞ if λmin ≤ 0).
 
-    The lower triangle is read (the matrices are symmetric up to rounding).
+    The lower triangle is read (symmetric up to rounding); callers limit BLAS's threads (``one_blas_thread``).
     """
     a = np.asarray(matrices, np.float64)
     a = a.reshape((-1,) + a.shape[-2:])
     if not np.all(np.isfinite(a)):
         return float("inf"), float("nan"), float("nan")
-    with one_blas_thread():
-        lam = np.stack([_eigvalsh(np.array(m, order="F")) for m in a])  # a copy: LAPACK overwrites its input
+    lam = np.stack([_eigvalsh(np.array(m, order="F")) for m in a])  # a copy: LAPACK overwrites its input
     lo, hi = lam[:, 0], lam[:, -1]
     return float(_ratio(lo, hi).max()), float(lo.min()), float(hi.max())
 
@@ -76,7 +75,8 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     C Cᵀ and Cᵀ C have the same eigenvalues (the squared singular values of C), and LAPACK's ``lauum`` forms
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
-    A factor that is not lower triangular (a user's own pair) is multiplied out instead.
+    A factor that is not lower triangular (a user's own pair) is multiplied out instead. As :func:`kappa`, in the
+    caller's BLAS threads.
     """
     import scipy.linalg
 
@@ -85,9 +85,8 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     lo, hi = np.full(c.shape[0], np.nan), np.full(c.shape[0], np.nan)
     lauum = scipy.linalg.get_lapack_funcs("lauum", (c,))
     upper = np.triu_indices(c.shape[-1], 1)
-    with one_blas_thread():
-        for i, ci in enumerate(c):
-            lo[i], hi[i] = _extremes_of_one(ci, lauum, upper)
+    for i, ci in enumerate(c):
+        lo[i], hi[i] = _extremes_of_one(ci, lauum, upper)
     return lo, hi
 
 
@@ -201,21 +200,26 @@ def _kuu(model: Any) -> Array | None:
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
     """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F).
 
-    Each matrix is factored once: λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by one
-    symmetric eigenvalue solve per matrix.
+    λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by symmetric eigenvalue solves; λ(S) in a
+    second thread (LAPACK releases the GIL), every solve in one BLAS thread, so the numbers do not depend on the split.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
-    lo_S, hi_S = factor_extremes(q_sqrt)
+    new_ok = new_q_sqrt is not None and np.all(np.isfinite(new_q_sqrt))
+    with one_blas_thread(), ThreadPoolExecutor(1) as pool:
+        before = pool.submit(factor_extremes, q_sqrt)
+        K = _kuu(model) if model is not None else None
+        k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
+        lo_N, hi_N = factor_extremes(new_q_sqrt) if new_ok else (None, None)
+        lo_S, hi_S = before.result()
     k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
     m2 = np.sum(q_mu.reshape(-1, lo_S.shape[0]) ** 2, axis=0) if q_mu.size else np.zeros_like(lo_S)  # ‖m_l‖² [L]
     k_eta = float(_ratio(lo_S, hi_S + m2).max())
     k_new, cancel = None, 1.0
-    if new_q_sqrt is not None and np.all(np.isfinite(new_q_sqrt)):
-        lo_N, hi_N = factor_extremes(new_q_sqrt)
+    if lo_N is not None and hi_N is not None:
         k_new, lo_new = float(_ratio(lo_N, hi_N).max()), float(lo_N.min())
         cancel = max(1.0, lo_new / lo) if lo > 0 and lo_new > 0 else float("inf")
-    K = _kuu(model) if model is not None else None
-    k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
     return Conditioning(k_S, k_new, float(cancel), k_K, lo_K, fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S)), False, k_eta)
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -649,38 +650,45 @@ class CompiledEvaluator(Evaluator):
         return self.pieces.steps[False], self.pieces.steps[True]
 
     def take(self) -> tuple[Step, GpflowStep]:
-        """:meth:`Evaluator.take` by the pieces in turn; a piece that raises gives the step's error."""
+        """:meth:`Evaluator.take` by the pieces in turn, the LAPACK record in a second thread beside GPflow's update
+        (numpy releases the GIL, TensorFlow runs in its own threads); a piece that raises gives the step's error."""
         import tensorflow as tf
 
         p, ctx = self.pieces, self.ctx
         gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
         g = {k: v.numpy() for k, v in p.grads(self.data).items()}
         step = Step(loss=float(g["loss"]), **{k: g[k] for k in ("g_mu", "g_sq", "dL_dmean", "dL_dvarsqrt")})
+        with ThreadPoolExecutor(1) as pool:
+            record = pool.submit(self._lapack, g, ctx.gamma)
+            try:
+                gp: dict[str, Any] | str = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
+            except tf.errors.InvalidArgumentError as e:
+                gp = error_line(e)
+            ours = record.result()
         try:
-            step = dataclasses.replace(step, **self._ours(g, gamma))
+            step = dataclasses.replace(step, **(ours if ours is not None else self._ours(g, gamma)))
         except tf.errors.InvalidArgumentError as e:
             step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
         if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
             step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
-        try:
-            gp = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
-        except tf.errors.InvalidArgumentError as e:
+        if isinstance(gp, str):
             self.sync()
-            return step, GpflowStep(None, None, error_line(e))
+            return step, GpflowStep(None, None, gp)
         return step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"]))
 
+    def _lapack(self, g: dict[str, Any], gamma: float) -> dict[str, Any] | None:
+        """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record; None when it does not apply or
+        refuses the step (γ too long, a singular q_sqrt), and :meth:`_ours`, the compiled step, decides."""
+        if self.pieces.lapack_xi is None:
+            return None
+        try:
+            rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma, self.pieces.lapack_xi, full=False)
+        except (StepFailedError, SingularCovarianceError):
+            return None
+        return {k: rec[k] for k in _KEEP[2:]}
+
     def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
-        """natgrad-diag's step from the gradients ``g`` (numpy): the LAPACK record, or, when it refuses the step (γ too
-        long, a singular q_sqrt), the compiled step, whose failure is then TensorFlow's error."""
-        args = (g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"])
-        if self.pieces.lapack_xi is not None:
-            try:
-                rec = natgrad_record_lapack(*args, float(gamma), self.pieces.lapack_xi, full=False)
-            except (StepFailedError, SingularCovarianceError):
-                pass
-            else:
-                return {k: rec[k] for k in _KEEP[2:]}
-        return {k: v.numpy() for k, v in self.pieces.ours(*args, gamma).items()}
+        return {k: v.numpy() for k, v in self.pieces.ours(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma).items()}
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
