@@ -242,10 +242,10 @@ def test_gpflows_private_names__are_used_in_one_module():
     assert {n: u for n, u in users.items() if u and n != "natgrad_diag._gpflow"} == {}
 
 
-#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py. 13,000 when the new
-#: layout landed; the look-ahead verdicts and γ search, the learning guard, reports that lead with the answer and the
-#: training timeline, the custom-step check and the validation layer since added about 1,600.
-MAX_PACKAGE_LINES = 15_000
+#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py. The goal is 13,000;
+#: this is where the package stands with every feature kept. Lower it as pieces merge; a feature that needs more
+#: lines makes room first.
+MAX_PACKAGE_LINES = 14_000
 
 
 def test_package__stays_within_its_line_budget():
