@@ -8,8 +8,8 @@ import numpy as np
 
 from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.step import svgp
-from natgrad_diag.bench.timing import Run, compare, max_diff
-from natgrad_diag.report.records import Check, status_of
+from natgrad_diag.bench.timing import Run, compare
+from natgrad_diag.report.records import Check, max_abs_diff, status_of
 
 __all__ = ["bench_guard"]
 
@@ -61,7 +61,7 @@ def bench_guard(run: Run) -> list[BenchRow]:
     scale = max(1.0, float(np.max(np.abs(plain.q_sqrt.numpy()))), float(np.max(np.abs(plain.q_mu.numpy()))))
     run.agree("guarded_training_is_plain_training", f"after the same {count[0]} steps the guarded SVGP's q(u) equals the "
               "unguarded one's (the guard changes nothing on a healthy step)",
-              max_diff((model.q_mu, model.q_sqrt), (plain.q_mu, plain.q_sqrt)) / scale, 1e-10)  # fmt: skip
+              max_abs_diff((model.q_mu, model.q_sqrt), (plain.q_mu, plain.q_sqrt)) / scale, 1e-10)  # fmt: skip
     return [run.row("the training guard with its defaults (SVGP, natural gradients on q(u) + Adam, one tf.function)",
                     "guarded step", M, t_ours / _BLOCK, "compiled NaturalGradient + Adam step", t_base / _BLOCK, 1.5,
                     note=f"N = {N}")]  # fmt: skip

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.bench.report import BenchRow
-from natgrad_diag.bench.timing import Run, compare, make_row, max_diff, random_q, subprocess_env
+from natgrad_diag.bench.timing import Run, compare, make_row, random_q, subprocess_env
 from natgrad_diag.exceptions import error_line
-from natgrad_diag.report.records import Check, status_of
+from natgrad_diag.report.records import Check, max_abs_diff, status_of
 
 __all__ = ["bench_check_gradients_fast", "bench_fill", "bench_jacobian", "bench_memory", "bench_vech"]
 
@@ -54,7 +54,7 @@ def bench_jacobian(run: Run) -> list[BenchRow]:
     t_ours, t_comp = compare(ours, lambda: compiled_tape(e1, e2), run.repeats)
     t_ours2, t_eager = compare(ours, lambda: tape_jacobian(e1, e2), run.few)
     J, ref = ours(), compiled_tape(e1, e2)
-    err = max_diff([J.block(i, j) for i in range(2) for j in range(2)], [b for row in ref for b in row])
+    err = max_abs_diff([J.block(i, j) for i in range(2) for j in range(2)], [b for row in ref for b in row])
     run.agree("jacobian_matches_tape", f"the timed natgrad_map_jacobian (vech η₂, mapped back) equals tape.jacobian "
               f"block by block at M = {M}", err, 1e-9)  # fmt: skip
     group = "jacobian() of the natgrad map vs tape.jacobian"
@@ -73,7 +73,7 @@ def bench_vech(run: Run) -> list[BenchRow]:
     t_v, t_g = compare(lambda: natgrad_map_jacobian(e1, e2), lambda: natgrad_map_jacobian(e1, e2, symmetric=False), run.repeats)
     Jv, Jg = natgrad_map_jacobian(e1, e2), natgrad_map_jacobian(e1, e2, symmetric=False)
     assert Jv.compact is not None and Jg.compact is not None  # the closed form builds from the stored matrix
-    err = max_diff([Jv.block(i, j) for i in range(2) for j in range(2)], [Jg.block(i, j) for i in range(2) for j in range(2)])
+    err = max_abs_diff([Jv.block(i, j) for i in range(2) for j in range(2)], [Jg.block(i, j) for i in range(2) for j in range(2)])
     run.agree("vech_matches_general", f"the vech Jacobian mapped back to general blocks equals the general one at M = {M}", err, 1e-9)
     group = "symmetric (vech) η₂ vs general η₂"
     return [

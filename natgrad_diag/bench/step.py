@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.bench.report import BenchRow
-from natgrad_diag.bench.timing import Run, compare, max_diff, random_q
-from natgrad_diag.report.records import Check, status_of
+from natgrad_diag.bench.timing import Run, compare, random_q
+from natgrad_diag.report.records import Check, max_abs_diff, status_of
 
 __all__ = ["bench_apply", "bench_check_natgrad", "bench_minimize", "bench_threads", "bench_trace"]
 
@@ -41,7 +41,7 @@ def bench_trace(run: Run) -> list[BenchRow]:
         base = tf.function(lambda: natgrad_apply_gradients(opt, g_mu, g_sq, c_mu, c_sq, xi))  # called in this pass only
         trace = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True)
         base()
-        worst = max(worst, max_diff((trace.new_q_mu, trace.new_q_sqrt), (c_mu, c_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        worst = max(worst, max_abs_diff((trace.new_q_mu, trace.new_q_sqrt), (c_mu, c_sq)) / max(1.0, float(np.max(np.abs(sq)))))
         t_ours, t_base = compare(lambda: natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True), base, run.repeats)
         rows.append(run.row("natgrad_trace (LAPACK record) vs GPflow's compiled step", "natgrad_trace", M, t_ours,
                             "_natgrad_apply_gradients", t_base, 0.7 if M >= 1000 else 1.3))  # fmt: skip
@@ -67,7 +67,7 @@ def bench_threads(run: Run) -> list[BenchRow]:
     threads = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1)
     scale = max(1.0, max(float(np.max(np.abs(v))) for v in one.values()))
     run.agree("blas_threads_agree", f"the LAPACK record at M = {M} in one BLAS thread equals the record at the BLAS "
-              f"default ({threads} threads), every key", max_diff(list(one.values()), list(default.values())) / scale, 1e-10)  # fmt: skip
+              f"default ({threads} threads), every key", max_abs_diff(list(one.values()), list(default.values())) / scale, 1e-10)  # fmt: skip
     t_one, t_default = compare(lambda: record(True), lambda: record(False), run.repeats)
     return [run.row("the LAPACK record's BLAS threads (natgrad_trace's path, XiNat)", "LAPACK record, 1 BLAS thread", M,
                     t_one, "BLAS default threads", t_default, None, note=f"default here = {threads} threads")]  # fmt: skip
@@ -90,7 +90,7 @@ def bench_apply(run: Run) -> list[BenchRow]:
         ours = tf.function(lambda: opt.apply_natgrad(g_mu, g_sq, o_mu, o_sq, xi))  # called in this pass only
         base = tf.function(lambda: natgrad_apply_gradients(gp, g_mu, g_sq, b_mu, b_sq, xi))
         ours(), base()
-        worst = max(worst, max_diff((o_mu, o_sq), (b_mu, b_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        worst = max(worst, max_abs_diff((o_mu, o_sq), (b_mu, b_sq)) / max(1.0, float(np.max(np.abs(sq)))))
         t_ours, t_base = compare(ours, base, run.repeats)
         rows.append(run.row("the natural-gradient apply step alone (same gradients, both compiled, XiNat)",
                             "NaturalGradient apply (natgrad_diag)", M, t_ours, "_natgrad_apply_gradients", t_base, 0.6))  # fmt: skip
@@ -129,7 +129,7 @@ def bench_minimize(run: Run) -> list[BenchRow]:
     steps[0](), steps[1]()
     scale = max(1.0, float(np.max(np.abs(b.q_sqrt.numpy()))), float(np.max(np.abs(b.q_mu.numpy()))))
     run.agree("minimize_matches_gpflow", f"one step of natgrad_diag.NaturalGradient gives GPflow's q_mu and q_sqrt on "
-              f"the same SVGP (M = {M}, N = {N})", max_diff((a.q_mu, a.q_sqrt), (b.q_mu, b.q_sqrt)) / scale, 1e-9)  # fmt: skip
+              f"the same SVGP (M = {M}, N = {N})", max_abs_diff((a.q_mu, a.q_sqrt), (b.q_mu, b.q_sqrt)) / scale, 1e-9)  # fmt: skip
     t_ours, t_base = compare(steps[0], steps[1], run.few)
     return [run.row("one whole compiled NaturalGradient.minimize step (SVGP, XiNat)", "NaturalGradient (natgrad_diag)",
                     M, t_ours, "NaturalGradient (gpflow)", t_base, 0.8, note=f"N = {N}")]  # fmt: skip

@@ -19,7 +19,7 @@ from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["Run", "cli_command", "compare", "machine_info", "make_row", "max_diff", "random_q", "subprocess_env", "time_subprocess"]
+__all__ = ["Run", "cli_command", "compare", "machine_info", "make_row", "random_q", "subprocess_env", "time_subprocess"]
 
 
 @dataclasses.dataclass
@@ -76,15 +76,6 @@ def make_row(group: str, what: str, M: int | None, ours: float | None, base_name
              if ratio is not None and target is not None and applies else None)  # fmt: skip
     tgt = "reference" if target is None else f"≥ {target:g}× faster" if higher_is_better else f"≤ {target:g}×"
     return BenchRow(group, what, M, ours, base_name, base, ratio, tgt, meets, note, unit, higher_is_better, applies or target is None)
-
-
-def max_diff(got: Sequence[Any], want: Sequence[Any]) -> float:
-    """The largest |got − want| over pairs of arrays, tensors or GPflow Parameters."""
-
-    def arr(x: Any) -> Array:
-        return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-
-    return max(float(np.max(np.abs(arr(a) - arr(b)))) for a, b in zip(got, want))
 
 
 def machine_info() -> dict[str, Any]:

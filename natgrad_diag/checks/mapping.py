@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks.bounds import maxabs, scale
+from natgrad_diag.checks.bounds import maxabs
 from natgrad_diag.checks.evaluator import Run
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
+from natgrad_diag.tolerance import Tolerance
 from natgrad_diag.typing import Array
 
 __all__ = ["is_isometric", "stage"]
@@ -94,7 +95,7 @@ def stage(run: Run) -> Outcome:
         else:
             correct, moving, back = _correct_gradient(param, g, ctx.np_dtype)
             err = maxabs(np.where(moving, gp - correct, 0.0))
-            margins.append((err, ctx.tol.atol + ctx.tol.rtol * scale([correct])))
+            margins.append((err, Tolerance(rtol=ctx.tol.rtol, atol=ctx.tol.atol).bound(correct)))
             kind = "linear isometric" if is_isometric(T) else "not linear isometric"
             parts.append(f"{name}: {type(T).__name__} ({kind}), error {format_number(err)}")
             back_err = format_number(maxabs(back - g))
