@@ -15,6 +15,7 @@ import numpy as np
 from natgrad_diag.exceptions import (
     DTypeMismatchError,
     InputError,
+    NatGradDiagError,
     NonFiniteError,
     OutputGradientsError,
     ShapeMismatchError,
@@ -46,7 +47,6 @@ class ParamParts:
     transform: Any  # a tfp bijector, or None
     watch: Any  # the unconstrained tf.Variable (or the tensor itself)
     unconstrained_shape: tuple[int, ...]
-    parameter: Any  # the object passed in (a gpflow.Parameter, tf.Variable, tensor or array)
 
 
 def param_parts(x: Any, name: str) -> ParamParts:
@@ -56,20 +56,20 @@ def param_parts(x: Any, name: str) -> ParamParts:
 
     if isinstance(x, gpflow.Parameter):
         uv = x.unconstrained_variable
-        return ParamParts(tf.convert_to_tensor(x), x.transform, uv, tuple(uv.shape.as_list()), x)
+        return ParamParts(tf.convert_to_tensor(x), x.transform, uv, tuple(uv.shape.as_list()))
     if isinstance(x, tf.Variable):
-        return ParamParts(tf.convert_to_tensor(x), None, x, tuple(x.shape.as_list()), x)
+        return ParamParts(tf.convert_to_tensor(x), None, x, tuple(x.shape.as_list()))
     try:
         t = tf.convert_to_tensor(x)
     except (TypeError, ValueError) as e:
         raise input_error(f"{name} could not be converted to a tensor.", name, "a gpflow.Parameter, tf.Variable, tensor or array",
                           type(x).__name__, f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.") from e
-    return ParamParts(t, None, t, tuple(t.shape.as_list()), x)
+    return ParamParts(t, None, t, tuple(t.shape.as_list()))
 
 
 def input_error(
-    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[InputError] = InputError, label: str = "Got"
-) -> InputError:
+    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[NatGradDiagError] = InputError, label: str = "Got"
+) -> NatGradDiagError:
     """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got
     (labelled ``label``: "Actual" for a shape)."""
     return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
@@ -158,24 +158,22 @@ def require_same_dtype(x: Any, ref: Any, name: str, ref_name: str) -> None:
                           f"cast {name} to {dtype_name(ref)}; mixing precisions silently loses accuracy.", kind=DTypeMismatchError)
 
 
+_FULL_COVARIANCE = "build the model with q_diag=False (the default) to use natural gradients."
+
+
 def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
     """Check q_mu [M, L] and q_sqrt [L, M, M] agree; return (M, L). q_diag ([M, L]) is refused."""
     mu_shape = tuple(q_mu.value.shape.as_list())
     sq_shape = tuple(q_sqrt.value.shape.as_list())
     if len(mu_shape) != 2:
-        raise ShapeMismatchError(
-            "q_mu must be a matrix [M, L].",
-            context=[("Argument", "q_mu"), ("Expected", "[M, L]"), ("Actual", shape_str(mu_shape))],
-            remedy="pass q_mu with one column per latent GP, e.g. q_mu[:, None] for a single GP.",
-        )
+        raise input_error("q_mu must be a matrix [M, L].", "q_mu", "[M, L]", shape_str(mu_shape),
+                          "pass q_mu with one column per latent GP, e.g. q_mu[:, None] for a single GP.",
+                          kind=ShapeMismatchError, label="Actual")
     M, L = mu_shape
     if len(sq_shape) == 2:
-        raise UnsupportedModelError(
-            "q_sqrt is diagonal ([M, L], q_diag=True); GPflow's NaturalGradient supports only the full "
-            "covariance parametrisation [L, M, M].",
-            context=[("Argument", "q_sqrt"), ("Expected", f"[L, M, M] = {shape_str((L, M, M))}"), ("Actual", shape_str(sq_shape))],
-            remedy="build the model with q_diag=False (the default) to use natural gradients.",
-        )
+        raise input_error("q_sqrt is diagonal ([M, L], q_diag=True); GPflow's NaturalGradient supports only the full "
+                          "covariance parametrisation [L, M, M].", "q_sqrt", f"[L, M, M] = {shape_str((L, M, M))}",
+                          shape_str(sq_shape), _FULL_COVARIANCE, kind=UnsupportedModelError, label="Actual")
     if sq_shape != (L, M, M):
         raise input_error("q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).", "q_sqrt",
                           f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})", shape_str(sq_shape),
@@ -212,11 +210,9 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
     require_float(g, name)
     where = f"{param_name}.unconstrained_variable" if part.transform is not None else param_name
     if tuple(int(d) for d in g.shape) != tuple(part.unconstrained_shape):
-        raise ShapeMismatchError(
-            f"{name} must have the shape of {where}.",
-            context=[("Argument", name), ("Expected", shape_str(part.unconstrained_shape)), ("Actual", shape_str(g.shape))],
-            remedy=f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in unconstrained space.",
-        )
+        raise input_error(f"{name} must have the shape of {where}.", name, shape_str(part.unconstrained_shape),
+                          shape_str(g.shape), f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in "
+                          "unconstrained space.", kind=ShapeMismatchError, label="Actual")
     require_finite(g, name)
     return g
 
@@ -346,11 +342,9 @@ def as_float_tensor(x: Any, name: str) -> Any:
             type(x).__name__, f"pass {name} as a float64 array or tensor (nested lists must be rectangular).",
         ) from e  # fmt: skip
     if not t.dtype.is_floating or t.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
-        raise DTypeMismatchError(
-            f"{name} is {t.dtype.name}: derivatives need a real floating-point input.",
-            context=[("Argument", name), ("Expected", "float64 (or float32)"), ("Got", t.dtype.name)],
-            remedy=f"cast it first, e.g. tf.cast({name}, tf.float64); TensorFlow would return zeros or None for it.",
-        )
+        raise input_error(f"{name} is {t.dtype.name}: derivatives need a real floating-point input.", name,
+                          "float64 (or float32)", t.dtype.name, f"cast it first, e.g. tf.cast({name}, tf.float64); "
+                          "TensorFlow would return zeros or None for it.", kind=DTypeMismatchError)
     return t
 
 
@@ -473,7 +467,7 @@ def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str 
 
 def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
     """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
-    from natgrad_diag.exceptions import NatGradDiagError, error_line
+    from natgrad_diag.exceptions import error_line
 
     try:
         return fn(*xs)
@@ -492,24 +486,23 @@ def validate_model(model: Any) -> None:
     q_mu = getattr(model, "q_mu", None)
     q_sqrt = getattr(model, "q_sqrt", None)
     if not isinstance(model, gpflow.models.GPModel) or not isinstance(q_mu, gpflow.Parameter) or not isinstance(q_sqrt, gpflow.Parameter):
-        raise UnsupportedModelError(
-            "natural gradients need a GPflow model with a variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ).",
-            context=[("Argument", "model"), ("Expected", "gpflow.models.SVGP or gpflow.models.VGP (q_mu and q_sqrt Parameters)"), ("Got", type(model).__name__)],
-            remedy="pass an SVGP or VGP model; GPR and SGPR have no variational parameters to take natural steps on.",
+        raise input_error(
+            "natural gradients need a GPflow model with a variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ).", "model",
+            "gpflow.models.SVGP or gpflow.models.VGP (q_mu and q_sqrt Parameters)", type(model).__name__,
+            "pass an SVGP or VGP model; GPR and SGPR have no variational parameters to take natural steps on.",
+            kind=UnsupportedModelError,
         )
     if getattr(model, "q_diag", False) or len(q_sqrt.shape) == 2:
-        raise UnsupportedModelError(
-            "q_sqrt is diagonal (q_diag=True); GPflow's NaturalGradient supports only the full covariance "
-            "parametrisation q_sqrt [L, M, M].",
-            context=[("Argument", "model.q_sqrt"), ("Expected", "[L, M, M] (q_diag=False)"), ("Actual", f"{list(q_sqrt.shape)} (q_diag=True)")],
-            remedy="build the model with q_diag=False (the default) to use natural gradients.",
-        )
+        raise input_error("q_sqrt is diagonal (q_diag=True); GPflow's NaturalGradient supports only the full "
+                          "covariance parametrisation q_sqrt [L, M, M].", "model.q_sqrt", "[L, M, M] (q_diag=False)",
+                          f"{list(q_sqrt.shape)} (q_diag=True)", _FULL_COVARIANCE, kind=UnsupportedModelError,
+                          label="Actual")
     if len(q_mu.shape) != 2 or len(q_sqrt.shape) != 3 or tuple(q_sqrt.shape) != (q_mu.shape[1], q_mu.shape[0], q_mu.shape[0]):
-        raise UnsupportedModelError(
-            "q_mu and q_sqrt do not have GPflow's shapes q_mu [M, L], q_sqrt [L, M, M].",
-            context=[("Argument", "model.q_mu / model.q_sqrt"), ("Expected", "[M, L] and [L, M, M]"), ("Actual", f"{list(q_mu.shape)} and {list(q_sqrt.shape)}")],
-            remedy="natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
-        )
+        raise input_error("q_mu and q_sqrt do not have GPflow's shapes q_mu [M, L], q_sqrt [L, M, M].",
+                          "model.q_mu / model.q_sqrt",
+                          "[M, L] and [L, M, M]", f"{list(q_mu.shape)} and {list(q_sqrt.shape)}",
+                          "natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
+                          kind=UnsupportedModelError, label="Actual")
     if q_mu.dtype not in (np.float64, np.float32) and getattr(q_mu.dtype, "name", "") not in ("float64", "float32"):
         raise input_error("the model's variational parameters must be float64 or float32.", "model.q_mu",
                           "float64 (or float32)", str(q_mu.dtype),
