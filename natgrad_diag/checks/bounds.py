@@ -183,9 +183,7 @@ def _kuu(model: Any) -> Array | None:
         if isinstance(model, gpflow.models.VGP):
             X = model.data[0]
             KX = model.kernel(X, full_cov=True) if not isinstance(model.kernel, gpflow.kernels.MultioutputKernel) else model.kernel(X, full_cov=True, full_output_cov=False)
-            K = np.asarray(KX)
-            n = K.shape[-1]
-            K_jittered: Array = K + jitter * np.eye(n)
+            K_jittered: Array = np.asarray(KX) + jitter * np.eye(KX.shape[-1])
             return K_jittered
         K = np.asarray(gpflow.covariances.Kuu(model.inducing_variable, model.kernel, jitter=jitter))
     except Exception:  # noqa: BLE001 - an exotic kernel or inducing variable: κ(Kuu) is then not reported
@@ -193,8 +191,7 @@ def _kuu(model: Any) -> Array | None:
     if K.ndim == 4:  # [M, L, M, L]
         M, L = K.shape[0], K.shape[1]
         return K.reshape(M * L, M * L)[None]
-    stack: Array = K if K.ndim == 3 else K[None]
-    return stack
+    return K if K.ndim == 3 else K[None]
 
 
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
@@ -346,7 +343,5 @@ def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str =
     within = bool(err <= bound.total)
     status = "fail" if not within else ("warn" if bound.inconclusive else "pass")
     parts = [detail] if detail else []
-    parts.append(bound.describe())
-    if status == "warn":
-        parts.append(bound.needed())
+    parts += [bound.describe()] + ([bound.needed()] if status == "warn" else [])
     return Check(name=name, claim=claim, status=status, max_abs_error=float(err), tolerance=bound.total, detail="; ".join(parts))

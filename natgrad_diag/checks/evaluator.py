@@ -38,7 +38,7 @@ from natgrad_diag.typing import Array
 
 __all__ = [
     "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "eager_steps", "evaluator",
-    "finite_loss", "float_dtype", "gpflow_update", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
+    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "Trial",
 ]  # fmt: skip
 
@@ -153,21 +153,21 @@ class Run:
 # --- the maths on tensors (eager, or inside a tf.function) ------------------------------------------------------
 
 
-def _grads(loss: Callable[[], Any], q_mu: Any, q_sqrt: Any) -> tuple[Any, Any, Any]:
-    """``loss()`` and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape)."""
+def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[Any]]:
+    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero if unconnected)."""
     import tensorflow as tf
 
-    variables = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(variables)
         value = loss()
-    g_mu, g_sq = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return value, g_mu, g_sq
+    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
 def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
     """The training loss and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape)."""
-    return _grads(lambda: model.training_loss() if data is None else model.training_loss(data), model.q_mu, model.q_sqrt)
+    variables = [model.q_mu.unconstrained_variable, model.q_sqrt.unconstrained_variable]
+    value, (g_mu, g_sq) = gradients(lambda: model.training_loss() if data is None else model.training_loss(data), variables)
+    return value, g_mu, g_sq
 
 
 def _constrained(q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> tuple[Any, Any]:
@@ -196,9 +196,8 @@ def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Contex
 
 
 def _closed(step: Step, model: Any, ctx: Context) -> Step:
-    """``step`` whose new q_mu and q_sqrt are the closed form's (:mod:`natgrad_diag.step.closed_form`) where it applies:
-    arithmetic independent of GPflow's route through η, which ``natgrad_trace`` follows line by line (both would
-    agree while both lose precision), also where the trace failed; the trace's other records stay."""
+    """``step`` with the closed form's new q(u) where it applies (even where the trace failed): arithmetic independent
+    of GPflow's route through η, which ``natgrad_trace`` follows (both would lose precision together)."""
     import tensorflow as tf
 
     xi = step_backend(ctx.xi, model.q_sqrt.transform).xi
@@ -332,7 +331,7 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any], gpflow
                 new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
             _assign(q_mu, new_mu)
             _assign(q_sqrt, new_sq)
-        value, g_mu_new, g_sq_new = _grads(lambda: loss(data), q_mu, q_sqrt)
+        value, (g_mu_new, g_sq_new) = gradients(lambda: loss(data), [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
         return dict(
             new_q_mu=new_mu, new_q_sqrt=new_sq, loss=value, g_mu=g_mu_new, g_sq=g_sq_new,
             q_ok=_looks_healthy(new_mu, new_sq), loss_ok=_all_finite(value), g_ok=_all_finite(g_mu_new) & _all_finite(g_sq_new),
@@ -419,7 +418,6 @@ class Evaluator:
     compares = "natgrad-diag's closed form against GPflow's update, both eager"
 
     def __init__(self, ctx: Context, scratch: Any = None) -> None:
-
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         s = self.scratch

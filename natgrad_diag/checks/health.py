@@ -192,6 +192,5 @@ def stage(run: Run) -> Outcome:
     proven = any(c.name == "reproduction" and c.passed for c in run.earlier)
     suggested, trials = search(ev, step, own, proven) if ctx.search else (own.gamma if own.healthy else None, (own,))
     check = _health_check(ctx, step, own, suggested, trials)
-    loss_after = own.losses[0] if own.losses else None
-    result = HealthResult(loss_after if own.healthy else None, suggested, trials, "" if own.healthy else own.reason)
+    result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)

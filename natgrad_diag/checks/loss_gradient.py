@@ -9,7 +9,6 @@ copy, so the model is never touched.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from natgrad_diag.checks.evaluator import Run
@@ -24,12 +23,8 @@ __all__ = ["random_directions", "stage"]
 def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array, Array]]:
     """``k`` seeded unit directions (d_m [M, L], d_S [L, M, M] lower-triangular), ‖d_m‖² + ‖d_S‖² = 1."""
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(k):
-        d_m, d_S = rng.standard_normal((M, L)), np.tril(rng.standard_normal((L, M, M)))
-        norm = np.sqrt(np.sum(d_m**2) + np.sum(d_S**2))
-        out.append((d_m / norm, d_S / norm))
-    return out
+    raw = [(rng.standard_normal((M, L)), np.tril(rng.standard_normal((L, M, M)))) for _ in range(k)]
+    return [(d_m / norm, d_S / norm) for d_m, d_S in raw for norm in [np.sqrt(np.sum(d_m**2) + np.sum(d_S**2))]]
 
 
 def _bound(dtype: str, loss: float, h: float, analytic: float, fd: float, typical: float) -> float:

@@ -19,8 +19,8 @@ from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, resolve_mode, step_from_gradients,
-    Trial, stepwise, traced,
+    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, resolve_mode,
+    step_from_gradients, Trial, stepwise, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
@@ -89,16 +89,6 @@ def trainable_note(pairs: list[Pair]) -> str:
         f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} trainable: an optimizer over the model's trainable variables "
         f"(e.g. Adam) then moves q(u) too and undoes the natural-gradient step. Exclude them from it: {fix}."
     )
-
-
-def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[Any]]:
-    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero if unconnected)."""
-    import tensorflow as tf
-
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch(variables)
-        value = loss()
-    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
 def pair_context(q_mu: Any, xi: Any, gamma: float, rtol: float | None, atol: float | None, **options: Any) -> Context:
