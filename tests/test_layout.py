@@ -7,6 +7,7 @@ which never runs. An import of ``a.b.c`` also imports the packages ``a`` and ``a
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ def _imported(tree: ast.Module, this: str, is_package: bool) -> set[str]:
     return found
 
 
+@functools.cache  # the source does not change during a run: parse it once for the 26 layering rules
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {}

@@ -115,6 +115,7 @@ class SlightlyOffGaussian(gpflow.likelihoods.Gaussian):
         return super()._variational_expectations(X, scaled(Fmu), Fvar, Y)
 
 
+@pytest.mark.slow
 def test_loss_gradient__a_gradient_0_1_percent_off_is_caught_at_larger_M_in_fast_mode():
     # M = 150: n = 11 475 parameters. A unit random direction's derivative is about ‖∇L‖/√n, so a bound relative
     # to ‖∇L‖ itself would be √n ≈ 107 times too loose and let this gradient pass; the check's bound is relative to

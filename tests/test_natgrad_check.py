@@ -114,7 +114,7 @@ def _loss_at_eta(model, data, eta1: np.ndarray, eta2: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])
-@pytest.mark.parametrize("name,likelihood,L", [("svgp", "gaussian", 1), ("svgp", "bernoulli", 2), ("vgp", "bernoulli", 1)])
+@pytest.mark.parametrize("name,likelihood,L", [("svgp", "gaussian", 1), ("svgp", "bernoulli", 2), pytest.param("vgp", "bernoulli", 1, marks=pytest.mark.slow)])
 def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likelihood, L, mode):
     model, data = make_model(name, likelihood, num_inducing=4, num_latent=L, num_data=6, seed=3)
     d = _data_arg(name, data)
@@ -189,7 +189,7 @@ def test_xi_forward_mode__matches_finite_differences_of_naturals_to_xi(name):
 
 
 @pytest.mark.parametrize("whiten", [True, False], ids=["whiten", "no-whiten"])
-@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("L", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_conjugate_optimality__svgp_reaches_sgpr_bound(whiten, L):
     model, data = make_model("svgp", "gaussian", num_inducing=6, num_latent=L, num_data=15, whiten=whiten, seed=5)
     before = _snapshot(model)
@@ -521,6 +521,7 @@ def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
     _assert_no_nan_numbers(json.loads(json.dumps(report.to_dict())))
 
 
+@pytest.mark.slow
 def test_fast_mode__fisher_is_skipped_above_the_limit_unless_asked():
     model, data = make_model("svgp", "bernoulli", num_inducing=nc.FAST_FISHER_MAX_M + 4, num_data=10)
     report = nc.check_natgrad(model, data, gamma=0.1)

@@ -27,6 +27,7 @@ def _two_svgps():
     return loss, [a, b]
 
 
+@pytest.mark.slow
 def test_check_natgrad__var_list_of_two_pairs_equals_two_single_pair_checks():
     loss, models = _two_svgps()
     pairs = [(m.q_mu, m.q_sqrt) for m in models]
