@@ -7,10 +7,13 @@ import gpflow
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
-from natgrad_diag.checks.api import check_natgrad
+from natgrad_diag._gpflow import read_once
+from natgrad_diag.checks.api import _checking, check_natgrad
 from natgrad_diag.checks.conjugate import keeps_gaussian_maths
-from natgrad_diag.checks.loss_gradient import random_directions
+from natgrad_diag.checks.evaluator import evaluator
+from natgrad_diag.checks.loss_gradient import probes, random_directions
 
 
 class OffGaussian(gpflow.likelihoods.Gaussian):
@@ -135,3 +138,67 @@ def test_loss_gradient__a_gradient_0_1_percent_off_is_caught_at_larger_M_in_fast
     assert c_off.status == "fail" and "wrong_gradient" in [x.name for x in r_off.causes], str(c_off)
     assert c_off.max_abs_error > 100 * c_ok.max_abs_error  # the injected error, not noise
     assert c_off.max_abs_error < 1e-5 * grad_norm  # below rtol·‖∇L‖ (rtol = 1e-5): a bound relative to ‖∇L‖ would pass it
+
+
+def _svgp_with_priors(whiten):
+    """An SVGP whose kernel and likelihood are trainable and carry priors (their log density is in the training
+    loss), not whitened or whitened: the losses the fast check computes in one graph must include all of it."""
+    rng = np.random.RandomState(3)
+    X = rng.rand(40, 2)
+    Y = np.sin(4 * X[:, :1]) + 0.1 * rng.randn(40, 1)
+    kernel = gpflow.kernels.SquaredExponential(lengthscales=[0.4, 0.6])
+    kernel.lengthscales.prior = tfp.distributions.Gamma(np.float64(2.0), np.float64(3.0))
+    likelihood = gpflow.likelihoods.Gaussian(variance=0.1)
+    likelihood.variance.prior = tfp.distributions.LogNormal(np.float64(-2.0), np.float64(1.0))
+    m = gpflow.models.SVGP(kernel, likelihood, X[:8].copy(), num_data=40, whiten=whiten)
+    m.q_mu.assign(0.5 * rng.randn(8, 1))
+    return m, (X, Y)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_fast_take__losses_at_the_probes_and_after_gpflows_step_are_the_models_own(whiten):
+    # The compiled evaluator computes GPflow's update, the loss after it and the loss at the probe points in one
+    # graph whose parameters are read once. Oracles: the model's own training_loss, eagerly, on a deep copy with
+    # q(u) assigned, and GPflow's NaturalGradient optimizer on another copy. Graph and eager kernels may round
+    # differently: rtol 1e-12 (the losses are O(10)-O(100), a few hundred flops per term at ε = 2.2e-16).
+    m, data = _svgp_with_priors(whiten)
+    before = _snapshot(m)
+    with _checking(m, data, 0.1, None, {}) as ctx:
+        ev = evaluator(ctx, compiled=True)
+        points = probes(ev)
+        taken = ev.take(points)
+    assert len(points) == 2 * ev.loss_directions == len(taken.losses)
+    for (q_mu, q_sqrt), loss in zip(points, taken.losses):
+        other = gpflow.utilities.deepcopy(m)
+        other.q_mu.assign(q_mu)
+        other.q_sqrt.assign(q_sqrt)
+        assert loss == pytest.approx(float(other.training_loss(data)), rel=1e-12, abs=0)
+    theirs = gpflow.utilities.deepcopy(m)
+    gpflow.optimizers.NaturalGradient(gamma=0.1).minimize(theirs.training_loss_closure(data), [(theirs.q_mu, theirs.q_sqrt)])
+    assert taken.gp.loss_after == pytest.approx(float(theirs.training_loss(data)), rel=1e-12, abs=0)
+    np.testing.assert_allclose(taken.gp.q_sqrt, theirs.q_sqrt.numpy(), rtol=0, atol=1e-12)
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(before, m.variables))  # read-only
+    assert all("_value" not in vars(p) for p in ev.scratch.parameters)  # the parameters convert as before
+
+
+def test_read_once__two_losses_in_one_graph_read_each_parameter_once_with_the_same_value():
+    # Each use of a gpflow.Parameter reads its variable (a ReadVariableOp Grappler never merges); under read_once
+    # the graph has one read per parameter however often the body uses it. Oracle: the same body without it.
+    m, data = _svgp_with_priors(False)
+    X, Y = (tf.constant(a) for a in data)
+
+    def reads(shared):
+        def body():
+            if not shared:
+                return m.training_loss((X, Y)) + m.training_loss((X, Y))
+            with read_once(m, skip=(m.q_mu, m.q_sqrt)):
+                return m.training_loss((X, Y)) + m.training_loss((X, Y))
+
+        f = tf.function(body)
+        ops = [op.type for op in f.get_concrete_function().graph.get_operations()]
+        return ops.count("ReadVariableOp"), float(f())
+
+    (n_plain, plain), (n_once, once) = reads(False), reads(True)
+    assert n_once < n_plain / 2  # 22 against 52: the second loss reads nothing again but q_mu, q_sqrt
+    assert once == pytest.approx(plain, rel=1e-13, abs=0) and once == pytest.approx(2 * float(m.training_loss((X, Y))), rel=1e-13)
+    assert all("_value" not in vars(p) for p in m.parameters)

@@ -146,7 +146,7 @@ def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
         ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=0.1,
                       tol=nc.natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)  # fmt: skip
         ev = evaluator(ctx, compiled=mode == "fast")
-        step, _ = ev.take()
+        step = ev.take().step
 
         def fisher_check(s):
             return check_fisher_explicit(ev, s, lambda n=1: None).checks[0] if mode == "full" else check_fisher_matrix_free(ev, s)

@@ -37,7 +37,7 @@ from natgrad_diag.checks import conjugate, custom_step, fisher, health, loss_gra
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.causes import FIX, diagnose
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
+    Context, Evaluator, Point, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
 )  # fmt: skip
 from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.checks.pairs import check_pairs, trainable_note, variational_pairs
@@ -66,10 +66,12 @@ MAX_GAMMA_STEPS = 1000
 @dataclass(frozen=True)
 class Stage:
     """One stage of the checks: ``run`` returns what it adds to the report; ``ticks`` its progress-bar ticks beyond
-    the one every stage has."""
+    the one every stage has; ``probes`` the q(u)s where it needs the loss, which the evaluator computes with the step
+    (:meth:`Evaluator.take`) and hands back in ``Run.probes``."""
 
     run: Callable[[Run], Outcome]
     ticks: Callable[[Evaluator], int] = lambda ev: 0
+    probes: Callable[[Evaluator], list[Point]] = lambda ev: []
 
 
 #: The checks, in the order they run and are reported. Adding a check is one oracle module (a ``stage(run) ->
@@ -77,7 +79,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage(reproduction.stage),
     Stage(custom_step.stage),
-    Stage(loss_gradient.stage),
+    Stage(loss_gradient.stage, probes=loss_gradient.probes),
     Stage(fisher.stage, fisher.ticks),
     Stage(xi_forward.stage),
     Stage(lambda run: Outcome(numbers=run.cond.numbers())),  # κ(S), κ(S_new), κ(Kuu), κ(F) among the numbers
@@ -229,9 +231,13 @@ def _checking(model: Any, data: Any, gamma: Any, xi_transform: Any, overrides: d
 
 
 def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport:
-    """The step, then every stage of :data:`STAGES` in turn, as one report."""
-    ctx = ev.ctx
-    step, gp = ev.take()
+    """The step, then every stage of :data:`STAGES` in turn, as one report. The conditioning is measured while GPflow's
+    update runs, and the losses the stages need are computed with it."""
+    ctx, m = ev.ctx, ev.ctx.model
+    asked = [stage.probes(ev) for stage in STAGES]
+    q_mu, q_sqrt = m.q_mu.numpy(), m.q_sqrt.numpy()
+    taken = ev.take([p for points in asked for p in points], lambda step: measure_conditioning(m, q_mu, q_sqrt, step.new_q_sqrt) if step.gradients_finite else None)
+    step, gp, losses = taken.step, taken.gp, iter(taken.losses)
     advance()
     if not step.gradients_finite:
         f32 = ctx.np_dtype == np.float32
@@ -242,11 +248,11 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
         )  # fmt: skip
         check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
-    step = ev.fill_direction(step)
-    cond = measure_conditioning(ctx.model, ctx.model.q_mu.numpy(), ctx.model.q_sqrt.numpy(), step.new_q_sqrt)
+    step, cond = ev.fill_direction(step), taken.meanwhile
     found = Outcome()
-    for stage in STAGES:
-        found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance, found.checks))
+    for stage, points in zip(STAGES, asked):
+        probes = tuple((p, next(losses)) for p in points)
+        found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance, found.checks, probes))
         advance()
     return _report(ctx, mode, step, found, _with_measured_fisher(cond, found))
 
@@ -343,7 +349,7 @@ def assert_natgrad_step_matches_gpflow(
     with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:
         ev = evaluator(dataclasses.replace(ctx, optimizer=optimizer), compiled=False)
         if optimizer is None:
-            step, gp = ev.take()
+            step, gp = (taken := ev.take()).step, taken.gp
         else:  # GPflow's step alone: the optimizer's is compared with it, natgrad-diag's is not needed
             step = step_from_gradients(model.q_mu, model.q_sqrt, *loss_and_grads(model, ctx.data))
             scratch = ev.sync()

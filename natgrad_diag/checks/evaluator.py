@@ -18,15 +18,15 @@ import contextlib
 import dataclasses
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._gpflow import natgrad_apply_gradients, to_constrained
+from natgrad_diag._gpflow import natgrad_apply_gradients, read_once, to_constrained
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
 from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
 from natgrad_diag.report.records import Check, format_number
@@ -37,13 +37,16 @@ from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Run", "Step", "dtype_context", "eager_steps", "evaluator",
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Run", "Step", "Taken", "dtype_context", "eager_steps", "evaluator",
     "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "Trial",
 ]  # fmt: skip
 
 #: (new_q_mu [M, L], new_q_sqrt [L, M, M]) → (usable, why not): the full health test of a trial's q(u).
 Healthy = Callable[[Any, Any], tuple[bool, str]]
+
+#: A q(u) where a check needs the loss: (q_mu [M, L], q_sqrt [L, M, M]).
+Point = tuple[Array, Array]
 
 _DTYPES = {"float64": np.float64, "float32": np.float32}
 
@@ -138,9 +141,20 @@ class GpflowStep:
 
 
 @dataclass(frozen=True)
+class Taken:
+    """What :meth:`Evaluator.take` computed: both steps, the loss at each point asked for (None where not finite),
+    and what ``meanwhile(step)`` returned."""
+
+    step: Step
+    gp: GpflowStep
+    losses: tuple[float | None, ...] = ()
+    meanwhile: Any = None
+
+
+@dataclass(frozen=True)
 class Run:
     """What every stage of a run of the checks sees: the evaluator, both steps, the conditioning, the progress bar,
-    and the checks the stages before it made."""
+    the checks the stages before it made, and the points the stage asked for with the loss at each."""
 
     ev: Evaluator
     step: Step
@@ -148,6 +162,7 @@ class Run:
     cond: Conditioning
     advance: Callable[..., Any]
     earlier: tuple[Check, ...] = ()
+    probes: tuple[tuple[Point, float | None], ...] = ()
 
 
 # --- the maths on tensors (eager, or inside a tf.function) ------------------------------------------------------
@@ -446,7 +461,12 @@ class Evaluator:
 
         return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
 
-    def take(self) -> tuple[Step, GpflowStep]:
+    def take(self, points: Sequence[Point] = (), meanwhile: Callable[[Step], Any] | None = None) -> Taken:
+        """Both steps (:meth:`_steps`), then the loss at each of ``points`` and ``meanwhile(step)``."""
+        step, gp = self._steps()
+        return Taken(step, gp, tuple(self.loss_at(*p) for p in points), meanwhile(step) if meanwhile else None)
+
+    def _steps(self) -> tuple[Step, GpflowStep]:
         """natgrad-diag's eager step on the model's q(u); GPflow's, same gradients, on the scratch copy."""
         ctx, m = self.ctx, self.ctx.model
         loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
@@ -580,12 +600,14 @@ class _Pieces:
                 out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
             return {k: out[k] for k in _KEEP[2:]}
 
-        def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
+        def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any, points: Any) -> dict[str, Any]:
             for src, dst in zip(src_vars, dst_vars):
                 dst.assign(src)
             gamma_var.assign(gamma)
             natgrad_apply_gradients(opt, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, xi)
-            return dict(q_mu=tf.convert_to_tensor(scratch.q_mu), q_sqrt=tf.convert_to_tensor(scratch.q_sqrt), loss_after=loss(data))
+            out = dict(q_mu=tf.convert_to_tensor(scratch.q_mu), q_sqrt=tf.convert_to_tensor(scratch.q_sqrt))
+            with read_once(scratch, skip=(scratch.q_mu, scratch.q_sqrt)):  # one Kuu for every loss
+                return dict(out, loss_after=loss(data), losses=[loss_at(data, *p) for p in points])
 
         def loss_at(data: Any, q_mu: Any, q_sqrt: Any) -> Any:
             scratch.q_mu.assign(q_mu)
@@ -647,32 +669,38 @@ class CompiledEvaluator(Evaluator):
         """The compiled pieces' steps (built once per model), not new eager ones per check."""
         return self.pieces.steps[False], self.pieces.steps[True]
 
-    def take(self) -> tuple[Step, GpflowStep]:
-        """:meth:`Evaluator.take` by the pieces in turn, the LAPACK record in a second thread beside GPflow's update
-        (numpy releases the GIL, TensorFlow runs in its own threads); a piece that raises gives the step's error."""
+    def take(self, points: Sequence[Point] = (), meanwhile: Callable[[Step], Any] | None = None) -> Taken:
+        """:meth:`Evaluator.take` by the pieces: the gradients, then GPflow's update with the loss after it and at
+        ``points`` (one graph, one Kuu) in a second thread while this one takes the LAPACK record and runs ``meanwhile``
+        (numpy releases the GIL, TensorFlow runs in its own threads). Without the LAPACK record, the compiled step
+        waits for GPflow's: two graphs at once are slower on 2 cores. A piece that raises gives the step's error."""
         import tensorflow as tf
 
         p, ctx = self.pieces, self.ctx
-        gamma = tf.constant(ctx.gamma, dtype=ctx.model.q_mu.dtype)
+        dtype = ctx.model.q_mu.dtype
+        gamma = tf.constant(ctx.gamma, dtype=dtype)
         g = {k: v.numpy() for k, v in p.grads(self.data).items()}
         step = Step(loss=float(g["loss"]), **{k: g[k] for k in ("g_mu", "g_sq", "dL_dmean", "dL_dvarsqrt")})
         with ThreadPoolExecutor(1) as pool:
-            record = pool.submit(self._lapack, g, ctx.gamma)
+            args = (self.data, g["g_mu"], g["g_sq"], gamma, [(tf.constant(a, dtype), tf.constant(b, dtype)) for a, b in points])
+            theirs = pool.submit(lambda: {k: np.asarray(v) for k, v in p.gpflow(*args).items()})
+            ours = self._lapack(g, ctx.gamma)
+            if ours is None:
+                wait([theirs])
             try:
-                gp: dict[str, Any] | str = {k: v.numpy() for k, v in p.gpflow(self.data, g["g_mu"], g["g_sq"], gamma).items()}
+                step = dataclasses.replace(step, **(ours if ours is not None else self._ours(g, gamma)))
             except tf.errors.InvalidArgumentError as e:
-                gp = error_line(e)
-            ours = record.result()
-        try:
-            step = dataclasses.replace(step, **(ours if ours is not None else self._ours(g, gamma)))
-        except tf.errors.InvalidArgumentError as e:
-            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
-        if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
-            step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
-        if isinstance(gp, str):
-            self.sync()
-            return step, GpflowStep(None, None, gp)
-        return step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"]))
+                step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
+            if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
+                step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
+            extra = meanwhile(step) if meanwhile else None
+            try:
+                gp = theirs.result()
+            except tf.errors.InvalidArgumentError as e:
+                self.sync()
+                return Taken(step, GpflowStep(None, None, error_line(e)), tuple(self.loss_at(*q) for q in points), extra)
+        losses = tuple(float(x) if np.isfinite(x) else None for x in gp["losses"])
+        return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses, extra)
 
     def _lapack(self, g: dict[str, Any], gamma: float) -> dict[str, Any] | None:
         """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record; None when it does not apply or

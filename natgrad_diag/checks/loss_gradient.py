@@ -4,20 +4,20 @@ GPflow's step takes dL/dmean [M, L] and dL/dvarsqrt [L, M, M] from the user's mo
 any ``tf.custom_gradient`` in them). Along K random unit directions d = (d_m, d_S) (d_S lower-triangular, the
 structure of q_sqrt) the directional derivative ⟨dL/dmean, d_m⟩ + ⟨dL/dvarsqrt, d_S⟩ must equal the central
 difference (L(q + h·d) − L(q − h·d)) / 2h of the loss on the same data, evaluated by the evaluator on its scratch
-copy, so the model is never touched.
+copy, so the model is never touched. The evaluator computes those losses with the step (:func:`probes` names the points).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from natgrad_diag.checks.evaluator import Run
+from natgrad_diag.checks.evaluator import Evaluator, Point, Run
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import default_tolerance, eps
 from natgrad_diag.typing import Array
 
-__all__ = ["random_directions", "stage"]
+__all__ = ["probes", "random_directions", "stage"]
 
 
 def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array, Array]]:
@@ -25,6 +25,23 @@ def random_directions(M: int, L: int, k: int, seed: int = 0) -> list[tuple[Array
     rng = np.random.default_rng(seed)
     raw = [(rng.standard_normal((M, L)), np.tril(rng.standard_normal((L, M, M)))) for _ in range(k)]
     return [(d_m / norm, d_S / norm) for d_m, d_S in raw for norm in [np.sqrt(np.sum(d_m**2) + np.sum(d_S**2))]]
+
+
+def _step_length(q_sqrt: Array, dtype: str) -> float:
+    """h = ε^(1/3)·min(1, min |diag q_sqrt|) (see :func:`stage`)."""
+    min_diag = float(np.min(np.abs(np.diagonal(q_sqrt, axis1=-2, axis2=-1))))
+    return float(eps(dtype) ** (1.0 / 3.0) * (min(1.0, min_diag) if min_diag > 0 else 1.0))
+
+
+def probes(ev: Evaluator) -> list[Point]:
+    """q + h·d and q − h·d for each of the ``ev.loss_directions`` seeded directions d, in the model's dtype."""
+    ctx = ev.ctx
+    q_mu, q_sqrt = ctx.model.q_mu.numpy().astype(np.float64), ctx.model.q_sqrt.numpy().astype(np.float64)
+    h = _step_length(q_sqrt, np.dtype(ctx.np_dtype).name)
+    return [
+        ((q_mu + s * h * d_m).astype(ctx.np_dtype), (q_sqrt + s * h * d_S).astype(ctx.np_dtype))
+        for d_m, d_S in random_directions(ctx.M, ctx.L, ev.loss_directions) for s in (1.0, -1.0)
+    ]
 
 
 def _bound(dtype: str, loss: float, h: float, analytic: float, fd: float, typical: float) -> float:
@@ -52,18 +69,15 @@ def stage(run: Run) -> Outcome:
     ev, step = run.ev, run.step
     ctx, num_directions = ev.ctx, ev.loss_directions
     dtype = np.dtype(ctx.np_dtype).name
-    q_mu, q_sqrt = ctx.model.q_mu.numpy().astype(np.float64), ctx.model.q_sqrt.numpy().astype(np.float64)
     g_m, g_S = np.asarray(step.dL_dmean, np.float64), np.tril(np.asarray(step.dL_dvarsqrt, np.float64))
-    min_diag = float(np.min(np.abs(np.diagonal(q_sqrt, axis1=-2, axis2=-1))))
-    h = eps(dtype) ** (1.0 / 3.0) * (min(1.0, min_diag) if min_diag > 0 else 1.0)
+    h = _step_length(ctx.model.q_sqrt.numpy().astype(np.float64), dtype)
     n = ctx.M * ctx.L + ctx.L * ctx.M * (ctx.M + 1) // 2
     typical = float(np.sqrt(np.sum(g_m**2) + np.sum(g_S**2))) / np.sqrt(n)
     worst = (-1.0, 0, 0.0, 0.0, 0.0)  # (error / bound, direction, analytic, fd, bound)
-    for i, (d_m, d_S) in enumerate(random_directions(ctx.M, ctx.L, num_directions)):
-        up = ev.loss_at((q_mu + h * d_m).astype(ctx.np_dtype), (q_sqrt + h * d_S).astype(ctx.np_dtype))
-        down = ev.loss_at((q_mu - h * d_m).astype(ctx.np_dtype), (q_sqrt - h * d_S).astype(ctx.np_dtype))
+    for i, (((up_m, up_S), up), ((down_m, down_S), down)) in enumerate(zip(run.probes[::2], run.probes[1::2])):
         fd = (up - down) / (2.0 * h) if up is not None and down is not None else float("nan")
-        analytic = float(np.sum(g_m * d_m) + np.sum(g_S * d_S))
+        # along the displacement the two losses saw, (q + h·d) − (q − h·d) = 2h·d up to the dtype's rounding
+        analytic = float(np.sum(g_m * (up_m - down_m.astype(np.float64))) + np.sum(g_S * (up_S - down_S.astype(np.float64)))) / (2.0 * h)
         bound = _bound(dtype, step.loss, h, analytic, fd, typical)
         ratio = abs(fd - analytic) / bound if np.isfinite(fd) else np.inf
         if ratio > worst[0]:

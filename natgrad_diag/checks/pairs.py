@@ -112,7 +112,7 @@ class PairEvaluator(Evaluator):
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
         self._step, self._own = eager_steps(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
 
-    def take(self) -> tuple[Step, GpflowStep]:
+    def _steps(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
         step = traced(step_from_gradients(q_mu, q_sqrt, self.loss_before, g_mu, g_sq), q_mu, q_sqrt, g_mu, g_sq, ctx, compiled=None)
         with restored(self.variables):
@@ -145,7 +145,7 @@ _SKIPPED = (
 
 def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGradReport:
     """Reproduction and step health of one pair's step, with the γ search, as a NatGradReport."""
-    step, gp = ev.take()
+    step, gp = (taken := ev.take()).step, taken.gp
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
     found = Outcome()
