@@ -14,7 +14,7 @@ from natgrad_diag.exceptions import ReportWriteError
 from natgrad_diag.report.html import html_document
 from natgrad_diag.report.layout import report_pictures_or_note
 from natgrad_diag.report.markdown import to_markdown
-from natgrad_diag.report.timeline import is_monitor, timeline_of
+from natgrad_diag.report.timeline import timeline_of
 from natgrad_diag._validate import input_error
 
 __all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
@@ -112,7 +112,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     """
     fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
-    report = timeline_of(report) if is_monitor(report) else report
+    report = timeline_of(report)
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
         raise input_error("only a natgrad-diag report can be written.", "report",
                           "a report (check_natgrad(...), explain_output_gradients(), ...) or a NatGradMonitor", type(report).__name__,

@@ -64,7 +64,7 @@ def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tu
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
     """(pictures, note): the report's pictures, or none and a note saying why."""
-    from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY, report_pictures
+    from natgrad_diag.pictures import PLOT_EXTRA_REMEDY, report_pictures
 
     figures = getattr(report, "figures", None)
     try:

@@ -39,13 +39,10 @@ TEXT_WIDTH = 80
 
 def wrap(text: str, **kwargs: Any) -> str:
     """Wrap each line of ``text`` at :data:`TEXT_WIDTH`; indented lines (code) are left alone."""
-    out = []
-    for line in text.splitlines() or [""]:
-        if line.startswith(" ") and not kwargs.get("initial_indent"):
-            out.append(line)
-        else:
-            out.append(textwrap.fill(line, TEXT_WIDTH, break_long_words=False, break_on_hyphens=False, **kwargs))
-    return "\n".join(out)
+    code = not kwargs.get("initial_indent")
+    return "\n".join(line if code and line.startswith(" ") else
+                     textwrap.fill(line, TEXT_WIDTH, break_long_words=False, break_on_hyphens=False, **kwargs)
+                     for line in text.splitlines() or [""])  # fmt: skip
 
 
 def to_jsonable(value: Any) -> Any:

@@ -9,12 +9,7 @@ from typing import Any
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, status_of
 
-__all__ = ["TrainingTimeline", "is_monitor", "timeline_html", "timeline_of"]
-
-
-def is_monitor(obj: Any) -> bool:
-    """True for a training monitor: anything with ``records`` and ``guard_records`` (and not a report)."""
-    return hasattr(obj, "records") and hasattr(obj, "guard_records") and not callable(getattr(obj, "sections", None))
+__all__ = ["TrainingTimeline", "timeline_html", "timeline_of"]
 
 
 @dataclass(frozen=True)
@@ -101,10 +96,11 @@ def _losses(before: float | None, after: float | None) -> str:
     return f"{format_number(before, 8)} → {format_number(after, 8)}"
 
 
-def timeline_of(monitor: Any) -> TrainingTimeline:
-    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a timeline as it is."""
-    return monitor if isinstance(monitor, TrainingTimeline) else TrainingTimeline(
-        tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))  # fmt: skip
+def timeline_of(monitor: Any) -> Any:
+    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report as it is."""
+    if callable(getattr(monitor, "sections", None)) or not all(hasattr(monitor, a) for a in ("records", "guard_records")):
+        return monitor
+    return TrainingTimeline(tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))
 
 
 def timeline_html(monitor: Any) -> str:
