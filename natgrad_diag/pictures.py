@@ -31,10 +31,6 @@ __all__ = [
 #: What to run when matplotlib is missing.
 PLOT_EXTRA_REMEDY = 'pip install "natgrad-diag[plot]"  (or pip install matplotlib)'
 
-#: At most this many per-element charts in the η₁ comparison; the caption says when there are more.
-MAX_ELEMENT_CHARTS = 24
-
-
 def require_matplotlib() -> Any:
     """Import matplotlib, or raise :class:`MissingExtraError` naming the extra ``plot``."""
     try:
@@ -209,7 +205,7 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
     return Eta1Comparison(labels, *(np.array(a, dtype=float).ravel() for a in arrays))
 
 
-def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -> Any:
+def plot_eta1_comparison(report: Any, *, max_charts: int = 24) -> Any:
     """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁
     (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal: a
     ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when ``report`` is not an
@@ -229,8 +225,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = MAX_ELEMENT_CHARTS) -
         ax.set_title(data.labels[k], fontsize=9)
         ax.set_xticks(range(4), ["VJP", "naive", "mean", "varsqrt"], fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
-    legends = [legend for _, legend in Eta1Comparison.SERIES]
-    fig.legend(fig.axes[0].patches[:4], legends, loc="outside lower center", ncols=2, fontsize=8)
+    fig.legend(fig.axes[0].patches[:4], [t for _, t in data.SERIES], loc="outside lower center", ncols=2, fontsize=8)
     more = f" (first {n} of {len(data.labels)} elements)" if n < len(data.labels) else ""
     fig.suptitle(f"dL/deta1 per element: the VJP = mean path + varsqrt path, not the naive product{more}", fontsize=10)
     return fig

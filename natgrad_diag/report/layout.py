@@ -35,11 +35,9 @@ def verdict(report: Any) -> str:
     """The verdict line: "all checks hold.", or how many checks failed and how many are inconclusive (WARN)."""
     statuses = [c.status for c in report.checks]
     failed, warned = statuses.count("fail"), statuses.count("warn")
-    if not failed and not warned:
-        return "all checks hold."
     parts = [f"{failed} of {len(statuses)} check(s) FAILED." if failed else "",
              f"{warned} check(s) inconclusive (WARN)." if warned else ""]  # fmt: skip
-    return " ".join(p for p in parts if p)
+    return " ".join(p for p in parts if p) or "all checks hold."
 
 
 def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tuple[str, Any]]:

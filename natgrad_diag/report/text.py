@@ -74,8 +74,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
         mark = Text(c.mark, style="" if plain else STATUS_STYLES[c.status])
-        cell = Text()
-        cell.append(c.name, style="" if plain else "bold")
+        cell = Text(c.name, style="" if plain else "bold")
         cell.append("\n" + c.claim)
         if c.detail:
             cell.append("\n" + c.detail, style="" if plain else "dim")
@@ -104,13 +103,11 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
         wide = not fits(t, console.width if plain else console.width - 2)
         console.print(Text(vertical(t)) if wide else _rich_table(t, plain, console.width), soft_wrap=wide)
 
-    def verdict_line(text: str) -> None:
-        if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
-            console.print(Text(f"Verdict: {text}", style=style))
-
     draw: dict[str, Any] = {
         "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
-        "verdict": verdict_line, "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
+        # a report that leads with its answer prints the verdict, then why, first
+        "verdict": lambda t: console.print(Text(f"Verdict: {t}", style=style)) if hasattr(report, "lead") else None,
+        "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
         "table": table,
         "checks": lambda checks: console.print(_rich_checks(checks, plain)),
     }  # fmt: skip
