@@ -119,13 +119,12 @@ def compare_with_tensorflow(
         OutputGradientsError, RuntimeError: a cotangent does not match TensorFlow's output (natgrad-diag's check) or
             torch's (torch's own).
     """
+    from natgrad_diag._validate import flat_outputs
     from natgrad_diag.autodiff.seeded import vjp
 
     t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
-    import tensorflow as tf
-
-    f_out = tf.nest.flatten(f_out)
+    f_out = flat_outputs(f_out, "tf_fn")
     # both libraries check each seed against its output's shape, so the shapes here agree
     return close_check(
         name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",

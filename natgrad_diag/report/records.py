@@ -145,7 +145,7 @@ class Check:
         """(max abs error, "≤ tol" / "> tol", with " (must differ)" for an expected difference) as every check table
         prints them; "-" where there is none."""
         if self.max_abs_error is None or self.tolerance is None:
-            return ("-" if self.max_abs_error is None else format_number(self.max_abs_error)), "-"
+            return format_number(self.max_abs_error), "-"
         relation = "≤" if self.max_abs_error <= self.tolerance else ">"  # NaN is not within
         bound = f"{relation} {format_number(self.tolerance)}"
         return format_number(self.max_abs_error), bound + (" (must differ)" if self.expect_difference else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -130,8 +131,6 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
     """The report as the terminal shows it, lines at most ``width`` columns; ``plain``: no colour and no table
     borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
-    import io
-
     return render_on(report, console_for(io.StringIO(), plain=plain, width=width, color=color), plain)
 
 
