@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_int
-from natgrad_diag.checks.evaluator import dtype_context
-from natgrad_diag.checks.evaluator import float_dtype as _dtype
+from natgrad_diag.checks.evaluator import dtype_context, float_dtype
 from natgrad_diag.typing import Array
 
-__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
+__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "make_data", "make_model"]
 
 #: Likelihood names understood by :func:`make_model` and ``natgrad-diag check --likelihood``.
 LIKELIHOODS = ("gaussian", "bernoulli", "poisson", "studentt")
@@ -136,7 +135,7 @@ def make_data(
     """Seeded data (X [N, 1], Y [N, L]) as numpy arrays of ``dtype`` ("float64" or "float32"), N = ``num_data``,
     L = ``num_latent``, y drawn from f through ``likelihood`` (one of :data:`LIKELIHOODS`)."""
     N, L = _count(num_data, "num_data"), _count(num_latent, "num_latent")
-    lik, dt, seed = _choice(likelihood, LIKELIHOODS, "likelihood"), _dtype(dtype), _seed(seed)
+    lik, dt, seed = _choice(likelihood, LIKELIHOODS, "likelihood"), float_dtype(dtype), _seed(seed)
     rng = np.random.default_rng(seed)
     X = np.sort(rng.uniform(0.0, 10.0, size=(N, 1)), axis=0)
     F = np.concatenate([np.sin(X + l) + 0.3 * np.cos(2.3 * X) for l in range(L)], axis=1)
@@ -196,7 +195,7 @@ def make_model(
     """
     name, lik = _choice(model, MODELS, "model"), _choice(likelihood, LIKELIHOODS, "likelihood")
     M, L, N = _count(num_inducing, "num_inducing"), _count(num_latent, "num_latent"), _count(num_data, "num_data")
-    dt, seed = _dtype(dtype), _seed(seed)
+    dt, seed = float_dtype(dtype), _seed(seed)
     check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)
     import gpflow
 

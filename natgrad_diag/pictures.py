@@ -18,7 +18,7 @@ import numpy as np
 
 from natgrad_diag._validate import input_error
 from natgrad_diag.exceptions import MissingExtraError
-from natgrad_diag.report.records import Check
+from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
 
 __all__ = [
@@ -268,8 +268,8 @@ def plot_check_errors(report: Any) -> Any:
         shown = max(r.max_abs_error if np.isfinite(r.max_abs_error) else top, floor)
         ax.barh(yk, shown - floor, left=floor, height=0.6, color="#2e8b57" if r.passed else "#c0392b", alpha=0.8)
         ax.plot([r.tolerance], [yk], marker="|", markersize=18, markeredgewidth=2.5, color="black")
-        numbers = Check(r.name, "", r.passed, r.max_abs_error, r.tolerance, expect_difference=r.expect_difference).numbers()
-        ax.text(shown * 1.5, yk, " ".join(numbers), va="center", fontsize=8)
+        check = Check(r.name, "", status_of(r.passed), r.max_abs_error, r.tolerance, "", r.expect_difference)
+        ax.text(shown * 1.5, yk, " ".join(check.numbers()), va="center", fontsize=8)
     ax.set(xscale="log", xlim=(floor, top * 1e3), xlabel="max abs error (bar) and tolerance (black tick), log scale")
     ax.set_yticks(y, [r.name for r in rows], fontsize=8)
     ax.set_title("Each check's error against its tolerance (green = pass, red = fail)", fontsize=10)

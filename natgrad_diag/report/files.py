@@ -72,13 +72,13 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
     staged: list[Path] = []
     try:
         for path, data in files:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
-            staged.append(Path(tmp))
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
+            staged.append(Path(name))
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, _file_mode(path))
+            os.chmod(name, _file_mode(path))
         for (path, _), tmp in zip(files, staged):
             os.replace(tmp, path)
     except BaseException:

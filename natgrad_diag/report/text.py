@@ -33,7 +33,7 @@ def fits(table: Table, width: int) -> bool:
     return sum(column_widths(table)) + 3 * len(table.columns) <= width
 
 
-def _rich_table(table: Table, plain: bool, width: int) -> Any:
+def _rich_table(table: Table, plain: bool) -> Any:
     """The table as columns, every header and cell on one line (callers use :func:`vertical` when it does not fit)."""
     t = _rich_table_of(plain, title=table.title or None, title_justify="left", title_style="" if plain else "italic")
     for k, (column, cells) in enumerate(zip(table.columns, column_widths(table))):
@@ -102,7 +102,7 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
     def table(t: Table) -> None:
         console.print()
         wide = not fits(t, console.width if plain else console.width - 2)
-        console.print(Text(vertical(t)) if wide else _rich_table(t, plain, console.width), soft_wrap=wide)
+        console.print(Text(vertical(t)) if wide else _rich_table(t, plain), soft_wrap=wide)
 
     draw: dict[str, Any] = {
         "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
