@@ -22,10 +22,10 @@ from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "BlockSpan", "CheckError", "Eta1Comparison", "GammaCurve", "HeatmapData", "Picture", "check_errors_data",
-    "eta1_comparison_data", "gamma_curve_data", "heatmap_data", "plot_check_errors", "plot_eta1_comparison",
-    "plot_gamma_losses", "plot_jacobian_heatmap", "plot_training_timeline", "report_pictures", "require_matplotlib",
-    "TimelineData", "timeline_data",
+    "BlockSpan", "CheckError", "Eta1Comparison", "GammaCurve", "HeatmapData", "Picture", "TimelineData",
+    "check_errors_data", "eta1_comparison_data", "gamma_curve_data", "heatmap_data", "plot_check_errors",
+    "plot_eta1_comparison", "plot_gamma_losses", "plot_jacobian_heatmap", "plot_training_timeline", "report_pictures",
+    "require_matplotlib", "timeline_data",
 ]
 
 #: What to run when matplotlib is missing.
