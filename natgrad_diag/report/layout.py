@@ -18,17 +18,16 @@ def text_blocks(text: str) -> list[tuple[str, str]]:
     """Split a section's text into ``("para", ...)`` and ``("code", ...)`` blocks: lines indented by a space are code
     and keep their line breaks; consecutive other lines form one paragraph, except lines that start a list item."""
     blocks: list[tuple[str, str]] = []
+    previous = ""  # the kind of the line before, "" for a blank line
     for line in text.splitlines():
-        if not line.strip():
-            blocks.append(("break", ""))
-            continue
-        kind = "code" if line.startswith(" ") else "para"
+        kind = "" if not line.strip() else "code" if line.startswith(" ") else "para"
         starts_item = kind == "para" and line.lstrip()[:2] in ("- ", "* ", "• ")
-        if blocks and blocks[-1][0] == kind and not starts_item:
+        if kind and kind == previous and not starts_item:
             blocks[-1] = (kind, blocks[-1][1] + ("\n" if kind == "code" else " ") + line)
-        else:
+        elif kind:
             blocks.append((kind, line))
-    return [b for b in blocks if b[0] != "break"]
+        previous = kind
+    return blocks
 
 
 def verdict(report: Any) -> str:

@@ -53,10 +53,8 @@ def to_jsonable(value: Any) -> Any:
         >>> to_jsonable({"x": np.array([1.0, np.inf]), 2: np.float64("nan")})
         {'x': [1.0, 'inf'], '2': 'nan'}
     """
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):
         return to_jsonable(value.tolist())
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return to_jsonable(value.item())
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
