@@ -45,6 +45,6 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
 
 
 def _md_checks(checks: Sequence[Any]) -> str:
-    rows = [[f"**{c.mark}**", f"`{c.name}`", _md(c.claim + (f"\n{c.detail}" if c.detail else "")), *map(_md, c.numbers())]
-            for c in checks]  # fmt: skip
+    rows = [[f"**{c.mark}**", f"`{c.name}`", _md(c.claim + (f"\n{c.detail}" if c.detail else "")),
+             *map(_md, c.numbers())] for c in checks]  # fmt: skip
     return _md_table(["", "check", "claim", "max abs error", "tolerance"], rows)
