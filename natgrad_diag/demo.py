@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error
-from natgrad_diag.checks.evaluator import dtype_context
-from natgrad_diag.checks.evaluator import float_dtype as _dtype
+from natgrad_diag._validate import input_error, require_int
+from natgrad_diag.checks.evaluator import dtype_context, float_dtype
 from natgrad_diag.typing import Array
 
-__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
+__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "make_data", "make_model"]
 
 #: Likelihood names understood by :func:`make_model` and ``natgrad-diag check --likelihood``.
 LIKELIHOODS = ("gaussian", "bernoulli", "poisson", "studentt")
@@ -39,17 +38,15 @@ def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
     return text
 
 
-def _count(value: Any, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise input_error(f"{name} must be an integer ≥ {minimum}.", name, f"an int ≥ {minimum}", repr(value),
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise input_error(f"{name} must be an integer ≥ 1.", name, "an int ≥ 1", repr(value),
                           f"pass {name} as a positive integer.")
     return int(value)
 
 
 def _seed(value: Any) -> int:
     """A numpy seed: an int ≥ 0 (numpy refuses a negative one with a bare ValueError)."""
-    from natgrad_diag._validate import require_int
-
     return require_int(value, "seed", minimum=0, expected="an int ≥ 0", remedy="pass e.g. seed=0 (numpy seeds are non-negative).")
 
 
@@ -107,8 +104,7 @@ def check_seconds(name: str, *, M: int, N: int, L: int, gamma_steps: int) -> tup
     size = "--num-inducing" if name == "svgp" else "--num-data"
     terms = {"--gamma-steps": step, "--num-latent": latent * L, "--num-data": datum * N * m * (m + L) if name == "svgp" else 0.0}
     terms[size] = terms.get(size, 0.0) + cube * L * m**3
-    steps = 12 + 9 * gamma_steps
-    return start + steps * sum(terms.values()), max(terms, key=terms.__getitem__)
+    return start + (12 + 9 * gamma_steps) * sum(terms.values()), max(terms, key=terms.__getitem__)
 
 
 def check_model_work(name: str, *, M: int, N: int, L: int, gamma_steps: int, max_minutes: float) -> None:
@@ -138,11 +134,8 @@ def make_data(
 ) -> tuple[Array, Array]:
     """Seeded data (X [N, 1], Y [N, L]) as numpy arrays of ``dtype`` ("float64" or "float32"), N = ``num_data``,
     L = ``num_latent``, y drawn from f through ``likelihood`` (one of :data:`LIKELIHOODS`)."""
-    N = _count(num_data, "num_data")
-    L = _count(num_latent, "num_latent")
-    lik = _choice(likelihood, LIKELIHOODS, "likelihood")
-    dt = _dtype(dtype)
-    seed = _seed(seed)
+    N, L = _count(num_data, "num_data"), _count(num_latent, "num_latent")
+    lik, dt, seed = _choice(likelihood, LIKELIHOODS, "likelihood"), float_dtype(dtype), _seed(seed)
     rng = np.random.default_rng(seed)
     X = np.sort(rng.uniform(0.0, 10.0, size=(N, 1)), axis=0)
     F = np.concatenate([np.sin(X + l) + 0.3 * np.cos(2.3 * X) for l in range(L)], axis=1)
@@ -170,7 +163,7 @@ class DemoModel:
     name: str
     likelihood: str
 
-    def __iter__(self) -> Iterator[Any]:  # ``model, data = make_model()``
+    def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.data))
 
 
@@ -200,13 +193,9 @@ def make_model(
         InputError: an unknown name or a non-positive count.
         MemoryLimitError: the model would need more than half of this machine's memory.
     """
-    name = _choice(model, MODELS, "model")
-    lik = _choice(likelihood, LIKELIHOODS, "likelihood")
-    M = _count(num_inducing, "num_inducing")
-    L = _count(num_latent, "num_latent")
-    N = _count(num_data, "num_data")
-    dt = _dtype(dtype)
-    seed = _seed(seed)
+    name, lik = _choice(model, MODELS, "model"), _choice(likelihood, LIKELIHOODS, "likelihood")
+    M, L, N = _count(num_inducing, "num_inducing"), _count(num_latent, "num_latent"), _count(num_data, "num_data")
+    dt, seed = float_dtype(dtype), _seed(seed)
     check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)
     import gpflow
 
@@ -230,14 +219,7 @@ def make_model(
 
 
 def _random_tril(rng: np.random.Generator, M: int, L: int) -> Array:
-    """[L, M, M]: Cholesky factors of S = diag(U(0.16, 0.81)) + 0.1·A Aᵀ/M, A standard normal.
-
-    A random lower-triangular matrix is ill-conditioned for large M (its condition number grows exponentially);
-    a factor of a well-conditioned S keeps cond(S) ≤ about 10 at every M.
-    """
-    out = []
-    for _ in range(L):
-        A = rng.normal(size=(M, M))
-        S = np.diag(rng.uniform(0.4, 0.9, size=M) ** 2) + 0.1 * (A @ A.T) / M
-        out.append(np.linalg.cholesky(S))
-    return np.stack(out)
+    """[L, M, M]: Cholesky factors of S = diag(U(0.16, 0.81)) + 0.1·A Aᵀ/M, A standard normal: cond(S) ≤ about 10 at
+    every M, where a random lower-triangular matrix's condition number grows exponentially with M."""
+    return np.stack([np.linalg.cholesky(np.diag(rng.uniform(0.4, 0.9, size=M) ** 2) + 0.1 * (A @ A.T) / M)
+                     for A in (rng.normal(size=(M, M)) for _ in range(L))])  # A, then the diagonal: the seeded order

@@ -10,7 +10,6 @@ References: ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian`` (
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,18 +20,13 @@ from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
 from natgrad_diag.typing import Array
 
-__all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
+__all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_outer", "torch_vjp"]
 
 #: How to install PyTorch without the multi-GB CUDA build.
 INSTALL_HINT = (
     "a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu "
     "(on the CI machine, pip install torch==2.13.0 takes the CPU build on disk)"
 )
-
-
-def torch_available() -> bool:
-    """True when PyTorch can be imported (without importing it)."""
-    return importlib.util.find_spec("torch") is not None
 
 
 def require_torch() -> Any:
@@ -125,18 +119,16 @@ def compare_with_tensorflow(
         OutputGradientsError, RuntimeError: a cotangent does not match TensorFlow's output (natgrad-diag's check) or
             torch's (torch's own).
     """
+    from natgrad_diag._validate import flat_outputs
     from natgrad_diag.autodiff.seeded import vjp
 
     t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
-    import tensorflow as tf
-
-    f_out = [np.asarray(o) for o in tf.nest.flatten(f_out)]
-    f_grads = [np.asarray(g) for g in f_grads]
+    f_out = flat_outputs(f_out, "tf_fn")
     # both libraries check each seed against its output's shape, so the shapes here agree
     return close_check(
         name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
-        f_out + f_grads, list(t_out) + list(t_grads), rtol=rtol, atol=atol,
+        [*f_out, *f_grads], [*t_out, *t_grads], rtol=rtol, atol=atol,
         detail=f"{len(f_out)} output(s), {len(f_grads)} input(s), float64",
     )  # fmt: skip
 

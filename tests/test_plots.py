@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from natgrad_diag.report import pictures as plots
+from natgrad_diag import pictures as plots
 from natgrad_diag.exceptions import InputError, MissingExtraError
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.report.base import Report

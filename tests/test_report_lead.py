@@ -17,7 +17,7 @@ import pytest
 from natgrad_diag import write_report
 from natgrad_diag.checks.causes import Cause
 from natgrad_diag.checks.report import GammaTrial, NatGradReport
-from natgrad_diag.report import pictures as plots
+from natgrad_diag import pictures as plots
 from natgrad_diag.report.html import to_html_fragment
 from natgrad_diag.report.records import Check
 from natgrad_diag.report.timeline import TrainingTimeline, timeline_html

@@ -42,7 +42,7 @@ class Report:
 
     def figures(self) -> tuple[Any, ...]:
         """The pictures of this report (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace."""
-        from natgrad_diag.report.pictures import report_pictures
+        from natgrad_diag.pictures import report_pictures
 
         return report_pictures(self)
 

@@ -14,7 +14,7 @@ from natgrad_diag.exceptions import ReportWriteError
 from natgrad_diag.report.html import html_document
 from natgrad_diag.report.layout import report_pictures_or_note
 from natgrad_diag.report.markdown import to_markdown
-from natgrad_diag.report.timeline import is_monitor, timeline_of
+from natgrad_diag.report.timeline import timeline_of
 from natgrad_diag._validate import input_error
 
 __all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
@@ -59,27 +59,6 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def _stage(path: Path, data: bytes) -> Path:
-    """A new temporary file beside ``path`` holding ``data``, with the mode ``path`` will have."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(path))
-    except BaseException:
-        _discard([Path(tmp)])
-        raise
-    return Path(tmp)
-
-
-def _discard(paths: list[Path]) -> None:
-    for tmp in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
 def _short(name: str) -> str:
     """``name``, or its SHA-1 when a name built from it (a temporary file, a picture beside a Markdown report) could
     pass the file system's 255 bytes: a report whose own name fits is never refused for those."""
@@ -87,16 +66,25 @@ def _short(name: str) -> str:
 
 
 def _write_all(files: list[tuple[Path, bytes]]) -> None:
-    """Write every file or none: all are staged to temporary files (a failure removes them and changes nothing),
-    then moved into place in order with ``os.replace`` (atomic per file), the report itself last."""
+    """Write every file or none: all are staged to temporary files beside them with the modes they will have (a
+    failure removes them and changes nothing), then moved into place in order with ``os.replace`` (atomic per file),
+    the report itself last."""
     staged: list[Path] = []
     try:
         for path, data in files:
-            staged.append(_stage(path, data))
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
+            staged.append(Path(name))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(name, _file_mode(path))
         for (path, _), tmp in zip(files, staged):
             os.replace(tmp, path)
     except BaseException:
-        _discard(staged)  # those already moved into place are no longer there
+        for tmp in staged:  # those already moved into place are no longer there
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 
@@ -112,7 +100,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     """
     fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
-    report = timeline_of(report) if is_monitor(report) else report
+    report = timeline_of(report)
     if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
         raise input_error("only a natgrad-diag report can be written.", "report",
                           "a report (check_natgrad(...), explain_output_gradients(), ...) or a NatGradMonitor", type(report).__name__,

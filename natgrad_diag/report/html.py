@@ -33,34 +33,27 @@ _CSS = """
 """
 
 
+def _html_grid(head: Sequence[str], rows: Sequence[Sequence[str]], caption: str = "", cls: str = "") -> str:
+    """A scrolling table: escaped headers ``head``, rows of ready ``<td>`` cells."""
+    heads = "".join(f"<th>{h}</th>" for h in head)
+    return "\n".join([f'<div class="ngd-scroll"><table{cls}>{caption}<thead><tr>{heads}</tr></thead><tbody>',
+                      *("<tr>" + "".join(r) + "</tr>" for r in rows), "</tbody></table></div>"])
+
+
 def _html_table(table: Table) -> str:
     e = html.escape
-    parts = ['<div class="ngd-scroll"><table>' + (f"<caption>{e(table.title)}</caption>" if table.title else "")]
-    parts.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
-    for row in table.rows:
-        cells = [f"<td>{e(cell)}</td>" if k == 0 else f'<td class="{"num" if len(cell) <= 24 else "text"}">{e(cell)}</td>'
-                 for k, cell in enumerate(row)]  # fmt: skip
-        parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts.append("</tbody></table></div>")
-    return "\n".join(parts)
+    rows = [[f"<td>{e(cell)}</td>" if k == 0 else f'<td class="{"num" if len(cell) <= 24 else "text"}">{e(cell)}</td>'
+             for k, cell in enumerate(row)] for row in table.rows]  # fmt: skip
+    caption = f"<caption>{e(table.title)}</caption>" if table.title else ""
+    return _html_grid([e(c) for c in table.columns], rows, caption)
 
 
 def _html_checks(checks: Sequence[Check]) -> str:
     e = html.escape
-    parts = [
-        '<div class="ngd-scroll"><table class="ngd-checks"><thead><tr><th></th><th>check</th><th>claim</th>'
-        "<th>max abs error</th><th>tolerance</th></tr></thead><tbody>"
-    ]
-    for c in checks:
-        mark = f'<span class="{c.status}">{c.mark}</span>'
-        err, bound = c.numbers()
-        claim = e(c.claim) + (f"<br><small>{e(c.detail)}</small>" if c.detail else "")
-        parts.append(
-            f"<tr><td>{mark}</td><td><code>{e(c.name)}</code></td><td class=\"claim\">{claim}</td>"
-            f'<td class="num">{e(err)}</td><td class="num">{e(bound)}</td></tr>'
-        )
-    parts.append("</tbody></table></div>")
-    return "\n".join(parts)
+    rows = [[f'<td><span class="{c.status}">{c.mark}</span></td>', f"<td><code>{e(c.name)}</code></td>",
+             f'<td class="claim">{e(c.claim)}' + (f"<br><small>{e(c.detail)}</small>" if c.detail else "") + "</td>",
+             *(f'<td class="num">{e(n)}</td>' for n in c.numbers())] for c in checks]  # fmt: skip
+    return _html_grid(["", "check", "claim", "max abs error", "tolerance"], rows, cls=' class="ngd-checks"')
 
 
 def _html_figure(p: Any) -> str:

@@ -18,28 +18,25 @@ def text_blocks(text: str) -> list[tuple[str, str]]:
     """Split a section's text into ``("para", ...)`` and ``("code", ...)`` blocks: lines indented by a space are code
     and keep their line breaks; consecutive other lines form one paragraph, except lines that start a list item."""
     blocks: list[tuple[str, str]] = []
+    previous = ""  # the kind of the line before, "" for a blank line
     for line in text.splitlines():
-        if not line.strip():
-            blocks.append(("break", ""))
-            continue
-        kind = "code" if line.startswith(" ") else "para"
+        kind = "" if not line.strip() else "code" if line.startswith(" ") else "para"
         starts_item = kind == "para" and line.lstrip()[:2] in ("- ", "* ", "• ")
-        if blocks and blocks[-1][0] == kind and not starts_item:
+        if kind and kind == previous and not starts_item:
             blocks[-1] = (kind, blocks[-1][1] + ("\n" if kind == "code" else " ") + line)
-        else:
+        elif kind:
             blocks.append((kind, line))
-    return [b for b in blocks if b[0] != "break"]
+        previous = kind
+    return blocks
 
 
 def verdict(report: Any) -> str:
     """The verdict line: "all checks hold.", or how many checks failed and how many are inconclusive (WARN)."""
     statuses = [c.status for c in report.checks]
     failed, warned = statuses.count("fail"), statuses.count("warn")
-    if not failed and not warned:
-        return "all checks hold."
     parts = [f"{failed} of {len(statuses)} check(s) FAILED." if failed else "",
              f"{warned} check(s) inconclusive (WARN)." if warned else ""]  # fmt: skip
-    return " ".join(p for p in parts if p)
+    return " ".join(p for p in parts if p) or "all checks hold."
 
 
 def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tuple[str, Any]]:
@@ -64,7 +61,7 @@ def blocks(report: Any, pictures: Sequence[Any] = (), note: str = "") -> list[tu
 
 def report_pictures_or_note(report: Any) -> tuple[tuple[Any, ...], str]:
     """(pictures, note): the report's pictures, or none and a note saying why."""
-    from natgrad_diag.report.pictures import PLOT_EXTRA_REMEDY, report_pictures
+    from natgrad_diag.pictures import PLOT_EXTRA_REMEDY, report_pictures
 
     figures = getattr(report, "figures", None)
     try:

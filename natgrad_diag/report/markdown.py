@@ -21,12 +21,10 @@ def _md(text: str) -> str:
     return "\\" + text if text.startswith("#") else text
 
 
-def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: bool = True) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("\n", "<br>") for c in cells) + " |"
-
-    align = ["---"] + ["---:" if right else "---"] * (len(columns) - 1)
-    return "\n".join([line([_md(c) or " " for c in columns]), line(align), *(line(r) for r in rows)])
+def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A pipe table, the first column left-aligned, the others right; ``rows`` escaped already."""
+    lines = [[_md(c) or " " for c in columns], ["---"] + ["---:"] * (len(columns) - 1), *rows]
+    return "\n".join("| " + " | ".join(c.replace("\n", "<br>") for c in cells) + " |" for cells in lines)
 
 
 def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Sequence[Any] = (), note: str = "") -> str:
@@ -47,9 +45,6 @@ def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Seque
 
 
 def _md_checks(checks: Sequence[Any]) -> str:
-    rows = []
-    for c in checks:
-        err, bound = c.numbers()
-        claim = _md(c.claim) + (f"<br>{_md(c.detail)}" if c.detail else "")
-        rows.append([f"**{c.mark}**", f"`{c.name}`", claim, _md(err), _md(bound)])
+    rows = [[f"**{c.mark}**", f"`{c.name}`", _md(c.claim + (f"\n{c.detail}" if c.detail else "")),
+             *map(_md, c.numbers())] for c in checks]  # fmt: skip
     return _md_table(["", "check", "claim", "max abs error", "tolerance"], rows)

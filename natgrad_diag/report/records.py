@@ -39,13 +39,10 @@ TEXT_WIDTH = 80
 
 def wrap(text: str, **kwargs: Any) -> str:
     """Wrap each line of ``text`` at :data:`TEXT_WIDTH`; indented lines (code) are left alone."""
-    out = []
-    for line in text.splitlines() or [""]:
-        if line.startswith(" ") and not kwargs.get("initial_indent"):
-            out.append(line)
-        else:
-            out.append(textwrap.fill(line, TEXT_WIDTH, break_long_words=False, break_on_hyphens=False, **kwargs))
-    return "\n".join(out)
+    code = not kwargs.get("initial_indent")
+    return "\n".join(line if code and line.startswith(" ") else
+                     textwrap.fill(line, TEXT_WIDTH, break_long_words=False, break_on_hyphens=False, **kwargs)
+                     for line in text.splitlines() or [""])  # fmt: skip
 
 
 def to_jsonable(value: Any) -> Any:
@@ -56,10 +53,8 @@ def to_jsonable(value: Any) -> Any:
         >>> to_jsonable({"x": np.array([1.0, np.inf]), 2: np.float64("nan")})
         {'x': [1.0, 'inf'], '2': 'nan'}
     """
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):
         return to_jsonable(value.tolist())
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return to_jsonable(value.item())
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -148,7 +143,7 @@ class Check:
         """(max abs error, "≤ tol" / "> tol", with " (must differ)" for an expected difference) as every check table
         prints them; "-" where there is none."""
         if self.max_abs_error is None or self.tolerance is None:
-            return ("-" if self.max_abs_error is None else format_number(self.max_abs_error)), "-"
+            return format_number(self.max_abs_error), "-"
         relation = "≤" if self.max_abs_error <= self.tolerance else ">"  # NaN is not within
         bound = f"{relation} {format_number(self.tolerance)}"
         return format_number(self.max_abs_error), bound + (" (must differ)" if self.expect_difference else "")

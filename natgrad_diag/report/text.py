@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -32,7 +33,7 @@ def fits(table: Table, width: int) -> bool:
     return sum(column_widths(table)) + 3 * len(table.columns) <= width
 
 
-def _rich_table(table: Table, plain: bool, width: int) -> Any:
+def _rich_table(table: Table, plain: bool) -> Any:
     """The table as columns, every header and cell on one line (callers use :func:`vertical` when it does not fit)."""
     t = _rich_table_of(plain, title=table.title or None, title_justify="left", title_style="" if plain else "italic")
     for k, (column, cells) in enumerate(zip(table.columns, column_widths(table))):
@@ -74,8 +75,7 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
         mark = Text(c.mark, style="" if plain else STATUS_STYLES[c.status])
-        cell = Text()
-        cell.append(c.name, style="" if plain else "bold")
+        cell = Text(c.name, style="" if plain else "bold")
         cell.append("\n" + c.claim)
         if c.detail:
             cell.append("\n" + c.detail, style="" if plain else "dim")
@@ -102,15 +102,13 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
     def table(t: Table) -> None:
         console.print()
         wide = not fits(t, console.width if plain else console.width - 2)
-        console.print(Text(vertical(t)) if wide else _rich_table(t, plain, console.width), soft_wrap=wide)
-
-    def verdict_line(text: str) -> None:
-        if hasattr(report, "lead"):  # a report that leads with its answer: the verdict, then why, first
-            console.print(Text(f"Verdict: {text}", style=style))
+        console.print(Text(vertical(t)) if wide else _rich_table(t, plain), soft_wrap=wide)
 
     draw: dict[str, Any] = {
         "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
-        "verdict": verdict_line, "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
+        # a report that leads with its answer prints the verdict, then why, first
+        "verdict": lambda t: console.print(Text(f"Verdict: {t}", style=style)) if hasattr(report, "lead") else None,
+        "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
         "table": table,
         "checks": lambda checks: console.print(_rich_checks(checks, plain)),
     }  # fmt: skip
@@ -133,8 +131,6 @@ def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool |
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
     """The report as the terminal shows it, lines at most ``width`` columns; ``plain``: no colour and no table
     borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
-    import io
-
     return render_on(report, console_for(io.StringIO(), plain=plain, width=width, color=color), plain)
 
 

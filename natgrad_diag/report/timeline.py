@@ -4,17 +4,13 @@ failed checks and the rollbacks. Reads the monitor by duck typing (``records``, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, status_of
 
-__all__ = ["TrainingTimeline", "is_monitor", "timeline_html", "timeline_of"]
-
-
-def is_monitor(obj: Any) -> bool:
-    """True for a training monitor: anything with ``records`` and ``guard_records`` (and not a report)."""
-    return hasattr(obj, "records") and hasattr(obj, "guard_records") and not callable(getattr(obj, "sections", None))
+__all__ = ["TrainingTimeline", "timeline_html", "timeline_of"]
 
 
 @dataclass(frozen=True)
@@ -79,13 +75,9 @@ class TrainingTimeline(Report):
     def sections(self) -> tuple[Section, ...]:
         events = tuple(tuple(str(x) for x in e) for e in self.events())
         table = Table(("step", "what", "gamma", "loss before → after", "why"), events, "Failed checks and rollbacks, by step")
-        runs: list[list[Any]] = []  # [gamma, first step, last step] of each run of guarded steps with one γ
-        for r in sorted(self.guard_records, key=lambda r: r.step):
-            if runs and runs[-1][0] == r.gamma_before:
-                runs[-1][2] = r.step
-            else:
-                runs.append([r.gamma_before, r.step, r.step])
-        used = "; ".join(f"{g:g} (steps {a}–{b})" for g, a, b in runs[:8]) + ("; ..." if len(runs) > 8 else "")
+        guarded = sorted(self.guard_records, key=lambda r: r.step)
+        runs = [(g, [r.step for r in run]) for g, run in groupby(guarded, key=lambda r: r.gamma_before)]  # one γ each
+        used = "; ".join(f"{g:g} (steps {s[0]}–{s[-1]})" for g, s in runs[:8]) + ("; ..." if len(runs) > 8 else "")
         return (
             Section("Loss and gamma over training", f"gamma used: {used}." if runs else "", (), None, ("timeline",)),
             *((Section("Failed checks and rollbacks", "", (table,)),) if events else ()),
@@ -101,10 +93,12 @@ def _losses(before: float | None, after: float | None) -> str:
     return f"{format_number(before, 8)} → {format_number(after, 8)}"
 
 
-def timeline_of(monitor: Any) -> TrainingTimeline:
-    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a timeline as it is."""
-    return monitor if isinstance(monitor, TrainingTimeline) else TrainingTimeline(
-        tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))  # fmt: skip
+def timeline_of(monitor: Any) -> Any:
+    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report as it is."""
+    monitored = hasattr(monitor, "records") and hasattr(monitor, "guard_records")
+    if callable(getattr(monitor, "sections", None)) or not monitored:
+        return monitor
+    return TrainingTimeline(tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))
 
 
 def timeline_html(monitor: Any) -> str:
