@@ -9,19 +9,9 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import (
-    as_float_tensor,
-    flat_outputs,
-    input_error,
-    names_of,
-    output_labels,
-    require_finite,
-    require_output_dtypes,
-    require_same_dtype,
-    seed_array,
-    shape_str,
-    split_inputs,
-    validate_seeds,
-)
+    as_float_tensor, flat_outputs, input_error, names_of, output_labels, require_finite, require_output_dtypes,
+    require_same_dtype, seed_array, shape_str, split_inputs, validate_seeds,
+)  # fmt: skip
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 from natgrad_diag.tolerance import Tolerance
 from natgrad_diag.typing import Array

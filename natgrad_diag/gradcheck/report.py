@@ -62,8 +62,7 @@ class GradientCheckRow:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = to_jsonable(dict(self.__dict__))
-        return out
+        return dict(to_jsonable(dict(self.__dict__)))
 
 
 @dataclass(frozen=True)
@@ -151,8 +150,7 @@ class GradientCheckReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checks"}
-        out: dict[str, Any] = to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]})
-        return out
+        return dict(to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]}))
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
