@@ -31,16 +31,12 @@ GPFLOW_MAPS = {
 
 def gpflow_map_name(fn: Any) -> str | None:
     name: str | None = getattr(fn, "__name__", None)
-    if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad":
-        return name
-    return None
+    return name if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad" else None
 
 
 def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[Array]) -> tuple[str, ...]:
-    """One structure per input from ``structure`` (a string, a sequence, or a dict by input name over the inferred
-    ones), checked. Inferred: for ``gpflow.optimizers.natgrad``'s maps the second input is symmetric when it is η₂
-    or θ₂ (read through a Cholesky factorisation) and lower-triangular when it is a square root L_S (varsqrt);
-    anything else is general."""
+    """One structure per input from ``structure`` (as :func:`check_gradients` takes it; a dict overrides the inferred
+    ones: :data:`GPFLOW_MAPS`' for GPflow's maps, else general), checked against the inputs' shapes."""
     n, gp_map = len(arrays), gpflow_map_name(fn)
     inferred = GPFLOW_MAPS[gp_map][2] if gp_map is not None and n == 2 else ("general",) * n
     if structure is None:
