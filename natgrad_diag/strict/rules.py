@@ -79,20 +79,15 @@ def check_call(
             validate_seeds(seeds, targets)
         except OutputGradientsError as e:
             return _locate(SEED_MISMATCH, e, site())
-    if allow_implicit_sum:
-        return None
     unseeded = [i for i, (s, t) in enumerate(zip(seeds, targets)) if s is None and _summed(t)]
-    if not unseeded:
+    if allow_implicit_sum or not unseeded:
         return None
     return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
 
 
 def _summed(target: Any) -> bool:
-    """True when a seed of ones would sum the target: more than one element, and a differentiable dtype.
-
-    Decided from the static shape: a dim of 0 means no element; a known dim above 1 means more than
-    one; otherwise (all known dims 1, some unknown while tracing a ``tf.function``) it is not judged.
-    """
+    """True when a seed of ones would sum the target: a differentiable dtype, and in the static shape no dim 0 and a
+    known dim above 1 (all known dims 1, some unknown while tracing a ``tf.function``: not judged)."""
     dtype = getattr(target, "dtype", None)
     if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)) or target.shape.rank is None:
         return False  # integers and booleans get no gradient: nothing is summed
