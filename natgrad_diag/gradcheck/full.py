@@ -33,10 +33,8 @@ def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any)
 
 
 def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[GradientCheckRow]:
-    """One row per block (or only the block ``only`` = (i, j)): every coordinate of each input, compared.
-
-    Refuses, before allocating, when the analytical and numerical dense Jacobians exceed ``prob.max_bytes``.
-    """
+    """One row per block (or only the block ``only`` = (i, j)), every coordinate compared; refuses, before
+    allocating, dense analytical and numerical Jacobians over ``prob.max_bytes``."""
     from natgrad_diag.progress import progress_bar
 
     inputs_used = range(len(prob.x)) if only is None else [only[1]]
