@@ -85,8 +85,7 @@ def check_gradients(
     tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
     cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
-    # torch's _slow_gradcheck / _fast_gradcheck, against central differences: the only oracle independent of
-    # TensorFlow's registered gradients (forward mode transposes them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when wrong)
+    # torch's _slow_gradcheck / _fast_gradcheck, against central differences (independent of TensorFlow's gradients)
     if mode == "fast":
         check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
                      argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip

@@ -104,14 +104,12 @@ class _Engine:
             with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
                 tape.watch(xs)
                 ys = self._outputs(xs)
-            out = []
-            for vk, uk in zip(vs, us):
-                rows = []
-                for y, v in zip(ys, vk):
-                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                    rows.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)]))
-                out.append(tf.stack(rows))
-            return tf.stack(out)
+
+            def dot(y: Any, v: Any, uk: list[Any]) -> Any:  # [n_in]: ⟨Jᵀ·v, u⟩ for one output and direction
+                grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                return tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)])
+
+            return tf.stack([tf.stack([dot(y, v, uk) for y, v in zip(ys, vk)]) for vk, uk in zip(vs, us)])
 
         return self._piece(("analytical", n_dirs), body, self.xspecs, [self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
 
@@ -179,8 +177,7 @@ def _measure(
         for k in range(n_dirs):
             active = [j for j in range(n_in) if k < len(us[j])]
             if compiled:
-                xp = [tf.constant(prob.x[j] + step * u_all[k][j]) for j in range(n_in)]
-                xm = [tf.constant(prob.x[j] - step * u_all[k][j]) for j in range(n_in)]
+                xp, xm = ([tf.constant(prob.x[j] + sign * step * u_all[k][j]) for j in range(n_in)] for sign in (1, -1))
                 num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     raise ArithmeticError("fn is not finite at a finite-difference point")

@@ -14,8 +14,6 @@ from natgrad_diag.report.records import Check, Section, Table, format_number, to
 
 __all__ = ["GradientCheckReport", "GradientCheckRow"]
 
-_TABLE_TITLE = "one row per ∂output/∂input; errors are the block's maxima"
-
 _FORWARD_NOTE = (
     "The forward column (ForwardAccumulator, ⟨v, J·u⟩) is information only: for ops TensorFlow builds it by "
     "transposing the registered gradient, so it agrees with reverse mode even when that gradient is wrong; for a "
@@ -144,7 +142,8 @@ class GradientCheckReport(Report):
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
         return (
             Section("Settings", settings),
-            Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
+            Section("Blocks", "", (Table(columns=columns, rows=rows,
+                                         title="one row per ∂output/∂input; errors are the block's maxima"),)),
             *((Section("What to do", "\n".join(notes)),) if notes else ()),
         )
 

@@ -104,10 +104,8 @@ def label(name: str, idx: tuple[int, ...]) -> str:
 
 
 def coord_label(name: str, coord: tuple[tuple[int, ...], ...], structure: str) -> str:
-    text = "+".join(label(name, idx) for idx in coord)
-    if structure == "lower_triangular" and coord[0][-1] > coord[0][-2]:
-        text += " (above diagonal)"
-    return text
+    above = structure == "lower_triangular" and coord[0][-1] > coord[0][-2]
+    return "+".join(label(name, idx) for idx in coord) + (" (above diagonal)" if above else "")
 
 
 def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure: str, dtype: Any, part: str = "lower") -> Array:
@@ -116,8 +114,7 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
         d = 0.5 * (d + np.swapaxes(d, -1, -2))
     elif structure == "lower_triangular":
         d = np.tril(d) if part == "lower" else np.triu(d, 1)
-    norm = np.linalg.norm(d)  # 0 for an empty or 1x1 strictly-upper part
-    return (d / norm if norm else d).astype(dtype)
+    return (d / np.linalg.norm(d)).astype(dtype)  # inputs are non-empty; an upper part is drawn only above 1x1
 
 
 def hint(structure: str, name: str, value: Array) -> str:
