@@ -148,8 +148,8 @@ class OuterExample(Report):
         chain_text = (
             "For x → y = x xᵀ → z = y², reverse mode runs two vector-Jacobian products: first "
             "dL/dy = (∂z/∂y)ᵀ·dL/dz = 2y ⊙ dL/dz (a seed of ones on z), then dL/dx = (∂y/∂x)ᵀ·dL/dy, "
-            "passing dL/dy as the seed of y. That is the same as differentiating z in one step "
-            f"(max difference {format_number(two_vs_one.max_abs_error)}), and equals d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
+            "passing dL/dy as the seed of y. That is the same as differentiating z in one step (max difference "
+            f"{format_number(two_vs_one.max_abs_error)}), and equals d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
         )
         series = (self.chain_two_step, self.chain_one_step, self.chain_closed_form)
         return Section("A chain: z = y², in two steps and in one", chain_text,

@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["StrictGradients", "StrictGradientsWarning", "Violation", "strict_gradients"]
 
 #: The module of each public name, imported on first use.
-_HOME = {"StrictGradients": "context", "strict_gradients": "context", "StrictGradientsWarning": "rules", "Violation": "rules"}
+_HOME = dict(StrictGradients="context", strict_gradients="context", StrictGradientsWarning="rules", Violation="rules")
 
 
 def __getattr__(name: str) -> Any:
