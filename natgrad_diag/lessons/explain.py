@@ -13,9 +13,8 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,9 +34,8 @@ __all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scen
 SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
 
 
-@dataclass(frozen=True)
-class SeedScenario:
-    """Fresh GPflow Parameters and the gradients the user fed to the natural-gradient step.
+class SeedScenario(NamedTuple):
+    """Fresh GPflow Parameters and the gradients the user fed to the step, in ``natgrad_trace``'s order.
 
     Attributes:
         q_mu: ``gpflow.Parameter`` [M, L], identity transform.
@@ -51,9 +49,6 @@ class SeedScenario:
     q_sqrt: Any
     q_mu_grad: Any
     q_sqrt_grad: Any
-
-    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
-        return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
 
 
 def seed_scenario() -> SeedScenario:
