@@ -18,10 +18,7 @@ from natgrad_diag.gradcheck.structures import GPFLOW_MAPS, gpflow_map_name, reso
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import Tolerance, resolve, validate_tolerance
 
-__all__ = ["MAX_DIRECTIONS", "MODES", "GradientCheckReport", "assert_gradients", "check_gradients"]
-
-#: The modes of :func:`check_gradients`: every coordinate, or random directions (torch's slow and fast gradcheck).
-MODES = ("full", "fast")
+__all__ = ["MAX_DIRECTIONS", "GradientCheckReport", "assert_gradients", "check_gradients"]
 
 
 def check_gradients(
@@ -73,7 +70,7 @@ def check_gradients(
         ('general', 'symmetric')
     """
     require_callable(fn)
-    if mode not in MODES:
+    if mode not in ("full", "fast"):
         raise input_error(
             f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
             "use mode='full' for small problems, mode='fast' for large ones.",
@@ -88,8 +85,7 @@ def check_gradients(
     tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
     cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
-    # torch's _slow_gradcheck / _fast_gradcheck, against central differences: the only oracle independent of
-    # TensorFlow's registered gradients (forward mode transposes them, so ⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ holds even when wrong)
+    # torch's _slow_gradcheck / _fast_gradcheck, against central differences (independent of TensorFlow's gradients)
     if mode == "fast":
         check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
                      argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
@@ -121,12 +117,8 @@ def _gpflow_names(fn: Any, inputs: Any, input_names: Any, output_names: Any) -> 
 def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[Tolerance, str]:
     """The step and tolerances used, and which of them came from the dtype's defaults (ε ≈ ∛(machine ε))."""
     given = [k for k, v in (("eps", eps), ("rtol", rtol), ("atol", atol)) if v is not None]
-    if not given:
-        source = f"defaults for {dtype.name}"
-    elif len(given) == 3:
-        source = "all given"
-    else:
-        source = f"{', '.join(given)} given; the rest {dtype.name} defaults"
+    source = ("all given" if len(given) == 3 else f"{', '.join(given)} given; the rest {dtype.name} defaults" if given
+              else f"defaults for {dtype.name}")  # fmt: skip
     tol = resolve(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
     if eps is None:
         return tol, source

@@ -28,11 +28,14 @@ WHY_MAX_DIRECTIONS = (
 )
 
 
+def _parts(x: Array, structure: str) -> tuple[str, ...]:
+    """The parts of an input that get k directions each: a lower-triangular one's strictly upper part gets its own."""
+    return ("lower", "upper") if structure == "lower_triangular" and x.shape[-1] > 1 else ("lower",)
+
+
 def directions_nbytes(prob: Problem, num_directions: int) -> int:
-    """Bytes of fast mode's random directions, held at once: k per input (2k for a lower-triangular one, whose
-    strictly upper part gets its own), and max(those) output cotangents."""
-    per_input = [num_directions * (2 if st == "lower_triangular" and x.ndim and x.shape[-1] > 1 else 1)
-                 for x, st in zip(prob.x, prob.structures)]  # fmt: skip
+    """Bytes of fast mode's random directions, held at once: k per part of each input, and max(those) cotangents."""
+    per_input = [num_directions * len(_parts(x, st)) for x, st in zip(prob.x, prob.structures)]
     entries = sum(n * x.size for n, x in zip(per_input, prob.x)) + max(per_input) * sum(y.size for y in prob.y)
     return int(entries) * prob.dtype.itemsize
 
@@ -40,39 +43,28 @@ def directions_nbytes(prob: Problem, num_directions: int) -> int:
 def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Array] | None) -> list[GradientCheckRow]:
     """One row per block from k random (u, v) pairs; a failing block is re-run in full mode to name the entry."""
     rng = np.random.default_rng(seed)
-    # per input k unit directions u (lower_triangular: k lower-triangle plus k strictly-upper ones)
-    us = []
-    for x, st in zip(prob.x, prob.structures):
-        dirs = [random_direction(rng, x.shape, st, prob.dtype) for _ in range(num_directions)]
-        if st == "lower_triangular" and x.shape[-1] > 1:
-            dirs += [random_direction(rng, x.shape, st, prob.dtype, part="upper") for _ in range(num_directions)]
-        us.append(dirs)
-    n_dirs = max(len(d) for d in us)
-    if cotangents is not None:
-        vs = [list(cotangents) for _ in range(n_dirs)]
-    else:
-        vs = [[random_direction(rng, y.shape, "general", prob.dtype) for y in prob.y] for _ in range(n_dirs)]
+    us = [[random_direction(rng, x.shape, st, prob.dtype, part=p) for p in _parts(x, st) for _ in range(num_directions)]
+          for x, st in zip(prob.x, prob.structures)]  # fmt: skip
+    vs = [[random_direction(rng, y.shape, "general", prob.dtype) for y in prob.y] if cotangents is None
+          else list(cotangents) for _ in range(max(map(len, us)))]  # fmt: skip
     atols = [prob.atol * max(float(np.linalg.norm(v)) if cotangents is not None else 1.0, 1.0) for v in vs[0]]
     try:
         m = _measure(prob, us, vs, atols, compiled=True)
-    except Exception:  # noqa: BLE001 - fn cannot be traced: the eager run below
-        m = None
-    if m is None:  # not traceable, or not finite at a point: the eager run names the cause
+    except Exception:  # noqa: BLE001 - not traceable, or not finite at a point: the eager run names the cause
         m = _measure(prob, us, vs, atols, compiled=False)
-        assert m is not None
     blocks = np.ndindex(len(prob.y), len(prob.x))
     rows = [_fast_row(prob, i, j, m, len(us[j]), num_directions, atol=atols[i]) for i, j in blocks]
     return [row if row.passed else _rerun_full(prob, row) for row in rows]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Measured:
     """[n_out, n_in, n_dirs] arrays of ⟨v, D_u y⟩ (numerical), ⟨Jᵀ·v, u⟩ (analytical), ⟨v, J·u⟩ (forward)."""
 
     numerical: Array
     analytical: Array
     forward: Array
-    forward_error: str  # why forward mode is unavailable ("" when it ran)
+    forward_error: str = ""  # why forward mode is unavailable
 
 
 class _Engine:
@@ -112,14 +104,12 @@ class _Engine:
             with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
                 tape.watch(xs)
                 ys = self._outputs(xs)
-            out = []
-            for vk, uk in zip(vs, us):
-                rows = []
-                for y, v in zip(ys, vk):
-                    grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                    rows.append(tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)]))
-                out.append(tf.stack(rows))
-            return tf.stack(out)
+
+            def dot(y: Any, v: Any, uk: list[Any]) -> Any:  # [n_in]: ⟨Jᵀ·v, u⟩ for one output and direction
+                grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                return tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)])
+
+            return tf.stack([tf.stack([dot(y, v, uk) for y, v in zip(ys, vk)]) for vk, uk in zip(vs, us)])
 
         return self._piece(("analytical", n_dirs), body, self.xspecs, [self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
 
@@ -167,10 +157,10 @@ def _engine(prob: Problem, compiled: bool) -> _Engine:
 
 def _measure(
     prob: Problem, us: list[list[Array]], vs: list[list[Array]], atols: list[float], *, compiled: bool
-) -> _Measured | None:
+) -> _Measured:
     """⟨Jᵀ·v, u⟩ (one call for every VJP: f once, n_out VJPs per direction), ⟨v, D_u y⟩ by central differences
-    (2 f per input and direction), then forward mode at each block's worst direction. Compiled: ``None`` when fn
-    is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
+    (2 f per input and direction), then forward mode at each block's worst direction. Compiled: ArithmeticError when
+    fn is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
     import tensorflow as tf
 
     from natgrad_diag.progress import progress_bar
@@ -187,11 +177,10 @@ def _measure(
         for k in range(n_dirs):
             active = [j for j in range(n_in) if k < len(us[j])]
             if compiled:
-                xp = [tf.constant(prob.x[j] + step * u_all[k][j]) for j in range(n_in)]
-                xm = [tf.constant(prob.x[j] - step * u_all[k][j]) for j in range(n_in)]
+                xp, xm = ([tf.constant(prob.x[j] + sign * step * u_all[k][j]) for j in range(n_in)] for sign in (1, -1))
                 num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
-                    return None
+                    raise ArithmeticError("fn is not finite at a finite-difference point")
                 num = num.numpy() / (2 * eps)
             else:
                 num = np.zeros((n_out, n_in))
@@ -202,8 +191,9 @@ def _measure(
                 analytical[:, j, k] = ana[k, :, j]
                 numerical[:, j, k] = num[:, j]
             advance()
-    m = _Measured(numerical, analytical, forward, "")
-    return dataclasses.replace(m, forward_error=_forward_at_worst(prob, engine, xs, us, vs, m, atols))
+    m = _Measured(numerical, analytical, forward)
+    m.forward_error = _forward_at_worst(prob, engine, xs, us, vs, m, atols)
+    return m
 
 
 def _forward_at_worst(
@@ -268,17 +258,12 @@ def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
     failed_dir = f"fast mode failed ({row.worst_entry}: error {row.worst_abs_error:.3g} > {row.worst_tolerance:.3g})"
     if full.passed:  # every coordinate agrees: the stronger check wins, the direction was finite-difference error
         return dataclasses.replace(
-            row,
-            passed=True, hint="",
-            method=row.method + f"; full mode on this block passed ({full.method})",
+            row, passed=True, hint="", method=row.method + f"; full mode on this block passed ({full.method})",
             note=_join(row.note, f"{failed_dir}, but full mode on this block passes, so the block passes: along that "
                        "direction the finite difference was dominated by its O(ε²) error (try a smaller eps)."),
         )  # fmt: skip
     return dataclasses.replace(
-        row, worst_entry=full.worst_entry, numerical=full.numerical, analytical=full.analytical, forward=None,
-        compared=full.compared, max_abs_error=full.max_abs_error, max_rel_error=full.max_rel_error,
-        worst_abs_error=full.worst_abs_error, worst_tolerance=full.worst_tolerance,
-        method=row.method + f"; then full mode on this block ({full.method})",
+        full, method=row.method + f"; then full mode on this block ({full.method})",
         note=_join(row.note, f"{failed_dir}; full mode on this block confirms it and names the entry."),
     )  # fmt: skip
 

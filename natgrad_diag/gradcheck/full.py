@@ -33,10 +33,8 @@ def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any)
 
 
 def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[GradientCheckRow]:
-    """One row per block (or only the block ``only`` = (i, j)): every coordinate of each input, compared.
-
-    Refuses, before allocating, when the analytical and numerical dense Jacobians exceed ``prob.max_bytes``.
-    """
+    """One row per block (or only the block ``only`` = (i, j)), every coordinate compared; refuses, before
+    allocating, dense analytical and numerical Jacobians over ``prob.max_bytes``."""
     from natgrad_diag.progress import progress_bar
 
     inputs_used = range(len(prob.x)) if only is None else [only[1]]
@@ -67,14 +65,14 @@ def _numerical_columns(prob: Problem, j: int, coords: Coords, advance: Callable[
         for i, dy in enumerate(prob.central(j, d, f"{coord_label(prob.names[j], coord, prob.structures[j])} ± eps")):
             cols[i].append(dy.ravel())
         advance()
-    return [np.stack(c, axis=1) if c else np.zeros((prob.y[i].size, 0), prob.dtype) for i, c in enumerate(cols)]
+    return [np.stack(c, axis=1) for c in cols]  # an input has at least one coordinate
 
 
 def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords) -> Array:
     """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
     flat = block.reshape(-1, int(np.prod(in_shape)))
     cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape)) if in_shape else 0] for idx in c) for c in coords]
-    return np.stack(cols, axis=1) if cols else np.zeros((flat.shape[0], 0), block.dtype)
+    return np.stack(cols, axis=1)
 
 
 def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[[int, int], Array]:
@@ -101,7 +99,7 @@ def _block_row(prob: Problem, i: int, j: int, coords: Coords, num: Array, ana: A
     r, col = np.unravel_index(c.worst, num.shape) if num.size else (0, 0)
     out_idx = tuple(int(v) for v in np.unravel_index(r, prob.y[i].shape)) if num.size else ()
     st = prob.structures[j]
-    in_label = coord_label(prob.names[j], coords[col], st) if coords else prob.names[j]
+    in_label = coord_label(prob.names[j], coords[col], st)
     return GradientCheckRow(
         output=prob.output_names[i], input=prob.names[j], output_index=i, input_index=j, structure=st,
         method=f"central differences, {len(coords)} coordinate(s)" + (" (E_ab + E_ba)" if st == "symmetric" else ""),

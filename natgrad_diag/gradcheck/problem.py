@@ -9,19 +9,9 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import (
-    as_float_tensor,
-    flat_outputs,
-    input_error,
-    names_of,
-    output_labels,
-    require_finite,
-    require_output_dtypes,
-    require_same_dtype,
-    seed_array,
-    shape_str,
-    split_inputs,
-    validate_seeds,
-)
+    as_float_tensor, flat_outputs, input_error, names_of, output_labels, require_finite, require_output_dtypes,
+    require_same_dtype, seed_array, shape_str, split_inputs, validate_seeds,
+)  # fmt: skip
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 from natgrad_diag.tolerance import Tolerance
 from natgrad_diag.typing import Array
@@ -77,17 +67,12 @@ class Problem:
                 remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
                 "(e.g. positive definite).",
             ) from e
-        flat = flat_outputs(outputs)
+        flat = flat_outputs(outputs)  # float tensors of the inputs' dtype (float16, float32 or float64)
         require_output_dtypes(flat, self.dtype.name)
         self.y = [np.asarray(y.numpy()) for y in flat]
         labels = output_labels(outputs) if output_names is None else output_names  # a dict's keys or paths, flattened
         self.output_names = names_of(labels, len(self.y), "outputs")
         for name, y in zip(self.output_names, self.y):
-            if y.dtype.kind != "f":
-                raise input_error(
-                    f"output {name} is not floating point.", "fn", "float outputs", f"{name}: {y.dtype}",
-                    "return only differentiable float tensors from fn.",
-                )  # fmt: skip
             if not np.all(np.isfinite(y)):
                 raise NonFiniteError(
                     f"fn(*inputs) returned NaN or Inf in output {name}.",

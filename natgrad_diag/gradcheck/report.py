@@ -14,8 +14,6 @@ from natgrad_diag.report.records import Check, Section, Table, format_number, to
 
 __all__ = ["GradientCheckReport", "GradientCheckRow"]
 
-_TABLE_TITLE = "one row per ∂output/∂input; errors are the block's maxima"
-
 _FORWARD_NOTE = (
     "The forward column (ForwardAccumulator, ⟨v, J·u⟩) is information only: for ops TensorFlow builds it by "
     "transposing the registered gradient, so it agrees with reverse mode even when that gradient is wrong; for a "
@@ -62,8 +60,7 @@ class GradientCheckRow:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = to_jsonable(dict(self.__dict__))
-        return out
+        return dict(to_jsonable(dict(self.__dict__)))
 
 
 @dataclass(frozen=True)
@@ -145,14 +142,14 @@ class GradientCheckReport(Report):
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
         return (
             Section("Settings", settings),
-            Section("Blocks", "", (Table(columns=columns, rows=rows, title=_TABLE_TITLE),)),
+            Section("Blocks", "", (Table(columns=columns, rows=rows,
+                                         title="one row per ∂output/∂input; errors are the block's maxima"),)),
             *((Section("What to do", "\n".join(notes)),) if notes else ()),
         )
 
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checks"}
-        out: dict[str, Any] = to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]})
-        return out
+        return dict(to_jsonable(super().to_dict() | fields | {"rows": [r.to_dict() for r in self.rows]}))
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""

@@ -31,16 +31,12 @@ GPFLOW_MAPS = {
 
 def gpflow_map_name(fn: Any) -> str | None:
     name: str | None = getattr(fn, "__name__", None)
-    if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad":
-        return name
-    return None
+    return name if name in GPFLOW_MAPS and getattr(fn, "__module__", "") == "gpflow.optimizers.natgrad" else None
 
 
 def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: list[Array]) -> tuple[str, ...]:
-    """One structure per input from ``structure`` (a string, a sequence, or a dict by input name over the inferred
-    ones), checked. Inferred: for ``gpflow.optimizers.natgrad``'s maps the second input is symmetric when it is η₂
-    or θ₂ (read through a Cholesky factorisation) and lower-triangular when it is a square root L_S (varsqrt);
-    anything else is general."""
+    """One structure per input from ``structure`` (as :func:`check_gradients` takes it; a dict overrides the inferred
+    ones: :data:`GPFLOW_MAPS`' for GPflow's maps, else general), checked against the inputs' shapes."""
     n, gp_map = len(arrays), gpflow_map_name(fn)
     inferred = GPFLOW_MAPS[gp_map][2] if gp_map is not None and n == 2 else ("general",) * n
     if structure is None:
@@ -108,10 +104,8 @@ def label(name: str, idx: tuple[int, ...]) -> str:
 
 
 def coord_label(name: str, coord: tuple[tuple[int, ...], ...], structure: str) -> str:
-    text = "+".join(label(name, idx) for idx in coord)
-    if structure == "lower_triangular" and coord[0][-1] > coord[0][-2]:
-        text += " (above diagonal)"
-    return text
+    above = structure == "lower_triangular" and coord[0][-1] > coord[0][-2]
+    return "+".join(label(name, idx) for idx in coord) + (" (above diagonal)" if above else "")
 
 
 def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure: str, dtype: Any, part: str = "lower") -> Array:
@@ -120,8 +114,7 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
         d = 0.5 * (d + np.swapaxes(d, -1, -2))
     elif structure == "lower_triangular":
         d = np.tril(d) if part == "lower" else np.triu(d, 1)
-    norm = np.linalg.norm(d)  # 0 for an empty or 1x1 strictly-upper part
-    return (d / norm if norm else d).astype(dtype)
+    return (d / np.linalg.norm(d)).astype(dtype)  # inputs are non-empty; an upper part is drawn only above 1x1
 
 
 def hint(structure: str, name: str, value: Array) -> str:

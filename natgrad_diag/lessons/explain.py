@@ -13,12 +13,12 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from natgrad_diag._validate import input_error
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
@@ -34,9 +34,8 @@ __all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scen
 SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
 
 
-@dataclass(frozen=True)
-class SeedScenario:
-    """Fresh GPflow Parameters and the gradients the user fed to the natural-gradient step.
+class SeedScenario(NamedTuple):
+    """Fresh GPflow Parameters and the gradients the user fed to the step, in ``natgrad_trace``'s order.
 
     Attributes:
         q_mu: ``gpflow.Parameter`` [M, L], identity transform.
@@ -50,9 +49,6 @@ class SeedScenario:
     q_sqrt: Any
     q_mu_grad: Any
     q_sqrt_grad: Any
-
-    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
-        return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
 
 
 def seed_scenario() -> SeedScenario:
@@ -132,7 +128,6 @@ class Explanation(Report):
         M, L = t.num_inducing, t.num_latent
         c = {ch.name: ch for ch in self.checks}
         naive_err = max_abs_diff(self.naive_product, t.dL_deta1)
-        vs_eta1 = J.block(1, 0)
         intro = (
             "GPflow's step computes\n"
             "    dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2],\n"
@@ -150,10 +145,9 @@ class Explanation(Report):
             title="eta1: Jᵀ·v = dL/deta1 (output_gradients), Jᵀ·1 = dtheta/deta1 (default seed), (Jᵀ·1)⊙v the "
             "naive product, and Jᵀ·v split into its mean and varsqrt paths",
         )
-        differs = c["c_naive_product_differs"]
         lead = (
             f"The naive product differs from Jᵀ·v by up to {format_number(naive_err)}. "
-            if naive_err > (differs.tolerance or 0.0)
+            if naive_err > (c["c_naive_product_differs"].tolerance or 0.0)
             else f"Here the naive product happens to equal Jᵀ·v (to {format_number(naive_err)}). "
         )
         why = (
@@ -161,7 +155,7 @@ class Explanation(Report):
             "∂mean/∂eta1 is the identity (the mean path equals dL/dmean "
             f"{_within(max_abs_diff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
             f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
-            f"{format_number(float(np.max(np.abs(vs_eta1), initial=0.0)))}. So\n"
+            f"{format_number(float(np.max(np.abs(J.block(1, 0)), initial=0.0)))}. So\n"
             "    dL/deta1 = dL/dmean + (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt\n"
             f"(the mean path plus the varsqrt path), which holds here {_within(c['c_split'].max_abs_error)}. The default "
             "seed mixes the same two paths with ones instead of v: dtheta/deta1 = 1 + Σ ∂varsqrt/∂eta1 (which holds "
@@ -203,8 +197,7 @@ class Explanation(Report):
         d.update({k: getattr(t, k) for k in ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2")})
         d.update(naive_product=self.naive_product, mean_path=self.mean_path, varsqrt_path=self.varsqrt_path,
                  jacobian_shape=list(self.jacobian.matrix.shape), onehot_row_label=self.row_label)
-        out: dict[str, Any] = to_jsonable(d)
-        return out
+        return dict(to_jsonable(d))
 
 
 def _within(difference: float | None) -> str:
@@ -239,23 +232,18 @@ def _counter_example(x: Array, v: Array, rtol: float, atol: float) -> tuple[Coun
 
 def _onehot_row(t: NatGradTrace, varsqrt_index: tuple[int, ...]) -> Array:
     """The row of J at varsqrt[varsqrt_index] via output_gradients = one-hot, on a fresh tape (an independent route)."""
-    import tensorflow as tf
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
-    e1, e2 = tf.constant(t.eta1), tf.constant(t.eta2)
-    with tf.GradientTape() as tape:
-        tape.watch([e1, e2])
-        mean, varsqrt = expectation_to_meanvarsqrt(e1, e2)
-    seed_mean, seed_vs = np.zeros_like(t.eta1), np.zeros_like(t.eta2)
+    from natgrad_diag.autodiff.seeded import vjp
+
+    seed_vs = np.zeros_like(t.eta2)
     seed_vs[varsqrt_index] = 1.0
-    g1, g2 = tape.gradient([mean, varsqrt], [e1, e2], output_gradients=[tf.constant(seed_mean), tf.constant(seed_vs)])
-    return np.concatenate([g1.numpy().ravel(), g2.numpy().ravel()])
+    _, grads = vjp(expectation_to_meanvarsqrt, [t.eta1, t.eta2], [np.zeros_like(t.eta1), seed_vs])
+    return np.concatenate([g.numpy().ravel() for g in grads])
 
 
 def _check_source(source: Any) -> None:
     """``source`` must be a trace or four tensors (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad); else an InputError."""
-    from natgrad_diag._validate import input_error
-
     if isinstance(source, NatGradTrace):
         return
     try:

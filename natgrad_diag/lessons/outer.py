@@ -111,16 +111,14 @@ class OuterExample(Report):
         )
 
     def _seed_section(self) -> Section:
-        n = self.n
-        s_sum = format_number(float(np.sum(self.x)))
-        intro = (
+        n, total = self.n, float(np.sum(self.x))
+        return Section("What the seed is", (
             f"y = outer(x, x) has shape [{n}, {n}]; x has shape [{n}]. The seed v, grad_outputs in PyTorch and "
             f"output_gradients in TensorFlow, is dL/dy: it has y's shape [{n}, {n}], not x's. The result is dL/dx:\n"
             "    dL/dx_i = Σ_jk v_jk · ∂y_jk/∂x_i,     ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik\n"
-            f"so a seed of ones gives dL/dx_i = Σ_k x_k + Σ_j x_j = 2·sum(x) = 2·{s_sum} = "
-            f"{format_number(2 * float(np.sum(self.x)))} for every i. It is the gradient of sum(y), not the Jacobian."
-        )
-        return Section("What the seed is", intro)
+            f"so a seed of ones gives dL/dx_i = Σ_k x_k + Σ_j x_j = 2·sum(x) = 2·{format_number(total)} = "
+            f"{format_number(2 * total)} for every i. It is the gradient of sum(y), not the Jacobian."
+        ))
 
     def _by_element(self, columns: tuple[str, ...], series: tuple[Array, ...], torch_series: str) -> Table:
         """One row per i: i, then each series at i, then PyTorch's ``torch_series`` at i when it ran."""
@@ -146,18 +144,16 @@ class OuterExample(Report):
         return Section("The Jacobian", jac_text, (table,) if n <= 6 else ())
 
     def _chain_section(self) -> Section:
-        c = {ch.name: ch for ch in self.checks}
+        two_vs_one = next(ch for ch in self.checks if ch.name == "chain_two_steps_equal_one")
         chain_text = (
             "For x → y = x xᵀ → z = y², reverse mode runs two vector-Jacobian products: first "
             "dL/dy = (∂z/∂y)ᵀ·dL/dz = 2y ⊙ dL/dz (a seed of ones on z), then dL/dx = (∂y/∂x)ᵀ·dL/dy, "
-            "passing dL/dy as the seed of y. That is the same as differentiating z in one step "
-            f"(max difference {format_number(c['chain_two_steps_equal_one'].max_abs_error)}), and equals "
-            "d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
+            "passing dL/dy as the seed of y. That is the same as differentiating z in one step (max difference "
+            f"{format_number(two_vs_one.max_abs_error)}), and equals d/dx_i (Σ_k x_k²)² = 4 x_i Σ_k x_k²."
         )
-        table = self._by_element(
-            ("two steps", "one step", "4·x_i·Σx²"), (self.chain_two_step, self.chain_one_step, self.chain_closed_form), "chain_two_step"
-        )
-        return Section("A chain: z = y², in two steps and in one", chain_text, (table,))
+        series = (self.chain_two_step, self.chain_one_step, self.chain_closed_form)
+        return Section("A chain: z = y², in two steps and in one", chain_text,
+                       (self._by_element(("two steps", "one step", "4·x_i·Σx²"), series, "chain_two_step"),))
 
     def _wrong_seed_text(self) -> str:
         n = self.n
@@ -201,8 +197,7 @@ class OuterExample(Report):
         d["torch"] = {"available": t is not None, "status": self.torch_status} | {
             k: None if t is None else getattr(t, k) for k in torch_keys
         }
-        out: dict[str, Any] = to_jsonable(d)
-        return out
+        return dict(to_jsonable(d))
 
 
 def first_line(message: str) -> str:
@@ -210,9 +205,7 @@ def first_line(message: str) -> str:
 
 
 def _computed(xn: FloatArray) -> dict[str, Any]:
-    """Every number of the lesson, keyed by :class:`OuterExample`'s fields: what TensorFlow computes for y = x xᵀ,
-    z = y², s = sin(x) (gradients and the wrong seeds' fates), and the oracles (the explicit Jacobian from
-    :func:`jacobian` and by hand, the closed forms)."""
+    """Every number of the lesson by :class:`OuterExample`'s fields: TensorFlow's, and the oracles (J, closed forms)."""
     import tensorflow as tf
 
     from natgrad_diag.autodiff.dense import jacobian

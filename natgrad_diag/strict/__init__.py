@@ -6,18 +6,16 @@ the ``strict_gradients`` marker and fixture) and ``python -m natgrad_diag.strict
 ``context``, ``rules``, ``callsite`` and ``runner`` are internal. Importing this package imports no TensorFlow.
 """
 
+import importlib
 from typing import Any
 
 __all__ = ["StrictGradients", "StrictGradientsWarning", "Violation", "strict_gradients"]
 
+#: The module of each public name, imported on first use.
+_HOME = dict(StrictGradients="context", strict_gradients="context", StrictGradientsWarning="rules", Violation="rules")
+
 
 def __getattr__(name: str) -> Any:
-    if name in ("StrictGradients", "strict_gradients"):
-        from natgrad_diag.strict import context
-
-        return getattr(context, name)
-    if name in ("StrictGradientsWarning", "Violation"):
-        from natgrad_diag.strict import rules
-
-        return getattr(rules, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -81,11 +81,9 @@ def _autograph_origin(frame: FrameType) -> Any:
     from tensorflow.python.autograph.pyct import origin_info
 
     key = origin_info.LineLocation(frame.f_code.co_filename, frame.f_lineno)
-    for value in list(outer.f_locals.values()):  # converted_call holds the converted function
-        source_map = getattr(value, "ag_source_map", None)
-        if isinstance(source_map, dict) and key in source_map:
-            return source_map[key]
-    return None
+    # converted_call holds the converted function
+    maps = (getattr(value, "ag_source_map", None) for value in list(outer.f_locals.values()))
+    return next((m[key] for m in maps if isinstance(m, dict) and key in m), None)
 
 
 def _without_comment(origin: Any) -> str:

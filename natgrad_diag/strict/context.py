@@ -21,10 +21,7 @@ from natgrad_diag._validate import input_error, require_bool
 from natgrad_diag.strict.callsite import call_site, is_exempt
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
 
-__all__ = ["ACTIONS", "StrictGradients", "strict_gradients"]
-
-#: What a violation does: raise :class:`~natgrad_diag.exceptions.OutputGradientsError`, or warn and go on.
-ACTIONS = ("raise", "warn")
+__all__ = ["StrictGradients", "strict_gradients"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,7 +54,7 @@ class StrictGradients(contextlib.ContextDecorator):
     """
 
     def __init__(self, action: str = "raise", *, allow_implicit_sum: bool = False) -> None:
-        if action not in ACTIONS:
+        if action not in ("raise", "warn"):
             raise input_error("action must say what a violation does.", "action", '"raise" or "warn"', repr(action),
                               'pass action="raise" (an OutputGradientsError at the call) or action="warn" (a warning, '
                               "and TensorFlow's result).")
@@ -85,10 +82,8 @@ class StrictGradients(contextlib.ContextDecorator):
         return StrictGradients(self.action, allow_implicit_sum=self.allow_implicit_sum)
 
     def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
-        if is_exempt(caller):
+        if (not args and "target" not in kwargs) or is_exempt(caller):  # TensorFlow reports a missing target itself
             return None
-        if not args and "target" not in kwargs:
-            return None  # TensorFlow reports the missing argument itself
         target = args[0] if args else kwargs["target"]
         output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
         self.checked_calls += 1

@@ -79,20 +79,15 @@ def check_call(
             validate_seeds(seeds, targets)
         except OutputGradientsError as e:
             return _locate(SEED_MISMATCH, e, site())
-    if allow_implicit_sum:
-        return None
     unseeded = [i for i, (s, t) in enumerate(zip(seeds, targets)) if s is None and _summed(t)]
-    if not unseeded:
+    if allow_implicit_sum or not unseeded:
         return None
     return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
 
 
 def _summed(target: Any) -> bool:
-    """True when a seed of ones would sum the target: more than one element, and a differentiable dtype.
-
-    Decided from the static shape: a dim of 0 means no element; a known dim above 1 means more than
-    one; otherwise (all known dims 1, some unknown while tracing a ``tf.function``) it is not judged.
-    """
+    """True when a seed of ones would sum the target: a differentiable dtype, and in the static shape no dim 0 and a
+    known dim above 1 (all known dims 1, some unknown while tracing a ``tf.function``: not judged)."""
     dtype = getattr(target, "dtype", None)
     if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)) or target.shape.rank is None:
         return False  # integers and booleans get no gradient: nothing is summed
@@ -100,26 +95,20 @@ def _summed(target: Any) -> bool:
     return 0 not in dims and any(d is not None and d > 1 for d in dims)
 
 
-def _count(target: Any) -> str:
-    n = target.shape.num_elements()  # None when a dim is unknown while tracing
-    return "more than one element" if n is None else f"{n} elements"
-
-
 def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_none: bool) -> OutputGradientsError:
     """The message for targets of more than one element without a seed."""
     if len(unseeded) == 1:
-        i = unseeded[0]
-        detail = (
-            f"{TORCH_IMPLICIT_MESSAGE}: target[{i}] has {_count(targets[i])} (shape {shape_str(targets[i])}) and no "
-            "seed, so TensorFlow would seed every element with 1 and return the gradient of its sum."
-        )
+        i, n = unseeded[0], targets[unseeded[0]].shape.num_elements()  # n is None when a dim is unknown while tracing
+        count = "more than one element" if n is None else f"{n} elements"
+        who, what = f"target[{i}] has {count} (shape {shape_str(targets[i])})", "its sum"
     else:
         named = [f"target[{i}] ({shape_str(targets[i])})" for i in unseeded]
-        detail = (
-            f"{TORCH_IMPLICIT_MESSAGE}: {', '.join(named[:-1])} and {named[-1]} have more than one element and no "
-            "seed, so TensorFlow would seed every element with 1 and return the gradient of the sum of all their "
-            "elements."
-        )
+        who = f"{', '.join(named[:-1])} and {named[-1]} have more than one element"
+        what = "the sum of all their elements"
+    detail = (
+        f"{TORCH_IMPLICIT_MESSAGE}: {who} and no seed, so TensorFlow would seed every element with 1 and return the "
+        f"gradient of {what}."
+    )
     if all_none:
         context: list[tuple[str, object]] = [
             ("Argument", "output_gradients"),

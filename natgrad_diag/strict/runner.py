@@ -116,11 +116,8 @@ def format_violations(violations: Sequence[Violation], *, checked_calls: int, pr
     sites: dict[tuple[str, int, str], list[Violation]] = {}
     for v in violations:
         sites.setdefault((v.site.filename, v.site.lineno, str(v.error)), []).append(v)
-    head = (
-        f"{prog}: {len(violations)} tape.gradient call(s) broke PyTorch's seed rules, at {len(sites)} place(s) "
-        f"({checked_calls} call(s) checked):"
-    )
-    lines = [head]
+    lines = [f"{prog}: {len(violations)} tape.gradient call(s) broke PyTorch's seed rules, at {len(sites)} place(s) "
+             f"({checked_calls} call(s) checked):"]
     for (filename, lineno, message), found in sites.items():
         times = f" ({len(found)} calls)" if len(found) > 1 else ""
         lines.extend(["", f"{filename}:{lineno}: {found[0].rule}{times}", message])
