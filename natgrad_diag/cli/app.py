@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
-    p.add_argument("--gamma-steps", type=_gamma_steps, default=5, metavar="K", help="judge γ (and each γ searched) by K steps")
+    p.add_argument("--gamma-steps", type=_gamma_steps, default=5, metavar="K", help="steps that judge each γ")
     p.add_argument("--optimizer", default=None, metavar="MODULE:NAME", help="check your optimizer's step: module:Class or path.py:Class (built with gamma, xi_transform), or an update function")
     p.add_argument("--max-minutes", type=_nonnegative_float, default=CHECK_MAX_MINUTES, metavar="T", help="refuse sizes estimated to take longer than T minutes (0: no limit)")
     _output_options(p)
