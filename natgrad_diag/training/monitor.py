@@ -149,13 +149,15 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
                 valid = tf.function(lambda: qu_valid(self._pairs))
                 self._measure = lambda data: (valid(), loss(data))
         ok, value = self._measure(data)
-        return bool(ok), _finite(value)
+        return bool(ok), float(value) if math.isfinite(value) else None
 
     def search(self, data: Any, gamma: float) -> Any:
         """:func:`~natgrad_diag.check_natgrad` in fast mode at ``gamma`` with its γ search (the var_list form for a
-        GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); remembered for the records."""
+        GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); the suggestion (the smallest
+        pair's; None when a pair has none) is remembered for the records."""
         report = self._report(data, gamma, search=True)
-        self._suggestion = _folded(report)
+        suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+        self._suggestion = None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
         return report
 
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
@@ -214,17 +216,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             suggested_gamma=self._suggestion, passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in report.checks if not c.passed),
         )
-
-
-def _folded(report: Any) -> float | None:
-    """The report's suggested γ; for the var_list form the smallest of the pairs' (None when a pair has none)."""
-    suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
-    return None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
-
-
-def _finite(value: Any) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
