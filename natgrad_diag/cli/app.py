@@ -72,9 +72,8 @@ def _report_path(text: str) -> str:
     try:
         report_format(text, argument="--report")
     except InputError:
-        raise argparse.ArgumentTypeError(
-            f"expected a path ending in .html, .htm or .md (the extension chooses the format), got {text!r}"
-        ) from None
+        message = f"expected a path ending in .html, .htm or .md (the extension chooses the format), got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
     return text
 
 
@@ -89,11 +88,10 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 
 
 class UsageError(Exception):
-    """A command line argparse refused: the message, and the sub-command it belongs to."""
+    """A command line argparse refused: the message, and the usage line of the sub-command it belongs to."""
 
-    def __init__(self, message: str, prog: str, usage: str) -> None:
+    def __init__(self, message: str, usage: str) -> None:
         super().__init__(message)
-        self.prog = prog
         self.usage = usage
 
 
@@ -121,7 +119,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, self.prog, self.format_usage())
+        raise UsageError(message, self.format_usage())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> Any:
-    command = args.command or "explain"
+    command = args.command
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
     if command == "explain":
         from gpflow.optimizers import XiNat, XiSqrtMeanVar
@@ -249,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not prepare_streams():
             return _fail([], command, "standard output is closed; redirect it to a file or /dev/null instead.", EXIT_USAGE)
-        return _command(argv)
+        return _command(argv, command)
     except (KeyboardInterrupt, Exception) as e:
         if not _interrupted(e):
             raise
@@ -312,17 +310,16 @@ def _check_report_folder(path: str) -> None:
                           f"check that {folder} is a folder you can write to, or choose another path.")  # fmt: skip
 
 
-def _command(argv: list[str]) -> int:
+def _command(argv: list[str], command: str) -> int:
     """Parse, check the arguments, run the command and print its report; the exit code."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as e:
         sys.stderr.write(e.usage)
-        return _fail(argv, (argv[0] if argv and not argv[0].startswith("-") else "explain"), f"error: {e}", EXIT_USAGE)
+        return _fail(argv, command, f"error: {e}", EXIT_USAGE)
     from natgrad_diag.exceptions import InputError, MemoryLimitError, NatGradDiagError, UnsupportedModelError
 
-    command = args.command or "explain"
     if command == "strict":
         from natgrad_diag.strict.runner import run_command
 
