@@ -166,8 +166,7 @@ _BLOCK = 10
 
 
 def _training(M: int, N: int) -> tuple[Any, Any, Any, Any]:
-    """An SVGP as GPflow's recipe trains it: q(u) not trainable, natural gradients on q(u) and Adam on the kernel and
-    likelihood in one ``tf.function``; the model, its data, the NaturalGradient (γ a tf.Variable) and the step."""
+    """An SVGP trained as GPflow's recipe does (natural gradients on q(u), Adam on the rest, one ``tf.function``)."""
     import gpflow
     import tensorflow as tf
     from gpflow.keras import tf_keras

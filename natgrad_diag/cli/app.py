@@ -25,8 +25,7 @@ GPFLOW_MAPS = (
 
 
 def _number(cast: Any, accept: Any, expected: str, *, many: bool = False) -> Any:
-    """An argparse type: ``cast(text)`` (with ``many``, of each comma-separated item: an empty one is an error, not
-    skipped), refused with "expected <expected>" unless ``accept`` holds for every value."""
+    """An argparse type: ``cast`` of the text (or of each comma-separated item), refused unless ``accept`` holds."""
 
     def parse(text: str) -> Any:
         items = [v.strip() for v in text.split(",")] if many else [text]
@@ -96,8 +95,7 @@ class UsageError(Exception):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" for options that have a value by default, not for flags or "None"; lines of at most 80
-    columns, narrower on a narrower terminal."""
+    """"(default: X)" for options that have a value by default, not for flags or None; at most 80 columns."""
 
     def __init__(self, prog: str, **kwargs: Any) -> None:
         import shutil
@@ -111,8 +109,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting (so ``--json`` can report it as JSON) and
-    shows every option's default; sub-command parsers are of this class too."""
+    """argparse that raises :class:`UsageError` instead of exiting (``--json`` reports it as JSON)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)

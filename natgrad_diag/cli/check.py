@@ -50,13 +50,9 @@ def check_natgrad_cli(
     num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
     mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None, max_minutes: float = 0.0,
 ) -> NatGradReport:  # fmt: skip
-    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
-
-    ``gamma_steps`` (``--gamma-steps K``): γ is judged, and each γ of the search measured, by K steps.
-    ``optimizer`` (``--optimizer module:NAME``): the ``custom_step`` check of that optimizer (:func:`load_optimizer`).
-    ``max_minutes`` (``--max-minutes T``, 2 on the command line): refuse sizes estimated to take longer
-    (:func:`natgrad_diag.demo.check_model_work`); 0, the default here, sets no limit.
-    """
+    """``natgrad-diag check`` (docs/cli.md): check a seeded demo model (:func:`natgrad_diag.demo.make_model`);
+    ``optimizer`` is loaded by :func:`load_optimizer`, ``max_minutes=0`` (the default here, 2 on the command line)
+    sets no limit."""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     from natgrad_diag.demo import check_model_work, make_model
