@@ -87,9 +87,7 @@ class NatGradDiagError(Exception):
     ag_pass_through: bool  # set by :func:`raised_as_is`
 
     def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
-        self.detail = detail
-        self.context = tuple(context)
-        self.remedy = remedy
+        self.detail, self.context, self.remedy = detail, tuple(context), remedy
         lines = [self.error_message + (f" {detail}" if detail else "")]
         width = max((len(label) for label, _ in self.context), default=0) + 1
         for label, value in self.context:

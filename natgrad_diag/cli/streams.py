@@ -34,8 +34,7 @@ def _one(ch: str) -> str:
         return letter.capitalize() if " CAPITAL " in name else letter
     if name.startswith("SUPERSCRIPT "):  # ² -> ^2
         return "^" + unicodedata.normalize("NFKD", ch)
-    decomposed = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()  # é -> e, ₁ -> 1
-    return decomposed or "?"
+    return unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode() or "?"  # é -> e, ₁ -> 1
 
 
 def ascii_form(text: str) -> str:

@@ -40,8 +40,7 @@ _MOVED = (
 def require_step(step: Any) -> int:
     """The training step (a Python or numpy integer, or an integer scalar tensor or tf.Variable) as an int from 0 to
     2⁶³ − 1, as gpflow.monitor's int64; else an InputError naming ``step``."""
-    dtype = getattr(step, "dtype", None)
-    if hasattr(step, "numpy") and getattr(dtype, "is_integer", False) and step.shape.rank == 0:
+    if hasattr(step, "numpy") and getattr(getattr(step, "dtype", None), "is_integer", False) and step.shape.rank == 0:
         step = step.numpy()
     return require_int(step, "step", minimum=0, maximum=2**63 - 1, expected="an int from 0 to 2⁶³ − 1",
                        remedy="pass the loop counter, e.g. monitor(step) inside `for step in range(n)`.",

@@ -185,8 +185,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         step = int(self.current_step)
         if step % self.every:
             return
-        self.records.append(self.check(step))
-        last = self.records[-1]
+        self.records.append(last := self.check(step))
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
@@ -242,7 +241,7 @@ def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None
         raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
                           "'warn' | 'raise' | 'rollback'", repr(on_failure),
                           "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.")
-    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0 or math.isnan(loss_increase):
+    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0:
         raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
                           "a float ≥ 0", repr(loss_increase),
                           "pass loss_increase=0.5 (a step may raise the loss by half its size).")
