@@ -245,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not prepare_streams():
             return _fail([], command, "standard output is closed; redirect it to a file or /dev/null instead.", EXIT_USAGE)
         return _command(argv, command)
+    except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except (KeyboardInterrupt, Exception) as e:
         if not _interrupted(e):
             raise
@@ -253,9 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.unraisablehook = lambda unraisable: None
         print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
 
 
 def _interrupted(error: BaseException | None) -> bool:
