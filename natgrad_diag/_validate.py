@@ -21,6 +21,7 @@ from natgrad_diag.exceptions import (
     ShapeMismatchError,
     SingularCovarianceError,
     UnsupportedModelError,
+    error_line,
 )
 
 
@@ -34,9 +35,7 @@ def shape_str(shape: Any) -> str:
 
 def dtype_name(x: Any) -> str:
     dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return type(x).__name__
-    return getattr(dtype, "name", str(dtype))
+    return type(x).__name__ if dtype is None else getattr(dtype, "name", str(dtype))
 
 
 @dataclass(frozen=True)
@@ -230,58 +229,49 @@ def validate_seeds(
     def static_dims(x: Any) -> tuple[int | None, ...] | None:
         # the static shape (None for an unknown dim), or None for an unknown rank
         shape = getattr(x, "shape", None)
-        if shape is None:
-            return tuple(int(d) for d in np.shape(x))
         if getattr(shape, "rank", 0) is None:
             return None
-        return tuple(None if d is None else int(d) for d in shape)
+        return tuple(None if d is None else int(d) for d in (np.shape(x) if shape is None else shape))
 
     def agree(a: tuple[int | None, ...] | None, b: tuple[int | None, ...] | None) -> bool:
         # equal shapes, no broadcasting; an unknown dim or rank agrees with anything
-        if a is None or b is None:
-            return True
-        return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+        return a is None or b is None or len(a) == len(b) and all(None in (x, y) or x == y for x, y in zip(a, b))
 
     def describe(x: Any) -> str:
         dims = static_dims(x)
-        return "unknown rank" if dims is None else shape_str(dims)
+        return "None" if x is None else "unknown rank" if dims is None else shape_str(dims)
 
     if len(seeds) != len(targets):
-        numbers = [s for s in seeds if s is not None and not hasattr(s, "shape")]
-        hint = (
-            f" A Python list of numbers is read as {len(seeds)} separate seeds (tf.nest.flatten): wrap it, "
-            f"e.g. tf.constant([...], dtype=tf.{dtype_name(targets[0]) if targets else 'float64'})."
-            if numbers and len(seeds) > len(targets)
-            else ""
-        )
-        raise OutputGradientsError(
+        hint = ""
+        if len(seeds) > len(targets) and any(s is not None and not hasattr(s, "shape") for s in seeds):
+            hint = (f" A Python list of numbers is read as {len(seeds)} separate seeds (tf.nest.flatten): wrap it, "
+                    f"e.g. tf.constant([...], dtype=tf.{dtype_name(targets[0]) if targets else 'float64'}).")
+        raise input_error(
             f"{argument} has {len(seeds)} entr{'y' if len(seeds) == 1 else 'ies'} for {len(targets)} {target_name}(s).",
-            context=[
-                ("Argument", argument),
-                ("Expected", f"{len(targets)} seed(s), one per flattened {target_name}: " + ", ".join(describe(t) for t in targets)),
-                ("Actual", f"{len(seeds)} seed(s)" + (": " + ", ".join("None" if s is None else describe(s) for s in seeds) if seeds else "")),
-            ],
-            remedy=f"pass one seed per {target_name}, in the order tf.nest.flatten gives the {target_name}s "
-            f"(None for a seed of ones).{hint}",
+            argument, f"{len(targets)} seed(s), one per flattened {target_name}: " + ", ".join(map(describe, targets)),
+            f"{len(seeds)} seed(s)" + (": " if seeds else "") + ", ".join(map(describe, seeds)),
+            f"pass one seed per {target_name}, in the order tf.nest.flatten gives the {target_name}s "
+            f"(None for a seed of ones).{hint}", kind=OutputGradientsError, label="Actual",
         )
     for i, (seed, target) in enumerate(zip(seeds, targets)):
         if seed is None:
             continue
-        s_shape = static_dims(seed)
-        t_shape = static_dims(target)
+        s_shape, t_shape = static_dims(seed), static_dims(target)
         if not agree(s_shape, t_shape):
-            raise OutputGradientsError(
-                f"{argument}[{i}] has a shape of {shape_str(s_shape)} and {target_name}[{i}] has a shape of {shape_str(t_shape)}.",
-                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{shape_str(t_shape)} ({target_name}[{i}]'s shape)"), ("Actual", shape_str(s_shape))],
-                remedy=f"pass a seed of exactly the {target_name}'s shape, e.g. tf.ones_like({target_name}[{i}]) or dL/d{target_name}[{i}]; "
-                "TensorFlow would broadcast it or fail deep inside.",
+            raise input_error(
+                f"{argument}[{i}] has a shape of {shape_str(s_shape)} and {target_name}[{i}] has a shape of "
+                f"{shape_str(t_shape)}.", f"{argument}[{i}]", f"{shape_str(t_shape)} ({target_name}[{i}]'s shape)",
+                shape_str(s_shape), f"pass a seed of exactly the {target_name}'s shape, e.g. tf.ones_like("
+                f"{target_name}[{i}]) or dL/d{target_name}[{i}]; TensorFlow would broadcast it or fail deep inside.",
+                kind=OutputGradientsError, label="Actual",
             )
-        if hasattr(seed, "dtype") and dtype_name(seed) != dtype_name(target):
-            raise OutputGradientsError(
-                f"{argument}[{i}] has dtype {dtype_name(seed)} and {target_name}[{i}] has dtype {dtype_name(target)}.",
-                context=[("Argument", f"{argument}[{i}]"), ("Expected", f"{dtype_name(target)} ({target_name}[{i}]'s dtype)"), ("Actual", dtype_name(seed))],
-                remedy=f"cast the seed to {dtype_name(target)}, e.g. tf.cast(seed, tf.{dtype_name(target)}); "
+        want, got = dtype_name(target), dtype_name(seed)
+        if hasattr(seed, "dtype") and got != want:
+            raise input_error(
+                f"{argument}[{i}] has dtype {got} and {target_name}[{i}] has dtype {want}.", f"{argument}[{i}]",
+                f"{want} ({target_name}[{i}]'s dtype)", got, f"cast the seed to {want}, e.g. tf.cast(seed, tf.{want}); "
                 "TensorFlow would fail deep inside, and no cast is done silently.",
+                kind=OutputGradientsError, label="Actual",
             )
 
 
@@ -329,10 +319,8 @@ def as_float_tensor(x: Any, name: str) -> Any:
     if x is None:
         raise input_error(f"{name} is None.", name, "a float tensor, array or number", "None", f"pass a value for {name}.")
     try:
-        if isinstance(x, (tf.Tensor, tf.Variable)):
+        if isinstance(x, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):  # keeps its dtype
             t = tf.convert_to_tensor(x)
-        elif isinstance(x, (np.ndarray, np.generic)):
-            t = tf.convert_to_tensor(x) if x.dtype.kind in "fc" else tf.convert_to_tensor(np.asarray(x))
         else:
             a = np.asarray(x)
             t = tf.convert_to_tensor(a.astype("float64") if a.dtype.kind in "iuf" else a)  # GPflow's default float
@@ -467,8 +455,6 @@ def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str 
 
 def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
     """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
-    from natgrad_diag.exceptions import error_line
-
     try:
         return fn(*xs)
     except NatGradDiagError:
@@ -483,8 +469,7 @@ def validate_model(model: Any) -> None:
     """An SVGP- or VGP-like GPflow model: q_mu [M, L] and q_sqrt [L, M, M] Parameters (not q_diag), float64 or float32."""
     import gpflow
 
-    q_mu = getattr(model, "q_mu", None)
-    q_sqrt = getattr(model, "q_sqrt", None)
+    q_mu, q_sqrt = getattr(model, "q_mu", None), getattr(model, "q_sqrt", None)
     if not isinstance(model, gpflow.models.GPModel) or not isinstance(q_mu, gpflow.Parameter) or not isinstance(q_sqrt, gpflow.Parameter):
         raise input_error(
             "natural gradients need a GPflow model with a variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ).", "model",
@@ -503,7 +488,7 @@ def validate_model(model: Any) -> None:
                           "[M, L] and [L, M, M]", f"{list(q_mu.shape)} and {list(q_sqrt.shape)}",
                           "natural gradients need one full-covariance q(u) per latent GP, as SVGP and VGP build them.",
                           kind=UnsupportedModelError, label="Actual")
-    if q_mu.dtype not in (np.float64, np.float32) and getattr(q_mu.dtype, "name", "") not in ("float64", "float32"):
+    if dtype_name(q_mu) not in ("float64", "float32"):
         raise input_error("the model's variational parameters must be float64 or float32.", "model.q_mu",
                           "float64 (or float32)", str(q_mu.dtype),
                           "build the model under gpflow.config.set_default_float(np.float64).")
@@ -536,11 +521,14 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     for k, (part, a, dims) in enumerate((("X", X, "[N, D]"), ("Y", Y, "[N, P]"))):
         arg = f"{name}[{k}] ({part})"
         if a.dtype.kind not in "fiu":
-            raise DTypeMismatchError(f"{name}'s {part} must be real numbers.", context=[("Argument", arg), ("Expected", "float64 (or float32, or integers)"), ("Got", str(a.dtype))],
-                                     remedy=f"pass {part} as a real float array (a complex {part} would lose its imaginary part).")  # fmt: skip
+            raise input_error(f"{name}'s {part} must be real numbers.", arg, "float64 (or float32, or integers)",
+                              str(a.dtype), f"pass {part} as a real float array (a complex {part} would lose its "
+                              "imaginary part).", kind=DTypeMismatchError)
         if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
-            raise ShapeMismatchError(f"{name}'s {part} must be a non-empty matrix {dims}.", context=[("Argument", arg), ("Expected", f"{dims} with N ≥ 1 and at least one column"), ("Actual", shape_str(a.shape))],
-                                     remedy=f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at least one data point.")  # fmt: skip
+            raise input_error(f"{name}'s {part} must be a non-empty matrix {dims}.", arg,
+                              f"{dims} with N ≥ 1 and at least one column", shape_str(a.shape),
+                              f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at "
+                              "least one data point.", kind=ShapeMismatchError, label="Actual")
     if X.shape[0] != Y.shape[0]:
         raise input_error(f"{name}'s X and Y must have the same number of rows N.", name,
                           "X [N, D] and Y [N, P] with one N", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}",
@@ -548,16 +536,18 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     Z = getattr(getattr(model, "inducing_variable", None), "Z", None)
     D = int(Z.shape[-1]) if Z is not None and len(Z.shape) == 2 else None
     if D is not None and X.shape[1] != D:
-        raise ShapeMismatchError(f"{name}'s X has {X.shape[1]} input dimension(s) but the model has {D}.", context=[
-            ("Argument", f"{name}[0] (X)"), ("Expected", f"[N, {D}] (D from the model's inducing points)"), ("Actual", shape_str(X.shape))],
-            remedy="pass the X the model was built for (its inducing points Z [M, D] fix D).")  # fmt: skip
+        raise input_error(f"{name}'s X has {X.shape[1]} input dimension(s) but the model has {D}.", f"{name}[0] (X)",
+                          f"[N, {D}] (D from the model's inducing points)", shape_str(X.shape),
+                          "pass the X the model was built for (its inducing points Z [M, D] fix D).",
+                          kind=ShapeMismatchError, label="Actual")
     L = getattr(model, "num_latent_gps", None)
     multi = any(k in type(getattr(model, "likelihood", None)).__name__ for k in ("MultiClass", "Softmax"))
     observation_dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)  # e.g. a heteroscedastic likelihood
     if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
-        raise ShapeMismatchError(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).", context=[
-            ("Argument", f"{name}[1] (Y)"), ("Expected", f"[N, {int(L)}]"), ("Actual", shape_str(Y.shape))],
-            remedy="pass one Y column per latent GP (GPflow would broadcast the others silently).")  # fmt: skip
+        raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).",
+                          f"{name}[1] (Y)", f"[N, {int(L)}]", shape_str(Y.shape),
+                          "pass one Y column per latent GP (GPflow would broadcast the others silently).",
+                          kind=ShapeMismatchError, label="Actual")
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
     return tf.constant(X.astype(dtype)), tf.constant(Y.astype(dtype))

@@ -37,8 +37,8 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     text = re.sub(r"\s*\[Op:[\w.]+\].*$", "", text, flags=re.S)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(_NOISE)]
     line = next((ln for ln in lines if any(k in ln for k in _KEY_WORDS)), lines[0] if lines else "")[:limit]
-    if with_type:
-        return f"{type(e).__name__}: {line}" if line else type(e).__name__
+    if with_type and line:
+        return f"{type(e).__name__}: {line}"
     return line or type(e).__name__
 
 
@@ -87,9 +87,7 @@ class NatGradDiagError(Exception):
     ag_pass_through: bool  # set by :func:`raised_as_is`
 
     def __init__(self, detail: str = "", *, context: Sequence[tuple[str, object]] = (), remedy: str = "") -> None:
-        self.detail = detail
-        self.context = tuple(context)
-        self.remedy = remedy
+        self.detail, self.context, self.remedy = detail, tuple(context), remedy
         lines = [self.error_message + (f" {detail}" if detail else "")]
         width = max((len(label) for label, _ in self.context), default=0) + 1
         for label, value in self.context:

@@ -93,8 +93,7 @@ def _vjp_and_contraction(
     fn: Callable[..., Any], xs: list[Any], names: tuple[str, ...], cotangents: Any, *,
     output_names: Sequence[str] | None, max_bytes: int,
 ) -> tuple[tuple[Array, ...], tuple[Array, ...], np.dtype[Any]]:  # fmt: skip
-    """(tape.gradient with the cotangents, Jᵀ·v from the explicit reverse-mode Jacobian contracted by numpy,
-    the first output's dtype)."""
+    """(tape.gradient with the cotangents, Jᵀ·v from the explicit Jacobian contracted by numpy, the outputs' dtype)."""
     import tensorflow as tf
 
     from natgrad_diag._validate import flat_outputs, require_output_dtypes

@@ -102,7 +102,6 @@ def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:
         >>> default_tolerance("float32", "finite_difference").eps
         0.001
     """
-
     name = _dtype_name(dtype)
     if kind not in ("exact", "finite_difference"):
         raise input_error("Unknown kind of comparison.", "kind", "exact or finite_difference", repr(kind),
@@ -149,7 +148,6 @@ def validate_tolerance(name: str, value: Any) -> float:
         >>> validate_tolerance("rtol", 1e-6)
         1e-06
     """
-
     ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
     if not ok or not np.isfinite(value) or value < 0:
         raise input_error(f"{name} must be a finite number ≥ 0.", name, "a finite number ≥ 0, e.g. 1e-10", repr(value),

@@ -202,6 +202,15 @@ def test_cli__closed_stdout_is_one_line_and_exit_2():
     assert r.returncode == 2 and r.stderr == "natgrad-diag outer: standard output is closed; redirect it to a file or /dev/null instead.\n"
 
 
+def test_cli__a_reader_that_left_ends_the_command_with_exit_1(monkeypatch):
+    """``natgrad-diag outer | true``: writing the report fails with EPIPE; exit 1, not a traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", encoding="utf-8") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        assert main(["outer", "--plain"]) == 1
+
+
 @pytest.mark.parametrize("module", ["no_such_mod", "no_such.mod"])
 def test_cli__strict_missing_module_is_one_line(module):
     r = _command("strict", "--", "python", "-m", module)

@@ -11,8 +11,8 @@ from typing import Any
 
 from natgrad_diag.bench.jacobian import bench_check_gradients_fast, bench_fill, bench_jacobian, bench_memory, bench_vech
 from natgrad_diag.bench.report import BenchReport, BenchRow
-from natgrad_diag.bench.guard import bench_guard
-from natgrad_diag.bench.step import bench_apply, bench_check_natgrad, bench_minimize, bench_threads, bench_trace
+from natgrad_diag.bench.step import (bench_apply, bench_check_natgrad, bench_guard, bench_minimize, bench_threads,
+                                     bench_trace)  # fmt: skip
 from natgrad_diag.bench.timing import Run, cli_command, machine_info, make_row, subprocess_env, time_subprocess
 from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.exceptions import error_line

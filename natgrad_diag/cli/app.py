@@ -24,50 +24,44 @@ GPFLOW_MAPS = (
 )
 
 
-def _items(text: str, example: str) -> list[str]:
-    """The comma-separated items of ``text``; an empty item ("1,,2", "1,") is an error, not skipped."""
-    items = [v.strip() for v in text.split(",")]
-    if not text.strip() or any(not v for v in items):
-        raise argparse.ArgumentTypeError(f"expected comma-separated values such as {example}, got {text!r} (an empty item)")
-    return items
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(v) for v in _items(text, "1,2,3,4")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,2,3,4, got {text!r}") from None
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in _items(text, "50,200")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 50,200, got {text!r}") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers such as 50,200, got {text!r}")
-    return values
-
-
-def _number(cast: Any, accept: Any, expected: str) -> Any:
-    """An argparse type: ``cast(text)``, refused with "expected <expected>" unless ``accept(value)``."""
+def _number(cast: Any, accept: Any, expected: str, *, many: bool = False) -> Any:
+    """An argparse type: ``cast`` of the text (or of each comma-separated item), refused unless ``accept`` holds."""
 
     def parse(text: str) -> Any:
+        items = [v.strip() for v in text.split(",")] if many else [text]
+        refused = f"expected {expected}, got {text!r}" + (" (an empty item)" if many and "" in items else "")
         try:
-            value = cast(text)
+            values = [cast(v) for v in items]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
+            raise argparse.ArgumentTypeError(refused) from None
+        if not all(accept(v) for v in values):
+            raise argparse.ArgumentTypeError(refused)
+        return values if many else values[0]
 
     return parse
+
+
+def _gamma_steps(text: str) -> int:
+    """``--gamma-steps K``: an integer from 1 to MAX_GAMMA_STEPS (read when K is given: ``--help`` stays light).
+
+    Examples:
+        >>> _gamma_steps("0")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected an integer from 1 to 1000 (steps per gamma tried), got '0'
+    """
+    from natgrad_diag.checks.api import MAX_GAMMA_STEPS
+
+    expected = f"an integer from 1 to {MAX_GAMMA_STEPS} (steps per gamma tried)"
+    return int(_number(int, lambda v: 1 <= v <= MAX_GAMMA_STEPS, expected)(text))
 
 
 _seed = _number(int, lambda v: 0 <= v < 2**32, "an integer seed from 0 to 2**32 - 1")
 _positive_int = _number(int, lambda v: v >= 1, "a positive integer")
 _nonnegative_float = _number(float, lambda v: 0 <= v < float("inf"), "a finite number ≥ 0")
 _positive_float = _number(float, lambda v: 0 < v < float("inf"), "a finite positive number")
+_float_list = _number(float, lambda v: True, "comma-separated numbers such as 1,2,3,4", many=True)
+_int_list = _number(int, lambda v: v >= 1, "comma-separated positive integers such as 50,200", many=True)
 
 
 def _report_path(text: str) -> str:
@@ -77,9 +71,8 @@ def _report_path(text: str) -> str:
     try:
         report_format(text, argument="--report")
     except InputError:
-        raise argparse.ArgumentTypeError(
-            f"expected a path ending in .html, .htm or .md (the extension chooses the format), got {text!r}"
-        ) from None
+        message = f"expected a path ending in .html, .htm or .md (the extension chooses the format), got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
     return text
 
 
@@ -94,17 +87,15 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 
 
 class UsageError(Exception):
-    """A command line argparse refused: the message, and the sub-command it belongs to."""
+    """A command line argparse refused: the message, and the usage line of the sub-command it belongs to."""
 
-    def __init__(self, message: str, prog: str, usage: str) -> None:
+    def __init__(self, message: str, usage: str) -> None:
         super().__init__(message)
-        self.prog = prog
         self.usage = usage
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" for options that have a value by default, not for flags or "None"; lines of at most 80
-    columns, narrower on a narrower terminal."""
+    """"(default: X)" for options that have a value by default, not for flags or None; at most 80 columns."""
 
     def __init__(self, prog: str, **kwargs: Any) -> None:
         import shutil
@@ -113,26 +104,23 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         super().__init__(prog, **kwargs)
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        default = action.default
-        if default is None or isinstance(default, bool) or default is argparse.SUPPRESS:
-            return action.help or ""
-        return super()._get_help_string(action) or ""
+        plain = action.default is None or isinstance(action.default, bool) or action.default is argparse.SUPPRESS
+        return (action.help if plain else super()._get_help_string(action)) or ""
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting (so ``--json`` can report it as JSON) and
-    shows every option's default; sub-command parsers are of this class too."""
+    """argparse that raises :class:`UsageError` instead of exiting (``--json`` reports it as JSON)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, self.prog, self.format_usage())
+        raise UsageError(message, self.format_usage())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from natgrad_diag.cli.check import gamma_steps_arg
+    from natgrad_diag import __version__
     from natgrad_diag.demo import CHECK_MAX_MINUTES
 
     parser = _Parser(
@@ -142,8 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
             "With no command, runs 'explain' on the seed scenario."
         ),
     )
-    from natgrad_diag import __version__
-
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -168,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
-    p.add_argument("--gamma-steps", type=gamma_steps_arg, default=5, metavar="K", help="judge gamma, and measure each gamma of the search, by K steps (default 5)")
+    p.add_argument("--gamma-steps", type=_gamma_steps, default=5, metavar="K", help="steps that judge each γ")
     p.add_argument("--optimizer", default=None, metavar="MODULE:NAME", help="check your optimizer's step: module:Class or path.py:Class (built with gamma, xi_transform), or an update function")
     p.add_argument("--max-minutes", type=_nonnegative_float, default=CHECK_MAX_MINUTES, metavar="T", help="refuse sizes estimated to take longer than T minutes (0: no limit)")
     _output_options(p)
@@ -210,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> Any:
-    command = args.command or "explain"
+    command = args.command
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
     if command == "explain":
         from gpflow.optimizers import XiNat, XiSqrtMeanVar
@@ -258,7 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not prepare_streams():
             return _fail([], command, "standard output is closed; redirect it to a file or /dev/null instead.", EXIT_USAGE)
-        return _command(argv)
+        return _command(argv, command)
+    except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except (KeyboardInterrupt, Exception) as e:
         if not _interrupted(e):
             raise
@@ -267,9 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.unraisablehook = lambda unraisable: None
         print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
 
 
 def _interrupted(error: BaseException | None) -> bool:
@@ -285,7 +271,7 @@ def _interrupted(error: BaseException | None) -> bool:
 
 def _preflight(args: argparse.Namespace) -> None:
     """The argument checks that need no TensorFlow, so that a bad value is refused before it loads."""
-    from natgrad_diag.demo import check_model_memory
+    from natgrad_diag.demo import check_model_memory, check_model_work
 
     if getattr(args, "report", None):
         _check_report_folder(args.report)
@@ -294,10 +280,8 @@ def _preflight(args: argparse.Namespace) -> None:
 
         validate_x(args.x)
     elif args.command == "check":
-        from natgrad_diag.demo import check_model_work
-
-        itemsize = 8 if args.dtype == "float64" else 4
-        check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent, itemsize=itemsize)
+        check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
+                           itemsize=8 if args.dtype == "float64" else 4)  # fmt: skip
         check_model_work(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
                          gamma_steps=args.gamma_steps, max_minutes=args.max_minutes)  # fmt: skip
     elif args.command == "gradcheck":
@@ -323,17 +307,16 @@ def _check_report_folder(path: str) -> None:
                           f"check that {folder} is a folder you can write to, or choose another path.")  # fmt: skip
 
 
-def _command(argv: list[str]) -> int:
+def _command(argv: list[str], command: str) -> int:
     """Parse, check the arguments, run the command and print its report; the exit code."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as e:
         sys.stderr.write(e.usage)
-        return _fail(argv, (argv[0] if argv and not argv[0].startswith("-") else "explain"), f"error: {e}", EXIT_USAGE)
+        return _fail(argv, command, f"error: {e}", EXIT_USAGE)
     from natgrad_diag.exceptions import InputError, MemoryLimitError, NatGradDiagError, UnsupportedModelError
 
-    command = args.command or "explain"
     if command == "strict":
         from natgrad_diag.strict.runner import run_command
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Any
 
 from natgrad_diag._validate import input_error
@@ -10,30 +9,7 @@ from natgrad_diag._validate import input_error
 if TYPE_CHECKING:
     from natgrad_diag.checks.report import NatGradReport
 
-__all__ = ["check_natgrad_cli", "gamma_steps_arg", "load_optimizer"]
-
-
-def gamma_steps_arg(text: str) -> int:
-    """The argparse type of ``--gamma-steps K``: an integer from 1 to 1000, refused otherwise (exit code 2).
-
-    Examples:
-        >>> gamma_steps_arg("5")
-        5
-        >>> gamma_steps_arg("0")
-        Traceback (most recent call last):
-        ...
-        argparse.ArgumentTypeError: expected an integer from 1 to 1000 (steps per gamma tried), got '0'
-    """
-    from natgrad_diag.checks.api import MAX_GAMMA_STEPS
-
-    expected = f"expected an integer from 1 to {MAX_GAMMA_STEPS} (steps per gamma tried), got {text!r}"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(expected) from None
-    if not 1 <= value <= MAX_GAMMA_STEPS:
-        raise argparse.ArgumentTypeError(expected)
-    return value
+__all__ = ["check_natgrad_cli", "load_optimizer"]
 
 
 def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
@@ -74,13 +50,9 @@ def check_natgrad_cli(
     num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
     mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None, max_minutes: float = 0.0,
 ) -> NatGradReport:  # fmt: skip
-    """``natgrad-diag check``: build a seeded demo model (:func:`natgrad_diag.demo.make_model`) and check it.
-
-    ``gamma_steps`` (``--gamma-steps K``): γ is judged, and each γ of the search measured, by K steps.
-    ``optimizer`` (``--optimizer module:NAME``): the ``custom_step`` check of that optimizer (:func:`load_optimizer`).
-    ``max_minutes`` (``--max-minutes T``, 2 on the command line): refuse sizes estimated to take longer
-    (:func:`natgrad_diag.demo.check_model_work`); 0, the default here, sets no limit.
-    """
+    """``natgrad-diag check`` (docs/cli.md): check a seeded demo model (:func:`natgrad_diag.demo.make_model`);
+    ``optimizer`` is loaded by :func:`load_optimizer`, ``max_minutes=0`` (the default here, 2 on the command line)
+    sets no limit."""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     from natgrad_diag.demo import check_model_work, make_model

@@ -44,8 +44,7 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
         point = [m, 0.5 * (eta2 + np.swapaxes(eta2, -1, -2))]
     else:
         S_inv = np.linalg.inv(S)
-        nat2 = -0.5 * S_inv
-        point = [np.einsum("lmn,nl->ml", S_inv, m), 0.5 * (nat2 + np.swapaxes(nat2, -1, -2))]
+        point = [np.einsum("lmn,nl->ml", S_inv, m), -0.25 * (S_inv + np.swapaxes(S_inv, -1, -2))]
     return [p.astype(dtype) for p in point]
 
 

@@ -1,4 +1,4 @@
-"""The command's streams: ASCII where stdout or stderr cannot encode the reports' symbols, a closed stdout, Ctrl-C.
+"""The command's streams: ASCII where a stream cannot encode the reports' symbols, a closed stdout or stderr.
 
 Reports write ξ, Σ, ≠, γ, −, Jᵀ·1; a stream whose encoding (``PYTHONIOENCODING=ascii``, ``latin-1``, a C locale
 on old systems) lacks a character gets a spelled-out form instead (``xi``, ``Sigma``, ``!=``, ``gamma``, ``-``,
@@ -11,7 +11,6 @@ import codecs
 import os
 import sys
 import unicodedata
-from typing import Any
 
 __all__ = ["ERRORS", "ascii_form", "prepare_streams"]
 
@@ -34,8 +33,7 @@ def _one(ch: str) -> str:
         return letter.capitalize() if " CAPITAL " in name else letter
     if name.startswith("SUPERSCRIPT "):  # ² -> ^2
         return "^" + unicodedata.normalize("NFKD", ch)
-    decomposed = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()  # é -> e, ₁ -> 1
-    return decomposed or "?"
+    return unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode() or "?"  # é -> e, ₁ -> 1
 
 
 def ascii_form(text: str) -> str:
@@ -57,17 +55,6 @@ def _handler(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(ERRORS, _handler)
 
 
-def _reconfigure(stream: Any) -> None:
-    """Let ``stream`` spell what its encoding cannot write (UTF-8 streams are left alone)."""
-    encoding = getattr(stream, "encoding", None) or "utf-8"
-    try:
-        utf = codecs.lookup(encoding).name.startswith("utf")
-    except LookupError:
-        utf = False
-    if not utf and hasattr(stream, "reconfigure"):
-        stream.reconfigure(errors=ERRORS)
-
-
 def prepare_streams() -> bool:
     """Set up stdout and stderr for a command; False when stdout is closed (``>&-``: nothing to print to).
 
@@ -79,6 +66,11 @@ def prepare_streams() -> bool:
             os.dup2(fd, 2)
             os.close(fd)
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115  # lives as long as the process
-    for stream in (sys.stdout, sys.stderr):
-        _reconfigure(stream)
+    for stream in (sys.stdout, sys.stderr):  # a stream that is not UTF spells what its encoding cannot write
+        try:
+            utf = codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
+        except LookupError:
+            utf = False
+        if not utf and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ERRORS)
     return sys.stdout is not None

@@ -1,17 +1,6 @@
-"""The guard around a user's natural-gradient step (docs/training.md): snapshot q(u), judge the step, act, learn γ.
-
-On entry :class:`StepGuard` reads every (q_mu, q_sqrt) pair's unconstrained variables bit for bit (the snapshot, and
-whether something else moved q(u) since its last exit), γ, and the loss before the step: the loss the previous guarded
-step left when the batch is the same object (the rise is then measured across whatever ran between, e.g. an Adam step),
-else evaluated. On exit the step fails when it raised ``tf.errors.InvalidArgumentError`` (GPflow's NaturalGradient does
-when the new q(u) has NaN), a new q_mu or q_sqrt is not finite or a q_sqrt diagonal entry is ≤ 0, the loss after it is
-not finite, or the loss rose by more than ``loss_increase · max(|loss before|, 1)``. By ``on_failure`` a failed step
-is warned about, raised as a NatGradCheckError naming the cause and a γ, or rolled back: q(u) restored bit for bit,
-the step's error swallowed, each optimizer's γ set to the suggestion :meth:`NatGradMonitor.search` measures on the
-restored q(u) (one per pair for a list of optimizers) or to the next value of GAMMA_GRID below the failed γ. After
-:data:`RAISE_AFTER` healthy steps in a row γ rises to the search's suggestion when larger, never above the optimizer's
-first guarded γ. ``monitor.gamma`` follows the (first) optimizer's γ; each exit appends a GuardRecord.
-"""
+"""The guard around a user's natural-gradient step: snapshot q(u), judge the step, act, learn γ (docs/training.md
+says what each ``on_failure`` does and when γ is lowered or raised). The loss before a step is the one the previous
+guarded step left when the batch is the same object, else evaluated; each exit appends a GuardRecord."""
 
 from __future__ import annotations
 
@@ -51,8 +40,7 @@ _MOVED = (
 def require_step(step: Any) -> int:
     """The training step (a Python or numpy integer, or an integer scalar tensor or tf.Variable) as an int from 0 to
     2⁶³ − 1, as gpflow.monitor's int64; else an InputError naming ``step``."""
-    dtype = getattr(step, "dtype", None)
-    if hasattr(step, "numpy") and getattr(dtype, "is_integer", False) and step.shape.rank == 0:
+    if hasattr(step, "numpy") and getattr(getattr(step, "dtype", None), "is_integer", False) and step.shape.rank == 0:
         step = step.numpy()
     return require_int(step, "step", minimum=0, maximum=2**63 - 1, expected="an int from 0 to 2⁶³ − 1",
                        remedy="pass the loop counter, e.g. monitor(step) inside `for step in range(n)`.",
@@ -96,8 +84,7 @@ def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
             bad = int(np.sum(~np.isfinite(value.numpy())))
             if bad:
                 return f"{name} has {bad} NaN/Inf value(s) after the step"
-        sq = np.asarray(q_sqrt.numpy())
-        diag = np.diagonal(sq, axis1=-2, axis2=-1)
+        diag = np.diagonal(q_sqrt.numpy(), axis1=-2, axis2=-1)
         if not np.all(diag > 0):
             l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
             return (f"{sq_name} left the positive-definite cone: {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
@@ -127,7 +114,7 @@ def _values(pairs: list[tuple[str, Any, str, Any]]) -> list[Array]:
 
 
 class StepGuard:
-    """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (see the module docstring)."""
+    """The context manager ``NatGradMonitor.guard(step, optimizer)`` returns (docs/training.md)."""
 
     def __init__(self, monitor: Any, step: int, optimizer: Any, *, verify: bool = False) -> None:
         self.verify = require_bool(verify, "verify")
@@ -229,12 +216,6 @@ class StepGuard:
         new = [min(s, c) if s is not None and s > g else g for s, g, c in zip(suggested, self.gammas, caps)]
         return new if new != self.gammas else None
 
-    def _set(self, gammas: list[float]) -> None:
-        self.monitor._healthy_run = 0
-        for opt, old, new in zip(self.optimizers, self.gammas, gammas):
-            if new != old and set_gamma(opt, new):
-                warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=3)
-
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         import tensorflow as tf
 
@@ -252,8 +233,9 @@ class StepGuard:
             gammas, loss_after = self._searched()
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
-        if gammas is not None:
-            self._set(gammas)
+        for opt, old, new in zip(self.optimizers, self.gammas, gammas or ()):
+            if new != old and set_gamma(opt, new):
+                warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=2)
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(
             step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,

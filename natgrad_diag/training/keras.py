@@ -4,11 +4,7 @@
 callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch begins and closes it when it ends (see
 :mod:`natgrad_diag.training.guard`; a rollback sets each layer's optimizer to its layer's γ). Build those optimizers
 with ``gamma=tf.Variable(...)``: Keras compiles the train step, and a Python-number γ changed afterwards does not
-reach it. A step that raises inside ``fit`` stops ``fit`` (Keras lets no callback catch it). Imported as
-``natgrad_diag.keras`` without importing TensorFlow or Keras (the class is built on first access)::
-
-    from natgrad_diag.keras import NatGradCallback
-    model.fit(data, epochs=10, callbacks=[NatGradCallback(monitor)])
+reach it. A step that raises inside ``fit`` stops ``fit`` (Keras lets no callback catch it).
 """
 
 from __future__ import annotations

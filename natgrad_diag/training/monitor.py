@@ -149,13 +149,15 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
                 valid = tf.function(lambda: qu_valid(self._pairs))
                 self._measure = lambda data: (valid(), loss(data))
         ok, value = self._measure(data)
-        return bool(ok), _finite(value)
+        return bool(ok), float(value) if math.isfinite(value) else None
 
     def search(self, data: Any, gamma: float) -> Any:
         """:func:`~natgrad_diag.check_natgrad` in fast mode at ``gamma`` with its γ search (the var_list form for a
-        GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); remembered for the records."""
+        GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); the suggestion (the smallest
+        pair's; None when a pair has none) is remembered for the records."""
         report = self._report(data, gamma, search=True)
-        self._suggestion = _folded(report)
+        suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+        self._suggestion = None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
         return report
 
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
@@ -183,8 +185,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         step = int(self.current_step)
         if step % self.every:
             return
-        self.records.append(self.check(step))
-        last = self.records[-1]
+        self.records.append(last := self.check(step))
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
@@ -216,17 +217,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         )
 
 
-def _folded(report: Any) -> float | None:
-    """The report's suggested γ; for the var_list form the smallest of the pairs' (None when a pair has none)."""
-    suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
-    return None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
-
-
-def _finite(value: Any) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
     """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`measure`)."""
     import tensorflow as tf
@@ -251,7 +241,7 @@ def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None
         raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
                           "'warn' | 'raise' | 'rollback'", repr(on_failure),
                           "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.")
-    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0 or math.isnan(loss_increase):
+    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0:
         raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
                           "a float ≥ 0", repr(loss_increase),
                           "pass loss_increase=0.5 (a step may raise the loss by half its size).")
