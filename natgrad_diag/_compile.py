@@ -1,11 +1,5 @@
 """One cache for every compiled (tf.function) path: keyed LRU entries, a weak per-model store, one lock, one trace
-counter.
-
-``compiled(key, build, keep=...)`` returns the value ``build()`` made for ``key`` (start the key with the path's name;
-when it holds ``id(obj)``, ``keep=(obj,)`` keeps that id from being reused while the entry lives). ``build`` runs under
-a re-entrant lock, once per key; a build that raises stores nothing; trace inside it (``get_concrete_function()``).
-``remember``/``recall`` record what a first, eager call learned, so that the second call compiles; ``note_trace(kind)``
-in the traced body counts traces (``trace_count``, for tests). ``for_model`` is the store of what belongs to one model.
+counter. ``build`` runs under the re-entrant lock, once per key; a build that raises stores nothing.
 """
 
 from __future__ import annotations
@@ -44,16 +38,16 @@ def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: 
 
 
 def _get(slot: Hashable) -> Any:
-    entry = _ENTRIES.get(slot)
-    if entry is None:
+    if slot not in _ENTRIES:
         return _MISSING
     _ENTRIES.move_to_end(slot)
-    return entry[0]
+    return _ENTRIES[slot][0]
 
 
 def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = ()) -> Any:
     """The cached value for ``key`` (the path's name and all the traced graph depends on: shapes, dtypes, options,
-    ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request.
+    ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request (trace inside
+    it: ``get_concrete_function()``).
 
     Examples:
         >>> calls = []
@@ -102,7 +96,7 @@ def model_entries(model: Any = None) -> int:
 
 
 def remember(key: Hashable, value: Any, *, keep: tuple[Any, ...] = ()) -> None:
-    """Record ``value`` for ``key`` (what a first, eager call learned); :func:`recall` returns it."""
+    """Record ``value`` for ``key`` (what a first, eager call learned, so that the second call compiles)."""
     with _LOCK:
         _put(_ENTRIES, ("seen", key), (value, tuple(keep)), MAX_ENTRIES)
 

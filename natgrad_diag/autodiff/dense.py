@@ -9,22 +9,9 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._compile import recall, remember
-from natgrad_diag._validate import (
-    input_error,
-    as_float_tensor,
-    call_fn,
-    flat_outputs,
-    names_of,
-    output_labels,
-    require_callable,
-    require_finite,
-    require_int,
-    require_max_bytes,
-    require_output_dtypes,
-    require_same_dtype,
-    shape_str,
-    split_inputs,
-)
+from natgrad_diag._validate import as_float_tensor, call_fn, flat_outputs, input_error, names_of, output_labels
+from natgrad_diag._validate import require_callable, require_finite, require_int, require_max_bytes
+from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes

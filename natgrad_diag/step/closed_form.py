@@ -47,12 +47,8 @@ from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError
 
 __all__ = [
-    "cholesky_vjp",
-    "default_seed_gradient",
-    "expectation_gradients",
-    "natgrad_step_closed_form",
-    "natgrad_tensors_closed_form",
-    "natural_gradient_xi",
+    "cholesky_vjp", "default_seed_gradient", "expectation_gradients", "natgrad_step_closed_form",
+    "natgrad_tensors_closed_form", "natural_gradient_xi",
 ]
 
 def _phi(x: Any) -> Any:
