@@ -71,15 +71,10 @@ def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     return out
 
 
-class _BlockGrid(tuple):  # type: ignore[type-arg]
-    """``blocks[i][j]`` drawn from the stored matrix on first use: views for general inputs, expanded (and
-    cached) for vech inputs. A tuple of rows, each like a tuple of arrays."""
-
-    def __repr__(self) -> str:
-        return f"<blocks {len(self)} × {len(self[0]) if self else 0}>"
-
-
 class _LazyRow(Sequence[Any]):
+    """Row i of ``blocks``: block j drawn from the stored matrix on first use (a view for a general input, expanded
+    and cached for a vech input)."""
+
     def __init__(self, n: int, make: Any) -> None:
         self._n, self._make = n, make
         self._blocks: dict[int, Array] = {}
@@ -91,6 +86,9 @@ class _LazyRow(Sequence[Any]):
         if j not in self._blocks:
             self._blocks[j] = self._make(j)
         return self._blocks[j]
+
+    def __repr__(self) -> str:
+        return f"<{self._n} blocks>"
 
     def __len__(self) -> int:
         return self._n
@@ -156,8 +154,8 @@ class BlockJacobian:
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
             compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
-        rows = (_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
-        object.__setattr__(jac, "blocks", _BlockGrid(rows))
+        rows = [_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(output_shapes))]
+        object.__setattr__(jac, "blocks", tuple(rows))
         return jac
 
     def _is_sym(self, j: int) -> bool:
