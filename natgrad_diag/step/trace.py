@@ -1,9 +1,8 @@
-"""``natgrad_trace``: GPflow's natural-gradient step reproduced line by line and recorded, without assigning anything.
+"""``natgrad_trace``: GPflow's natural-gradient step (maths in :mod:`natgrad_diag.step`) recorded, assigning nothing.
 
-The maths is in :mod:`natgrad_diag.step`. After its input checks ``natgrad_trace`` takes the path
-:func:`~natgrad_diag.step.backend.step_backend` picks: LAPACK's closed-form record, no tracing; or, in a
-``tf.function`` traced once per key, the TensorFlow closed form (tensors on a GPU) or the eager path's operations (any
-other ξ or q_sqrt transform). A fast path that sees anything unusual defers to the eager path, which names every error.
+The fast paths are the ones :func:`~natgrad_diag.step.backend.step_backend` picks: LAPACK's record, or a
+``tf.function`` (traced once per key) of the TensorFlow closed form or of the eager path's operations. A fast path
+that sees anything unusual defers to the eager path, which names every error.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ __all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_tra
 
 @dataclass(frozen=True)
 class NatGradTrace:
-    """Every intermediate of one natural-gradient step, as float arrays (shapes for M, L).
-
-    Every pair (x1, x2) below is ([M, L], [L, M, M]).
+    """Every intermediate of one natural-gradient step, as float arrays; every pair (x1, x2) is ([M, L], [L, M, M]).
 
     Attributes:
         eta1, eta2: η₁ = m, η₂ = S + m mᵀ.
@@ -147,9 +144,9 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
         return  # param_parts names what is wrong with it
     if a.ndim != 3 or a.shape[-1] != a.shape[-2] or a.dtype.kind != "f":
         return  # validate_q names the shape or dtype
-    upper = np.triu(a, 1)
-    if np.any(upper != 0):
-        l_idx, i, j = (int(k) for k in np.argwhere(upper != 0)[0])
+    above = np.argwhere(np.triu(a, 1) != 0)
+    if len(above):
+        l_idx, i, j = (int(k) for k in above[0])
         raise input_error("q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
                           "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).", "q_sqrt",
                           "lower-triangular [L, M, M] (zeros above the diagonal)",
@@ -262,11 +259,8 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
                 out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
-            out.update(
-                q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt,
-                inputs_ok=tf.reduce_all(tf.stack(finite + [nonsingular])),
-            )  # fmt: skip
-            return out
+            ok = tf.reduce_all(tf.stack(finite + [nonsingular]))
+            return dict(out, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt, inputs_ok=ok)
 
         # traced here, once for this key; calling the concrete function skips tf.function's dispatch
         shapes, dtype = key[0], tf.as_dtype(key[1])
@@ -283,10 +277,10 @@ def _natgrad_trace_compiled(
     Cholesky) or, with ``build=False``, when the tf.function for this key is not compiled yet (LAPACK runs anyway)."""
     import tensorflow as tf
 
-    p_mu, p_sq, gr_mu, gr_sq = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
-    if p_mu is None or p_sq is None or gr_mu is None or gr_sq is None or gr_mu[1] is not None or gr_sq[1] is not None:
+    parts = [_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)]
+    if None in parts or parts[2][1] is not None or parts[3][1] is not None:  # a gradient is no Parameter
         return None
-    (mu_in, t_mu), (sq_in, t_sq), g_mu, g_sq = p_mu, p_sq, gr_mu[0], gr_sq[0]
+    (mu_in, t_mu), (sq_in, t_sq), (g_mu, _), (g_sq, _) = parts
     tensors = (mu_in, sq_in, g_mu, g_sq)
     dtype = mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
@@ -331,9 +325,8 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     if q_mu.ndim != 2 or q_sqrt.shape != (L, M, M) or d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
         return None
     raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
-    if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
-        return None
-    if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
+    finite = all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw))
+    if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0):
         return None
     return q_mu, q_sqrt, d_mu, d_sq
 
