@@ -51,6 +51,7 @@ __all__ = [
     "natgrad_tensors_closed_form", "natural_gradient_xi",
 ]
 
+
 def _phi(x: Any) -> Any:
     """Φ(X): the lower triangle of X with its diagonal halved."""
     import tensorflow as tf
