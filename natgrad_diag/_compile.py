@@ -18,18 +18,18 @@ __all__ = [
 #: Entries kept (compiled functions and first-call records together); the least recently used goes first.
 MAX_ENTRIES = 96
 
+_Store = collections.OrderedDict[Hashable, tuple[Any, tuple[Any, ...]]]  # key → (value, what it keeps alive)
 _LOCK = threading.RLock()
-_ENTRIES: collections.OrderedDict[Hashable, tuple[Any, tuple[Any, ...]]] = collections.OrderedDict()
+_ENTRIES: _Store = collections.OrderedDict()
 _TRACES: collections.Counter[str] = collections.Counter()
-_MISSING = object()
 
 #: Entries kept per model (other ξ transforms, data signatures or replaced parameters); the least recently used goes.
 MAX_PER_MODEL = 4
 
-_MODELS: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_MODELS: weakref.WeakKeyDictionary[Any, _Store] = weakref.WeakKeyDictionary()
 
 
-def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
+def _put(entries: _Store, key: Hashable, value: Any, limit: int) -> None:
     """``entries[key] = value`` as the most recently used; the least recently used go past ``limit``."""
     entries[key] = value
     entries.move_to_end(key)
@@ -37,11 +37,14 @@ def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: 
         entries.popitem(last=False)
 
 
-def _get(slot: Hashable) -> Any:
-    if slot not in _ENTRIES:
-        return _MISSING
-    _ENTRIES.move_to_end(slot)
-    return _ENTRIES[slot][0]
+def _lookup(entries: _Store, key: Hashable, build: Callable[[], Any], limit: int, keep: tuple[Any, ...] = ()) -> Any:
+    """The value stored for ``key``, else ``build()``'s, stored; called under :data:`_LOCK`."""
+    if key in entries:
+        entries.move_to_end(key)
+        return entries[key][0]
+    value = build()
+    _put(entries, key, (value, tuple(keep)), limit)
+    return value
 
 
 def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = ()) -> Any:
@@ -57,13 +60,8 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
         >>> compiled(("doctest", 1), build), compiled(("doctest", 1), build), compiled(("doctest", 2), build)
         (1, 1, 2)
     """
-    slot = ("compiled", key)
     with _LOCK:
-        value = _get(slot)
-        if value is _MISSING:
-            value = build()
-            _put(_ENTRIES, slot, (value, tuple(keep)), MAX_ENTRIES)
-        return value
+        return _lookup(_ENTRIES, ("compiled", key), build, MAX_ENTRIES, keep)
 
 
 def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
@@ -80,13 +78,7 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
         (True, 1)
     """
     with _LOCK:
-        entries = _MODELS.setdefault(model, collections.OrderedDict())
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key]
-        value = build()
-        _put(entries, key, value, MAX_PER_MODEL)
-        return value
+        return _lookup(_MODELS.setdefault(model, collections.OrderedDict()), key, build, MAX_PER_MODEL)
 
 
 def model_entries(model: Any = None) -> int:
@@ -111,9 +103,12 @@ def recall(key: Hashable) -> Any:
         >>> recall(("doctest", "never")) is None
         True
     """
+    slot = ("seen", key)
     with _LOCK:
-        value = _get(("seen", key))
-    return None if value is _MISSING else value
+        if slot not in _ENTRIES:
+            return None
+        _ENTRIES.move_to_end(slot)
+        return _ENTRIES[slot][0]
 
 
 def note_trace(kind: str) -> None:

@@ -44,22 +44,21 @@ def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
         prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``.
     """
     shape = tuple(int(d) for d in shape)
-    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
+
+    def build() -> tuple[Array, Array, int]:
+        M, batch = shape[-1], int(np.prod(shape[:-2], dtype=np.int64))
+        K = M * (M + 1) // 2
+        a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
+        hi, lo = np.maximum(a, b), np.minimum(a, b)
+        k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
+        index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
+        scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
+        index.setflags(write=False)
+        scale.setflags(write=False)
+        return index, scale, batch * K
+
+    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), build)
     return layout
-
-
-def _vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
-    M = shape[-1]
-    batch = int(np.prod(shape[:-2], dtype=np.int64))
-    K = M * (M + 1) // 2
-    a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
-    hi, lo = np.maximum(a, b), np.minimum(a, b)
-    k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
-    index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
-    scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
-    for arr in (index, scale):
-        arr.setflags(write=False)
-    return index, scale, batch * K
 
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
