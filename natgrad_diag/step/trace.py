@@ -273,8 +273,9 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
 def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
-    """A fast path's trace, or ``None`` when the eager path must decide (an unusual input, a failed in-graph check or
-    Cholesky) or, with ``build=False``, when the tf.function for this key is not compiled yet (LAPACK runs anyway)."""
+    """A fast path's trace, or ``None`` when the eager path must decide (an unusual input, one not finite or singular,
+    a failed Cholesky, NaN or Inf) or, with ``build=False``, when the tf.function for this key is not compiled yet
+    (LAPACK runs anyway)."""
     import tensorflow as tf
 
     parts = [_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)]
@@ -289,8 +290,20 @@ def _natgrad_trace_compiled(
     if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
         return None
     backend = step_backend(xi, t_sq, mu_in, sq_in)
-    if backend.code == "lapack":
-        return _natgrad_trace_lapack(tensors, t_mu, t_sq, g, xi, str(backend.xi))
+    if backend.code == "lapack":  # no tracing
+        try:
+            arrays = constrained_arrays(tensors, t_mu, t_sq)
+        except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
+            return None
+        if arrays is None:
+            return None
+        try:
+            record = natgrad_record_lapack(*arrays, g, str(backend.xi))
+        except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
+            return None
+        if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
+            return None
+        return _record(dict(record, **dict(zip(("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt"), arrays))), g, xi)
     k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
@@ -329,25 +342,6 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0):
         return None
     return q_mu, q_sqrt, d_mu, d_sq
-
-
-def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: float, xi: Any, closed: str) -> NatGradTrace | None:
-    """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or ``None`` for
-    the eager path to decide: an input that is not finite or singular, a non-PD B (γ too long), NaN or Inf."""
-    try:
-        arrays = constrained_arrays(tensors, t_mu, t_sq)
-    except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
-        return None
-    if arrays is None:
-        return None
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = arrays
-    try:
-        record = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, g, closed)
-    except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
-        return None
-    if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
-        return None
-    return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
 @raised_as_is
