@@ -31,15 +31,7 @@ import numpy as np
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
 from natgrad_diag.typing import FloatArray
 
-__all__ = ["RECORD_KEYS", "natgrad_record_lapack", "one_blas_thread"]
-
-#: The keys of the step's record (NatGradTrace's arrays besides the inputs).
-RECORD_KEYS = (
-    "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
-    "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
-)  # fmt: skip
-_MATRIX_KEYS = ("eta2", "dL_deta2", "dtheta_deta2", "xi2", "nat_dL_xi2", "new_q_sqrt")
-
+__all__ = ["natgrad_record_lapack", "one_blas_thread"]
 
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
 _LOCK = threading.Lock()  # two threads restoring the BLAS limit in interleaved order would leave the process at one
@@ -164,7 +156,7 @@ def natgrad_record_lapack(
         one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's comparison).
 
     Returns:
-        ``{key: array}`` for the :data:`RECORD_KEYS` ([M, L] or [L, M, M], the inputs' dtype).
+        ``{key: array}`` for NatGradTrace's arrays besides the inputs ([M, L] or [L, M, M], the inputs' dtype).
 
     Raises:
         SingularCovarianceError: a zero on q_sqrt's diagonal.
@@ -191,7 +183,6 @@ def natgrad_record_lapack(
     with one_blas_thread(limit=one_thread):
         per = [_latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full) for j in range(q_mu.shape[1])]
     return {  # [L, M, M] matrices, [M, L] vectors, of the inputs' dtype
-        key: np.stack([p[key] for p in per], axis=0 if key in _MATRIX_KEYS else 1).astype(dtype, copy=False)
-        for key in RECORD_KEYS
-        if key in per[0]
+        key: np.stack([p[key] for p in per], axis=0 if first.ndim == 2 else 1).astype(dtype, copy=False)
+        for key, first in per[0].items()
     }

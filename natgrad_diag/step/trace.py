@@ -225,7 +225,7 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
 
 
 def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
-    """The frozen trace from a record: RECORD_KEYS and the inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
+    """The frozen trace from a record of the step and its inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
     arrays = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
     bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
     if bad:
