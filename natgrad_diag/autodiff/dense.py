@@ -197,20 +197,33 @@ def _compiled_path(
 
 
 def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size) -> Array:
-    """Paths 2 and 3, eagerly: the stored matrix."""
+    """Paths 2 and 3, eagerly: the stored matrix row by row, vech columns folded (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     import tensorflow as tf
 
     tape, ys = probe.tape, probe.ys
     if tape is None:
         tape, _, ys = _forward_pass(fn, xs)
     assert ys is not None  # the probe's or the forward pass's outputs
-    if size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64:
-        # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
-        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols)
     zero = tf.UnconnectedGradients.ZERO
-    blocks = tuple(tuple(tape.jacobian(y, x, unconnected_gradients=zero).numpy() for x in xs) for y in ys)
-    del tape
-    return _fold_general(blocks, probe.out_shapes, tuple(tuple(x.shape.as_list()) for x in xs), sym)
+    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
+    # outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient
+    by_rows = size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64
+    out = np.empty((size.rows, size.cols), dtype=xs[0].dtype.as_numpy_dtype)
+    zeros = [tf.zeros_like(y) for y in ys]
+    r = 0
+    for i, y in enumerate(ys):
+        n = y.shape.num_elements()
+        if not by_rows:  # path 3: the rows of output i at once, [n, input size] per input
+            blocks = [tape.jacobian(y, x, unconnected_gradients=zero).numpy().reshape(n, -1) for x in xs]
+        for a in range(n):
+            if by_rows:  # path 2: row r = tape.gradient with a one-hot seed at output element r
+                seeds = zeros[:i] + [tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))] + zeros[i + 1 :]
+                parts = [g.numpy().ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
+            else:
+                parts = [b[a] for b in blocks]
+            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
+            r += 1
+    return out
 
 
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
@@ -227,40 +240,3 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
                               f"{n} of shape [..., M, M]", shape_str(s), f"mark only square-matrix inputs as symmetric "
                               f"(symmetric=False for {n}).", kind=ShapeMismatchError, label="Actual")
     return flags
-
-
-def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> Array:
-    """Row r of J = tape.gradient with a one-hot seed at output element r, eagerly (vech inputs folded)."""
-    import tensorflow as tf
-
-    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype)
-    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
-    zeros = [tf.zeros_like(y) for y in ys]
-    r = 0
-    for i, y in enumerate(ys):
-        for a in range(int(np.prod(y.shape.as_list()))):
-            seed = tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))
-            gs = tape.gradient(ys, xs, output_gradients=zeros[:i] + [seed] + zeros[i + 1 :],
-                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            parts = [g.numpy().ravel() for g in gs]
-            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
-            r += 1
-    return out
-
-
-def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...]) -> Array:
-    """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
-    rows = []
-    for i, os_ in enumerate(out_shapes):
-        n = int(np.prod(os_))
-        parts = []
-        for j, (s, f) in enumerate(zip(in_shapes, sym)):
-            g = np.asarray(blocks[i][j]).reshape(n, -1)
-            if f:
-                index, _, size = vech_layout(s)
-                folded = np.zeros((n, size), dtype=g.dtype)
-                np.add.at(folded.T, index, g.T)
-                g = folded
-            parts.append(g)
-        rows.append(np.concatenate(parts, axis=1))
-    return np.ascontiguousarray(np.concatenate(rows, axis=0))
