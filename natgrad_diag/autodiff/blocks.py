@@ -26,9 +26,7 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
         >>> element_labels("loss", ())
         ['loss']
     """
-    if len(shape) == 0:
-        return [name]
-    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)] if len(shape) else [name]
 
 
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:

@@ -3,7 +3,7 @@
 1. Compiled chunks: peak memory about 1.1-1.3× the Jacobian at M = 80, not the 3-4× of ``tape.jacobian``'s pfor.
 2. Eager rows, one ``tape.gradient`` each: a first call with ≤ 64 rows, an untraceable ``fn`` with ≤ 256 rows, or a
    dtype other than float64.
-3. Eager ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns.
+3. Eager ``tape.jacobian``, one output at a time, for a larger untraceable float64 ``fn``.
 """
 
 from __future__ import annotations
