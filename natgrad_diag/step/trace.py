@@ -210,8 +210,8 @@ def _transform_key(transform: Any) -> Any:
     return (type(transform), tuple(sorted(params.items())))
 
 
-def _fast_parts(x: Any) -> tuple[Any, Any] | None:
-    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+def _fast_parts(x: Any) -> tuple[Any, Any]:
+    """(the tensor the step reads, its transform) without running the transform; (None, None) if unusual."""
     import gpflow
     import tensorflow as tf
 
@@ -221,7 +221,7 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
         return x, None
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
         return tf.convert_to_tensor(x), None
-    return None
+    return None, None
 
 
 def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
@@ -278,10 +278,10 @@ def _natgrad_trace_compiled(
     (LAPACK runs anyway)."""
     import tensorflow as tf
 
-    parts = [_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad)]
-    if None in parts or parts[2][1] is not None or parts[3][1] is not None:  # a gradient is no Parameter
-        return None
-    (mu_in, t_mu), (sq_in, t_sq), (g_mu, _), (g_sq, _) = parts
+    parts = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
+    (mu_in, t_mu), (sq_in, t_sq), (g_mu, t_gmu), (g_sq, t_gsq) = parts
+    if any(t is None for t in (mu_in, sq_in, g_mu, g_sq)) or t_gmu is not None or t_gsq is not None:
+        return None  # unusual, or a gradient that is a Parameter
     tensors = (mu_in, sq_in, g_mu, g_sq)
     dtype = mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
@@ -297,13 +297,14 @@ def _natgrad_trace_compiled(
             return None
         if arrays is None:
             return None
+        mu, sq, d_mu, d_sq = arrays  # constrained
         try:
-            record = natgrad_record_lapack(*arrays, g, str(backend.xi))
+            record = natgrad_record_lapack(mu, sq, d_mu, d_sq, g, str(backend.xi))
         except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
             return None
         if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
             return None
-        return _record(dict(record, **dict(zip(("q_mu", "q_sqrt", "dL_dmean", "dL_dvarsqrt"), arrays))), g, xi)
+        return _record(dict(record, q_mu=mu, q_sqrt=sq, dL_dmean=d_mu, dL_dvarsqrt=d_sq), g, xi)
     k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
