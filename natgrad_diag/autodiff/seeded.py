@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, input_error, require_callable, require_finite, shape_str
+from natgrad_diag._validate import validate_seeds
 from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
 __all__ = ["checked_gradient", "vjp"]
@@ -251,9 +252,7 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
     """
     import tensorflow as tf
 
-    if not callable(fn):
-        raise input_error("fn must be callable.", "fn", "a function of the primals", type(fn).__name__,
-                          "pass the function itself, e.g. vjp(tf.sin, x, v).")
+    require_callable(fn)
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)
