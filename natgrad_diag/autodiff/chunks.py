@@ -58,7 +58,7 @@ def run_chunks(
 
     def build() -> Any:  # (*inputs, start) → [chunk, other]; indices past the end give zeros: every call has one shape
         lay = _Layout.of(xs, out_shapes, sym, chunk)
-        body = _forward_body(fn, lay) if forward else _reverse_body(fn, lay)
+        body = _chunk_body(fn, lay, forward)
         signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
         return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
 
@@ -104,45 +104,33 @@ def _basis(lay: _Layout, start: Any, sizes: Sequence[int], shapes: Sequence[Any]
                  for p, s, v in zip(tf.split(E, list(sizes), axis=1), shapes, layouts or [None] * len(shapes)))
 
 
-def _forward_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
-    """J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by ForwardAccumulator."""
+def _chunk_body(fn: Callable[..., Any], lay: _Layout, forward: bool) -> Callable[..., Any]:
+    """(*inputs, start) → forward: J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by
+    ForwardAccumulator; reverse: Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient, vech columns folded
+    (g_ab + g_ba)."""
     import tensorflow as tf
 
     zero = tf.UnconnectedGradients.ZERO
 
-    def forward_chunk(*args: Any) -> Any:
-        note_trace(TRACE_KIND)
-        inputs, start = list(args[:-1]), args[-1]
-        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
-
+    def forward_chunk(inputs: list[Any], start: Any) -> Any:
         def one(ts: Any) -> Any:
             with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
                 ys = _flat_outputs(fn(*inputs))
             return tf.concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys], axis=-1)
 
+        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
         return _batched(one, tangents, int(sum(lay.out_sizes)), lay.dtype)
 
-    return forward_chunk
-
-
-def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
-    """Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient; vech columns folded (g_ab + g_ba)."""
-    import tensorflow as tf
-
-    zero = tf.UnconnectedGradients.ZERO
-
-    def reverse_chunk(*args: Any) -> Any:
-        note_trace(TRACE_KIND)
-        inputs, start = list(args[:-1]), args[-1]
+    def reverse_chunk(inputs: list[Any], start: Any) -> Any:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)
             ys = _flat_outputs(fn(*inputs))
-        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
 
         def one(vs: Any) -> Any:
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
             return tf.concat([tf.reshape(g, [-1]) for g in gs], axis=-1)
 
+        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
         rows = _batched(one, cots, int(sum(lay.in_sizes)), lay.dtype)  # [chunk, Σ input sizes]
         if all(v is None for v in lay.layouts):
             return rows
@@ -151,4 +139,8 @@ def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
         return tf.concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
                           for p, v in zip(parts, lay.layouts)], axis=-1)
 
-    return reverse_chunk
+    def chunk(*args: Any) -> Any:
+        note_trace(TRACE_KIND)
+        return (forward_chunk if forward else reverse_chunk)(list(args[:-1]), args[-1])
+
+    return chunk
