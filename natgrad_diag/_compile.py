@@ -1,11 +1,5 @@
 """One cache for every compiled (tf.function) path: keyed LRU entries, a weak per-model store, one lock, one trace
-counter.
-
-``compiled(key, build, keep=...)`` returns the value ``build()`` made for ``key`` (start the key with the path's name;
-when it holds ``id(obj)``, ``keep=(obj,)`` keeps that id from being reused while the entry lives). ``build`` runs under
-a re-entrant lock, once per key; a build that raises stores nothing; trace inside it (``get_concrete_function()``).
-``remember``/``recall`` record what a first, eager call learned, so that the second call compiles; ``note_trace(kind)``
-in the traced body counts traces (``trace_count``, for tests). ``for_model`` is the store of what belongs to one model.
+counter. ``build`` runs under the re-entrant lock, once per key; a build that raises stores nothing.
 """
 
 from __future__ import annotations
@@ -24,18 +18,18 @@ __all__ = [
 #: Entries kept (compiled functions and first-call records together); the least recently used goes first.
 MAX_ENTRIES = 96
 
+_Store = collections.OrderedDict[Hashable, tuple[Any, tuple[Any, ...]]]  # key → (value, what it keeps alive)
 _LOCK = threading.RLock()
-_ENTRIES: collections.OrderedDict[Hashable, tuple[Any, tuple[Any, ...]]] = collections.OrderedDict()
+_ENTRIES: _Store = collections.OrderedDict()
 _TRACES: collections.Counter[str] = collections.Counter()
-_MISSING = object()
 
 #: Entries kept per model (other ξ transforms, data signatures or replaced parameters); the least recently used goes.
 MAX_PER_MODEL = 4
 
-_MODELS: weakref.WeakKeyDictionary[Any, collections.OrderedDict[Hashable, Any]] = weakref.WeakKeyDictionary()
+_MODELS: weakref.WeakKeyDictionary[Any, _Store] = weakref.WeakKeyDictionary()
 
 
-def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
+def _put(entries: _Store, key: Hashable, value: Any, limit: int) -> None:
     """``entries[key] = value`` as the most recently used; the least recently used go past ``limit``."""
     entries[key] = value
     entries.move_to_end(key)
@@ -43,17 +37,20 @@ def _put(entries: collections.OrderedDict[Hashable, Any], key: Hashable, value: 
         entries.popitem(last=False)
 
 
-def _get(slot: Hashable) -> Any:
-    entry = _ENTRIES.get(slot)
-    if entry is None:
-        return _MISSING
-    _ENTRIES.move_to_end(slot)
-    return entry[0]
+def _lookup(entries: _Store, key: Hashable, build: Callable[[], Any], limit: int, keep: tuple[Any, ...] = ()) -> Any:
+    """The value stored for ``key``, else ``build()``'s, stored; called under :data:`_LOCK`."""
+    if key in entries:
+        entries.move_to_end(key)
+        return entries[key][0]
+    value = build()
+    _put(entries, key, (value, tuple(keep)), limit)
+    return value
 
 
 def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = ()) -> Any:
     """The cached value for ``key`` (the path's name and all the traced graph depends on: shapes, dtypes, options,
-    ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request.
+    ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request (trace inside
+    it: ``get_concrete_function()``).
 
     Examples:
         >>> calls = []
@@ -63,13 +60,8 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
         >>> compiled(("doctest", 1), build), compiled(("doctest", 1), build), compiled(("doctest", 2), build)
         (1, 1, 2)
     """
-    slot = ("compiled", key)
     with _LOCK:
-        value = _get(slot)
-        if value is _MISSING:
-            value = build()
-            _put(_ENTRIES, slot, (value, tuple(keep)), MAX_ENTRIES)
-        return value
+        return _lookup(_ENTRIES, ("compiled", key), build, MAX_ENTRIES, keep)
 
 
 def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
@@ -86,13 +78,7 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
         (True, 1)
     """
     with _LOCK:
-        entries = _MODELS.setdefault(model, collections.OrderedDict())
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key]
-        value = build()
-        _put(entries, key, value, MAX_PER_MODEL)
-        return value
+        return _lookup(_MODELS.setdefault(model, collections.OrderedDict()), key, build, MAX_PER_MODEL)
 
 
 def model_entries(model: Any = None) -> int:
@@ -102,7 +88,7 @@ def model_entries(model: Any = None) -> int:
 
 
 def remember(key: Hashable, value: Any, *, keep: tuple[Any, ...] = ()) -> None:
-    """Record ``value`` for ``key`` (what a first, eager call learned); :func:`recall` returns it."""
+    """Record ``value`` for ``key`` (what a first, eager call learned, so that the second call compiles)."""
     with _LOCK:
         _put(_ENTRIES, ("seen", key), (value, tuple(keep)), MAX_ENTRIES)
 
@@ -117,9 +103,12 @@ def recall(key: Hashable) -> Any:
         >>> recall(("doctest", "never")) is None
         True
     """
+    slot = ("seen", key)
     with _LOCK:
-        value = _get(("seen", key))
-    return None if value is _MISSING else value
+        if slot not in _ENTRIES:
+            return None
+        _ENTRIES.move_to_end(slot)
+        return _ENTRIES[slot][0]
 
 
 def note_trace(kind: str) -> None:

@@ -1,9 +1,7 @@
 """TensorFlow imported quietly: its C++ start-up lines (absl, oneDNN, CUDA probing) kept off stderr.
 
 TensorFlow 2.21 writes 7-9 lines to file descriptor 2 on import and device initialisation, from C++, before
-``TF_CPP_MIN_LOG_LEVEL`` applies to all of them; so descriptor 2 points at a temporary file for the import,
-whose content is dropped on success and replayed before the error on failure. ``TF_CPP_MIN_LOG_LEVEL=0``
-before the first import keeps TensorFlow's lines.
+``TF_CPP_MIN_LOG_LEVEL`` applies to all of them; they are dropped on success and replayed before the error on failure.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
     """Import TensorFlow (and initialise its devices) with descriptor 2 pointed at a temporary file.
 
     Does nothing when TensorFlow is already imported, or (unless ``force``, the CLI's own runs) when the user asked
-    for TensorFlow's logs. Python-level TensorFlow logging is set to errors only, unless already configured.
+    for TensorFlow's logs (``TF_CPP_MIN_LOG_LEVEL=0``). Python-level TensorFlow logging is set to errors only, unless
+    already configured.
     """
     if "tensorflow" in sys.modules or (os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0" and not force):
         return

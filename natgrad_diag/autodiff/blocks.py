@@ -26,9 +26,7 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
         >>> element_labels("loss", ())
         ['loss']
     """
-    if len(shape) == 0:
-        return [name]
-    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)] if len(shape) else [name]
 
 
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
@@ -44,22 +42,21 @@ def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
         prod(shape[:-2]) · M(M+1)/2. Element e's general column is ``scale[e] · compact[:, index[e]]``.
     """
     shape = tuple(int(d) for d in shape)
-    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), lambda: _vech_layout(shape))
+
+    def build() -> tuple[Array, Array, int]:
+        M, batch = shape[-1], int(np.prod(shape[:-2], dtype=np.int64))
+        K = M * (M + 1) // 2
+        a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
+        hi, lo = np.maximum(a, b), np.minimum(a, b)
+        k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
+        index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
+        scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
+        index.setflags(write=False)
+        scale.setflags(write=False)
+        return index, scale, batch * K
+
+    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), build)
     return layout
-
-
-def _vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
-    M = shape[-1]
-    batch = int(np.prod(shape[:-2], dtype=np.int64))
-    K = M * (M + 1) // 2
-    a, b = np.meshgrid(np.arange(M), np.arange(M), indexing="ij")
-    hi, lo = np.maximum(a, b), np.minimum(a, b)
-    k = (hi * (hi + 1) // 2 + lo).ravel()  # position of (hi, lo) in np.tril_indices(M) order
-    index = (np.arange(batch)[:, None] * K + k[None, :]).ravel().astype(np.int64)
-    scale = np.tile(np.where(a == b, 1.0, 0.5).ravel(), batch)
-    for arr in (index, scale):
-        arr.setflags(write=False)
-    return index, scale, batch * K
 
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
@@ -71,15 +68,10 @@ def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     return out
 
 
-class _BlockGrid(tuple):  # type: ignore[type-arg]
-    """``blocks[i][j]`` drawn from the stored matrix on first use: views for general inputs, expanded (and
-    cached) for vech inputs. A tuple of rows, each like a tuple of arrays."""
-
-    def __repr__(self) -> str:
-        return f"<blocks {len(self)} × {len(self[0]) if self else 0}>"
-
-
 class _LazyRow(Sequence[Any]):
+    """Row i of ``blocks``: block j drawn from the stored matrix on first use (a view for a general input, expanded
+    and cached for a vech input)."""
+
     def __init__(self, n: int, make: Any) -> None:
         self._n, self._make = n, make
         self._blocks: dict[int, Array] = {}
@@ -91,6 +83,9 @@ class _LazyRow(Sequence[Any]):
         if j not in self._blocks:
             self._blocks[j] = self._make(j)
         return self._blocks[j]
+
+    def __repr__(self) -> str:
+        return f"<{self._n} blocks>"
 
     def __len__(self) -> int:
         return self._n
@@ -156,8 +151,8 @@ class BlockJacobian:
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
             compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
-        rows = (_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(jac.output_shapes)))
-        object.__setattr__(jac, "blocks", _BlockGrid(rows))
+        rows = [_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(output_shapes))]
+        object.__setattr__(jac, "blocks", tuple(rows))
         return jac
 
     def _is_sym(self, j: int) -> bool:

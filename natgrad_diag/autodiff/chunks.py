@@ -47,7 +47,8 @@ def run_chunks(
     fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
     forward: bool, chunk: int, n_rows: int, n_cols: int,
 ) -> Array:  # fmt: skip
-    """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk.
+    """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk: ``chunk`` columns (forward,
+    J·E) or rows (reverse, Eᵀ·J) at a time.
 
     The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``, ``chunk``) in
     :mod:`natgrad_diag._compile`'s cache, which keeps ``fn`` alive. Column chunks go into a column-major array, row
@@ -55,35 +56,25 @@ def run_chunks(
     """
     import tensorflow as tf
 
+    def build() -> Any:  # (*inputs, start) → [chunk, other]; indices past the end give zeros: every call has one shape
+        lay = _Layout.of(xs, out_shapes, sym, chunk)
+        body = _chunk_body(fn, lay, forward)
+        signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
+        return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
+
     key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
-    chunk_fn = compiled(key, lambda: _build_chunk_fn(fn, xs, out_shapes, sym, forward, chunk), keep=(fn,))
+    chunk_fn = compiled(key, build, keep=(fn,))
     out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
     n_chunked = n_cols if forward else n_rows
     for start in range(0, n_chunked, chunk):
         stop = min(start + chunk, n_chunked)
-        res = chunk_fn(*xs, tf.constant(start, tf.int32))  # [chunk, other]
-        view = np.asarray(res)  # no copy: read once, straight into ``out``
+        view = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: stop - start]  # no copy: straight into out
         if forward:
-            out[:, start:stop] = view[: stop - start].T
+            out[:, start:stop] = view.T
         else:
-            out[start:stop, :] = view[: stop - start]
-        del view, res
+            out[start:stop, :] = view
+        del view  # the chunk's tensor goes before the next one is computed
     return out
-
-
-def _build_chunk_fn(
-    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
-    forward: bool, chunk: int,
-) -> Any:  # fmt: skip
-    """The traced function (*inputs, start) → ``chunk`` columns (forward, [chunk, Σ output sizes]) or rows (reverse,
-    [chunk, Σ stored input columns]) of the stored matrix; indices past the end give zeros, so every call has one
-    shape."""
-    import tensorflow as tf
-
-    lay = _Layout.of(xs, out_shapes, sym, chunk)
-    body = _forward_body(fn, lay) if forward else _reverse_body(fn, lay)
-    signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
-    return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
 
 
 def _batched(one: Callable[[Any], Any], elems: Any, width: int, dtype: Any) -> Any:
@@ -104,71 +95,52 @@ def _flat_outputs(ys: Any) -> list[Any]:
     return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
 
 
-def _split(t: Any, sizes: Sequence[int]) -> list[Any]:
-    import tensorflow as tf
-
-    return tf.split(t, list(sizes), axis=1) if len(sizes) > 1 else [t]
-
-
-def _concat(parts: Sequence[Any]) -> Any:
-    import tensorflow as tf
-
-    return tf.concat(list(parts), axis=-1) if len(parts) > 1 else parts[0]
-
-
 def _basis(lay: _Layout, start: Any, sizes: Sequence[int], shapes: Sequence[Any], layouts: Any = None) -> Any:
     """``lay.chunk`` one-hot rows from ``start`` as [chunk, *shape] parts (vech parts gathered: E_ab + E_ba)."""
     import tensorflow as tf
 
     E = tf.one_hot(start + tf.range(lay.chunk), depth=int(sum(sizes)), dtype=lay.dtype)
     return tuple(tf.reshape(p if v is None else tf.gather(p, v[0], axis=1), (lay.chunk,) + s)
-                 for p, s, v in zip(_split(E, sizes), shapes, layouts or [None] * len(shapes)))
+                 for p, s, v in zip(tf.split(E, list(sizes), axis=1), shapes, layouts or [None] * len(shapes)))
 
 
-def _forward_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
-    """J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by ForwardAccumulator."""
+def _chunk_body(fn: Callable[..., Any], lay: _Layout, forward: bool) -> Callable[..., Any]:
+    """(*inputs, start) → forward: J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by
+    ForwardAccumulator; reverse: Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient, vech columns folded
+    (g_ab + g_ba)."""
     import tensorflow as tf
 
     zero = tf.UnconnectedGradients.ZERO
 
-    def forward_chunk(*args: Any) -> Any:
-        note_trace(TRACE_KIND)
-        inputs, start = list(args[:-1]), args[-1]
-        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
-
+    def forward_chunk(inputs: list[Any], start: Any) -> Any:
         def one(ts: Any) -> Any:
             with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
                 ys = _flat_outputs(fn(*inputs))
-            return _concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys])
+            return tf.concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys], axis=-1)
 
+        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
         return _batched(one, tangents, int(sum(lay.out_sizes)), lay.dtype)
 
-    return forward_chunk
-
-
-def _reverse_body(fn: Callable[..., Any], lay: _Layout) -> Callable[..., Any]:
-    """Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient; vech columns folded (g_ab + g_ba)."""
-    import tensorflow as tf
-
-    zero = tf.UnconnectedGradients.ZERO
-
-    def reverse_chunk(*args: Any) -> Any:
-        note_trace(TRACE_KIND)
-        inputs, start = list(args[:-1]), args[-1]
+    def reverse_chunk(inputs: list[Any], start: Any) -> Any:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)
             ys = _flat_outputs(fn(*inputs))
-        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
 
         def one(vs: Any) -> Any:
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
-            return _concat([tf.reshape(g, [-1]) for g in gs])
+            return tf.concat([tf.reshape(g, [-1]) for g in gs], axis=-1)
 
+        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
         rows = _batched(one, cots, int(sum(lay.in_sizes)), lay.dtype)  # [chunk, Σ input sizes]
         if all(v is None for v in lay.layouts):
             return rows
         # stored column k of a vech input = Σ of the general entries (a, b), (b, a) mapping to k
-        return _concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
-                        for p, v in zip(_split(rows, lay.in_sizes), lay.layouts)])
+        parts = tf.split(rows, list(lay.in_sizes), axis=1)
+        return tf.concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
+                          for p, v in zip(parts, lay.layouts)], axis=-1)
 
-    return reverse_chunk
+    def chunk(*args: Any) -> Any:
+        note_trace(TRACE_KIND)
+        return (forward_chunk if forward else reverse_chunk)(list(args[:-1]), args[-1])
+
+    return chunk

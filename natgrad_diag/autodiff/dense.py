@@ -1,4 +1,10 @@
-"""The explicit Jacobian of a function of several tensors: ``jacobian()`` and its four paths."""
+"""The explicit Jacobian of a function of several tensors, by the first path that applies.
+
+1. Compiled chunks: peak memory about 1.1-1.3× the Jacobian at M = 80, not the 3-4× of ``tape.jacobian``'s pfor.
+2. Eager rows, one ``tape.gradient`` each: a first call with ≤ 64 rows, an untraceable ``fn`` with ≤ 256 rows, or a
+   dtype other than float64.
+3. Eager ``tape.jacobian``, one output at a time, for a larger untraceable float64 ``fn``.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +15,9 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._compile import recall, remember
-from natgrad_diag._validate import (
-    input_error,
-    as_float_tensor,
-    call_fn,
-    flat_outputs,
-    names_of,
-    output_labels,
-    require_callable,
-    require_finite,
-    require_int,
-    require_max_bytes,
-    require_output_dtypes,
-    require_same_dtype,
-    shape_str,
-    split_inputs,
-)
+from natgrad_diag._validate import as_float_tensor, call_fn, flat_outputs, input_error, names_of, output_labels
+from natgrad_diag._validate import require_callable, require_finite, require_int, require_max_bytes
+from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
@@ -90,11 +83,13 @@ def jacobian(
     sym = _validate_symmetric(symmetric, in_shapes, in_names)
     key = ("jacobian_outputs", id(fn), tuple((s, x.dtype.name) for s, x in zip(in_shapes, xs)), sym)
     probe = _probe(fn, xs, key, compiled)
-    if probe.dict_keys is not None and output_names is None:
-        output_names = probe.dict_keys
-    out_names = names_of(output_names, len(probe.out_shapes), "outputs")
+    out_names = names_of(probe.dict_keys if output_names is None else output_names, len(probe.out_shapes), "outputs")
     size = _size(probe, xs, in_shapes, sym, max_bytes)
-    compact = _build(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
+    compact = None
+    if compiled is not False:
+        compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
+    if compact is None:
+        compact = _eager_path(fn, xs, probe, sym, size)
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
 
 
@@ -104,32 +99,8 @@ def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ..
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
     nbytes = jacobian_nbytes(probe.out_shapes, stored_shapes, itemsize)
     check_memory(nbytes, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
-    return _Size(
-        rows=sum(int(np.prod(s)) for s in probe.out_shapes), cols=sum(int(np.prod(s)) for s in stored_shapes),
-        itemsize=itemsize, nbytes=nbytes,
-    )  # fmt: skip
-
-
-def _build(
-    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
-    *, chunk_size: int | None, mode: str, compiled: bool | None,
-) -> Array:  # fmt: skip
-    """The stored matrix, by the first path that applies: 1. compiled chunks (peak memory about 1.1-1.3× the
-    Jacobian at M = 80, not the 3-4× of ``tape.jacobian``'s pfor); 2. eager rows, one ``tape.gradient`` each: a first
-    call with ≤ 64 rows, an untraceable ``fn`` with ≤ 256 rows, or a dtype other than float64; 3. eager
-    ``tape.jacobian`` for a larger untraceable float64 ``fn``, folded into vech columns."""
-    import tensorflow as tf
-
-    dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)
-    traceable = len(dtypes) == 1 and next(iter(dtypes)).is_floating and size.rows > 0 and size.cols > 0
-    if traceable and compiled is not False:
-        try:
-            compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
-        except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
-            compact = None  # not traceable: the eager tape below
-        if compact is not None:
-            return compact
-    return _eager_path(fn, xs, probe, sym, size)
+    rows, cols = (sum(int(np.prod(s)) for s in shapes) for shapes in (probe.out_shapes, stored_shapes))
+    return _Size(rows, cols, itemsize, nbytes)
 
 
 @dataclass
@@ -203,7 +174,12 @@ def _compiled_path(
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array | None:  # fmt: skip
     """Path 1: the compiled chunks, or ``None`` for a first small call (it records the outputs' shapes under ``key``,
-    so that the next call compiles and skips the eager forward pass)."""
+    so that the next call compiles and skips the eager forward pass) or an ``fn`` that does not trace."""
+    import tensorflow as tf
+
+    dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)
+    if len(dtypes) > 1 or not next(iter(dtypes)).is_floating or not (size.rows and size.cols):
+        return None
     if not probe.seen:
         remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
     if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):
@@ -214,24 +190,40 @@ def _compiled_path(
     n_chunked, n_other = (size.cols, size.rows) if forward else (size.rows, size.cols)
     chunk = int(chunk_size) if chunk_size is not None else auto_chunk(n_chunked, n_other, size.itemsize, size.nbytes)
     chunk = min(chunk, n_chunked)
-    return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, size.rows, size.cols)
+    try:
+        return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, size.rows, size.cols)
+    except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
+        return None  # not traceable: the eager tape
 
 
 def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size) -> Array:
-    """Paths 2 and 3, eagerly: the stored matrix."""
+    """Paths 2 and 3, eagerly: the stored matrix row by row, vech columns folded (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     import tensorflow as tf
 
     tape, ys = probe.tape, probe.ys
     if tape is None:
         tape, _, ys = _forward_pass(fn, xs)
     assert ys is not None  # the probe's or the forward pass's outputs
-    if size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64:
-        # (outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient)
-        return _eager_rows(tape, ys, xs, sym, size.rows, size.cols)
     zero = tf.UnconnectedGradients.ZERO
-    blocks = tuple(tuple(tape.jacobian(y, x, unconnected_gradients=zero).numpy() for x in xs) for y in ys)
-    del tape
-    return _fold_general(blocks, probe.out_shapes, tuple(tuple(x.shape.as_list()) for x in xs), sym)
+    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
+    # outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient
+    by_rows = size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64
+    out = np.empty((size.rows, size.cols), dtype=xs[0].dtype.as_numpy_dtype)
+    zeros = [tf.zeros_like(y) for y in ys]
+    r = 0
+    for i, y in enumerate(ys):
+        n = y.shape.num_elements()
+        if not by_rows:  # path 3: the rows of output i at once, [n, input size] per input
+            blocks = [tape.jacobian(y, x, unconnected_gradients=zero).numpy().reshape(n, -1) for x in xs]
+        for a in range(n):
+            if by_rows:  # path 2: row r = tape.gradient with a one-hot seed at output element r
+                seeds = zeros[:i] + [tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))] + zeros[i + 1 :]
+                parts = [g.numpy().ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
+            else:
+                parts = [b[a] for b in blocks]
+            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
+            r += 1
+    return out
 
 
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
@@ -248,40 +240,3 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
                               f"{n} of shape [..., M, M]", shape_str(s), f"mark only square-matrix inputs as symmetric "
                               f"(symmetric=False for {n}).", kind=ShapeMismatchError, label="Actual")
     return flags
-
-
-def _eager_rows(tape: Any, ys: Sequence[Any], xs: Sequence[Any], sym: tuple[bool, ...], n_rows: int, n_cols: int) -> Array:
-    """Row r of J = tape.gradient with a one-hot seed at output element r, eagerly (vech inputs folded)."""
-    import tensorflow as tf
-
-    out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype)
-    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
-    zeros = [tf.zeros_like(y) for y in ys]
-    r = 0
-    for i, y in enumerate(ys):
-        for a in range(int(np.prod(y.shape.as_list()))):
-            seed = tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))
-            gs = tape.gradient(ys, xs, output_gradients=zeros[:i] + [seed] + zeros[i + 1 :],
-                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            parts = [g.numpy().ravel() for g in gs]
-            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
-            r += 1
-    return out
-
-
-def _fold_general(blocks: Any, out_shapes: Any, in_shapes: Any, sym: tuple[bool, ...]) -> Array:
-    """General blocks → stored matrix with vech columns (D_ab = G_ab + G_ba, D_aa = G_aa)."""
-    rows = []
-    for i, os_ in enumerate(out_shapes):
-        n = int(np.prod(os_))
-        parts = []
-        for j, (s, f) in enumerate(zip(in_shapes, sym)):
-            g = np.asarray(blocks[i][j]).reshape(n, -1)
-            if f:
-                index, _, size = vech_layout(s)
-                folded = np.zeros((n, size), dtype=g.dtype)
-                np.add.at(folded.T, index, g.T)
-                g = folded
-            parts.append(g)
-        rows.append(np.concatenate(parts, axis=1))
-    return np.ascontiguousarray(np.concatenate(rows, axis=0))

@@ -15,18 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import call_fn, dtype_name, input_error, require_finite, shape_str, validate_seeds
+from natgrad_diag._validate import call_fn, dtype_name, input_error, require_callable, require_finite, shape_str
+from natgrad_diag._validate import validate_seeds
 from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
-__all__ = ["UNCONNECTED_CHOICES", "checked_gradient", "vjp"]
+__all__ = ["checked_gradient", "vjp"]
 
-#: Accepted values of ``unconnected``.
-UNCONNECTED_CHOICES = ("none", "zero", "raise")
 
 def _unconnected_mode(unconnected: Any) -> str:
     """``"none"``, ``"zero"`` or ``"raise"`` from a string or a ``tf.UnconnectedGradients``."""
     value = getattr(unconnected, "value", unconnected)
-    if isinstance(value, str) and value.lower() in UNCONNECTED_CHOICES:
+    if isinstance(value, str) and value.lower() in ("none", "zero", "raise"):
         return value.lower()
     raise input_error("unconnected must say what a source that does not influence the target gets.", "unconnected",
                       '"none", "zero" or "raise"', repr(unconnected), 'pass unconnected="none" (TensorFlow\'s default, None), '
@@ -112,15 +111,11 @@ def _assert_same_shape_at_run_time(seed: Any, target: Any, seed_label: str, targ
     if seed.shape.is_fully_defined() and target.shape.is_fully_defined():
         return seed  # decided statically by validate_seeds
     s_shape, t_shape = tf.shape(seed), tf.shape(target)
-    same = tf.cond(
-        tf.equal(tf.size(s_shape), tf.size(t_shape)), lambda: tf.reduce_all(tf.equal(s_shape, t_shape)),
-        lambda: tf.constant(False),
-    )
-    check = tf.debugging.Assert(
-        same,
-        [f"Mismatch in output_gradients. {seed_label} and {target_label} have different shapes at run time "
-         "(no broadcasting). Shapes of the seed and the target:", s_shape, t_shape],
-    )
+    same_rank = tf.equal(tf.size(s_shape), tf.size(t_shape))
+    same = tf.cond(same_rank, lambda: tf.reduce_all(tf.equal(s_shape, t_shape)), lambda: tf.constant(False))
+    check = tf.debugging.Assert(same, [f"Mismatch in output_gradients. {seed_label} and {target_label} have different "
+                                       "shapes at run time (no broadcasting). Shapes of the seed and the target:",
+                                       s_shape, t_shape])
     with tf.control_dependencies([check]):
         return tf.identity(seed)
 
@@ -257,9 +252,7 @@ def vjp(fn: Callable[..., Any], primals: Any, cotangents: Any, *, unconnected: A
     """
     import tensorflow as tf
 
-    if not callable(fn):
-        raise input_error("fn must be callable.", "fn", "a function of the primals", type(fn).__name__,
-                          "pass the function itself, e.g. vjp(tf.sin, x, v).")
+    require_callable(fn)
     single = not isinstance(primals, (list, tuple))
     xs = [_to_primal(x, k) for k, x in enumerate([primals] if single else primals)]
     mode = _unconnected_mode(unconnected)

@@ -47,13 +47,10 @@ from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.exceptions import DTypeMismatchError, ShapeMismatchError
 
 __all__ = [
-    "cholesky_vjp",
-    "default_seed_gradient",
-    "expectation_gradients",
-    "natgrad_step_closed_form",
-    "natgrad_tensors_closed_form",
-    "natural_gradient_xi",
+    "cholesky_vjp", "default_seed_gradient", "expectation_gradients", "natgrad_step_closed_form",
+    "natgrad_tensors_closed_form", "natural_gradient_xi",
 ]
+
 
 def _phi(x: Any) -> Any:
     """Φ(X): the lower triangle of X with its diagonal halved."""
@@ -84,7 +81,7 @@ def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any
 
     tensors = [x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
                for x in (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)]  # fmt: skip
-    q_mu, q_sqrt = tensors[:2]
+    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = tensors
     qm, qs = q_mu.shape, q_sqrt.shape
     if qm.rank != 2 or qs.rank != 3:
         bad, want, got = ("q_mu", "[M, L]", qm) if qm.rank != 2 else ("q_sqrt", "[L, M, M]", qs)
@@ -96,13 +93,12 @@ def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any
         raise input_error("q_sqrt does not match q_mu.", "q_sqrt", f"[L, M, M] = {shape_str(want_qs)}", shape_str(qs),
                           "pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).", kind=ShapeMismatchError,
                           label="Actual")
-    for name, value, like in (("dL_dmean", tensors[2], "q_mu"), ("dL_dvarsqrt", tensors[3], "q_sqrt")):
-        want = (q_mu if like == "q_mu" else q_sqrt).shape
+    for name, value, like, want in (("dL_dmean", dL_dmean, "q_mu", qm), ("dL_dvarsqrt", dL_dvarsqrt, "q_sqrt", qs)):
         if not value.shape.is_compatible_with(want):
             raise input_error(f"{name} must have the shape of {like}.", name, shape_str(want), shape_str(value.shape),
                               f"pass the gradient with respect to the constrained {like} (GPflow's _to_constrained "
                               "of the tape's gradient).", kind=ShapeMismatchError, label="Actual")
-    for name, value in zip(("q_sqrt", "dL_dmean", "dL_dvarsqrt"), tensors[1:]):
+    for name, value in (("q_sqrt", q_sqrt), ("dL_dmean", dL_dmean), ("dL_dvarsqrt", dL_dvarsqrt)):
         if value.dtype != q_mu.dtype:
             raise input_error(f"{name} must have the dtype of q_mu.", name, q_mu.dtype.name, value.dtype.name,
                               f"cast {name} with tf.cast({name}, {q_mu.dtype.name}).", kind=DTypeMismatchError)

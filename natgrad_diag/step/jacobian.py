@@ -42,10 +42,11 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
         e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
     require_finite(e1, "eta1")
     require_finite(e2, "eta2")
-    asym = float(np.max(np.abs(e2 - np.swapaxes(e2, -1, -2)), initial=0.0))
+    diff = np.abs(e2 - np.swapaxes(e2, -1, -2))
+    asym = float(np.max(diff, initial=0.0))
     bound = rounding_bound(e2.dtype, condition=1.0, scale=float(np.max(np.abs(e2), initial=0.0)), factor=4.0 * (M + 1))
     if asym > bound:
-        l, a, b = (int(i) for i in np.unravel_index(np.argmax(np.abs(e2 - np.swapaxes(e2, -1, -2))), e2.shape))
+        l, a, b = (int(i) for i in np.unravel_index(np.argmax(diff), e2.shape))
         raise input_error("eta2 is not symmetric.", "eta2", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of "
                           f"forming it)", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}",
                           "pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).")
@@ -92,9 +93,12 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
         U = np.cumsum((C * w[None, :])[:, ::-1], axis=1)[:, ::-1]  # [i, k]
         r0 = M * L + l * M * M
         eta1_cols = out[:, l : M * L : L]  # column m*L + l of η₁[m, l]: a strided view
-        eta2_cols = out[:, M * L + l * K2 : M * L + (l + 1) * K2]
-        _write_eta1_columns(eta1_cols, r0, Cinv, T_strict, U, w)
-        _write_eta2_columns(eta2_cols, r0, Cinv, T, T_strict, symmetric)
+        for i in range(M):
+            n = i + 1  # k ≤ i, and m ≤ i: T'[i,k,m] needs a j with m ≤ j ≤ i, (C⁻¹)_km needs m ≤ k ≤ i
+            dest = eta1_cols[r0 + i * M : r0 + i * M + n, :n]
+            np.multiply(T_strict[i, :n, :n], -w[:n, None], out=dest)
+            dest -= U[i, :n, None] * Cinv[:n, :n]
+        _write_eta2_columns(out[:, M * L + l * K2 : M * L + (l + 1) * K2], r0, Cinv, T, T_strict, symmetric)
     return BlockJacobian.from_compact(
         out, ("mean", "varsqrt"), ("eta1", "eta2"), [(M, L), (L, M, M)], [(M, L), (L, M, M)], (False, bool(symmetric))
     )
@@ -112,23 +116,9 @@ def _cholesky(S: Array, l: int) -> Array:
         ) from None
 
 
-def _write_eta1_columns(cols: Array, r0: int, Cinv: Array, T_strict: Array, U: Array, w: Array) -> None:
-    """cols[r0 + i·M + k, m] = −[T'[i,k,m] w_k + U[i,k] (C⁻¹)_km] for k ≤ i (the η₁ columns of one latent GP)."""
-    M = Cinv.shape[0]
-    for i in range(M):
-        n = i + 1  # k ≤ i, and m ≤ i: T'[i,k,m] needs a j with m ≤ j ≤ i, (C⁻¹)_km needs m ≤ k ≤ i
-        dest = cols[r0 + i * M : r0 + i * M + n, :n]
-        np.multiply(T_strict[i, :n, :n], -w[:n, None], out=dest)
-        dest -= U[i, :n, None] * Cinv[:n, :n]
-
-
 def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: Array, symmetric: bool) -> None:
-    """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b).
-
-    The columns run a-major (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``. Both
-    terms vanish for a > i (T'[i,k,a] needs a ≤ j ≤ i; (C⁻¹)_ka needs a ≤ k ≤ i), and those columns are
-    a suffix: row block i writes only its first (i+1)(i+2)/2 (vech) or (i+1)·M (general) columns.
-    """
+    """cols[r0 + i·M + k, c] = s_c·[T'[i,k,a] (C⁻¹)_kb + T[i,k,b] (C⁻¹)_ka] for k ≤ i, column c = (a, b), a-major
+    (vech: b ≤ a, general: every b), so the a-gather is a ``np.repeat``."""
     M = Cinv.shape[0]
     reps = np.arange(1, M + 1) if symmetric else np.full(M, M)
     a_idx, b_idx = np.repeat(np.arange(M), reps), np.concatenate([np.arange(r) for r in reps])  # vech: tril order
@@ -138,7 +128,7 @@ def _write_eta2_columns(cols: Array, r0: int, Cinv: Array, T: Array, T_strict: A
     sB = Cinv[:, b_idx] * scale
     buf = np.empty((M, len(b_idx)), dtype=Cinv.dtype)
     for i in range(M):
-        n = i + 1  # k ≤ i, and a ≤ i: the columns with a > i vanish, and they are a suffix (a-major order)
+        n = i + 1  # k ≤ i, and a ≤ i: the columns with a > i vanish (as for η₁), and they are a suffix
         nc = n * (n + 1) // 2 if symmetric else n * M
         dest = cols[r0 + i * M : r0 + i * M + n, :nc]
         np.multiply(np.repeat(T_strict[i, :n, :n], reps[:n], axis=1), sB[:n, :nc], out=dest)

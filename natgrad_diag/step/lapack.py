@@ -31,15 +31,7 @@ import numpy as np
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError
 from natgrad_diag.typing import FloatArray
 
-__all__ = ["RECORD_KEYS", "natgrad_record_lapack", "one_blas_thread"]
-
-#: The keys of the step's record (NatGradTrace's arrays besides the inputs).
-RECORD_KEYS = (
-    "eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1", "dtheta_deta2",
-    "xi1", "xi2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt",
-)  # fmt: skip
-_MATRIX_KEYS = ("eta2", "dL_deta2", "dtheta_deta2", "xi2", "nat_dL_xi2", "new_q_sqrt")
-
+__all__ = ["natgrad_record_lapack", "one_blas_thread"]
 
 _CONTROLLER: list[Any] = []  # threadpoolctl's controller, made once (after scipy has loaded its BLAS)
 _LOCK = threading.Lock()  # two threads restoring the BLAS limit in interleaved order would leave the process at one
@@ -66,17 +58,11 @@ def _kernels(dtype: Any) -> Any:
     return SimpleNamespace(**dict(zip(blas + lapack, get_blas_funcs(blas, probe) + get_lapack_funcs(lapack, probe))))
 
 
-def _require(info: int, routine: str) -> None:
-    if info < 0:  # an illegal argument: a bug here, never the user's input
-        raise RuntimeError(f"LAPACK {routine} rejected argument {-info}")
-
-
 def _sym_tri(x: FloatArray) -> FloatArray:
     """The symmetric matrix with x's triangle, for x zero strictly on the other side (``lauum`` of a triangle
     writes its own triangle and leaves the zeros): X + Xᵀ with X's diagonal. Exactly symmetric."""
     full = x + x.T
-    idx = np.arange(x.shape[0])
-    full[idx, idx] = x[idx, idx]
+    np.fill_diagonal(full, np.diagonal(x))
     return full
 
 
@@ -109,10 +95,8 @@ def _xinat_step(k: Any, u: FloatArray, x: FloatArray, m: FloatArray, dm: FloatAr
     q_sqrt_newᵀ = U_B⁻¹ Cᵀ (trsm), q_mu_new = m − γ q_sqrt_new q_sqrt_newᵀ ∂L/∂m (two trmv). x is the
     upper triangle of P + Pᵀ: potrf of the lower triangle of JBJ reads B's upper triangle only."""
     b = gamma * x
-    idx = np.arange(b.shape[0])
-    b[idx, idx] += 1.0
+    b[np.diag_indices_from(b)] += 1.0
     kk, info = k.potrf(np.array(b[::-1, ::-1], order="F"), lower=1, clean=1, overwrite_a=1)  # JBJ = K Kᵀ
-    _require(info, "potrf")
     if info > 0:
         raise StepFailedError(f"with gamma = {gamma:g} the updated precision is not positive definite (B's Cholesky failed at {info}).")
     ub = np.array(kk[::-1, ::-1], order="F")  # U_B = JKJ, upper: B = U_B U_Bᵀ
@@ -129,26 +113,21 @@ def _latent(
     (module docstring, Layout); each output matrix is a C-ordered view. ``full=False``: the step and ∂L/∂η only."""
     u = np.multiply(ls_t, np.where(np.diagonal(ls_t) < 0, -1.0, 1.0).astype(ls_t.dtype)[:, None], order="F")  # U = Cᵀ = D L_Sᵀ
     v, info = k.trtri(u, lower=0, overwrite_c=0)  # V = C⁻ᵀ, upper, computed once
-    _require(info, "trtri")
     if info > 0:
         raise SingularCovarianceError(f"q_sqrt has a zero on its diagonal (entry {info - 1}).")
     x = np.triu(k.trmm(1.0, u, g_t, side=1, lower=0, trans_a=1))  # GᵀC's upper triangle = (P + Pᵀ)'s
-    half, info = k.sygst(x, v, itype=2, lower=0, overwrite_a=0)  # upper triangle of V (P + Pᵀ) Vᵀ
-    _require(info, "sygst")
+    half, _ = k.sygst(x, v, itype=2, lower=0, overwrite_a=0)  # upper triangle of V (P + Pᵀ) Vᵀ
     dL_dS = 0.5 * _sym_tri(half)  # ½ C⁻ᵀ (P + Pᵀ) C⁻¹
     out = dict(dL_deta1=dm - 2.0 * _times(k, dL_dS, m), dL_deta2=_c_layout(dL_dS))
     if full or xi == "sqrtmeanvar":
-        jsj, info = k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)  # (JUJ)ᵀ(JUJ) = J S J
-        _require(info, "lauum")
-        jsj = _sym_tri(jsj)
+        jsj = _sym_tri(k.lauum(np.array(u[::-1, ::-1], order="F"), lower=1, overwrite_c=1)[0])  # (JUJ)ᵀ(JUJ) = JSJ
     if full:
         dtheta1, dtheta2 = _default_seed(k, u, v, m)
         cov = jsj[::-1, ::-1]  # S = C Cᵀ
         out.update(eta1=m, eta2=_c_layout(cov + np.outer(m, m)), dtheta_deta1=dtheta1, dtheta_deta2=_c_layout(dtheta2))
     if xi == "sqrtmeanvar":
-        pt = x  # Pᵀ = Φ(CᵀG)ᵀ: x with its diagonal halved (x is not needed after this)
-        pt[np.diag_indices_from(pt)] *= 0.5
-        nat2_t = k.trmm(1.0, u, pt, side=1, lower=0, overwrite_b=1)  # Pᵀ Cᵀ = (C P)ᵀ = (L_S Φ(L_Sᵀ G))ᵀ
+        x[np.diag_indices_from(x)] *= 0.5  # now Pᵀ = Φ(CᵀG)ᵀ (x is not needed after this)
+        nat2_t = k.trmm(1.0, u, x, side=1, lower=0, overwrite_b=1)  # Pᵀ Cᵀ = (C P)ᵀ = (L_S Φ(L_Sᵀ G))ᵀ
         nat1 = _times(k, jsj, dm[::-1])[::-1]  # S ∂L/∂m = J (JSJ) J ∂L/∂m
         out.update(nat_dL_xi1=nat1, nat_dL_xi2=nat2_t.T, new_q_mu=m - gamma * nat1, new_q_sqrt=(ls_t - gamma * nat2_t).T)
         if full:
@@ -157,9 +136,7 @@ def _latent(
     new_mu, new_t = _xinat_step(k, u, x, m, dm, gamma)
     out.update(nat_dL_xi1=out["dL_deta1"], nat_dL_xi2=out["dL_deta2"], new_q_mu=new_mu, new_q_sqrt=new_t.T)
     if full:
-        lam, info = k.lauum(v, lower=0, overwrite_c=0)  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (upper triangle)
-        _require(info, "lauum")
-        lam = _sym_tri(lam)
+        lam = _sym_tri(k.lauum(v, lower=0, overwrite_c=0)[0])  # V Vᵀ = C⁻ᵀC⁻¹ = Λ (from its upper triangle)
         out.update(xi1=_times(k, lam, m), xi2=_c_layout(-0.5 * lam))
     return out
 
@@ -179,7 +156,7 @@ def natgrad_record_lapack(
         one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's comparison).
 
     Returns:
-        ``{key: array}`` for the :data:`RECORD_KEYS` ([M, L] or [L, M, M], the inputs' dtype).
+        ``{key: array}`` for NatGradTrace's arrays besides the inputs ([M, L] or [L, M, M], the inputs' dtype).
 
     Raises:
         SingularCovarianceError: a zero on q_sqrt's diagonal.
@@ -206,7 +183,6 @@ def natgrad_record_lapack(
     with one_blas_thread(limit=one_thread):
         per = [_latent(k, q_mu[:, j], q_sqrt[j].T, dL_dmean[:, j], dL_dvarsqrt[j].T, g, xi, full) for j in range(q_mu.shape[1])]
     return {  # [L, M, M] matrices, [M, L] vectors, of the inputs' dtype
-        key: np.stack([p[key] for p in per], axis=0 if key in _MATRIX_KEYS else 1).astype(dtype, copy=False)
-        for key in RECORD_KEYS
-        if key in per[0]
+        key: np.stack([p[key] for p in per], axis=0 if first.ndim == 2 else 1).astype(dtype, copy=False)
+        for key, first in per[0].items()
     }

@@ -1,9 +1,8 @@
-"""``natgrad_trace``: GPflow's natural-gradient step reproduced line by line and recorded, without assigning anything.
+"""``natgrad_trace``: GPflow's natural-gradient step (maths in :mod:`natgrad_diag.step`) recorded, assigning nothing.
 
-The maths is in :mod:`natgrad_diag.step`. After its input checks ``natgrad_trace`` takes the path
-:func:`~natgrad_diag.step.backend.step_backend` picks: LAPACK's closed-form record, no tracing; or, in a
-``tf.function`` traced once per key, the TensorFlow closed form (tensors on a GPU) or the eager path's operations (any
-other ξ or q_sqrt transform). A fast path that sees anything unusual defers to the eager path, which names every error.
+The fast paths are the ones :func:`~natgrad_diag.step.backend.step_backend` picks: LAPACK's record, or a
+``tf.function`` (traced once per key) of the TensorFlow closed form or of the eager path's operations. A fast path
+that sees anything unusual defers to the eager path, which names every error.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ __all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_tra
 
 @dataclass(frozen=True)
 class NatGradTrace:
-    """Every intermediate of one natural-gradient step, as float arrays (shapes for M, L).
-
-    Every pair (x1, x2) below is ([M, L], [L, M, M]).
+    """Every intermediate of one natural-gradient step, as float arrays; every pair (x1, x2) is ([M, L], [L, M, M]).
 
     Attributes:
         eta1, eta2: η₁ = m, η₂ = S + m mᵀ.
@@ -147,9 +144,9 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
         return  # param_parts names what is wrong with it
     if a.ndim != 3 or a.shape[-1] != a.shape[-2] or a.dtype.kind != "f":
         return  # validate_q names the shape or dtype
-    upper = np.triu(a, 1)
-    if np.any(upper != 0):
-        l_idx, i, j = (int(k) for k in np.argwhere(upper != 0)[0])
+    above = np.argwhere(np.triu(a, 1) != 0)
+    if len(above):
+        l_idx, i, j = (int(k) for k in above[0])
         raise input_error("q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
                           "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).", "q_sqrt",
                           "lower-triangular [L, M, M] (zeros above the diagonal)",
@@ -213,8 +210,8 @@ def _transform_key(transform: Any) -> Any:
     return (type(transform), tuple(sorted(params.items())))
 
 
-def _fast_parts(x: Any) -> tuple[Any, Any] | None:
-    """(the tensor the step reads, its transform) without running the transform; None if unusual."""
+def _fast_parts(x: Any) -> tuple[Any, Any]:
+    """(the tensor the step reads, its transform) without running the transform; (None, None) if unusual."""
     import gpflow
     import tensorflow as tf
 
@@ -224,11 +221,11 @@ def _fast_parts(x: Any) -> tuple[Any, Any] | None:
         return x, None
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
         return tf.convert_to_tensor(x), None
-    return None
+    return None, None
 
 
 def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
-    """The frozen trace from a record: RECORD_KEYS and the inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
+    """The frozen trace from a record of the step and its inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
     arrays = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
     bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
     if bad:
@@ -262,11 +259,8 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
                 out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
-            out.update(
-                q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt,
-                inputs_ok=tf.reduce_all(tf.stack(finite + [nonsingular])),
-            )  # fmt: skip
-            return out
+            ok = tf.reduce_all(tf.stack(finite + [nonsingular]))
+            return dict(out, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt, inputs_ok=ok)
 
         # traced here, once for this key; calling the concrete function skips tf.function's dispatch
         shapes, dtype = key[0], tf.as_dtype(key[1])
@@ -279,14 +273,15 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
 def _natgrad_trace_compiled(
     q_mu: Any, q_sqrt: Any, q_mu_grad: Any, q_sqrt_grad: Any, g: float, xi: Any, *, build: bool = True
 ) -> NatGradTrace | None:
-    """A fast path's trace, or ``None`` when the eager path must decide (an unusual input, a failed in-graph check or
-    Cholesky) or, with ``build=False``, when the tf.function for this key is not compiled yet (LAPACK runs anyway)."""
+    """A fast path's trace, or ``None`` when the eager path must decide (an unusual input, one not finite or singular,
+    a failed Cholesky, NaN or Inf) or, with ``build=False``, when the tf.function for this key is not compiled yet
+    (LAPACK runs anyway)."""
     import tensorflow as tf
 
-    p_mu, p_sq, gr_mu, gr_sq = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
-    if p_mu is None or p_sq is None or gr_mu is None or gr_sq is None or gr_mu[1] is not None or gr_sq[1] is not None:
-        return None
-    (mu_in, t_mu), (sq_in, t_sq), g_mu, g_sq = p_mu, p_sq, gr_mu[0], gr_sq[0]
+    parts = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
+    (mu_in, t_mu), (sq_in, t_sq), (g_mu, t_gmu), (g_sq, t_gsq) = parts
+    if any(t is None for t in (mu_in, sq_in, g_mu, g_sq)) or t_gmu is not None or t_gsq is not None:
+        return None  # unusual, or a gradient that is a Parameter
     tensors = (mu_in, sq_in, g_mu, g_sq)
     dtype = mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
@@ -295,8 +290,21 @@ def _natgrad_trace_compiled(
     if shapes[2] != shapes[0] or shapes[3] != shapes[1] or any(d is None for s in shapes for d in s):
         return None
     backend = step_backend(xi, t_sq, mu_in, sq_in)
-    if backend.code == "lapack":
-        return _natgrad_trace_lapack(tensors, t_mu, t_sq, g, xi, str(backend.xi))
+    if backend.code == "lapack":  # no tracing
+        try:
+            arrays = constrained_arrays(tensors, t_mu, t_sq)
+        except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
+            return None
+        if arrays is None:
+            return None
+        mu, sq, d_mu, d_sq = arrays  # constrained
+        try:
+            record = natgrad_record_lapack(mu, sq, d_mu, d_sq, g, str(backend.xi))
+        except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
+            return None
+        if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
+            return None
+        return _record(dict(record, q_mu=mu, q_sqrt=sq, dL_dmean=d_mu, dL_dvarsqrt=d_sq), g, xi)
     k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
@@ -331,30 +339,10 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     if q_mu.ndim != 2 or q_sqrt.shape != (L, M, M) or d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
         return None
     raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
-    if not all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw)):
-        return None
-    if np.any(np.diagonal(q_sqrt, axis1=1, axis2=2) == 0):
+    finite = all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw))
+    if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0):
         return None
     return q_mu, q_sqrt, d_mu, d_sq
-
-
-def _natgrad_trace_lapack(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any, g: float, xi: Any, closed: str) -> NatGradTrace | None:
-    """The closed-form record by LAPACK (:func:`natgrad_record_lapack`) on the constrained values, or ``None`` for
-    the eager path to decide: an input that is not finite or singular, a non-PD B (γ too long), NaN or Inf."""
-    try:
-        arrays = constrained_arrays(tensors, t_mu, t_sq)
-    except Exception:  # noqa: BLE001 - a transform that fails on these values: the eager path names the problem
-        return None
-    if arrays is None:
-        return None
-    q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = arrays
-    try:
-        record = natgrad_record_lapack(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, g, closed)
-    except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
-        return None
-    if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
-        return None
-    return _record(dict(record, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=dL_dmean, dL_dvarsqrt=dL_dvarsqrt), g, xi)
 
 
 @raised_as_is
