@@ -26,8 +26,7 @@ __all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", 
 
 
 def _oracle_likelihood(noise: float) -> Any:
-    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles (GPflow's default
-    bound, 1e-6, cannot hold a variance that sits at it, as the model's own can when softplus saturates)."""
+    """Gaussian(variance=noise) without GPflow's lower bound 1e-6, which a saturated softplus variance sits at."""
     import gpflow
 
     return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
@@ -126,18 +125,13 @@ def _sgpr_sum(ctx: Context, noise: Any, parts: list[tuple[Any, Any]]) -> float:
     """Σ over outputs l of SGPR's bound for (X, Y[:, l] − mean(X)[:, l]) with kernel_l, Z_l and ``noise``."""
     import gpflow
 
-    m, (X, Y) = ctx.model, ctx.data
-    if len(parts) == 1:
-        return float(gpflow.models.SGPR(
-            ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise),
-        ).elbo().numpy())  # fmt: skip
-    resid = Y - m.mean_function(X)
+    (X, Y), mean = ctx.data, ctx.model.mean_function
+    resid = Y - mean(X)  # what SGPR subtracts itself; one part takes every column, as SGPR does
+    columns = [resid] if len(parts) == 1 else [resid[:, l : l + 1] for l in range(len(parts))]
     return sum(
-        float(gpflow.models.SGPR(
-            (X, resid[:, l : l + 1]), kernel=kernel, inducing_variable=points, likelihood=_oracle_likelihood(noise),
-        ).elbo().numpy())
-        for l, (kernel, points) in enumerate(parts)
-    )  # fmt: skip
+        float(gpflow.models.SGPR((X, y), k, z, likelihood=_oracle_likelihood(noise)).elbo().numpy())
+        for y, (k, z) in zip(columns, parts)
+    )
 
 
 def batch_constant(N: int, c: float, noise: float) -> float:
@@ -215,6 +209,11 @@ def minibatch(ctx: Context) -> str:
     return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
 
 
+def _failed(name: str, claim: str, what: str, e: Exception) -> Outcome:
+    why = e.detail if isinstance(e, StepFailedError) else error_line(e)
+    return Outcome(checks=(Check(name, claim, "fail", detail=f"{what}: {why}"),))
+
+
 def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
     """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there (both within
     :func:`_conjugate_bound`)."""
@@ -225,8 +224,7 @@ def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
     try:
         elbo1, elbo2 = (float((m.elbo() if ctx.data is None else m.elbo(ctx.data)).numpy()) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        why = e.detail if isinstance(e, StepFailedError) else error_line(e)
-        return Outcome(checks=(Check(name="conjugate_optimality", claim="one γ = 1 step reaches the collapsed bound", status="fail", detail=f"the step failed: {why}"),))
+        return _failed("conjugate_optimality", "one γ = 1 step reaches the collapsed bound", "the step failed", e)
     ref, ref_name, claim, numbers = _reference(ctx)
     bound = _conjugate_bound(ctx, cond, ref)
     detail = f"ELBO {elbo1!r}, {ref_name} {ref!r} (relative {format_number(abs(elbo1 - ref) / max(abs(ref), 1e-300))})"
@@ -253,8 +251,7 @@ def _naturals(model: Any) -> Array:
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
     t = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
-    naturals: Array = np.concatenate([np.ravel(x.numpy()) for x in t]).astype(np.float64)
-    return naturals
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in t])
 
 
 def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
@@ -272,8 +269,7 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
         (star,) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
         thetas = [_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi)]
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        why = getattr(e, "detail", "") or str(e).splitlines()[0]
-        return Outcome(checks=(Check("conjugate_convergence", "k steps approach the conjugate optimum", "fail", detail=f"a step failed: {why}"),))
+        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", "a step failed", e)
     d = [float(np.linalg.norm(t - star)) for t in thetas]
     scale_theta = max(float(np.linalg.norm(t)) for t in thetas + [star])
     if d[0] <= 1e3 * np.finfo(ctx.np_dtype).eps * scale_theta:
