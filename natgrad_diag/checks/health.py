@@ -14,6 +14,7 @@ GPflow's own update when it did not (e.g. where GPflow's step loses precision an
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -69,14 +70,10 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
 
 
 def rounding(loss: float, dtype: Any) -> float:
-    """What one evaluation of the loss resolves, √ε·max(|loss|, 1): two losses closer than this tie, and a step may
-    raise the loss by this much and still be healthy.
-
-    The loss is a difference of terms (the expected log-likelihood, a sum of N terms, and the KL), each computed to a
-    few ε of its own size, so the loss's rounding is about ε·(|terms|), not ε·|loss|: near a converged q(u) the
-    terms can exceed the loss by orders of magnitude and successive steps change it at that level. √ε allows terms up
-    to ~10⁶ times the loss in float64 (~10³ in float32) and is still 10⁻⁸ of the loss, far below a real rise (an
-    oscillating or diverging γ raises it by percent).
+    """What one evaluation of the loss resolves, √ε·max(|loss|, 1): closer losses tie, and a step may raise the loss
+    by this much and still be healthy. The loss is a difference of terms (a sum of N expected log-likelihoods, the KL)
+    each rounded to ε of its own size, which near a converged q(u) exceeds |loss| by orders of magnitude; √ε allows
+    terms ~10⁶ times the loss in float64 (~10³ in float32), far below a real rise (percent, for a diverging γ).
     """
     return float(np.sqrt(np.finfo(dtype).eps)) * max(abs(loss), 1.0)
 
@@ -96,11 +93,8 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) ->
     if not usable:
         return None
     tie = rounding(max(abs(loss) for _, loss in usable), dtype)
-    best = usable[0]
-    for g, loss in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
-        if loss < best[1] - tie:
-            best = (g, loss)
-    return best[0]
+    # smallest γ first: a larger γ replaces the best only when its loss is lower beyond a tie
+    return functools.reduce(lambda best, t: t if t[1] < best[1] - tie else best, usable)[0]
 
 
 def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> GammaTrial:
@@ -122,11 +116,8 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     tie = rounding(step.loss, ev.ctx.np_dtype)
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
-        if grid[i] not in measured:
-            measured[grid[i]] = _trial(ev, grid[i], step, own=not proven)
-        t = measured[grid[i]]
-        ok = t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie)
-        return ok, t
+        t = measured[grid[i]] = measured.get(grid[i]) or _trial(ev, grid[i], step, own=not proven)
+        return t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie), t
 
     def walk(i: int, direction: int, best: GammaTrial | None) -> GammaTrial | None:
         while 0 <= i + direction < len(grid):
