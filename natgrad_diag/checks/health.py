@@ -49,12 +49,9 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
     if not finite(new_q_mu, new_q_sqrt):
         n_bad = int(np.sum(~np.isfinite(new_q_mu)) + np.sum(~np.isfinite(new_q_sqrt)))
         return False, f"{n_bad} NaN/Inf value(s) in the new q_mu or q_sqrt", {}
-    eps = float(np.finfo(dtype).eps)
-    scale = max(maxabs(new_q_sqrt), 1.0)
-    upper = maxabs(np.triu(new_q_sqrt, 1))
-    diag = np.diagonal(new_q_sqrt, axis1=-2, axis2=-1)
+    upper, diag = maxabs(np.triu(new_q_sqrt, 1)), np.diagonal(new_q_sqrt, axis1=-2, axis2=-1)
     nums = {"max |upper triangle of new q_sqrt|": upper, "min diagonal of new q_sqrt": float(diag.min())}
-    if upper > 100 * eps * scale:
+    if upper > 100 * float(np.finfo(dtype).eps) * max(maxabs(new_q_sqrt), 1.0):
         return False, f"the new q_sqrt is not lower-triangular (max |upper entry| {format_number(upper)})", nums
     if not (diag > 0).all():
         l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
@@ -64,8 +61,7 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
         np.linalg.cholesky(S)
     except np.linalg.LinAlgError:
         return False, f"S = q_sqrt q_sqrtᵀ is not numerically positive definite in {np.dtype(dtype).name} (Cholesky failed)", nums
-    ratio = float((diag.max(axis=-1) / diag.min(axis=-1)).max())
-    nums["cond(S) lower bound (max/min diag of q_sqrt)²"] = ratio**2
+    nums["cond(S) lower bound (max/min diag of q_sqrt)²"] = float((diag.max(axis=-1) / diag.min(axis=-1)).max()) ** 2
     return True, "", nums
 
 
@@ -141,10 +137,9 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
 def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
     k = ctx.gamma_steps
     steps = f"{k} steps" if k > 1 else "the step"
-    claim = (
-        f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive diagonal, "
-        f"S positive definite) and never raise the loss beyond what one evaluation resolves (√ε·max(|loss|, 1))"
-    )
+    claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
+             "diagonal, S positive definite) and never raise the loss beyond what one evaluation resolves "
+             "(√ε·max(|loss|, 1))")
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:
