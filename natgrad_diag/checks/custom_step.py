@@ -322,9 +322,9 @@ def judge(
     """
     from natgrad_diag.tolerance import eps
 
-    gamma, xi = ctx.gamma, ctx.xi
-    mistakes = partial(mistaken_steps, *before, step, transform, gamma, xi)
-    claim = f"the step {label} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
+    mistakes = partial(mistaken_steps, *before, step, transform, ctx.gamma, ctx.xi)
+    claim = (f"the step {label} takes ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals what "
+             "gpflow.optimizers.NaturalGradient assigns")
     if applied.changed:
         detail = f"{label} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
         return Check("custom_step", claim, "fail", detail=detail + FIX + "update only the (q_mu, q_sqrt) pairs minimize() is given.")
@@ -379,8 +379,7 @@ def stage(run: Run) -> Outcome:
     import gpflow
     import tensorflow as tf
 
-    ev = run.ev
-    opt = ev.ctx.optimizer
+    ev, opt = run.ev, run.ev.ctx.optimizer
     if opt is None:
         return Outcome()
     if ev.scratch is not None:  # a model: step on the scratch copy, watching the model's own variables too
@@ -396,9 +395,8 @@ def stage(run: Run) -> Outcome:
         q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
         with tf.GradientTape() as tape:
             pev.loss()
-        read = {v.name + f"#{i}": v for i, v in enumerate(tape.watched_variables())}
-        pair = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
-        others = {n: v for n, v in read.items() if all(v is not p for p in pair)}
+        pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
+        others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
             applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())

@@ -224,10 +224,8 @@ class NatGradReport(Report):
         )  # fmt: skip
         trials = Table(("gamma", "healthy", after, "note"), rows,
                        f"Largest first; the suggestion has the lowest {after}")  # fmt: skip
-        note = "" if k == 1 else (
-            f"Each gamma is measured by the loss after {k} natural-gradient steps with it from the current q(u), "
-            "hyperparameters held fixed; a trial fails if any of its steps does."
-        )  # fmt: skip
+        note = "" if k == 1 else (f"Each gamma is measured by the loss after {k} natural-gradient steps with it "
+                                  "from the current q(u), hyperparameters held fixed; a trial fails if any step does.")
         return Section(f"Step lengths tried ({after})", note, (trials,), None, ("gamma",))
 
     def to_dict(self) -> dict[str, Any]:
