@@ -82,8 +82,7 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_expectation, natural_to_meanvarsqrt
 
-    ctx = ev.ctx
-    M, L = ctx.M, ctx.L
+    ctx, M, L = ev.ctx, ev.ctx.M, ev.ctx.L
     assert step.dL_deta1 is not None and step.dL_deta2 is not None  # the stage checks it
     nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
     lower = _vech(M)[1]

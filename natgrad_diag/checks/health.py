@@ -7,9 +7,7 @@ positive definite, everything finite) or raises the loss by more than one evalua
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
-to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step. These other
-γ take natgrad-diag's closed-form step when the ``reproduction`` check found it equal to GPflow's (cheaper), and
-GPflow's own update when it did not (e.g. where GPflow's step loses precision and the closed form does not).
+to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step.
 """
 
 from __future__ import annotations
@@ -105,8 +103,9 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
 
 def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
     """The suggested γ (:func:`best_gamma`) and every trial measured, by bracketing on :data:`GAMMA_GRID` and γ
-    (module docstring); ``own`` is γ's trial; ``proven``: the closed form takes the other γ's steps (the
-    ``reproduction`` check found it equal to GPflow's step), else GPflow's own update does."""
+    (module docstring); ``own`` is γ's trial; ``proven``: natgrad-diag's closed form takes the other γ's steps (cheaper;
+    the ``reproduction`` check found it equal to GPflow's step), else GPflow's own update does (e.g. where GPflow's
+    step loses precision and the closed form does not)."""
     grid = sorted({*GAMMA_GRID, own.gamma})
     measured = {own.gamma: own}
     tie = rounding(step.loss, ev.ctx.np_dtype)

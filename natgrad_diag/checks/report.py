@@ -242,5 +242,4 @@ class NatGradReport(Report):
             gamma_trials=[dataclasses.asdict(t) for t in self.gamma_trials],
             warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
         )  # fmt: skip
-        out: dict[str, Any] = to_jsonable(d)
-        return out
+        return dict(to_jsonable(d))
