@@ -26,8 +26,7 @@ __all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", 
 
 
 def _oracle_likelihood(noise: float) -> Any:
-    """A Gaussian likelihood with variance ``noise`` and no lower bound, for the SGPR/GPR oracles (GPflow's default
-    bound, 1e-6, cannot hold a variance that sits at it, as the model's own can when softplus saturates)."""
+    """Gaussian(variance=noise) without GPflow's lower bound 1e-6, which a saturated softplus variance sits at."""
     import gpflow
 
     return gpflow.likelihoods.Gaussian(variance=noise, variance_lower_bound=0.0)
@@ -46,8 +45,7 @@ def keeps_gaussian_maths(likelihood: Any) -> bool:
         return False
     if type(likelihood) is gpflow.likelihoods.Gaussian:
         return True
-    rng = np.random.default_rng(0)
-    dtype = variance.dtype
+    rng, dtype = np.random.default_rng(0), variance.dtype
     X = tf.zeros((5, 1), dtype)
     Fmu, Fvar, Y = (tf.constant(a, dtype) for a in (rng.standard_normal((5, 1)), rng.uniform(0.1, 1.0, (5, 1)), rng.standard_normal((5, 1))))
     try:
@@ -66,24 +64,19 @@ def per_output_parts(model: Any) -> list[tuple[Any, Any]] | None:
     import gpflow
 
     k, iv, L = model.kernel, model.inducing_variable, int(model.q_mu.shape[1])
-    ivs = gpflow.inducing_variables
-    if not isinstance(k, gpflow.kernels.MultioutputKernel):
+    kernels, ivs = gpflow.kernels, gpflow.inducing_variables
+    if not isinstance(k, kernels.MultioutputKernel):
         return [(k, iv)] if isinstance(iv, ivs.InducingPoints) else None
-    if isinstance(k, gpflow.kernels.SharedIndependent):
-        kernels = [k.kernel] * L
-    elif isinstance(k, gpflow.kernels.SeparateIndependent):
-        kernels = list(k.kernels)
-    else:
-        return None
-    if isinstance(iv, ivs.SharedIndependentInducingVariables):
-        points = [iv.inducing_variable] * L
-    elif isinstance(iv, ivs.SeparateIndependentInducingVariables):
-        points = list(iv.inducing_variable_list)
-    else:
-        points = [iv] * L
-    if len(kernels) != L or len(points) != L or not all(isinstance(p, ivs.InducingPoints) for p in points):
-        return None
-    return list(zip(kernels, points))
+    ks = (
+        [k.kernel] * L if isinstance(k, kernels.SharedIndependent)
+        else list(k.kernels) if isinstance(k, kernels.SeparateIndependent) else []
+    )  # fmt: skip
+    points = (
+        [iv.inducing_variable] * L if isinstance(iv, ivs.SharedIndependentInducingVariables)
+        else list(iv.inducing_variable_list) if isinstance(iv, ivs.SeparateIndependentInducingVariables) else [iv] * L
+    )  # fmt: skip
+    ok = len(ks) == L == len(points) and all(isinstance(p, ivs.InducingPoints) for p in points)
+    return list(zip(ks, points)) if ok else None
 
 
 def conjugate_applicable(ctx: Context) -> str:
@@ -116,28 +109,21 @@ def _conjugate_bound(ctx: Context, cond: Conditioning, ref: float) -> Bound:
     2002, §7.1); the ELBO, SGPR's bound and GPR's marginal likelihood go through a Cholesky of Kuu (or K + σ²I):
     ε·κ(Kuu) (§10.1). First order in both: conservative, as the ELBO is stationary at the optimum.
     """
-    return natgrad_bound(
-        ctx.np_dtype, condition=cond.kappa_F + (cond.kappa_Kuu or 1.0), condition_name="κ(F) + κ(Kuu)", scale=abs(ref), rtol=ctx.tol.conjugate_rtol, atol=0.0,
-        factor=1.0,
-    )  # fmt: skip
+    return natgrad_bound(ctx.np_dtype, condition=cond.kappa_F + (cond.kappa_Kuu or 1.0), condition_name="κ(F) + κ(Kuu)",
+                         scale=abs(ref), rtol=ctx.tol.conjugate_rtol, atol=0.0, factor=1.0)
 
 
 def _sgpr_sum(ctx: Context, noise: Any, parts: list[tuple[Any, Any]]) -> float:
     """Σ over outputs l of SGPR's bound for (X, Y[:, l] − mean(X)[:, l]) with kernel_l, Z_l and ``noise``."""
     import gpflow
 
-    m, (X, Y) = ctx.model, ctx.data
-    if len(parts) == 1:
-        return float(gpflow.models.SGPR(
-            ctx.data, kernel=m.kernel, inducing_variable=m.inducing_variable, mean_function=m.mean_function, likelihood=_oracle_likelihood(noise),
-        ).elbo().numpy())  # fmt: skip
-    resid = Y - m.mean_function(X)
+    (X, Y), mean = ctx.data, ctx.model.mean_function
+    resid = Y - mean(X)  # what SGPR subtracts itself; one part takes every column, as SGPR does
+    columns = [resid] if len(parts) == 1 else [resid[:, l : l + 1] for l in range(len(parts))]
     return sum(
-        float(gpflow.models.SGPR(
-            (X, resid[:, l : l + 1]), kernel=kernel, inducing_variable=points, likelihood=_oracle_likelihood(noise),
-        ).elbo().numpy())
-        for l, (kernel, points) in enumerate(parts)
-    )  # fmt: skip
+        float(gpflow.models.SGPR((X, y), k, z, likelihood=_oracle_likelihood(noise)).elbo().numpy())
+        for y, (k, z) in zip(columns, parts)
+    )
 
 
 def batch_constant(N: int, c: float, noise: float) -> float:
@@ -180,10 +166,8 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
         float(gpflow.models.GPR(m.data, kernel=m.kernel, mean_function=m.mean_function, likelihood=_oracle_likelihood(s2)).log_marginal_likelihood().numpy())
         for s2 in (noise, noise + jitter)
     )
-    claim = (
-        f"after one XiNat step with γ = 1, VGP's ELBO equals GPR's log marginal likelihood with noise σ² + jitter "
-        f"(jitter = {jitter:g}, VGP adds it to K)"
-    )
+    claim = (f"after one XiNat step with γ = 1, VGP's ELBO equals GPR's log marginal likelihood with noise σ² + jitter "
+             f"(jitter = {jitter:g}, VGP adds it to K)")
     numbers = (("GPR log marginal likelihood (noise σ²)", lml), ("GPR log marginal likelihood (noise σ² + jitter)", lml_j),
                ("GPR(σ² + jitter) − GPR(σ²)", lml_j - lml))  # fmt: skip
     return lml_j, "GPR(σ² + jitter)", claim, numbers
@@ -215,6 +199,11 @@ def minibatch(ctx: Context) -> str:
     return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
 
 
+def _failed(name: str, claim: str, what: str, e: Exception) -> Outcome:
+    why = e.detail if isinstance(e, StepFailedError) else error_line(e)
+    return Outcome(checks=(Check(name, claim, "fail", detail=f"{what}: {why}"),))
+
+
 def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
     """One γ = 1 XiNat step reaches the collapsed bound (SGPR / GPR); a second step stays there (both within
     :func:`_conjugate_bound`)."""
@@ -225,17 +214,15 @@ def _check_conjugate(ev: Evaluator, cond: Conditioning) -> Outcome:
     try:
         elbo1, elbo2 = (float((m.elbo() if ctx.data is None else m.elbo(ctx.data)).numpy()) for m in itertools.islice(ev.walk(2, 1.0, XiNat()), 1, None))
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        why = e.detail if isinstance(e, StepFailedError) else error_line(e)
-        return Outcome(checks=(Check(name="conjugate_optimality", claim="one γ = 1 step reaches the collapsed bound", status="fail", detail=f"the step failed: {why}"),))
+        return _failed("conjugate_optimality", "one γ = 1 step reaches the collapsed bound", "the step failed", e)
     ref, ref_name, claim, numbers = _reference(ctx)
-    bound = _conjugate_bound(ctx, cond, ref)
     detail = f"ELBO {elbo1!r}, {ref_name} {ref!r} (relative {format_number(abs(elbo1 - ref) / max(abs(ref), 1e-300))})"
     if ref_name.startswith("GPR"):
         lml = numbers[0][1]
         detail += f"; the gap to GPR(σ²), {format_number(elbo1 - lml)}, is the jitter's share ({format_number(numbers[2][1])})"
         numbers += (("jitter's share: VGP ELBO − GPR(σ²)", elbo1 - lml),)
     checks = (
-        bounded_check("conjugate_optimality", claim, abs(elbo1 - ref), bound, detail),
+        bounded_check("conjugate_optimality", claim, abs(elbo1 - ref), _conjugate_bound(ctx, cond, ref), detail),
         bounded_check(
             "conjugate_fixed_point", "a second XiNat step with γ = 1 does not change the ELBO (the optimum is a fixed point)",
             abs(elbo2 - elbo1), _conjugate_bound(ctx, cond, elbo1), f"ELBO after one step {elbo1!r}, after two {elbo2!r}",
@@ -253,8 +240,7 @@ def _naturals(model: Any) -> Array:
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
     t = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
-    naturals: Array = np.concatenate([np.ravel(x.numpy()) for x in t]).astype(np.float64)
-    return naturals
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in t])
 
 
 def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
@@ -272,8 +258,7 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
         (star,) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
         thetas = [_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi)]
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        why = getattr(e, "detail", "") or str(e).splitlines()[0]
-        return Outcome(checks=(Check("conjugate_convergence", "k steps approach the conjugate optimum", "fail", detail=f"a step failed: {why}"),))
+        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", "a step failed", e)
     d = [float(np.linalg.norm(t - star)) for t in thetas]
     scale_theta = max(float(np.linalg.norm(t)) for t in thetas + [star])
     if d[0] <= 1e3 * np.finfo(ctx.np_dtype).eps * scale_theta:
@@ -286,18 +271,12 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
         want = 1.0 - ctx.gamma
         err = max(abs(r - want) for r in ratios)
         rel = scale_theta / max(min(d[1:]), 1e-300)
-        bound = natgrad_bound(
-            ctx.np_dtype, condition=cond.kappa_F * rel, condition_name="κ(F)·‖θ‖/d",
-            scale=1.0, rtol=ctx.tol.conjugate_rtol, atol=0.0,
-        )  # fmt: skip
-        claim = (
-            f"{steps} XiNat steps with γ = {ctx.gamma:g} contract the distance to the conjugate optimum in natural "
-            f"parameters by 1 − γ = {want:g} per step"
-        )
+        bound = natgrad_bound(ctx.np_dtype, condition=cond.kappa_F * rel, condition_name="κ(F)·‖θ‖/d", scale=1.0,
+                              rtol=ctx.tol.conjugate_rtol, atol=0.0)
+        claim = (f"{steps} XiNat steps with γ = {ctx.gamma:g} contract the distance to the conjugate optimum in "
+                 f"natural parameters by 1 − γ = {want:g} per step")
         return Outcome(checks=(bounded_check("conjugate_convergence", claim, err, bound, nums),), numbers=numbers)
     worst = max(ratios)
-    claim = (
-        f"{steps} {type(ctx.xi).__name__} steps with γ = {ctx.gamma:g} approach the conjugate optimum: the distance in "
-        "natural parameters shrinks at every step"
-    )
+    claim = (f"{steps} {type(ctx.xi).__name__} steps with γ = {ctx.gamma:g} approach the conjugate optimum: the "
+             "distance in natural parameters shrinks at every step")
     return Outcome(checks=(Check("conjugate_convergence", claim, status_of(worst < 1.0), worst, 1.0, nums),), numbers=numbers)

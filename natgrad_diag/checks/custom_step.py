@@ -2,21 +2,10 @@
 
 The user's optimizer (GPflow's ``minimize(loss_fn, var_list)``, or an update function wrapped by :func:`as_optimizer`)
 runs once on a scratch copy; its new q(u) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ
-and ξ, to the ``reproduction`` bound. Else the common mistake it matches to rounding is named, each computed
-independently from the same gradients. With GPflow's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (Salimbeni et al. 2018,
-equation [10]), ∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the Jacobian of (m, L_S) w.r.t. η:
-
-* ``default_seed``: ∂L/∂η replaced by (Jᵀ·1)⊙v, the default seed's gradient times v elementwise (the lesson's
-  question, :func:`natgrad_diag.explain_output_gradients`);
-* ``varsqrt_path``: ∂L/∂η₁ = ∂L/∂m, the path through varsqrt = chol(η₂ − η₁η₁ᵀ) dropped;
-  ``varsqrt_seed``: the seed (∂L/∂m, 0), q_sqrt's gradient dropped;
-* ``gamma_twice``, ``gamma_missing``, ``ascent``: the step with γ², 1 or −γ;
-* ``unconstrained``: the unconstrained variables' gradients used without ``_to_constrained`` (named only where a
-  transform makes it differ: with GPflow's, it is the same step or a shape error);
-* ``wrong_xi``: XiNat's step when ξ is XiSqrtMeanVar, or the reverse;
-* ``transposed``: GPflow's new q_sqrt assigned transposed (a ``triangular()`` parameter scrambles its entries).
-
-A mistake that gives GPflow's step here (γ = 1 for the γ mistakes) cannot be told apart and is not named.
+and ξ, to the ``reproduction`` bound. Else the mistake of :data:`MISTAKES` (tabled in docs/natgrad-checks.md) it
+matches to rounding is named, each computed independently from the same gradients with GPflow's step
+ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (Salimbeni et al. 2018, equation [10]), ∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the
+Jacobian of (m, L_S) w.r.t. η. A mistake that gives GPflow's step here (γ = 1 for the γ mistakes) is not named.
 """
 
 from __future__ import annotations
@@ -86,11 +75,9 @@ def optimizer_settings(optimizer: Any, gamma: Any, xi_transform: Any) -> tuple[A
 
 def _function_arity(fn: Any) -> int:
     """6 for ``fn(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)`` (GPflow's method), 5 without self."""
-    try:
+    sig = None
+    with contextlib.suppress(TypeError, ValueError):
         sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        sig = None
-    if sig is not None:
         for n in ((6, 5) if next(iter(sig.parameters), "") == "self" else (5,)):
             with contextlib.suppress(TypeError):
                 sig.bind(*range(n))
@@ -335,9 +322,9 @@ def judge(
     """
     from natgrad_diag.tolerance import eps
 
-    gamma, xi = ctx.gamma, ctx.xi
-    mistakes = partial(mistaken_steps, *before, step, transform, gamma, xi)
-    claim = f"the step {label} takes ({type(xi).__name__}, gamma = {gamma:g}) equals what gpflow.optimizers.NaturalGradient assigns"
+    mistakes = partial(mistaken_steps, *before, step, transform, ctx.gamma, ctx.xi)
+    claim = (f"the step {label} takes ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals what "
+             "gpflow.optimizers.NaturalGradient assigns")
     if applied.changed:
         detail = f"{label} also changed {', '.join(applied.changed)}; a natural-gradient step moves q_mu and q_sqrt only (the check restored them)."
         return Check("custom_step", claim, "fail", detail=detail + FIX + "update only the (q_mu, q_sqrt) pairs minimize() is given.")
@@ -392,8 +379,7 @@ def stage(run: Run) -> Outcome:
     import gpflow
     import tensorflow as tf
 
-    ev = run.ev
-    opt = ev.ctx.optimizer
+    ev, opt = run.ev, run.ev.ctx.optimizer
     if opt is None:
         return Outcome()
     if ev.scratch is not None:  # a model: step on the scratch copy, watching the model's own variables too
@@ -409,9 +395,8 @@ def stage(run: Run) -> Outcome:
         q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
         with tf.GradientTape() as tape:
             pev.loss()
-        read = {v.name + f"#{i}": v for i, v in enumerate(tape.watched_variables())}
-        pair = [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable]
-        others = {n: v for n, v in read.items() if all(v is not p for p in pair)}
+        pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
+        others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
             applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())

@@ -47,9 +47,8 @@ def stage(run: Run) -> Outcome:
 
 
 def _vech(M: int) -> tuple[Array, Array, Array]:
-    """For vech (row-major lower triangle, M(M+1)/2 entries): the vech position of every (i, j) of a symmetric M×M
-    matrix, the flat positions of the lower triangle, and the dual weights (1 on the diagonal, 2 off it).
-    """
+    """For vech (row-major lower triangle): the vech position of every (i, j) of a symmetric M×M matrix, the flat
+    positions of the lower triangle, and the dual weights (1 on the diagonal, 2 off it)."""
     rows, cols = np.tril_indices(M)
     pos = np.zeros((M, M), dtype=np.int64)
     pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
@@ -83,8 +82,7 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_expectation, natural_to_meanvarsqrt
 
-    ctx = ev.ctx
-    M, L = ctx.M, ctx.L
+    ctx, M, L = ev.ctx, ev.ctx.M, ev.ctx.L
     assert step.dL_deta1 is not None and step.dL_deta2 is not None  # the stage checks it
     nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
     lower = _vech(M)[1]
@@ -104,11 +102,8 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     bound = natgrad_bound(ctx.np_dtype, condition=cond, condition_name="κ(F)", scale=scale([want]), rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
     sym = maxabs(F - F.T) / max(maxabs(F), 1e-300)
     n = L * (M + M * (M + 1) // 2)
-    claim = (
-        "F⁻¹·∇θL = ∇ηL: the explicit Fisher matrix F = ∂η/∂θ (natural_to_expectation) solved against "
-        "∇θL (the explicit Jacobian of natural_to_meanvarsqrt contracted with ∂L/∂(m, L_S)) gives the "
-        "∂L/∂η of GPflow's step"
-    )
+    claim = ("F⁻¹·∇θL = ∇ηL: the explicit Fisher matrix F = ∂η/∂θ (natural_to_expectation) solved against ∇θL "
+             "(the explicit Jacobian of natural_to_meanvarsqrt contracted with ∂L/∂(m, L_S)) gives GPflow's ∂L/∂η")
     detail = f"F is {n} × {n}; cond(F) = {format_number(cond)}, F symmetric to {format_number(sym)} (relative)"
     check = bounded_check("fisher_identity", claim, maxabs(got - want), bound, detail)
     return Outcome(checks=(check,), numbers=(("cond(F)", cond), ("max |F − Fᵀ| / max |F|", sym)))
@@ -127,9 +122,7 @@ def check_fisher_matrix_free(ev: Evaluator, step: Step) -> Check:
         return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", status="fail", detail=f"could not evaluate: {error_line(e)}")
     want = (out["grad_theta1"], out["grad_theta2"])
     bound = natgrad_bound(ctx.np_dtype, condition=ctx.M, condition_name="M (products)", scale=scale(want), rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
-    claim = (
-        "F·∇ηL = ∇θL, matrix-free: the Fisher matrix F = ∂η/∂θ applied in closed form (dS = 2·S U₂ S, ...) to "
-        "GPflow's ∂L/∂η equals the vector-Jacobian product of natural_to_meanvarsqrt with ∂L/∂(m, L_S)"
-    )
+    claim = ("F·∇ηL = ∇θL, matrix-free: the Fisher matrix F = ∂η/∂θ applied in closed form (dS = 2·S U₂ S, ...) to "
+             "GPflow's ∂L/∂η equals the vector-Jacobian product of natural_to_meanvarsqrt with ∂L/∂(m, L_S)")
     err = max_abs_diff((out["F_u1"], out["F_u2"]), want)
     return bounded_check("fisher_identity", claim, err, bound, "equivalent to F⁻¹·∇θL = ∇ηL without forming F (fast mode)")

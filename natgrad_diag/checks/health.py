@@ -7,13 +7,12 @@ positive definite, everything finite) or raises the loss by more than one evalua
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
-to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step. These other
-γ take natgrad-diag's closed-form step when the ``reproduction`` check found it equal to GPflow's (cheaper), and
-GPflow's own update when it did not (e.g. where GPflow's step loses precision and the closed form does not).
+to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -48,12 +47,9 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
     if not finite(new_q_mu, new_q_sqrt):
         n_bad = int(np.sum(~np.isfinite(new_q_mu)) + np.sum(~np.isfinite(new_q_sqrt)))
         return False, f"{n_bad} NaN/Inf value(s) in the new q_mu or q_sqrt", {}
-    eps = float(np.finfo(dtype).eps)
-    scale = max(maxabs(new_q_sqrt), 1.0)
-    upper = maxabs(np.triu(new_q_sqrt, 1))
-    diag = np.diagonal(new_q_sqrt, axis1=-2, axis2=-1)
+    upper, diag = maxabs(np.triu(new_q_sqrt, 1)), np.diagonal(new_q_sqrt, axis1=-2, axis2=-1)
     nums = {"max |upper triangle of new q_sqrt|": upper, "min diagonal of new q_sqrt": float(diag.min())}
-    if upper > 100 * eps * scale:
+    if upper > 100 * float(np.finfo(dtype).eps) * max(maxabs(new_q_sqrt), 1.0):
         return False, f"the new q_sqrt is not lower-triangular (max |upper entry| {format_number(upper)})", nums
     if not (diag > 0).all():
         l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
@@ -63,20 +59,15 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
         np.linalg.cholesky(S)
     except np.linalg.LinAlgError:
         return False, f"S = q_sqrt q_sqrtᵀ is not numerically positive definite in {np.dtype(dtype).name} (Cholesky failed)", nums
-    ratio = float((diag.max(axis=-1) / diag.min(axis=-1)).max())
-    nums["cond(S) lower bound (max/min diag of q_sqrt)²"] = ratio**2
+    nums["cond(S) lower bound (max/min diag of q_sqrt)²"] = float((diag.max(axis=-1) / diag.min(axis=-1)).max()) ** 2
     return True, "", nums
 
 
 def rounding(loss: float, dtype: Any) -> float:
-    """What one evaluation of the loss resolves, √ε·max(|loss|, 1): two losses closer than this tie, and a step may
-    raise the loss by this much and still be healthy.
-
-    The loss is a difference of terms (the expected log-likelihood, a sum of N terms, and the KL), each computed to a
-    few ε of its own size, so the loss's rounding is about ε·(|terms|), not ε·|loss|: near a converged q(u) the
-    terms can exceed the loss by orders of magnitude and successive steps change it at that level. √ε allows terms up
-    to ~10⁶ times the loss in float64 (~10³ in float32) and is still 10⁻⁸ of the loss, far below a real rise (an
-    oscillating or diverging γ raises it by percent).
+    """What one evaluation of the loss resolves, √ε·max(|loss|, 1): closer losses tie, and a step may raise the loss
+    by this much and still be healthy. The loss is a difference of terms (a sum of N expected log-likelihoods, the KL)
+    each rounded to ε of its own size, which near a converged q(u) exceeds |loss| by orders of magnitude; √ε allows
+    terms ~10⁶ times the loss in float64 (~10³ in float32), far below a real rise (percent, for a diverging γ).
     """
     return float(np.sqrt(np.finfo(dtype).eps)) * max(abs(loss), 1.0)
 
@@ -96,11 +87,8 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) ->
     if not usable:
         return None
     tie = rounding(max(abs(loss) for _, loss in usable), dtype)
-    best = usable[0]
-    for g, loss in usable[1:]:  # smallest γ first: a larger γ replaces it only when its loss is lower beyond a tie
-        if loss < best[1] - tie:
-            best = (g, loss)
-    return best[0]
+    # smallest γ first: a larger γ replaces the best only when its loss is lower beyond a tie
+    return functools.reduce(lambda best, t: t if t[1] < best[1] - tie else best, usable)[0]
 
 
 def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> GammaTrial:
@@ -115,18 +103,16 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
 
 def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
     """The suggested γ (:func:`best_gamma`) and every trial measured, by bracketing on :data:`GAMMA_GRID` and γ
-    (module docstring); ``own`` is γ's trial; ``proven``: the closed form takes the other γ's steps (the
-    ``reproduction`` check found it equal to GPflow's step), else GPflow's own update does."""
+    (module docstring); ``own`` is γ's trial; ``proven``: natgrad-diag's closed form takes the other γ's steps (cheaper;
+    the ``reproduction`` check found it equal to GPflow's step), else GPflow's own update does (e.g. where GPflow's
+    step loses precision and the closed form does not)."""
     grid = sorted({*GAMMA_GRID, own.gamma})
     measured = {own.gamma: own}
     tie = rounding(step.loss, ev.ctx.np_dtype)
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
-        if grid[i] not in measured:
-            measured[grid[i]] = _trial(ev, grid[i], step, own=not proven)
-        t = measured[grid[i]]
-        ok = t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie)
-        return ok, t
+        t = measured[grid[i]] = measured.get(grid[i]) or _trial(ev, grid[i], step, own=not proven)
+        return t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie), t
 
     def walk(i: int, direction: int, best: GammaTrial | None) -> GammaTrial | None:
         while 0 <= i + direction < len(grid):
@@ -150,10 +136,9 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
 def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
     k = ctx.gamma_steps
     steps = f"{k} steps" if k > 1 else "the step"
-    claim = (
-        f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive diagonal, "
-        f"S positive definite) and never raise the loss beyond what one evaluation resolves (√ε·max(|loss|, 1))"
-    )
+    claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
+             "diagonal, S positive definite) and never raise the loss beyond what one evaluation resolves "
+             "(√ε·max(|loss|, 1))")
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:

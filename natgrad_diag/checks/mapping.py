@@ -77,12 +77,9 @@ def _correct_gradient(param: Any, g: Array, dtype: Any) -> tuple[Array, Array, A
 
 
 def stage(run: Run) -> Outcome:
-    """GPflow's ``_to_constrained(grad, T) = T.forward(grad)`` against the chain rule, for q_mu and q_sqrt.
-
-    With c = T.forward(u), the correct ∂L/∂c = (∂u/∂c)ᵀ·∂L/∂u: the VJP of T.inverse at c. It is what the VJP of
-    T.forward at u maps back to ∂L/∂u, which is checked too (the consistency number). A failure is also sent
-    through ``warnings.warn`` (attributed to the caller) and returned in the outcome's warnings. Without explicit
-    Jacobians (fast mode) a linear isometric transform is not recomputed: the map is exact by construction.
+    """GPflow's map against the chain rule for q_mu and q_sqrt, and that the VJP of T.forward at u maps the correct
+    ∂L/∂c back to ∂L/∂u (the consistency number). A failure is also warned (attributed to the caller). Without
+    explicit Jacobians (fast mode) a linear isometric transform is not recomputed: the map is exact by construction.
     """
     ctx, step = run.ev.ctx, run.step
     parts, details, margins, found = [], [], [], []
@@ -104,10 +101,8 @@ def stage(run: Run) -> Outcome:
                 found.append(_WARNING.format(name=name, transform=type(T).__name__, err=format_number(err)))
                 warnings.warn(found[-1], UserWarning, stacklevel=_user_stacklevel())
     worst, bound = max(reversed(margins), key=lambda m: m[0] - m[1], default=(0.0, 0.0))  # the last of equal margins
-    claim = (
-        "GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
-        "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt"
-    )
+    claim = ("GPflow's _to_constrained(grad, transform) equals the correct map to constrained gradients "
+             "(the VJP of the bijector's inverse, (∂u/∂c)ᵀ·∂L/∂u) for q_mu and q_sqrt")
     status = status_of(all(e <= b for e, b in margins))
-    check = Check("gradient_mapping", claim, status, worst, bound or None, "; ".join(parts + details))
-    return Outcome(checks=(check,), warnings=tuple(found))
+    return Outcome(checks=(Check("gradient_mapping", claim, status, worst, bound or None, "; ".join(parts + details)),),
+                   warnings=tuple(found))

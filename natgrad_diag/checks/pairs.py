@@ -24,7 +24,7 @@ from natgrad_diag.checks.evaluator import (
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
-from natgrad_diag.exceptions import InputError, ShapeMismatchError, UnsupportedModelError
+from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError
 from natgrad_diag.report.records import Check
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
@@ -54,13 +54,10 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
     if var_list is not None:
         for i, item in enumerate(var_list):
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3) or not _is_parameter(*item[:2]):
-                raise UnsupportedModelError(
+                raise input_error(
                     "var_list must hold (q_mu, q_sqrt) pairs of gpflow.Parameter, as NaturalGradient.minimize takes them.",
-                    context=[
-                        ("Argument", f"var_list[{i}]"), ("Got", type(item).__name__),
-                        ("Expected", "(q_mu [M, L], q_sqrt [L, M, M]) or (q_mu, q_sqrt, xi_transform)"),
-                    ],
-                    remedy="pass var_list=[(layer.q_mu, layer.q_sqrt), ...].",
+                    f"var_list[{i}]", "(q_mu [M, L], q_sqrt [L, M, M]) or (q_mu, q_sqrt, xi_transform)",
+                    type(item).__name__, "pass var_list=[(layer.q_mu, layer.q_sqrt), ...].", kind=UnsupportedModelError,
                 )  # fmt: skip
         return [(f"var_list[{i}][0]", item[0], f"var_list[{i}][1]", item[1]) for i, item in enumerate(var_list)]
     if _is_parameter(getattr(model, "q_mu", None), getattr(model, "q_sqrt", None)):
@@ -71,10 +68,11 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
         if _is_parameter(getattr(layer, "q_mu", None), getattr(layer, "q_sqrt", None))
     ]
     if not pairs:
-        raise UnsupportedModelError(
-            "found no variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ) to take natural-gradient steps on.",
-            context=[("Argument", "model"), ("Expected", "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers"), ("Got", type(model).__name__)],
-            remedy="pass var_list=[(q_mu, q_sqrt), ...] with the pairs your NaturalGradient.minimize call takes.",
+        raise input_error(
+            "found no variational q(u) = N(q_mu, q_sqrt q_sqrtᵀ) to take natural-gradient steps on.", "model",
+            "a GPflow SVGP/VGP or a GPflux DeepGP with GPLayers", type(model).__name__,
+            "pass var_list=[(q_mu, q_sqrt), ...] with the pairs your NaturalGradient.minimize call takes.",
+            kind=UnsupportedModelError,
         )
     return pairs
 
@@ -208,20 +206,20 @@ def check_pairs(
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
     """
     if not callable(loss_fn):
-        raise InputError(
-            "with var_list, the first argument must be the loss function.",
-            context=[("Argument", "loss_fn"), ("Expected", "a callable returning the loss"), ("Got", type(loss_fn).__name__)],
-            remedy="call check_natgrad(loss_fn, var_list=[(q_mu, q_sqrt)]) with the closure you pass to NaturalGradient.minimize.",
+        raise input_error(
+            "with var_list, the first argument must be the loss function.", "loss_fn", "a callable returning the loss",
+            type(loss_fn).__name__, "call check_natgrad(loss_fn, var_list=[(q_mu, q_sqrt)]) with the closure you pass "
+            "to NaturalGradient.minimize.",
         )
     try:
         var_list = list(var_list)  # read once: a generator is empty on its second read
     except TypeError:
         var_list = [var_list]  # not iterable: variational_pairs names it
     if not var_list:
-        raise InputError(
-            "var_list is empty: there is no (q_mu, q_sqrt) pair to check.",
-            context=[("Argument", "var_list"), ("Expected", "[(q_mu, q_sqrt), ...] with at least one pair"), ("Got", "[]")],
-            remedy="pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
+        raise input_error(
+            "var_list is empty: there is no (q_mu, q_sqrt) pair to check.", "var_list",
+            "[(q_mu, q_sqrt), ...] with at least one pair", "[]",
+            "pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
         )
     pairs = variational_pairs(var_list=var_list)
     _refuse_swapped(pairs)

@@ -15,18 +15,10 @@ __all__ = ["GammaTrial", "HealthResult", "NatGradReport", "Outcome"]
 
 @dataclass(frozen=True)
 class GammaTrial:
-    """One step length tried for the suggestion: were its steps healthy, and the loss after them.
-
-    Attributes:
-        gamma: the step length γ.
-        healthy: every one of the ``steps`` steps kept q(u) valid and the loss finite.
-        loss: the training loss after ``steps`` steps with γ (None when one of them failed).
-        reason: "lowers the loss" / "raises the loss" (against the loss before any step), or why a step failed
-            (with ``steps`` > 1, naming the step: "step 2 of 5: Cholesky failed").
-        steps: k, the number of natural-gradient steps the trial asked for from the current q(u).
-        losses: the loss after each step taken, in order (up to the failing step; its own loss when it rose).
-        failed_step: the step j (1-based) at which the trial failed, None when all k held.
-    """
+    """One step length γ tried for the suggestion: were its k = ``steps`` steps from the current q(u) ``healthy`` (q(u)
+    valid, the loss finite), the ``loss`` after them (None when one failed), the ``reason`` ("lowers the loss", or why a
+    step failed: "step 2 of 5: Cholesky failed"), the ``losses`` after each step taken (up to the failing one) and the
+    ``failed_step`` (1-based; None when all k held)."""
 
     gamma: float
     healthy: bool
@@ -164,31 +156,22 @@ class NatGradReport(Report):
                 Section(f"{r.model_name}: {s.heading}", s.text, s.tables, s.checks, tuple(f"{n}-{i}" for n in s.figures))
                 for i, r in enumerate(self.pairs) for s in r.sections()
             )  # fmt: skip
-        info = Table(
-            columns=("", "value"),
-            rows=(
-                ("model", f"{self.model_name}, {self.likelihood} likelihood, whiten={self.whiten}"),
-                ("M, L, N", f"{self.num_inducing}, {self.num_latent}, {self.num_data if self.num_data is not None else '-'}"),
-                ("dtype", self.dtype),
-                ("xi_transform, gamma", f"{self.xi_transform}, {self.gamma:g}"),
-                ("mode", self.mode),
-                ("loss before step", format_number(self.loss_before, 10)),
-                ("loss after step", format_number(self.loss_after, 10) if self.step_error == "" else "step failed"),
-                ("suggested gamma", "-" if self.suggested_gamma is None else f"{self.suggested_gamma:g}"),
-            ),
-        )  # fmt: skip
+        info = Table(("", "value"), (
+            ("model", f"{self.model_name}, {self.likelihood} likelihood, whiten={self.whiten}"),
+            ("M, L, N", f"{self.num_inducing}, {self.num_latent}, {'-' if self.num_data is None else self.num_data}"),
+            ("dtype", self.dtype), ("xi_transform, gamma", f"{self.xi_transform}, {self.gamma:g}"), ("mode", self.mode),
+            ("loss before step", format_number(self.loss_before, 10)),
+            ("loss after step", format_number(self.loss_after, 10) if self.step_error == "" else "step failed"),
+            ("suggested gamma", "-" if self.suggested_gamma is None else f"{self.suggested_gamma:g}"),
+        ))  # fmt: skip
         nums = Table(columns=("number", "value"), rows=tuple((k, format_number(v, 6)) for k, v in self.numbers))
-
-        def listed(items: Any) -> str:
-            return "\n".join(f"- {x}" for x in items)
-
         worst_first = tuple(sorted(self.checks, key=lambda c: -STATUSES.index(c.status)))
         candidates = (
             (self.gamma_trials, self._gamma_section()),
             (True, Section("Checks", "", (), worst_first, ("checks",))), (True, Section("Model and step", "", (info,))),
             (self.numbers, Section("Further numbers", "", (nums,))),
-            (self.skipped, Section("Not checked", listed(f"{name}: {why}" for name, why in self.skipped))),
-            (self.warnings, Section("Warnings", listed(self.warnings))),
+            (self.skipped, Section("Not checked", "\n".join(f"- {name}: {why}" for name, why in self.skipped))),
+            (self.warnings, Section("Warnings", "\n".join(f"- {w}" for w in self.warnings))),
         )  # fmt: skip
         return tuple(section for present, section in candidates if present)
 
@@ -241,10 +224,8 @@ class NatGradReport(Report):
         )  # fmt: skip
         trials = Table(("gamma", "healthy", after, "note"), rows,
                        f"Largest first; the suggestion has the lowest {after}")  # fmt: skip
-        note = "" if k == 1 else (
-            f"Each gamma is measured by the loss after {k} natural-gradient steps with it from the current q(u), "
-            "hyperparameters held fixed; a trial fails if any of its steps does."
-        )  # fmt: skip
+        note = "" if k == 1 else (f"Each gamma is measured by the loss after {k} natural-gradient steps with it "
+                                  "from the current q(u), hyperparameters held fixed; a trial fails if any step does.")
         return Section(f"Step lengths tried ({after})", note, (trials,), None, ("gamma",))
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,5 +242,4 @@ class NatGradReport(Report):
             gamma_trials=[dataclasses.asdict(t) for t in self.gamma_trials],
             warnings=list(self.warnings), numbers=dict(self.numbers), causes=[c.to_dict() for c in self.causes],
         )  # fmt: skip
-        out: dict[str, Any] = to_jsonable(d)
-        return out
+        return dict(to_jsonable(d))

@@ -20,10 +20,8 @@ def stage(run: Run) -> Outcome:
 def step_bound(ctx: Context, cond: Conditioning, sizes: list[Any]) -> Bound:
     """The bound on two routes to one step whose new (q_mu, q_sqrt) are ``sizes``: GPflow's route amplifies rounding
     by κ_η·κ(S_new)·cancellation (:attr:`~natgrad_diag.checks.bounds.Conditioning.step_condition`)."""
-    return natgrad_bound(
-        ctx.np_dtype, condition=cond.step_condition, condition_name="κ_η·κ(S_new)·cancellation", scale=scale(sizes),
-        rtol=ctx.tol.rtol, atol=ctx.tol.atol,
-    )
+    return natgrad_bound(ctx.np_dtype, condition=cond.step_condition, condition_name="κ_η·κ(S_new)·cancellation",
+                         scale=scale(sizes), rtol=ctx.tol.rtol, atol=ctx.tol.atol)
 
 
 def both_fail(label: str, error: str, gp_error: str) -> str:
@@ -49,16 +47,12 @@ def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditio
     ctx = ev.ctx
     if step.new_q_mu is None or step.new_q_sqrt is None or step.error or gp.q_mu is None or gp.q_sqrt is None:
         agree = (step.new_q_mu is None or bool(step.error)) and bool(gp.error)
-        claim = (
-            "natgrad-diag and gpflow.optimizers.NaturalGradient both find that this step fails"
-            if agree else "natgrad-diag's step and GPflow's NaturalGradient agree on whether the step succeeds"
-        )  # fmt: skip
+        claim = ("natgrad-diag and gpflow.optimizers.NaturalGradient both find that this step fails" if agree else
+                 "natgrad-diag's step and GPflow's NaturalGradient agree on whether the step succeeds")  # fmt: skip
         return Check("reproduction", claim, status_of(agree), detail=both_fail("natgrad-diag", step.error, gp.error))
     ours, gpflows = (step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt)
-    claim = (
-        f"the step natgrad-diag computes (natgrad_tensors, {type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals "
-        "what gpflow.optimizers.NaturalGradient assigns to a copy of the model"
-    )
+    claim = (f"the step natgrad-diag computes (natgrad_tensors, {type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals "
+             "what gpflow.optimizers.NaturalGradient assigns to a copy of the model")
     if ours[0].shape != gpflows[0].shape or ours[1].shape != gpflows[1].shape:
         return Check(name="reproduction", claim=claim, status="fail", detail="the two steps' shapes differ")
     detail = (

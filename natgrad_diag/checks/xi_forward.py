@@ -18,8 +18,7 @@ def stage(run: Run) -> Outcome:
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    ev, step = run.ev, run.step
-    ctx = ev.ctx
+    ev, step, ctx = run.ev, run.step, run.ev.ctx
     if isinstance(ctx.xi, XiNat):
         return Outcome()
     if step.nat_dL_xi1 is None:
@@ -27,8 +26,8 @@ def stage(run: Run) -> Outcome:
     try:
         want = ev.xi_product(step)
     except tf.errors.InvalidArgumentError as e:
-        check = Check(name="xi_forward_mode", claim="(∂ξ/∂θ)·∇ηL by forward mode", status="fail", detail=f"could not evaluate: {error_line(e)}")
-        return Outcome(checks=(check,))
+        why = f"could not evaluate: {error_line(e)}"
+        return Outcome(checks=(Check("xi_forward_mode", "(∂ξ/∂θ)·∇ηL by forward mode", "fail", detail=why),))
     err = max_abs_diff((step.nat_dL_xi1, step.nat_dL_xi2), want)
     wscale = scale(want)
     detail = f"vs ForwardAccumulator: {format_number(err)}"
@@ -49,8 +48,6 @@ def stage(run: Run) -> Outcome:
             wscale = max(wscale, scale(want_j))
     # ξ(θ) maps through S = (−2θ₂)⁻¹ (natural_to_meanvarsqrt): its derivatives carry ε·κ(S) of rounding.
     bound = natgrad_bound(ctx.np_dtype, condition=run.cond.kappa_S, condition_name="κ(S)", scale=wscale, rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
-    claim = (
-        f"GPflow's forward-mode product (differentiating twice, for {type(ctx.xi).__name__}) equals a direct "
-        "JVP (∂ξ/∂θ)·∇ηL from tf.autodiff.ForwardAccumulator"
-    )
+    claim = (f"GPflow's forward-mode product (differentiating twice, for {type(ctx.xi).__name__}) equals a direct "
+             "JVP (∂ξ/∂θ)·∇ηL from tf.autodiff.ForwardAccumulator")
     return Outcome(checks=(bounded_check("xi_forward_mode", claim, err, bound, detail),))
