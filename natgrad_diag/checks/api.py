@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from natgrad_diag.exceptions import InputError, NatGradCheckError
 from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
+from natgrad_diag.typing import Array
 
 __all__ = [
     "GAMMA_GRID", "MAX_GAMMA_STEPS", "NatGradReport", "STAGES", "Tolerances", "assert_natgrad",
@@ -235,8 +237,14 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
     update runs, and the losses the stages need are computed with it."""
     ctx, m = ev.ctx, ev.ctx.model
     asked = [stage.probes(ev) for stage in STAGES]
-    q_mu, q_sqrt = m.q_mu.numpy(), m.q_sqrt.numpy()
-    taken = ev.take([p for points in asked for p in points], lambda step: measure_conditioning(m, q_mu, q_sqrt, step.new_q_sqrt) if step.gradients_finite else None)
+    new_factor: Future[Array | None] = Future()
+    with ThreadPoolExecutor(1) as pool:  # κ(Kuu) and κ(S) beside the gradients, κ(S_new) beside GPflow's update
+        conditioning = pool.submit(measure_conditioning, m, *ev.q_arrays, new_factor.result)
+        try:
+            taken = ev.take([p for points in asked for p in points], lambda step: new_factor.set_result(step.new_q_sqrt))
+        finally:
+            if not new_factor.done():
+                new_factor.set_result(None)
     step, gp, losses = taken.step, taken.gp, iter(taken.losses)
     advance()
     if not step.gradients_finite:
@@ -248,7 +256,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
         )  # fmt: skip
         check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
-    step, cond = ev.fill_direction(step), taken.meanwhile
+    step, cond = ev.fill_direction(step), conditioning.result()
     found = Outcome()
     for stage, points in zip(STAGES, asked):
         probes = tuple((p, next(losses)) for p in points)
@@ -356,7 +364,7 @@ def assert_natgrad_step_matches_gpflow(
             gp = gpflow_update(ctx, step.g_mu, step.g_sq, scratch.q_mu, scratch.q_sqrt, lambda: float("nan"))  # no loss after it
         if not step.gradients_finite and not step.error:
             step = dataclasses.replace(step, error="the loss or its gradient is not finite")
-        cond = measure_conditioning(model, model.q_mu.numpy(), model.q_sqrt.numpy(), step.new_q_sqrt if optimizer is None else gp.q_sqrt)
+        cond = measure_conditioning(model, *ev.q_arrays, step.new_q_sqrt if optimizer is None else gp.q_sqrt)
         if optimizer is None:
             check = reproduction.check_reproduction(ev, step, gp, cond)
         else:

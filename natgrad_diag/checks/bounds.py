@@ -9,7 +9,7 @@ and κ(F) (measured or estimated).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -194,22 +194,32 @@ def _kuu(model: Any) -> Array | None:
     return K if K.ndim == 3 else K[None]
 
 
-def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
+def _finite_extremes(factor: Array | None) -> tuple[Array | None, Array | None]:
+    """:func:`factor_extremes` of a finite factor, (None, None) for none or a non-finite one."""
+    return factor_extremes(factor) if factor is not None and np.all(np.isfinite(factor)) else (None, None)
+
+
+def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None | Callable[[], Array | None]) -> Conditioning:
     """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F).
 
     λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by symmetric eigenvalue solves; λ(S) in a
     second thread (LAPACK releases the GIL), every solve in one BLAS thread, so the numbers do not depend on the split.
+    ``new_q_sqrt`` may be a function that waits for the step's factor: κ(Kuu) and λ(S) are solved before it is called.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
-    new_ok = new_q_sqrt is not None and np.all(np.isfinite(new_q_sqrt))
+    later = new_q_sqrt if callable(new_q_sqrt) else None
     with one_blas_thread(), ThreadPoolExecutor(1) as pool:
         before = pool.submit(factor_extremes, q_sqrt)
         K = _kuu(model) if model is not None else None
         k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
-        lo_N, hi_N = factor_extremes(new_q_sqrt) if new_ok else (None, None)
+        lo_N, hi_N = _finite_extremes(None if later else cast("Array | None", new_q_sqrt))
         lo_S, hi_S = before.result()
+    if later is not None:
+        new = later()  # outside the BLAS lock: the step's own LAPACK work may need it meanwhile
+        with one_blas_thread():
+            lo_N, hi_N = _finite_extremes(new)
     k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
     m2 = np.sum(q_mu.reshape(-1, lo_S.shape[0]) ** 2, axis=0) if q_mu.size else np.zeros_like(lo_S)  # ‖m_l‖² [L]
     k_eta = float(_ratio(lo_S, hi_S + m2).max())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -454,6 +455,11 @@ class Evaluator:
         for src, dst in zip(self.ctx.model.variables, self.scratch.variables):
             dst.assign(src)
         return self.scratch
+
+    @functools.cached_property
+    def q_arrays(self) -> tuple[Array, Array]:
+        """The model's q_mu [M, L] and q_sqrt [L, M, M] as arrays, read once (the checks never change them)."""
+        return self.ctx.model.q_mu.numpy(), self.ctx.model.q_sqrt.numpy()
 
     def q_tensors(self) -> tuple[Any, Any]:
         """The model's q_mu [M, L] and q_sqrt [L, M, M] as tensors."""

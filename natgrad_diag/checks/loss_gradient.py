@@ -36,7 +36,7 @@ def _step_length(q_sqrt: Array, dtype: str) -> float:
 def probes(ev: Evaluator) -> list[Point]:
     """q + h·d and q − h·d for each of the ``ev.loss_directions`` seeded directions d, in the model's dtype."""
     ctx = ev.ctx
-    q_mu, q_sqrt = ctx.model.q_mu.numpy().astype(np.float64), ctx.model.q_sqrt.numpy().astype(np.float64)
+    q_mu, q_sqrt = (np.asarray(a, np.float64) for a in ev.q_arrays)
     h = _step_length(q_sqrt, np.dtype(ctx.np_dtype).name)
     return [
         ((q_mu + s * h * d_m).astype(ctx.np_dtype), (q_sqrt + s * h * d_S).astype(ctx.np_dtype))
@@ -70,7 +70,7 @@ def stage(run: Run) -> Outcome:
     ctx, num_directions = ev.ctx, ev.loss_directions
     dtype = np.dtype(ctx.np_dtype).name
     g_m, g_S = np.asarray(step.dL_dmean, np.float64), np.tril(np.asarray(step.dL_dvarsqrt, np.float64))
-    h = _step_length(ctx.model.q_sqrt.numpy().astype(np.float64), dtype)
+    h = _step_length(np.asarray(ev.q_arrays[1], np.float64), dtype)
     n = ctx.M * ctx.L + ctx.L * ctx.M * (ctx.M + 1) // 2
     typical = float(np.sqrt(np.sum(g_m**2) + np.sum(g_S**2))) / np.sqrt(n)
     worst = (-1.0, 0, 0.0, 0.0, 0.0)  # (error / bound, direction, analytic, fd, bound)
