@@ -86,7 +86,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(xi_forward.stage),
     Stage(lambda run: Outcome(numbers=run.cond.numbers())),  # κ(S), κ(S_new), κ(Kuu), κ(F) among the numbers
     Stage(conjugate.stage),
-    Stage(health.stage, health.ticks),
+    Stage(health.stage),  # no ticks beyond its own: the γ search's length is not known in advance
     Stage(mapping.stage),
 )
 

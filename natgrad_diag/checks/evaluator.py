@@ -143,13 +143,11 @@ class GpflowStep:
 
 @dataclass(frozen=True)
 class Taken:
-    """What :meth:`Evaluator.take` computed: both steps, the loss at each point asked for (None where not finite),
-    and what ``meanwhile(step)`` returned."""
+    """What :meth:`Evaluator.take` computed: both steps and the loss at each point asked for (None where not finite)."""
 
     step: Step
     gp: GpflowStep
     losses: tuple[float | None, ...] = ()
-    meanwhile: Any = None
 
 
 @dataclass(frozen=True)
@@ -467,10 +465,12 @@ class Evaluator:
 
         return tf.convert_to_tensor(self.ctx.model.q_mu), tf.convert_to_tensor(self.ctx.model.q_sqrt)
 
-    def take(self, points: Sequence[Point] = (), meanwhile: Callable[[Step], Any] | None = None) -> Taken:
-        """Both steps (:meth:`_steps`), then the loss at each of ``points`` and ``meanwhile(step)``."""
+    def take(self, points: Sequence[Point] = (), on_step: Callable[[Step], Any] | None = None) -> Taken:
+        """Both steps (:meth:`_steps`), ``on_step(step)`` (natgrad-diag's), then the loss at each of ``points``."""
         step, gp = self._steps()
-        return Taken(step, gp, tuple(self.loss_at(*p) for p in points), meanwhile(step) if meanwhile else None)
+        if on_step:
+            on_step(step)
+        return Taken(step, gp, tuple(self.loss_at(*p) for p in points))
 
     def _steps(self) -> tuple[Step, GpflowStep]:
         """natgrad-diag's eager step on the model's q(u); GPflow's, same gradients, on the scratch copy."""
@@ -675,9 +675,9 @@ class CompiledEvaluator(Evaluator):
         """The compiled pieces' steps (built once per model), not new eager ones per check."""
         return self.pieces.steps[False], self.pieces.steps[True]
 
-    def take(self, points: Sequence[Point] = (), meanwhile: Callable[[Step], Any] | None = None) -> Taken:
+    def take(self, points: Sequence[Point] = (), on_step: Callable[[Step], Any] | None = None) -> Taken:
         """:meth:`Evaluator.take` by the pieces: the gradients, then GPflow's update with the loss after it and at
-        ``points`` (one graph, one Kuu) in a second thread while this one takes the LAPACK record and runs ``meanwhile``
+        ``points`` (one graph, one Kuu) in a second thread while this one takes the LAPACK record and calls ``on_step``
         (numpy releases the GIL, TensorFlow runs in its own threads). Without the LAPACK record, the compiled step
         waits for GPflow's: two graphs at once are slower on 2 cores. A piece that raises gives the step's error."""
         import tensorflow as tf
@@ -699,14 +699,15 @@ class CompiledEvaluator(Evaluator):
                 step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
             if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
                 step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the step produced NaN or Inf in the new q_mu or q_sqrt.")
-            extra = meanwhile(step) if meanwhile else None
+            if on_step:
+                on_step(step)
             try:
                 gp = theirs.result()
             except tf.errors.InvalidArgumentError as e:
                 self.sync()
-                return Taken(step, GpflowStep(None, None, error_line(e)), tuple(self.loss_at(*q) for q in points), extra)
+                return Taken(step, GpflowStep(None, None, error_line(e)), tuple(self.loss_at(*q) for q in points))
         losses = tuple(float(x) if np.isfinite(x) else None for x in gp["losses"])
-        return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses, extra)
+        return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses)
 
     def _lapack(self, g: dict[str, Any], gamma: float) -> dict[str, Any] | None:
         """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record; None when it does not apply or

@@ -23,7 +23,7 @@ from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "best_gamma", "health", "search", "stage", "ticks"]
+__all__ = ["GAMMA_GRID", "best_gamma", "health", "search", "stage"]
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
 GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
@@ -152,11 +152,6 @@ def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | 
         why = own.reason.split(": ", 1)[1] if k > 1 and own.reason.startswith("step ") else own.reason
         detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or (f"no gamma of the grid holds for {steps}" if ctx.search else "no γ searched (gamma_search=False)")) + "." + f32
     return Check(name="step_health", claim=claim, status=status_of(own.healthy), detail=detail)
-
-
-def ticks(ev: Evaluator) -> int:
-    """Progress-bar ticks of this stage beyond its own (the search's length is not known in advance)."""
-    return 0
 
 
 def stage(run: Run) -> Outcome:
