@@ -202,3 +202,18 @@ def test_read_once__two_losses_in_one_graph_read_each_parameter_once_with_the_sa
     assert n_once < n_plain / 2  # 22 against 52: the second loss reads nothing again but q_mu, q_sqrt
     assert once == pytest.approx(plain, rel=1e-13, abs=0) and once == pytest.approx(2 * float(m.training_loss((X, Y))), rel=1e-13)
     assert all("_value" not in vars(p) for p in m.parameters)
+
+
+def test_loss_gradient_stage__without_the_runs_probes_computes_them_and_still_fails_a_wrong_gradient():
+    # The stage is handed its losses by check_natgrad's run; called on its own it must not pass with nothing compared.
+    from natgrad_diag.checks import loss_gradient
+    from natgrad_diag.checks.bounds import measure_conditioning
+    from natgrad_diag.checks.evaluator import Run
+
+    m, data = _svgp(OffGaussian(variance=0.1))
+    with _checking(m, data, 0.1, None, {}) as ctx:
+        ev = evaluator(ctx, compiled=False)
+        taken = ev.take()
+        cond = measure_conditioning(m, *ev.q_arrays, taken.step.new_q_sqrt)
+        check = loss_gradient.stage(Run(ev, taken.step, taken.gp, cond, lambda *a: None)).checks[0]
+    assert check.status == "fail" and check.max_abs_error > check.tolerance > 0
