@@ -241,10 +241,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
     command = argv[0] if not argv[0].startswith("-") else "explain"
+    if own_process and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _note_ctrl_c)
     try:
         if not prepare_streams():
             return _fail([], command, "standard output is closed; redirect it to a file or /dev/null instead.", EXIT_USAGE)
-        return _command(argv, command)
+        code = _command(argv, command)
+        if _CTRL_C:  # a library caught the KeyboardInterrupt (some imports do) and the command went on: honour it
+            raise KeyboardInterrupt
+        return code
     except BrokenPipeError:  # `natgrad-diag ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
@@ -254,8 +259,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if own_process:  # a second Ctrl-C while TensorFlow shuts down stays quiet too, and so do the objects an
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupt left half-built (TFP's cache refs) at teardown
             sys.unraisablehook = lambda unraisable: None
+            # CPython marks a KeyboardInterrupt that left an exec() of a string (dataclasses and namedtuple build
+            # their methods so, also while TensorFlow imports) as unhandled for good, and under `python -m` then
+            # ends the process by SIGINT whatever it returns; a clean exec() clears the mark, so the exit code is 130
+            exec("None")  # noqa: S102
         print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+_CTRL_C: list[int] = []
+
+
+def _note_ctrl_c(signum: int, frame: Any) -> None:
+    """Python's own SIGINT handler, which also notes the signal, so that a Ctrl-C a library swallowed is not lost."""
+    _CTRL_C.append(signum)
+    signal.default_int_handler(signum, frame)
 
 
 def _interrupted(error: BaseException | None) -> bool:
