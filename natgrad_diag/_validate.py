@@ -6,7 +6,7 @@ what was expected, what was got and what to do. TensorFlow is imported inside th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +58,9 @@ def param_parts(x: Any, name: str) -> ParamParts:
         return ParamParts(tf.convert_to_tensor(x), x.transform, uv, tuple(uv.shape.as_list()))
     if isinstance(x, tf.Variable):
         return ParamParts(tf.convert_to_tensor(x), None, x, tuple(x.shape.as_list()))
-    try:
-        t = tf.convert_to_tensor(x)
-    except (TypeError, ValueError) as e:
-        raise input_error(f"{name} could not be converted to a tensor.", name, "a gpflow.Parameter, tf.Variable, tensor or array",
-                          type(x).__name__, f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.") from e
+    t = converted(lambda: tf.convert_to_tensor(x), f"{name} could not be converted to a tensor.", name,
+                  "a gpflow.Parameter, tf.Variable, tensor or array", type(x).__name__,
+                  f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.")
     return ParamParts(t, None, t, tuple(t.shape.as_list()))
 
 
@@ -72,6 +70,14 @@ def input_error(
     """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got
     (labelled ``label``: "Actual" for a shape)."""
     return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
+
+
+def converted(convert: Callable[[], Any], *error: Any, kind: type[NatGradDiagError] = InputError) -> Any:
+    """``convert()``; when it raises a TypeError or ValueError, ``input_error(*error, kind=kind)`` raised from it."""
+    try:
+        return convert()
+    except (TypeError, ValueError) as e:
+        raise input_error(*error, kind=kind) from e
 
 
 def require_int(
@@ -124,10 +130,8 @@ def require_positive_float(value: Any, name: str, *, remedy: str = "") -> float:
         >>> require_positive_float(1e-6, "eps")
         1e-06
     """
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise input_error(f"{name} must be a number.", name, "a finite float > 0", repr(value), remedy or f"pass {name} as a float.") from None
+    v = converted(lambda: float(value), f"{name} must be a number.", name, "a finite float > 0", repr(value),
+                  remedy or f"pass {name} as a float.")
     if not np.isfinite(v) or v <= 0:
         raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, remedy or f"pass a finite {name} > 0.")
     return v
@@ -197,13 +201,9 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
     """The gradient of a parameter's unconstrained variable: same shape, same dtype, finite."""
     import tensorflow as tf
 
-    try:
-        g = tf.convert_to_tensor(grad)
-    except (TypeError, ValueError) as e:
-        raise InputError(
-            f"{name} could not be converted to a tensor.", context=[("Argument", name), ("Got", type(grad).__name__)],
-            remedy=f"pass the gradient of the loss with respect to {param_name}.unconstrained_variable.",
-        ) from e
+    g = converted(lambda: tf.convert_to_tensor(grad), f"{name} could not be converted to a tensor.", name,
+                  "a float tensor", type(grad).__name__,
+                  f"pass the gradient of the loss with respect to {param_name}.unconstrained_variable.")
     if g.dtype.is_floating and g.dtype != part.value.dtype:
         require_same_dtype(g, part.value, name, param_name)
     require_float(g, name)
@@ -318,17 +318,15 @@ def as_float_tensor(x: Any, name: str) -> Any:
 
     if x is None:
         raise input_error(f"{name} is None.", name, "a float tensor, array or number", "None", f"pass a value for {name}.")
-    try:
+
+    def convert() -> Any:
         if isinstance(x, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):  # keeps its dtype
-            t = tf.convert_to_tensor(x)
-        else:
-            a = np.asarray(x)
-            t = tf.convert_to_tensor(a.astype("float64") if a.dtype.kind in "iuf" else a)  # GPflow's default float
-    except (TypeError, ValueError) as e:
-        raise input_error(
-            f"{name} could not be converted to a tensor.", name, "a float tensor, array or number",
-            type(x).__name__, f"pass {name} as a float64 array or tensor (nested lists must be rectangular).",
-        ) from e  # fmt: skip
+            return tf.convert_to_tensor(x)
+        a = np.asarray(x)
+        return tf.convert_to_tensor(a.astype("float64") if a.dtype.kind in "iuf" else a)  # GPflow's default float
+
+    t = converted(convert, f"{name} could not be converted to a tensor.", name, "a float tensor, array or number",
+                  type(x).__name__, f"pass {name} as a float64 array or tensor (nested lists must be rectangular).")
     if not t.dtype.is_floating or t.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
         raise input_error(f"{name} is {t.dtype.name}: derivatives need a real floating-point input.", name,
                           "float64 (or float32)", t.dtype.name, f"cast it first, e.g. tf.cast({name}, tf.float64); "
@@ -389,13 +387,8 @@ def flat_outputs(outputs: Any, name: str = "fn") -> list[Any]:
         )  # fmt: skip
     ys = []
     for k, y in enumerate(leaves):
-        try:
-            t = tf.convert_to_tensor(y)
-        except (TypeError, ValueError) as e:
-            raise input_error(
-                f"output {k} of {name} is not a tensor.", name, "tensors as outputs", type(y).__name__,
-                f"return only tensors from {name}.",
-            ) from e  # fmt: skip
+        t = converted(lambda: tf.convert_to_tensor(y), f"output {k} of {name} is not a tensor.", name,
+                      "tensors as outputs", type(y).__name__, f"return only tensors from {name}.")
         if not t.dtype.is_floating:
             raise DTypeMismatchError(
                 f"output {k} of {name} is {t.dtype.name}: it has no derivative (TensorFlow would give zeros).",
