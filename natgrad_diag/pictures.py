@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error
+from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
@@ -211,8 +211,7 @@ def plot_eta1_comparison(report: Any, *, max_charts: int = 24) -> Any:
     ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when ``report`` is not an
     explanation or ``max_charts`` < 1."""
     data = eta1_comparison_data(report)
-    if not isinstance(max_charts, int) or max_charts < 1:
-        raise input_error("max_charts must be a positive integer.", "max_charts", "an int ≥ 1", repr(max_charts), "pass e.g. max_charts=24.")
+    max_charts = require_int(max_charts, "max_charts", minimum=1, remedy="pass e.g. max_charts=24.")
     n = min(len(data.labels), max_charts)
     ncols = min(n, 5)
     nrows = math.ceil(n / ncols)
