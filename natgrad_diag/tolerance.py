@@ -62,21 +62,12 @@ class Tolerance:
         return self.atol + self.rtol * scale
 
 
-# (rtol, atol, fd step) by dtype and kind; see the module docstring for where each number comes from.
+# Tolerance(rtol, atol, eps = the fd step) by dtype and kind; see the module docstring for where each number comes from.
 _TABLE: dict[str, dict[str, Tolerance]] = {
-    "float64": {
-        "exact": Tolerance(rtol=1e-10, atol=1e-12),
-        "finite_difference": Tolerance(rtol=1e-5, atol=1e-7, eps=1e-6),
-    },
-    "float32": {
-        "exact": Tolerance(rtol=1e-4, atol=1e-5),
-        "finite_difference": Tolerance(rtol=2e-2, atol=2e-3, eps=1e-3),
-    },
-    "float16": {
-        "exact": Tolerance(rtol=1e-2, atol=1e-3),
-        "finite_difference": Tolerance(rtol=1e-1, atol=5e-2, eps=1e-2),
-    },
-}
+    "float64": {"exact": Tolerance(1e-10, 1e-12), "finite_difference": Tolerance(1e-5, 1e-7, eps=1e-6)},
+    "float32": {"exact": Tolerance(1e-4, 1e-5), "finite_difference": Tolerance(2e-2, 2e-3, eps=1e-3)},
+    "float16": {"exact": Tolerance(1e-2, 1e-3), "finite_difference": Tolerance(1e-1, 5e-2, eps=1e-2)},
+}  # fmt: skip
 
 
 def _dtype_name(dtype: Any) -> str:
