@@ -60,57 +60,38 @@ def assert_vjp_matches_jacobian(
         MemoryLimitError: the dense Jacobian would exceed ``max_bytes``.
     """
     __tracebackhide__ = True
-    from natgrad_diag._validate import require_callable, require_max_bytes
+    import tensorflow as tf
+
+    from natgrad_diag._validate import as_float_tensor, flat_outputs, require_callable, require_finite
+    from natgrad_diag._validate import require_max_bytes, require_output_dtypes, split_inputs
+    from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
+    from natgrad_diag.gradcheck.full import reverse_jacobian
+    from natgrad_diag.gradcheck.problem import cotangent_arrays
     from natgrad_diag.tolerance import resolve
 
     require_callable(fn)
     max_bytes = require_max_bytes(max_bytes)
-    xs, names = _point(inputs, input_names)
-    resolve(xs[0].dtype, "exact", rtol=rtol, atol=atol)  # bad rtol/atol: an InputError before any work
-    got, want, dtype = _vjp_and_contraction(fn, xs, names, cotangents, output_names=output_names, max_bytes=max_bytes)
-    # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
-    tol = resolve(dtype, "exact", rtol=rtol, atol=atol)
-    for j, (g, w) in enumerate(zip(got, want)):
-        _raise_on_mismatch(j, names[j], g, w, rtol=tol.rtol, atol=tol.atol)
-    return got
-
-
-def _point(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
-    """Constant copies of the inputs (float, finite) and their names."""
-    import tensorflow as tf
-
-    from natgrad_diag._validate import as_float_tensor, require_finite, split_inputs
-
     values, names = split_inputs(inputs, input_names)
-    xs = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)
-          for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
-    for n, x in zip(names, xs):
+    points = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)
+              for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
+    for n, x in zip(names, points):
         require_finite(x, n)
-    return [tf.constant(x) for x in xs], names
-
-
-def _vjp_and_contraction(
-    fn: Callable[..., Any], xs: list[Any], names: tuple[str, ...], cotangents: Any, *,
-    output_names: Sequence[str] | None, max_bytes: int,
-) -> tuple[tuple[Array, ...], tuple[Array, ...], np.dtype[Any]]:  # fmt: skip
-    """(tape.gradient with the cotangents, Jᵀ·v from the explicit Jacobian contracted by numpy, the outputs' dtype)."""
-    import tensorflow as tf
-
-    from natgrad_diag._validate import flat_outputs, require_output_dtypes
-    from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
-    from natgrad_diag.gradcheck.full import reverse_jacobian
-    from natgrad_diag.gradcheck.problem import cotangent_arrays
-
+    resolve(points[0].dtype, "exact", rtol=rtol, atol=atol)  # bad rtol/atol: an InputError before any work
+    xs = [tf.constant(x) for x in points]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
         ys = flat_outputs(fn(*xs))
     require_output_dtypes(ys, xs[0].dtype)
     vs = cotangent_arrays(cotangents, ys)
-    nbytes = jacobian_nbytes([tuple(y.shape) for y in ys], [tuple(x.shape) for x in xs], ys[0].dtype.size)
+    nbytes = jacobian_nbytes([tuple(y.shape) for y in ys], [x.shape for x in points], ys[0].dtype.size)
     check_memory(nbytes, max_bytes, "assert_vjp_matches_jacobian")
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    J = reverse_jacobian(fn, [x.numpy() for x in xs], input_names=names, output_names=output_names, max_bytes=max_bytes)
-    return tuple(g.numpy() for g in got), J.vjp(vs), np.dtype(vs[0].dtype)
+    want = reverse_jacobian(fn, points, input_names=names, output_names=output_names, max_bytes=max_bytes).vjp(vs)
+    # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
+    tol = resolve(vs[0].dtype, "exact", rtol=rtol, atol=atol)
+    for j, (g, w) in enumerate(zip(got, want)):
+        _raise_on_mismatch(j, names[j], g.numpy(), w, rtol=tol.rtol, atol=tol.atol)
+    return tuple(g.numpy() for g in got)
 
 
 def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: float, atol: float) -> None:
