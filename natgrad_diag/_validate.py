@@ -13,15 +13,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.exceptions import (
-    DTypeMismatchError,
-    InputError,
-    NatGradDiagError,
-    NonFiniteError,
-    OutputGradientsError,
-    ShapeMismatchError,
-    SingularCovarianceError,
-    UnsupportedModelError,
-    error_line,
+    DTypeMismatchError, InputError, NatGradDiagError, NonFiniteError, OutputGradientsError, ShapeMismatchError,
+    SingularCovarianceError, UnsupportedModelError, error_line,
 )
 
 
