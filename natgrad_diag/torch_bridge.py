@@ -23,10 +23,8 @@ from natgrad_diag.typing import Array
 __all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_outer", "torch_vjp"]
 
 #: How to install PyTorch without the multi-GB CUDA build.
-INSTALL_HINT = (
-    "a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu "
-    "(on the CI machine, pip install torch==2.13.0 takes the CPU build on disk)"
-)
+INSTALL_HINT = ("a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu "
+                "(on the CI machine, pip install torch==2.13.0 takes the CPU build on disk)")  # fmt: skip
 
 
 def require_torch() -> Any:
