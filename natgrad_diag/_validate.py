@@ -415,10 +415,8 @@ def names_of(given: Sequence[str] | None, count: int, kind: str) -> tuple[str, .
         return tuple(f"{'x' if kind == 'inputs' else 'y'}{k}" for k in range(count))
     given, argument = tuple(given), f"{kind[:-1]}_names"
     if len(given) != count:
-        raise input_error(
-            f"{argument} must name each of the {count} {kind}.", argument, f"{count} names", f"{len(given)}: {given}",
-            f"pass {count} names, or leave {argument}=None.",
-        )  # fmt: skip
+        raise input_error(f"{argument} must name each of the {count} {kind}.", argument, f"{count} names",
+                          f"{len(given)}: {given}", f"pass {count} names, or leave {argument}=None.")
     return given
 
 

@@ -124,9 +124,7 @@ def compare_with_tensorflow(
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
     f_out = flat_outputs(f_out, "tf_fn")
     # both libraries check each seed against its output's shape, so the shapes here agree
-    return close_check(
-        name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
-        [*f_out, *f_grads], [*t_out, *t_grads], rtol=rtol, atol=atol,
-        detail=f"{len(f_out)} output(s), {len(f_grads)} input(s), float64",
-    )  # fmt: skip
+    return close_check(name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
+                       [*f_out, *f_grads], [*t_out, *t_grads], rtol=rtol, atol=atol,
+                       detail=f"{len(f_out)} output(s), {len(f_grads)} input(s), float64")  # fmt: skip
 
