@@ -62,10 +62,8 @@ def check_natgrad_cli(
         raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
                           "pass --xi nat (GPflow's default) or --xi meanvar.")
     check_model_work(model, M=num_inducing, N=num_data, L=num_latent, gamma_steps=gamma_steps, max_minutes=max_minutes)
-    demo = make_model(
-        model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
-        whiten=whiten, dtype=dtype, seed=seed,
-    )  # fmt: skip
+    demo = make_model(model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
+                      whiten=whiten, dtype=dtype, seed=seed)  # fmt: skip
     data = demo.data if demo.name == "svgp" else None
     xi_transform = XiNat() if xi == "nat" else XiSqrtMeanVar()
     opt = load_optimizer(optimizer, gamma, xi_transform) if optimizer is not None else None

@@ -26,10 +26,8 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
         InputError: an unknown map name, or M, L < 1.
     """
     if name not in GPFLOW_MAPS:
-        raise input_error(
-            f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
-            "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.",
-        )  # fmt: skip
+        raise input_error(f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
+                          "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.")
     M = require_int(num_inducing, "num_inducing", minimum=1)
     L = require_int(num_latent, "num_latent", minimum=1)
     rng = np.random.default_rng(seed)
@@ -81,8 +79,6 @@ def gradcheck_cli(
     from gpflow.optimizers import natgrad
 
     point = gpflow_map_point(map, num_inducing, num_latent, seed=seed, dtype=dtype)
-    matrix_input = GPFLOW_MAPS[map][0][1]
-    return check_gradients(
-        getattr(natgrad, map), point, structure=None if structure == "auto" else {matrix_input: structure},
-        mode=mode, eps=eps, rtol=rtol, atol=atol, seed=seed,
-    )  # fmt: skip
+    structures = None if structure == "auto" else {GPFLOW_MAPS[map][0][1]: structure}  # the matrix input's
+    return check_gradients(getattr(natgrad, map), point, structure=structures, mode=mode, eps=eps, rtol=rtol, atol=atol,
+                           seed=seed)  # fmt: skip
