@@ -236,10 +236,9 @@ class StepGuard:
             if new != old and set_gamma(opt, new):
                 warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=2)
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
-        record = GuardRecord(
-            step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,
-            gamma_after=gamma_after, cause=cause, loss_before=self.loss_before, loss_after=loss_after, moved_by_other=self.moved,
-        )  # fmt: skip
+        record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
+                             gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,
+                             loss_after=loss_after, moved_by_other=self.moved)  # fmt: skip
         m._left_by_guard = self.snapshot if rolled_back else _values(self.pairs)
         m._last_loss = (self.data, loss_after)
         m.record_guard(record)

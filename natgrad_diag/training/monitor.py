@@ -186,10 +186,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
-            raise NatGradCheckError(
-                f"at training step {step}.", context=[("Record", str(last))],
-                remedy=(f"use gamma = {last.suggested_gamma:g}." if last.suggested_gamma else "use a smaller gamma, or float64."),
-            )
+            use = f"gamma = {last.suggested_gamma:g}" if last.suggested_gamma else "a smaller gamma, or float64"
+            raise NatGradCheckError(f"at training step {step}.", context=[("Record", str(last))], remedy=f"use {use}.")
 
     def check(self, step: int) -> NatGradRecord:
         """Run the cheap checks at ``monitor.gamma`` now and return the record (not appended).
