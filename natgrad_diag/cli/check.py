@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from natgrad_diag._validate import input_error
-
-if TYPE_CHECKING:
-    from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.checks.api import check_natgrad
+from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.demo import check_model_work, make_model
 
 __all__ = ["check_natgrad_cli", "load_optimizer"]
 
@@ -54,9 +54,6 @@ def check_natgrad_cli(
     ``optimizer`` is loaded by :func:`load_optimizer`, ``max_minutes=0`` (the default here, 2 on the command line)
     sets no limit."""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
-
-    from natgrad_diag.demo import check_model_work, make_model
-    from natgrad_diag.checks.api import check_natgrad
 
     if xi not in ("nat", "meanvar"):
         raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_int
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes, memory_limit
 from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
@@ -53,8 +54,6 @@ def check_gradcheck_size(num_inducing: int, num_latent: int, *, mode: str = "ful
     Raises:
         MemoryLimitError: over either limit (the message names --num-inducing and what to do).
     """
-    from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes, memory_limit
-
     M, L, itemsize = num_inducing, num_latent, np.dtype(dtype).itemsize
     check_memory(8 * L * M * M * itemsize, memory_limit(), "the point", title=f"The gradcheck point with M = {M}, L = {L}",
                  remedy="pass a smaller --num-inducing; the limit is half of this machine's memory.", argument="--num-inducing")

@@ -22,10 +22,11 @@ import numpy as np
 
 from natgrad_diag._validate import input_error
 from natgrad_diag.autodiff.blocks import BlockJacobian
-from natgrad_diag.step.jacobian import natgrad_map_jacobian
-from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
+from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
+from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
@@ -209,8 +210,6 @@ def _within(difference: float | None) -> str:
 
 def _counter_example(x: Array, v: Array, close: Callable[..., Check]) -> tuple[CounterExample, Check]:
     import tensorflow as tf
-
-    from natgrad_diag.autodiff.dense import jacobian
 
     xt = tf.constant(x)
     with tf.GradientTape(persistent=True) as tape:

@@ -27,9 +27,13 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
+from natgrad_diag.autodiff.dense import jacobian
+from natgrad_diag.autodiff.seeded import checked_gradient
 from natgrad_diag.exceptions import MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
+from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
+from natgrad_diag.tolerance import validate_tolerance
 from natgrad_diag.typing import Array, FloatArray
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example", "validate_x"]
@@ -206,9 +210,6 @@ def _computed(xn: FloatArray) -> dict[str, Any]:
     """Every number of the lesson by :class:`OuterExample`'s fields: TensorFlow's, and the oracles (J, closed forms)."""
     import tensorflow as tf
 
-    from natgrad_diag.autodiff.dense import jacobian
-    from natgrad_diag.autodiff.seeded import checked_gradient
-
     n = xn.shape[0]
     xt = tf.constant(xn)
     with tf.GradientTape(persistent=True) as tape:
@@ -356,9 +357,6 @@ def outer_example(x: Sequence[float] | Array | None = None, *, rtol: float = 1e-
         >>> report.gradient_ones_seed
         array([20., 20., 20., 20.])
     """
-    from natgrad_diag.progress import progress_bar
-    from natgrad_diag.tolerance import validate_tolerance
-
     xn = validate_x(x)
     rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
     with progress_bar(total=3, description="outer example") as advance:

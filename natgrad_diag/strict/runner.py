@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TextIO
 
+from natgrad_diag.strict.context import StrictGradients
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "EXIT_VIOLATIONS", "format_violations", "run_command"]
@@ -30,8 +31,6 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     code is the script's own when it fails (1 for an uncaught exception), else 1 if a call broke a rule, else 0;
     2 for bad usage (no script, a missing file).
     """
-    from natgrad_diag.strict.context import StrictGradients
-
     out = sys.stderr if stream is None else stream
     parsed = _parse(list(command))
     if isinstance(parsed, str):
