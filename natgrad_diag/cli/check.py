@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from natgrad_diag._validate import input_error
 from natgrad_diag.checks.api import check_natgrad
 from natgrad_diag.checks.report import NatGradReport
 from natgrad_diag.demo import check_model_work, make_model
+from natgrad_diag.exceptions import error_line
 
 __all__ = ["check_natgrad_cli", "load_optimizer"]
 
@@ -19,10 +22,6 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
     Raises:
         InputError: no ``:``, a module or file that cannot be loaded, no such NAME, or a class that cannot be built.
     """
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
     where, _, name = spec.rpartition(":")
     expected = "module:NAME or path/to/file.py:NAME, e.g. my_package.natgrad:MyNaturalGradient"
     try:
@@ -39,8 +38,6 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
         obj = getattr(module, name)
         return obj(gamma, xi_transform=xi_transform) if isinstance(obj, type) else obj
     except Exception as e:  # the user's module: anything it raises is bad input here
-        from natgrad_diag.exceptions import error_line
-
         raise input_error(f"could not load the optimizer ({error_line(e, with_type=True)}).", "--optimizer", expected, repr(spec),
                           "name an importable module (or an existing .py file) and a class in it taking (gamma, xi_transform=...).") from e
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import runpy
@@ -90,8 +91,6 @@ def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
 
 def _module_exists(name: str) -> bool:
     """True when ``python -m name`` would find the module (from the current folder too, as ``-m`` does)."""
-    import importlib.util
-
     sys.path.insert(0, os.getcwd())
     try:
         return importlib.util.find_spec(name) is not None

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_bool, require_int
-from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag.training.records import GuardRecord
+from natgrad_diag.checks.pairs import verify_step
+from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.report.records import format_number
+from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.typing import Array
 
 __all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "require_step", "set_gamma"]
@@ -178,8 +179,6 @@ class StepGuard:
     def _verified(self) -> str:
         """"" when the step was GPflow's natural-gradient step for every pair (each optimizer of a list its own pair),
         else the mistake :func:`~natgrad_diag.checks.pairs.verify_step` matches from the snapshot."""
-        from natgrad_diag.checks.pairs import verify_step
-
         m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
         loss = lambda: m.loss_tensor(self.data)  # noqa: E731
         if len(self.optimizers) == len(pairs) > 1:

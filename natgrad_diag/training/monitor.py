@@ -11,7 +11,7 @@ import numpy as np
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag._validate import input_error, require_int, require_positive_float
-from natgrad_diag.checks.api import validate_gamma_steps
+from natgrad_diag.checks.api import check_natgrad, validate_gamma_steps
 from natgrad_diag.exceptions import NatGradCheckError
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
@@ -158,8 +158,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         return report
 
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
-        from natgrad_diag.checks.api import check_natgrad
-
         kw: dict[str, Any] = {} if self.gamma_steps is None else {"gamma_steps": self.gamma_steps}
         kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
         if self.var_list is None and hasattr(self.model, "q_mu"):
