@@ -13,7 +13,9 @@ import numpy as np
 from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.timing import Run, compare, make_row, random_q, subprocess_env
 from natgrad_diag.exceptions import error_line
+from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.report.records import Check, max_abs_diff, status_of
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
 __all__ = ["bench_check_gradients_fast", "bench_fill", "bench_jacobian", "bench_memory", "bench_vech"]
 
@@ -42,8 +44,6 @@ def bench_jacobian(run: Run) -> list[BenchRow]:
     """``natgrad_map_jacobian(method="autodiff")`` (``jacobian()``'s own machinery) against ``tape.jacobian``, M = 40."""
     import tensorflow as tf
 
-    from natgrad_diag.step.jacobian import natgrad_map_jacobian
-
     M = run.size(40, 10)
     e1, e2 = natgrad_map_fixture(M)
     compiled_tape = tf.function(tape_jacobian)
@@ -66,8 +66,6 @@ def bench_jacobian(run: Run) -> list[BenchRow]:
 
 def bench_vech(run: Run) -> list[BenchRow]:
     """The closed-form Jacobian, vech η₂ against general, M = 60: time, and stored size (exact: judged at every M)."""
-    from natgrad_diag.step.jacobian import natgrad_map_jacobian
-
     M = run.size(60, 20)
     e1, e2 = natgrad_map_fixture(M)
     t_v, t_g = compare(lambda: natgrad_map_jacobian(e1, e2), lambda: natgrad_map_jacobian(e1, e2, symmetric=False), run.repeats)
@@ -87,8 +85,6 @@ def peak_memory(M: int, how: str) -> None:
     """Print, as JSON, the peak memory of building the Jacobian (``how``: general, vech or tape) above the process
     baseline: ``VmHWM`` from /proc/self/status, reset after a warm-up. Run in a fresh process by :func:`bench_memory`."""
     import tensorflow as tf
-
-    from natgrad_diag.step.jacobian import natgrad_map_jacobian
 
     def status(key: str) -> int | None:
         with open("/proc/self/status") as f:
@@ -136,8 +132,6 @@ def bench_memory(run: Run) -> list[BenchRow]:
 
 def bench_fill(run: Run) -> list[BenchRow]:
     """``natgrad_map_jacobian`` (closed form, vech) against ``np.ones`` of its stored array's shape and dtype, M = 60, 100."""
-    from natgrad_diag.step.jacobian import natgrad_map_jacobian
-
     rows = []
     for n, M in enumerate(run.size((60, 100), (10, 20))):
         e1, e2 = (t.numpy() for t in natgrad_map_fixture(M))
@@ -163,8 +157,6 @@ def bench_check_gradients_fast(run: Run) -> list[BenchRow]:
     included on both sides: every timed call traces afresh (a new function object, a new tf.function)."""
     import tensorflow as tf
     from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
-
-    from natgrad_diag.gradcheck.api import check_gradients
 
     M = run.size(1000, 50)
     mu, sq = random_q(M, seed=M)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.report.base import Report
@@ -51,7 +51,7 @@ class BenchReport(Report):
     quick: bool
     checks: tuple[Check, ...] = ()
     seconds: float = 0.0
-    title: str = field(default="natgrad-diag benchmark: ours / baseline (median of repeats, after warm-up)")
+    title: str = "natgrad-diag benchmark: ours / baseline (median of repeats, after warm-up)"
 
     def sections(self) -> tuple[Section, ...]:
         m = self.machine

@@ -13,9 +13,11 @@ from natgrad_diag.bench.jacobian import bench_check_gradients_fast, bench_fill, 
 from natgrad_diag.bench.report import BenchReport, BenchRow
 from natgrad_diag.bench.step import (bench_apply, bench_check_natgrad, bench_guard, bench_minimize, bench_threads,
                                      bench_trace)  # fmt: skip
-from natgrad_diag.bench.timing import Run, cli_command, machine_info, make_row, subprocess_env, time_subprocess
 from natgrad_diag._validate import input_error, require_int
+from natgrad_diag.autodiff.memory import check_memory, memory_limit
+from natgrad_diag.bench.timing import Run, cli_command, machine_info, make_row, subprocess_env, time_subprocess
 from natgrad_diag.exceptions import error_line
+from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.records import Check, status_of
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "BenchReport", "BenchRow", "run_bench", "validate_sizes"]
@@ -28,8 +30,6 @@ _TRACE_MATRICES = 16
 
 def validate_sizes(sizes: Any) -> tuple[int, ...] | None:
     """The sizes as ints ≥ 2, refused before any allocation if a natgrad_trace row would not fit in memory."""
-    from natgrad_diag.autodiff.memory import check_memory, memory_limit
-
     if sizes is None:
         return None
     out: tuple[int, ...] = ()
@@ -89,8 +89,6 @@ def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool 
     Returns a frozen :class:`BenchReport` (``to_dict()["ratios"]``) whose checks are the correctness of what was
     timed; raises InputError when ``sizes`` or ``repeats`` is not valid.
     """
-    from natgrad_diag.progress import progress_bar
-
     size_list = validate_sizes(sizes)
     run = Run(size_list or (QUICK_SIZES if quick else DEFAULT_SIZES), require_int(repeats, "repeats", minimum=1), bool(quick))
     start, rows = time.perf_counter(), []

@@ -7,9 +7,14 @@ from typing import Any
 
 import numpy as np
 
+import natgrad_diag
+from natgrad_diag._gpflow import natgrad_apply_gradients
 from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.bench.timing import Run, compare, random_q
+from natgrad_diag.checks.api import check_natgrad
 from natgrad_diag.report.records import Check, max_abs_diff, status_of
+from natgrad_diag.step.lapack import natgrad_record_lapack
+from natgrad_diag.step.trace import natgrad_trace
 
 __all__ = ["bench_apply", "bench_check_natgrad", "bench_guard", "bench_minimize", "bench_threads", "bench_trace"]
 
@@ -31,9 +36,6 @@ def bench_trace(run: Run) -> list[BenchRow]:
     import tensorflow as tf
     from gpflow.optimizers import NaturalGradient, XiNat
 
-    from natgrad_diag._gpflow import natgrad_apply_gradients
-    from natgrad_diag.step.trace import natgrad_trace
-
     rows, worst = [], 0.0
     for M in run.sizes:
         q_mu, q_sqrt, mu, sq, g_mu, g_sq = _problem(M, seed=M)
@@ -53,8 +55,6 @@ def bench_trace(run: Run) -> list[BenchRow]:
 def bench_threads(run: Run) -> list[BenchRow]:
     """The LAPACK record (natgrad_trace's path) in one BLAS thread, as it runs, against the BLAS default; M = 1000."""
     from threadpoolctl import threadpool_info
-
-    from natgrad_diag.step.lapack import natgrad_record_lapack
 
     M = run.size(1000, 30)
     mu, sq = random_q(M, seed=M)
@@ -79,9 +79,6 @@ def bench_apply(run: Run) -> list[BenchRow]:
     ``gpflow.optimizers.NaturalGradient``: the apply part alone, same gradients, both compiled, XiNat; M = 200, 1000."""
     import gpflow
     import tensorflow as tf
-
-    import natgrad_diag
-    from natgrad_diag._gpflow import natgrad_apply_gradients
 
     rows, worst = [], 0.0
     for M in run.size((200, 1000), (10, 30)):
@@ -121,8 +118,6 @@ def bench_minimize(run: Run) -> list[BenchRow]:
     import gpflow
     import tensorflow as tf
 
-    import natgrad_diag
-
     M, N = run.size((1000, 2000), (50, 200))
     (a, data), (b, _) = svgp(M, N), svgp(M, N)
     steps = [tf.function(lambda opt=opt, m=m: opt.minimize(m.training_loss_closure(data, compile=False), [(m.q_mu, m.q_sqrt)]))
@@ -142,8 +137,6 @@ def bench_check_natgrad(run: Run) -> list[BenchRow]:
     default one (γ judged over 5 steps, the γ search)."""
     import tensorflow as tf
     from gpflow.optimizers import NaturalGradient
-
-    from natgrad_diag.checks.api import check_natgrad
 
     M, N = run.size((1000, 2000), (50, 200))
     (model, data), (base_model, _) = svgp(M, N), svgp(M, N)

@@ -121,15 +121,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from natgrad_diag import __version__
-    from natgrad_diag.demo import CHECK_MAX_MINUTES
+    from natgrad_diag.demo import CHECK_MAX_MINUTES, LIKELIHOODS, MODELS
 
-    parser = _Parser(
-        prog="natgrad-diag",
-        description=(
-            "What output_gradients computes in GPflow's natural-gradient step, and checks for it. "
-            "With no command, runs 'explain' on the seed scenario."
-        ),
-    )
+    parser = _Parser(prog="natgrad-diag", description="What output_gradients computes in GPflow's natural-gradient "
+                     "step, and checks for it. With no command, runs 'explain' on the seed scenario.")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -143,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
 
     p = sub.add_parser("check", help="natural-gradient checks on a small GPflow SVGP or VGP model")
-    p.add_argument("--model", choices=("svgp", "vgp"), default="svgp", help="the demo GPflow model")
-    p.add_argument("--likelihood", choices=("gaussian", "bernoulli", "poisson", "studentt"), default="gaussian", help="the demo model's likelihood")
+    p.add_argument("--model", choices=MODELS, default="svgp", help="the demo GPflow model")
+    p.add_argument("--likelihood", choices=LIKELIHOODS, default="gaussian", help="the demo model's likelihood")
     p.add_argument("--num-inducing", type=_positive_int, default=10, metavar="M", help="inducing points M")
     p.add_argument("--num-latent", type=_positive_int, default=1, metavar="L", help="latent GPs L")
     p.add_argument("--num-data", type=_positive_int, default=50, metavar="N", help="data points N")
@@ -180,17 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
+
     p = sub.add_parser(
-        "strict",
-        help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
-        description=(
-            "Run SCRIPT in this process with every tf.GradientTape.gradient call checked as PyTorch would: "
-            "a target of more than one element needs output_gradients, and each seed must have its target's "
-            "shape and dtype. Every violation is reported with its file and line; the exit code is 1 if "
-            "there was one, the script's own code if it failed, 0 otherwise."
-        ),
+        "strict", help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
         usage="natgrad-diag strict [-h] -- python SCRIPT [ARGS ...]",
-    )
+        description="Run SCRIPT in this process with every tf.GradientTape.gradient call checked as PyTorch would: "
+        "a target of more than one element needs output_gradients, and each seed must have its target's shape and "
+        "dtype. Every violation is reported with its file and line; the exit code is 1 if there was one, the script's "
+        "own code if it failed, 0 otherwise.",
+    )  # fmt: skip
     p.add_argument("script_command", nargs=argparse.REMAINDER, metavar="COMMAND", help="python SCRIPT [ARGS ...] or python -m MODULE [ARGS ...]")
     return parser
 

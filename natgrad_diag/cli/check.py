@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib.util
+from pathlib import Path
+from typing import Any
 
 from natgrad_diag._validate import input_error
-
-if TYPE_CHECKING:
-    from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.checks.api import check_natgrad
+from natgrad_diag.checks.report import NatGradReport
+from natgrad_diag.demo import check_model_work, make_model
+from natgrad_diag.exceptions import error_line
 
 __all__ = ["check_natgrad_cli", "load_optimizer"]
 
@@ -19,10 +22,6 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
     Raises:
         InputError: no ``:``, a module or file that cannot be loaded, no such NAME, or a class that cannot be built.
     """
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
     where, _, name = spec.rpartition(":")
     expected = "module:NAME or path/to/file.py:NAME, e.g. my_package.natgrad:MyNaturalGradient"
     try:
@@ -39,8 +38,6 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
         obj = getattr(module, name)
         return obj(gamma, xi_transform=xi_transform) if isinstance(obj, type) else obj
     except Exception as e:  # the user's module: anything it raises is bad input here
-        from natgrad_diag.exceptions import error_line
-
         raise input_error(f"could not load the optimizer ({error_line(e, with_type=True)}).", "--optimizer", expected, repr(spec),
                           "name an importable module (or an existing .py file) and a class in it taking (gamma, xi_transform=...).") from e
 
@@ -55,17 +52,12 @@ def check_natgrad_cli(
     sets no limit."""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
-    from natgrad_diag.demo import check_model_work, make_model
-    from natgrad_diag.checks.api import check_natgrad
-
     if xi not in ("nat", "meanvar"):
         raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
                           "pass --xi nat (GPflow's default) or --xi meanvar.")
     check_model_work(model, M=num_inducing, N=num_data, L=num_latent, gamma_steps=gamma_steps, max_minutes=max_minutes)
-    demo = make_model(
-        model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
-        whiten=whiten, dtype=dtype, seed=seed,
-    )  # fmt: skip
+    demo = make_model(model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
+                      whiten=whiten, dtype=dtype, seed=seed)  # fmt: skip
     data = demo.data if demo.name == "svgp" else None
     xi_transform = XiNat() if xi == "nat" else XiSqrtMeanVar()
     opt = load_optimizer(optimizer, gamma, xi_transform) if optimizer is not None else None

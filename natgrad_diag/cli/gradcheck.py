@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_int
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes, memory_limit
 from natgrad_diag.gradcheck.api import check_gradients
 from natgrad_diag.gradcheck.report import GradientCheckReport
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS
@@ -26,10 +27,8 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
         InputError: an unknown map name, or M, L < 1.
     """
     if name not in GPFLOW_MAPS:
-        raise input_error(
-            f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
-            "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.",
-        )  # fmt: skip
+        raise input_error(f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
+                          "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.")
     M = require_int(num_inducing, "num_inducing", minimum=1)
     L = require_int(num_latent, "num_latent", minimum=1)
     rng = np.random.default_rng(seed)
@@ -55,8 +54,6 @@ def check_gradcheck_size(num_inducing: int, num_latent: int, *, mode: str = "ful
     Raises:
         MemoryLimitError: over either limit (the message names --num-inducing and what to do).
     """
-    from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes, memory_limit
-
     M, L, itemsize = num_inducing, num_latent, np.dtype(dtype).itemsize
     check_memory(8 * L * M * M * itemsize, memory_limit(), "the point", title=f"The gradcheck point with M = {M}, L = {L}",
                  remedy="pass a smaller --num-inducing; the limit is half of this machine's memory.", argument="--num-inducing")
@@ -81,8 +78,6 @@ def gradcheck_cli(
     from gpflow.optimizers import natgrad
 
     point = gpflow_map_point(map, num_inducing, num_latent, seed=seed, dtype=dtype)
-    matrix_input = GPFLOW_MAPS[map][0][1]
-    return check_gradients(
-        getattr(natgrad, map), point, structure=None if structure == "auto" else {matrix_input: structure},
-        mode=mode, eps=eps, rtol=rtol, atol=atol, seed=seed,
-    )  # fmt: skip
+    structures = None if structure == "auto" else {GPFLOW_MAPS[map][0][1]: structure}  # the matrix input's
+    return check_gradients(getattr(natgrad, map), point, structure=structures, mode=mode, eps=eps, rtol=rtol, atol=atol,
+                           seed=seed)  # fmt: skip

@@ -13,6 +13,8 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -20,10 +22,11 @@ import numpy as np
 
 from natgrad_diag._validate import input_error
 from natgrad_diag.autodiff.blocks import BlockJacobian
-from natgrad_diag.step.jacobian import natgrad_map_jacobian
-from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
+from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
+from natgrad_diag.step.jacobian import natgrad_map_jacobian
+from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
@@ -118,10 +121,8 @@ class Explanation(Report):
     @property
     def title(self) -> str:  # type: ignore[override]
         t = self.trace
-        return (
-            f"Why dL/deta1 ≠ dtheta_deta1 * dL/dmean  (M = {t.num_inducing}, L = {t.num_latent}, "
-            f"{t.eta1.dtype}, {t.xi_transform})"
-        )
+        return (f"Why dL/deta1 ≠ dtheta_deta1 * dL/dmean  (M = {t.num_inducing}, L = {t.num_latent}, {t.eta1.dtype}, "
+                f"{t.xi_transform})")
 
     def sections(self) -> tuple[Section, ...]:
         t, J = self.trace, self.jacobian
@@ -207,10 +208,8 @@ def _within(difference: float | None) -> str:
     return "exactly" if difference == 0 else f"to within {format_number(difference)}"
 
 
-def _counter_example(x: Array, v: Array, rtol: float, atol: float) -> tuple[CounterExample, Check]:
+def _counter_example(x: Array, v: Array, close: Callable[..., Check]) -> tuple[CounterExample, Check]:
     import tensorflow as tf
-
-    from natgrad_diag.autodiff.dense import jacobian
 
     xt = tf.constant(x)
     with tf.GradientTape(persistent=True) as tape:
@@ -219,14 +218,10 @@ def _counter_example(x: Array, v: Array, rtol: float, atol: float) -> tuple[Coun
     naive = tape.gradient(y, xt).numpy() * v
     vjp = tape.gradient(y, xt, output_gradients=tf.constant(v)).numpy()
     diag = jacobian(tf.sin, [xt], input_names=("x",), output_names=("y",)).is_diagonal()
-    equal = close_check(
-        "d_diagonal_counter_example",
-        "for y = sin(x) (one target, diagonal J) the naive product (Jᵀ·1)⊙v equals Jᵀ·v",
-        naive, vjp, rtol=rtol, atol=atol,
-    )  # fmt: skip
-    check = replace(
-        equal, status=status_of(equal.passed and diag), detail="" if diag else "the Jacobian of sin was not diagonal"
-    )
+    equal = close("d_diagonal_counter_example",
+                  "for y = sin(x) (one target, diagonal J) the naive product (Jᵀ·1)⊙v equals Jᵀ·v", naive, vjp)
+    check = replace(equal, status=status_of(equal.passed and diag),
+                    detail="" if diag else "the Jacobian of sin was not diagonal")  # fmt: skip
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
 
 
@@ -259,10 +254,8 @@ def _check_source(source: Any) -> None:
         )  # fmt: skip
 
 
-def explain_output_gradients(
-    source: NatGradTrace | Any = None, *, gamma: float = 1.0, xi_transform: Any = None, rtol: float | None = None,
-    atol: float | None = None,
-) -> Explanation:
+def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float = 1.0, xi_transform: Any = None,
+                             rtol: float | None = None, atol: float | None = None) -> Explanation:  # fmt: skip
     """Explain, with numbers, what ``output_gradients`` does in GPflow's natural-gradient step.
 
     Args:
@@ -281,62 +274,48 @@ def explain_output_gradients(
     # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
     trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform, compiled=False)
     tol = resolve(trace.eta1.dtype, "exact", rtol=rtol, atol=atol)
-    rtol, atol = tol.rtol, tol.atol
+    close = functools.partial(close_check, rtol=tol.rtol, atol=tol.atol)
     J = natgrad_map_jacobian(trace.eta1, trace.eta2, method="autodiff")  # the lesson says: from tape.jacobian
     mean_path = np.tensordot(trace.dL_dmean, J.block(0, 0), axes=2)
     varsqrt_path = np.tensordot(trace.dL_dvarsqrt, J.block(1, 0), axes=3)
-    checks = _claims_a_to_c(trace, J, mean_path, varsqrt_path, rtol=rtol, atol=atol)
-    ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), rtol, atol)
+    checks = _claims_a_to_c(trace, J, mean_path, varsqrt_path, close)
+    ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), close)
     checks.append(ce_check)
     row_label = f"varsqrt[0,{trace.num_inducing - 1},0]"
     onehot = _onehot_row(trace, (0, trace.num_inducing - 1, 0))
-    checks.append(close_check(
-        "e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from tape.jacobian",
-        onehot, J.row(row_label), rtol=rtol, atol=atol,
-    ))  # fmt: skip
+    checks.append(close("e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from "
+                        "tape.jacobian", onehot, J.row(row_label)))  # fmt: skip
     return Explanation(
         trace=trace, jacobian=J, naive_product=trace.naive_product1, mean_path=mean_path, varsqrt_path=varsqrt_path,
-        counter_example=ce, row_label=row_label, onehot_row=onehot, checks=tuple(checks), rtol=rtol, atol=atol,
+        counter_example=ce, row_label=row_label, onehot_row=onehot, checks=tuple(checks), rtol=tol.rtol, atol=tol.atol,
     )
 
 
-def _claims_a_to_c(
-    trace: NatGradTrace, J: BlockJacobian, mean_path: Array, varsqrt_path: Array, *, rtol: float, atol: float
-) -> list[Check]:
+def _claims_a_to_c(t: NatGradTrace, J: BlockJacobian, mean_path: Array, varsqrt_path: Array,
+                   close: Callable[..., Check]) -> list[Check]:  # fmt: skip
     """Claims (a)-(c): Jᵀ·v, Jᵀ·1 and its split, the two paths, and the naive product against Jᵀ·v."""
     checks = [
-        close_check(
-            "a_vjp_equals_contraction",
-            "output_gradients=[dL_dmean, dL_dvarsqrt] returns Jᵀ·v, the explicit Jacobian contracted with v",
-            (trace.dL_deta1, trace.dL_deta2), J.vjp([trace.dL_dmean, trace.dL_dvarsqrt]), rtol=rtol, atol=atol,
-        ),
-        close_check(
-            "b_default_seed_is_summed_gradient",
-            "output_gradients=None returns Jᵀ·1, the gradient of the sum of all elements of mean and varsqrt",
-            (trace.dtheta_deta1, trace.dtheta_deta2), J.summed_gradient(), rtol=rtol, atol=atol,
-        ),
-        close_check(
-            "b_default_seed_split",
-            "dtheta/deta1 = 1 (the mean path seeded with ones) + Σ over varsqrt elements of ∂varsqrt/∂eta1",
-            trace.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2)), rtol=rtol, atol=atol,
-        ),
-        close_check(
-            "c_split", "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
-            trace.dL_deta1, mean_path + varsqrt_path, rtol=rtol, atol=atol,
-        ),
+        close("a_vjp_equals_contraction",
+              "output_gradients=[dL_dmean, dL_dvarsqrt] returns Jᵀ·v, the explicit Jacobian contracted with v",
+              (t.dL_deta1, t.dL_deta2), J.vjp([t.dL_dmean, t.dL_dvarsqrt])),
+        close("b_default_seed_is_summed_gradient",
+              "output_gradients=None returns Jᵀ·1, the gradient of the sum of all elements of mean and varsqrt",
+              (t.dtheta_deta1, t.dtheta_deta2), J.summed_gradient()),
+        close("b_default_seed_split",
+              "dtheta/deta1 = 1 (the mean path seeded with ones) + Σ over varsqrt elements of ∂varsqrt/∂eta1",
+              t.dtheta_deta1, 1.0 + J.block(1, 0).sum(axis=(0, 1, 2))),
+        close("c_split", "dL/deta1 = mean path (∂mean/∂eta1)ᵀ·dL/dmean + varsqrt path (∂varsqrt/∂eta1)ᵀ·dL/dvarsqrt",
+              t.dL_deta1, mean_path + varsqrt_path),
     ]  # fmt: skip
     j_diag = J.is_diagonal()
-    naive_vs_vjp = close_check(
-        "c_naive_product_differs",
-        "J is not diagonal (varsqrt depends on eta1), and the naive product (Jᵀ·1)⊙v differs from Jᵀ·v"
-        if not j_diag else "J is diagonal, and the naive product equals Jᵀ·v",
-        trace.naive_product1, trace.dL_deta1, rtol=rtol, atol=atol,
-    )  # fmt: skip
+    claim = ("J is diagonal, and the naive product equals Jᵀ·v" if j_diag
+             else "J is not diagonal (varsqrt depends on eta1), and the naive product (Jᵀ·1)⊙v differs from Jᵀ·v")
+    naive_vs_vjp = close("c_naive_product_differs", claim, t.naive_product1, t.dL_deta1)
     checks.append(replace(
         naive_vs_vjp,
         status=status_of(naive_vs_vjp.passed == j_diag),  # differs (not close) exactly when J is not diagonal
         detail=f"max |(Jᵀ·1)⊙v − Jᵀ·v| = {format_number(naive_vs_vjp.max_abs_error)}; the mean path alone equals "
-        f"dL/dmean to {format_number(max_abs_diff(mean_path, trace.dL_dmean))}",
+        f"dL/dmean to {format_number(max_abs_diff(mean_path, t.dL_dmean))}",
         expect_difference=not j_diag,
     ))  # fmt: skip
     return checks

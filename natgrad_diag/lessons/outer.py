@@ -17,8 +17,9 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,13 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
+from natgrad_diag.autodiff.dense import jacobian
+from natgrad_diag.autodiff.seeded import checked_gradient
 from natgrad_diag.exceptions import MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
+from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
+from natgrad_diag.tolerance import validate_tolerance
 from natgrad_diag.typing import Array, FloatArray
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example", "validate_x"]
@@ -164,12 +169,9 @@ class OuterExample(Report):
         ]
         if self.torch is not None:
             wrong.append(f"- PyTorch's torch.autograd.grad: {first_line(self.torch.wrong_seed_error) or '(no error)'}")
-        tf_b = (
-            f"TensorFlow returns a \"gradient\" of shape {shape_str(self.tensorflow_broadcast_shape)} for a [{n}] source, "
-            "with no error"
-            if self.tensorflow_broadcast_shape is not None
-            else "TensorFlow raises an error"
-        )
+        tf_b = ("TensorFlow raises an error" if self.tensorflow_broadcast_shape is None else
+                f"TensorFlow returns a \"gradient\" of shape {shape_str(self.tensorflow_broadcast_shape)} for a [{n}] "
+                "source, with no error")  # fmt: skip
         wrong += [
             "",
             f"Worse, for y = sin(x) a seed of shape [{n}, 1] is broadcast: {tf_b}. "
@@ -208,9 +210,6 @@ def _computed(xn: FloatArray) -> dict[str, Any]:
     """Every number of the lesson by :class:`OuterExample`'s fields: TensorFlow's, and the oracles (J, closed forms)."""
     import tensorflow as tf
 
-    from natgrad_diag.autodiff.dense import jacobian
-    from natgrad_diag.autodiff.seeded import checked_gradient
-
     n = xn.shape[0]
     xt = tf.constant(xn)
     with tf.GradientTape(persistent=True) as tape:
@@ -235,13 +234,13 @@ def _computed(xn: FloatArray) -> dict[str, Any]:
         f["tensorflow_wrong_seed"] = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
     except (tf.errors.OpError, ValueError, TypeError) as e:
         f["tensorflow_wrong_seed"] = error_line(e, with_type=True)
+    wide = tf.ones([n, 1], tf.float64)  # broadcast against sin(x) [n] by plain tape.gradient
     try:
-        checked_gradient(tape, s, xt, tf.ones([n, 1], tf.float64))
+        checked_gradient(tape, s, xt, wide)
     except OutputGradientsError as e:
         f["broadcast_seed_error"] = str(e)
     try:
-        seed = tf.ones([n, 1], tf.float64)
-        f["tensorflow_broadcast_shape"] = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=seed).shape)
+        f["tensorflow_broadcast_shape"] = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=wide).shape)
     except (tf.errors.OpError, ValueError, TypeError):
         pass
     J_block = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",))
@@ -256,21 +255,22 @@ def _computed(xn: FloatArray) -> dict[str, Any]:
 
 def _checks(f: dict[str, Any], t: Any, *, rtol: float, atol: float) -> tuple[Check, ...]:
     """The claims on the numbers ``f`` of :func:`_computed`, and on PyTorch's run ``t`` unless it is ``None``."""
+    close = functools.partial(close_check, rtol=rtol, atol=atol)
     n, J = f["x"].shape[0], f["jacobian"].block(0, 0)
     g_ones, two, one, wrong, b_shape = (f[k] for k in (
         "gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error", "tensorflow_broadcast_shape"))  # fmt: skip
     checks = [
-        close_check("ones_seed_is_2_sum_x", f"output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = {format_number(f['closed_form'][0])}",
-               g_ones, f["closed_form"], rtol=rtol, atol=atol),
-        close_check("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
-               f["default_seed_gradient"], g_ones, rtol=rtol, atol=atol),
-        close_check("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
-               J, f["jacobian_closed_form"], rtol=rtol, atol=atol),
-        close_check("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
-               "equals the output_gradients result", f["contraction"], g_ones, rtol=rtol, atol=atol),
-        close_check("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one step",
-               two, one, rtol=rtol, atol=atol),
-        close_check("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, f["chain_closed_form"], rtol=rtol, atol=atol),
+        close("ones_seed_is_2_sum_x", "output_gradients = ones_like(y) gives dL/dx = 2·sum(x) = "
+              f"{format_number(f['closed_form'][0])}", g_ones, f["closed_form"]),
+        close("default_seed_is_ones", "tape.gradient(y, x) with no seed equals the seed of ones (TensorFlow's default)",
+              f["default_seed_gradient"], g_ones),
+        close("jacobian_closed_form", f"tape.jacobian(y, x) [{n}, {n}, {n}] equals δ_ij x_k + x_j δ_ik built by hand",
+              J, f["jacobian_closed_form"]),
+        close("contraction_equals_gradient", "Σ_jk 1·J[j, k, i], the explicit Jacobian contracted with the seed, "
+              "equals the output_gradients result", f["contraction"], g_ones),
+        close("chain_two_steps_equal_one", "z = y²: dL/dy = 2y, then (∂y/∂x)ᵀ·dL/dy, equals differentiating z in one "
+              "step", two, one),
+        close("chain_closed_form", "z = y² in one step equals 4·x_i·Σ_k x_k²", one, f["chain_closed_form"]),
         Check(
             name="wrong_seed_caught",
             claim=f"the seed ones_like(x) (shape [{n}]) for y (shape [{n}, {n}]) is refused, naming both shapes",
@@ -287,12 +287,12 @@ def _checks(f: dict[str, Any], t: Any, *, rtol: float, atol: float) -> tuple[Che
     ]  # fmt: skip
     if t is not None:
         checks += [
-            close_check("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
-                   t.gradient_ones_seed, g_ones, rtol=rtol, atol=atol),
-            close_check("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian", t.jacobian, J, rtol=rtol, atol=atol),
-            close_check("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
-                   np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
-                   np.concatenate([two, one, np.ravel(f["dL_dy"])]), rtol=rtol, atol=atol),
+            close("torch_ones_seed_agrees", "torch.autograd.grad(y, x, grad_outputs=ones_like(y)) equals TensorFlow's",
+                  t.gradient_ones_seed, g_ones),
+            close("torch_jacobian_agrees", "torch.autograd.functional.jacobian equals tape.jacobian", t.jacobian, J),
+            close("torch_chain_agrees", "torch's two-step and one-step chain z = y² equal TensorFlow's",
+                  np.concatenate([t.chain_two_step, t.chain_one_step, np.ravel(t.dL_dy)]),
+                  np.concatenate([two, one, np.ravel(f["dL_dy"])])),
             Check(
                 name="torch_rejects_wrong_seed",
                 claim="PyTorch refuses grad_outputs=ones_like(x) too, with its own shape message",
@@ -334,10 +334,8 @@ def validate_x(x: Any) -> Array:
     return a
 
 
-def outer_example(
-    x: Sequence[float] | Array | None = None, *, rtol: float = 1e-12, atol: float = 1e-12,
-    use_torch: bool | None = None,
-) -> OuterExample:
+def outer_example(x: Sequence[float] | Array | None = None, *, rtol: float = 1e-12, atol: float = 1e-12,
+                  use_torch: bool | None = None) -> OuterExample:  # fmt: skip
     """PyTorch's ``torch.outer`` ``grad_outputs`` example in TensorFlow, every claim checked; never raises on a failed check.
 
     For y = x xᵀ it computes with :func:`~natgrad_diag.checked_gradient`, and checks against the module's closed
@@ -359,9 +357,6 @@ def outer_example(
         >>> report.gradient_ones_seed
         array([20., 20., 20., 20.])
     """
-    from natgrad_diag.progress import progress_bar
-    from natgrad_diag.tolerance import validate_tolerance
-
     xn = validate_x(x)
     rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
     with progress_bar(total=3, description="outer example") as advance:

@@ -28,11 +28,8 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{MARKER}(action='raise', *, allow_implicit_sum=False): run this test under "
-        "natgrad_diag.strict_gradients() (PyTorch's seed rules for tf.GradientTape.gradient).",
-    )
+    config.addinivalue_line("markers", f"{MARKER}(action='raise', *, allow_implicit_sum=False): run this test under "
+                            "natgrad_diag.strict_gradients() (PyTorch's seed rules for tf.GradientTape.gradient).")
 
 
 def _context(item: Any) -> contextlib.AbstractContextManager[Any]:

@@ -21,9 +21,8 @@ from natgrad_diag._validate import shape_str, validate_seeds
 from natgrad_diag.exceptions import OutputGradientsError
 from natgrad_diag.strict.callsite import CallSite
 
-__all__ = [
-    "IMPLICIT_SUM", "SEED_MISMATCH", "TORCH_IMPLICIT_MESSAGE", "StrictGradientsWarning", "Violation", "check_call",
-]
+__all__ = ["IMPLICIT_SUM", "SEED_MISMATCH", "TORCH_IMPLICIT_MESSAGE", "StrictGradientsWarning", "Violation",
+           "check_call"]  # fmt: skip
 
 #: The rule a call broke: a target of more than one element without a seed.
 IMPLICIT_SUM = "implicit_sum"
@@ -60,9 +59,8 @@ class Violation:
         return f"{self.site}: {self.error}"
 
 
-def check_call(
-    target: Any, output_gradients: Any, *, allow_implicit_sum: bool, site: Callable[[], CallSite],
-) -> Violation | None:  # fmt: skip
+def check_call(target: Any, output_gradients: Any, *, allow_implicit_sum: bool,
+               site: Callable[[], CallSite]) -> Violation | None:  # fmt: skip
     """The :class:`Violation` of ``tape.gradient(target, ..., output_gradients=output_gradients)`` (nests flattened as
     TensorFlow does), or ``None`` when it breaks no rule or cannot be judged here (a target that is not a tensor:
     TensorFlow reports that itself); ``site()`` is called only for a violation."""
@@ -105,10 +103,8 @@ def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_
         named = [f"target[{i}] ({shape_str(targets[i])})" for i in unseeded]
         who = f"{', '.join(named[:-1])} and {named[-1]} have more than one element"
         what = "the sum of all their elements"
-    detail = (
-        f"{TORCH_IMPLICIT_MESSAGE}: {who} and no seed, so TensorFlow would seed every element with 1 and return the "
-        f"gradient of {what}."
-    )
+    detail = (f"{TORCH_IMPLICIT_MESSAGE}: {who} and no seed, so TensorFlow would seed every element with 1 and return "
+              f"the gradient of {what}.")
     if all_none:
         context: list[tuple[str, object]] = [
             ("Argument", "output_gradients"),

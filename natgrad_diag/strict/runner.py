@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import runpy
@@ -11,6 +12,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TextIO
 
+from natgrad_diag.strict.context import StrictGradients
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "EXIT_VIOLATIONS", "format_violations", "run_command"]
@@ -30,8 +32,6 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     code is the script's own when it fails (1 for an uncaught exception), else 1 if a call broke a rule, else 0;
     2 for bad usage (no script, a missing file).
     """
-    from natgrad_diag.strict.context import StrictGradients
-
     out = sys.stderr if stream is None else stream
     parsed = _parse(list(command))
     if isinstance(parsed, str):
@@ -91,8 +91,6 @@ def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
 
 def _module_exists(name: str) -> bool:
     """True when ``python -m name`` would find the module (from the current folder too, as ``-m`` does)."""
-    import importlib.util
-
     sys.path.insert(0, os.getcwd())
     try:
         return importlib.util.find_spec(name) is not None

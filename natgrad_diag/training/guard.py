@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_bool, require_int
-from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag.training.records import GuardRecord
+from natgrad_diag.checks.pairs import verify_step
+from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.report.records import format_number
+from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.typing import Array
 
 __all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "require_step", "set_gamma"]
@@ -120,16 +121,15 @@ class StepGuard:
         self.verify = require_bool(verify, "verify")
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
-            raise input_error(
-                "the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
-                "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
-                type(optimizer).__name__, "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
-            )  # fmt: skip
+            raise input_error("the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
+                              "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
+                              type(optimizer).__name__,
+                              "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).")
         self.monitor, self.step, self.optimizer, self.optimizers = monitor, require_step(step), optimizers[0], optimizers
 
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor
-        self.pairs = m.variational_pairs()
+        self.pairs = m._pairs
         self.snapshot = _values(self.pairs)
         self.moved = self._moved_since_last_exit()
         self.data = m.batch()
@@ -179,8 +179,6 @@ class StepGuard:
     def _verified(self) -> str:
         """"" when the step was GPflow's natural-gradient step for every pair (each optimizer of a list its own pair),
         else the mistake :func:`~natgrad_diag.checks.pairs.verify_step` matches from the snapshot."""
-        from natgrad_diag.checks.pairs import verify_step
-
         m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
         loss = lambda: m.loss_tensor(self.data)  # noqa: E731
         if len(self.optimizers) == len(pairs) > 1:
@@ -237,10 +235,9 @@ class StepGuard:
             if new != old and set_gamma(opt, new):
                 warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=2)
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
-        record = GuardRecord(
-            step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, gamma_before=self.gamma_before,
-            gamma_after=gamma_after, cause=cause, loss_before=self.loss_before, loss_after=loss_after, moved_by_other=self.moved,
-        )  # fmt: skip
+        record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
+                             gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,
+                             loss_after=loss_after, moved_by_other=self.moved)  # fmt: skip
         m._left_by_guard = self.snapshot if rolled_back else _values(self.pairs)
         m._last_loss = (self.data, loss_after)
         m.record_guard(record)

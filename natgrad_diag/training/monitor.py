@@ -11,7 +11,7 @@ import numpy as np
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag._validate import input_error, require_int, require_positive_float
-from natgrad_diag.checks.api import validate_gamma_steps
+from natgrad_diag.checks.api import check_natgrad, validate_gamma_steps
 from natgrad_diag.exceptions import NatGradCheckError
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
@@ -84,7 +84,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
-        self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+        # (name, q_mu, name, q_sqrt) of every pair the guarded step moves; found now, so that no q(u) fails here
+        self._pairs = variational_pairs(model, var_list)
         self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
         self._left_by_guard: list[Any] | None = None  # the pairs' values the last guarded step left
         self._moved_warned = False
@@ -113,10 +114,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def rollbacks(self) -> int:
         """How many guarded steps were rolled back."""
         return sum(r.rolled_back for r in self.guard_records)
-
-    def variational_pairs(self) -> list[Any]:
-        """(name, q_mu, name, q_sqrt) of every pair the guarded step moves."""
-        return self._pairs
 
     def batch(self) -> Any:
         """The current data: ``data()`` when data is a callable, else ``data``."""
@@ -161,8 +158,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         return report
 
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
-        from natgrad_diag.checks.api import check_natgrad
-
         kw: dict[str, Any] = {} if self.gamma_steps is None else {"gamma_steps": self.gamma_steps}
         kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
         if self.var_list is None and hasattr(self.model, "q_mu"):
@@ -189,10 +184,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:
-            raise NatGradCheckError(
-                f"at training step {step}.", context=[("Record", str(last))],
-                remedy=(f"use gamma = {last.suggested_gamma:g}." if last.suggested_gamma else "use a smaller gamma, or float64."),
-            )
+            use = f"gamma = {last.suggested_gamma:g}" if last.suggested_gamma else "a smaller gamma, or float64"
+            raise NatGradCheckError(f"at training step {step}.", context=[("Record", str(last))], remedy=f"use {use}.")
 
     def check(self, step: int) -> NatGradRecord:
         """Run the cheap checks at ``monitor.gamma`` now and return the record (not appended).

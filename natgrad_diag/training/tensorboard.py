@@ -67,20 +67,16 @@ class ScalarLog:
 
     def record(self, step: int, record: NatGradRecord) -> None:
         """The periodic check's numbers: loss before and after the checked step, reproduction error, suggested γ."""
-        self._write(step, {
-            "natgrad/check/loss_before": record.loss, "natgrad/check/loss_after": record.loss_after,
-            "natgrad/check/reproduction_error": record.reproduction_error,
-            "natgrad/check/suggested_gamma": record.suggested_gamma,
-        })  # fmt: skip
+        self._write(step, {"natgrad/check/loss_before": record.loss, "natgrad/check/loss_after": record.loss_after,
+                           "natgrad/check/reproduction_error": record.reproduction_error,
+                           "natgrad/check/suggested_gamma": record.suggested_gamma})  # fmt: skip
 
     def guard(self, record: GuardRecord) -> None:
         """A guarded step: the losses, γ in use after it, the rollbacks so far and whether it failed."""
         self.rollbacks += int(record.rolled_back)
-        self._write(record.step, {
-            "natgrad/loss_before": record.loss_before, "natgrad/loss_after": record.loss_after,
-            "natgrad/gamma": record.gamma_after, "natgrad/rollbacks": self.rollbacks,
-            "natgrad/step_failed": float(not record.passed),
-        })  # fmt: skip
+        self._write(record.step, {"natgrad/loss_before": record.loss_before, "natgrad/loss_after": record.loss_after,
+                                  "natgrad/gamma": record.gamma_after, "natgrad/rollbacks": self.rollbacks,
+                                  "natgrad/step_failed": float(not record.passed)})  # fmt: skip
 
     def close(self) -> None:
         if self._writer is not None:
