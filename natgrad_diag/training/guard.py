@@ -121,15 +121,16 @@ class StepGuard:
         self.verify = require_bool(verify, "verify")
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not optimizers or not all(hasattr(o, "gamma") for o in optimizers):
-            raise input_error("the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
-                              "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
-                              type(optimizer).__name__,
-                              "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).")
+            raise input_error(
+                "the guard needs the natural-gradient optimizer, whose γ it reads and sets.", "optimizer",
+                "gpflow.optimizers.NaturalGradient or natgrad_diag.NaturalGradient (or a list of them)",
+                type(optimizer).__name__, "pass the optimizer whose minimize() the with-block calls: monitor.guard(step, natgrad).",
+            )  # fmt: skip
         self.monitor, self.step, self.optimizer, self.optimizers = monitor, require_step(step), optimizers[0], optimizers
 
     def __enter__(self) -> StepGuard:  # noqa: PYI034 (a final class; typing.Self needs Python 3.11)
         m = self.monitor
-        self.pairs = m._pairs
+        self.pairs = m.variational_pairs()
         self.snapshot = _values(self.pairs)
         self.moved = self._moved_since_last_exit()
         self.data = m.batch()

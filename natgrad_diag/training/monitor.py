@@ -84,8 +84,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
-        # (name, q_mu, name, q_sqrt) of every pair the guarded step moves; found now, so that no q(u) fails here
-        self._pairs = variational_pairs(model, var_list)
+        self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
         self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
         self._left_by_guard: list[Any] | None = None  # the pairs' values the last guarded step left
         self._moved_warned = False
@@ -114,6 +113,10 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def rollbacks(self) -> int:
         """How many guarded steps were rolled back."""
         return sum(r.rolled_back for r in self.guard_records)
+
+    def variational_pairs(self) -> list[Any]:
+        """(name, q_mu, name, q_sqrt) of every pair the guarded step moves."""
+        return self._pairs
 
     def batch(self) -> Any:
         """The current data: ``data()`` when data is a callable, else ``data``."""
