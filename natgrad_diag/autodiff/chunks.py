@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._compile import compiled, note_trace
+from natgrad_diag._validate import flat_outputs
 from natgrad_diag.autodiff.blocks import vech_layout
 from natgrad_diag.typing import Array
 
@@ -62,12 +63,6 @@ def _batched(one: Callable[[Any], Any], elems: Any, width: int, dtype: Any) -> A
     return tf.map_fn(one, elems, fn_output_signature=tf.TensorSpec([width], dtype))
 
 
-def _flat_outputs(ys: Any) -> list[Any]:
-    import tensorflow as tf
-
-    return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
-
-
 def _basis(chunk: int, dtype: Any, start: Any, sizes: Sequence[int], shapes: Sequence[Any], layouts: Any = None) -> Any:
     """``chunk`` one-hot rows from ``start`` as [chunk, *shape] parts (vech parts gathered: E_ab + E_ba)."""
     import tensorflow as tf
@@ -95,7 +90,7 @@ def _chunk_body(
     def forward_chunk(inputs: list[Any], start: Any) -> Any:
         def one(ts: Any) -> Any:
             with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
-                ys = _flat_outputs(fn(*inputs))
+                ys = flat_outputs(fn(*inputs))
             return tf.concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys], axis=-1)
 
         tangents = _basis(chunk, dtype, start, stored_sizes, in_shapes, layouts)
@@ -104,7 +99,7 @@ def _chunk_body(
     def reverse_chunk(inputs: list[Any], start: Any) -> Any:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)
-            ys = _flat_outputs(fn(*inputs))
+            ys = flat_outputs(fn(*inputs))
 
         def one(vs: Any) -> Any:
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
