@@ -126,7 +126,6 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[
 
 
 def _check(r: GradientCheckRow) -> Check:
-    """The report's :class:`~natgrad_diag.report.records.Check` for one row."""
     return Check(
         name=f"d{r.output}/d{r.input}",
         claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",

@@ -222,7 +222,6 @@ def _forward_at_worst(
 def _fast_row(
     prob: Problem, i: int, j: int, m: _Measured, n_dirs: int, num_directions: int, *, atol: float
 ) -> GradientCheckRow:
-    """The row of block (i, j) from its ``n_dirs`` directions."""
     num, ana, st = m.numerical[i, j, :n_dirs], m.analytical[i, j, :n_dirs], prob.structures[j]
     c = compare(num, ana, rtol=prob.rtol, atol=atol)
     k = c.worst
