@@ -62,10 +62,9 @@ def _to_array(x: Any, transform: Any) -> Any:
     v = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
     if transform is None or isinstance(transform, tfp.bijectors.Identity):
         return v
-    v = v if is_lower_triangular_transform(transform) else np.zeros(0)
     n = v.shape[-1] if v.ndim else 0
     M = int(round((np.sqrt(8 * n + 1) - 1) / 2))
-    if n == 0 or M * (M + 1) // 2 != n:
+    if n == 0 or M * (M + 1) // 2 != n or not is_lower_triangular_transform(transform):
         return np.asarray(to_constrained(x, transform))  # TFP's forward (and its shape error)
     if M not in _FILL_INDEX:
         probe = np.asarray(transform.forward(np.arange(1.0, n + 1.0)))  # [M, M]: k + 1 where entry k goes, else 0

@@ -229,7 +229,7 @@ class BlockJacobian:
                      for lab in (_vech_labels(n, s) if self._is_sym(j) else element_labels(n, s)))
 
     def _check(self, vectors: Any, shapes: tuple[tuple[int, ...], ...], argument: str, side: str) -> list[Array]:
-        if isinstance(vectors, np.ndarray) or not isinstance(vectors, (list, tuple)):
+        if not isinstance(vectors, (list, tuple)):  # one array
             vectors = [vectors]
         if len(vectors) != len(shapes):
             raise input_error(f"{argument} needs one array per {side}.", argument,

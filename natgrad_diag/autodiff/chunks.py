@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag._compile import compiled, note_trace
+from natgrad_diag._validate import flat_outputs
 from natgrad_diag.autodiff.blocks import vech_layout
 from natgrad_diag.typing import Array
 
@@ -16,31 +16,6 @@ __all__ = ["TRACE_KIND", "run_chunks"]
 
 #: The compiled path's name in :mod:`natgrad_diag._compile` (its cache keys and trace counter).
 TRACE_KIND = "jacobian_chunk"
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Sizes of one chunk function: the inputs' general and stored columns, the outputs' rows."""
-
-    dtype: Any  # tf.DType
-    chunk: int
-    in_shapes: tuple[tuple[int, ...], ...]
-    out_shapes: tuple[tuple[int, ...], ...]
-    in_sizes: tuple[int, ...]
-    stored_sizes: tuple[int, ...]
-    out_sizes: tuple[int, ...]
-    layouts: tuple[Any, ...]  # vech_layout(shape) for a symmetric input, else None
-
-    @classmethod
-    def of(cls, xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], chunk: int) -> _Layout:
-        in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
-        in_sizes = tuple(int(np.prod(s)) for s in in_shapes)
-        return cls(
-            dtype=xs[0].dtype, chunk=chunk, in_shapes=in_shapes, out_shapes=out_shapes, in_sizes=in_sizes,
-            stored_sizes=tuple(vech_layout(s)[2] if f else n for s, f, n in zip(in_shapes, sym, in_sizes)),
-            out_sizes=tuple(int(np.prod(s)) for s in out_shapes),
-            layouts=tuple(vech_layout(s) if f else None for s, f in zip(in_shapes, sym)),
-        )
 
 
 def run_chunks(
@@ -57,8 +32,7 @@ def run_chunks(
     import tensorflow as tf
 
     def build() -> Any:  # (*inputs, start) → [chunk, other]; indices past the end give zeros: every call has one shape
-        lay = _Layout.of(xs, out_shapes, sym, chunk)
-        body = _chunk_body(fn, lay, forward)
+        body = _chunk_body(fn, xs, out_shapes, sym, forward, chunk)
         signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
         return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
 
@@ -89,58 +63,59 @@ def _batched(one: Callable[[Any], Any], elems: Any, width: int, dtype: Any) -> A
     return tf.map_fn(one, elems, fn_output_signature=tf.TensorSpec([width], dtype))
 
 
-def _flat_outputs(ys: Any) -> list[Any]:
+def _basis(chunk: int, dtype: Any, start: Any, sizes: Sequence[int], shapes: Sequence[Any], layouts: Any = None) -> Any:
+    """``chunk`` one-hot rows from ``start`` as [chunk, *shape] parts (vech parts gathered: E_ab + E_ba)."""
     import tensorflow as tf
 
-    return [tf.convert_to_tensor(y) for y in tf.nest.flatten(ys)]
-
-
-def _basis(lay: _Layout, start: Any, sizes: Sequence[int], shapes: Sequence[Any], layouts: Any = None) -> Any:
-    """``lay.chunk`` one-hot rows from ``start`` as [chunk, *shape] parts (vech parts gathered: E_ab + E_ba)."""
-    import tensorflow as tf
-
-    E = tf.one_hot(start + tf.range(lay.chunk), depth=int(sum(sizes)), dtype=lay.dtype)
-    return tuple(tf.reshape(p if v is None else tf.gather(p, v[0], axis=1), (lay.chunk,) + s)
+    E = tf.one_hot(start + tf.range(chunk), depth=int(sum(sizes)), dtype=dtype)
+    return tuple(tf.reshape(p if v is None else tf.gather(p, v[0], axis=1), (chunk,) + s)
                  for p, s, v in zip(tf.split(E, list(sizes), axis=1), shapes, layouts or [None] * len(shapes)))
 
 
-def _chunk_body(fn: Callable[..., Any], lay: _Layout, forward: bool) -> Callable[..., Any]:
-    """(*inputs, start) → forward: J·E for ``lay.chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by
-    ForwardAccumulator; reverse: Eᵀ·J for ``lay.chunk`` one-hot cotangent rows, by tape.gradient, vech columns folded
+def _chunk_body(
+    fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
+    forward: bool, chunk: int,
+) -> Callable[..., Any]:  # fmt: skip
+    """(*inputs, start) → forward: J·E for ``chunk`` stored basis tangents E (E_ab + E_ba for vech columns), by
+    ForwardAccumulator; reverse: Eᵀ·J for ``chunk`` one-hot cotangent rows, by tape.gradient, vech columns folded
     (g_ab + g_ba)."""
     import tensorflow as tf
 
-    zero = tf.UnconnectedGradients.ZERO
+    zero, dtype = tf.UnconnectedGradients.ZERO, xs[0].dtype
+    in_shapes = [tuple(x.shape.as_list()) for x in xs]
+    in_sizes, out_sizes = [int(np.prod(s)) for s in in_shapes], [int(np.prod(s)) for s in out_shapes]
+    layouts = [vech_layout(s) if f else None for s, f in zip(in_shapes, sym)]
+    stored_sizes = [n if v is None else v[2] for n, v in zip(in_sizes, layouts)]
 
     def forward_chunk(inputs: list[Any], start: Any) -> Any:
         def one(ts: Any) -> Any:
             with tf.autodiff.ForwardAccumulator(inputs, list(ts)) as acc:
-                ys = _flat_outputs(fn(*inputs))
+                ys = flat_outputs(fn(*inputs))
             return tf.concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys], axis=-1)
 
-        tangents = _basis(lay, start, lay.stored_sizes, lay.in_shapes, lay.layouts)
-        return _batched(one, tangents, int(sum(lay.out_sizes)), lay.dtype)
+        tangents = _basis(chunk, dtype, start, stored_sizes, in_shapes, layouts)
+        return _batched(one, tangents, sum(out_sizes), dtype)
 
     def reverse_chunk(inputs: list[Any], start: Any) -> Any:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
             tape.watch(inputs)
-            ys = _flat_outputs(fn(*inputs))
+            ys = flat_outputs(fn(*inputs))
 
         def one(vs: Any) -> Any:
             gs = tape.gradient(ys, inputs, output_gradients=list(vs), unconnected_gradients=zero)
             return tf.concat([tf.reshape(g, [-1]) for g in gs], axis=-1)
 
-        cots = _basis(lay, start, lay.out_sizes, lay.out_shapes)
-        rows = _batched(one, cots, int(sum(lay.in_sizes)), lay.dtype)  # [chunk, Σ input sizes]
-        if all(v is None for v in lay.layouts):
+        cots = _basis(chunk, dtype, start, out_sizes, out_shapes)
+        rows = _batched(one, cots, sum(in_sizes), dtype)  # [chunk, Σ input sizes]
+        if all(v is None for v in layouts):
             return rows
         # stored column k of a vech input = Σ of the general entries (a, b), (b, a) mapping to k
-        parts = tf.split(rows, list(lay.in_sizes), axis=1)
+        parts = tf.split(rows, in_sizes, axis=1)
         return tf.concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
-                          for p, v in zip(parts, lay.layouts)], axis=-1)
+                          for p, v in zip(parts, layouts)], axis=-1)
 
-    def chunk(*args: Any) -> Any:
+    def body(*args: Any) -> Any:
         note_trace(TRACE_KIND)
         return (forward_chunk if forward else reverse_chunk)(list(args[:-1]), args[-1])
 
-    return chunk
+    return body

@@ -71,10 +71,8 @@ def check_gradients(
     """
     require_callable(fn)
     if mode not in ("full", "fast"):
-        raise input_error(
-            f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
-            "use mode='full' for small problems, mode='fast' for large ones.",
-        )  # fmt: skip
+        raise input_error(f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
+                          "use mode='full' for small problems, mode='fast' for large ones.")
     seed = require_int(seed, "seed")
     num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
                                  remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
@@ -128,7 +126,6 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[
 
 
 def _check(r: GradientCheckRow) -> Check:
-    """The report's :class:`~natgrad_diag.report.records.Check` for one row."""
     return Check(
         name=f"d{r.output}/d{r.input}",
         claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",
@@ -146,21 +143,11 @@ def _check(r: GradientCheckRow) -> Check:
     )
 
 
-def assert_gradients(
-    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, *,
-    structure: str | Sequence[str] | Mapping[str, str] | None = None, mode: str = "full",
-    cotangents: Sequence[Any] | None = None, eps: float | None = None, rtol: float | None = None,
-    atol: float | None = None, seed: int = 0, num_directions: int = 4, input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-) -> GradientCheckReport:
+def assert_gradients(fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, **kwargs: Any) -> GradientCheckReport:
     """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
     ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,
     the tolerances and a remedy; returns the report when every block passes."""
-    report = check_gradients(
-        fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol, atol=atol,
-        seed=seed, num_directions=num_directions, input_names=input_names, output_names=output_names,
-        max_bytes=max_bytes,
-    )  # fmt: skip
+    report = check_gradients(fn, inputs, **kwargs)
     error = report.mismatch_message()
     if error is not None:
         raise error

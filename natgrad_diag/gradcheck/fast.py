@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from natgrad_diag._validate import flat_outputs
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
@@ -82,13 +83,11 @@ class _Engine:
         self._built: dict[Any, Any] = {}
 
     def _outputs(self, xs: list[Any]) -> list[Any]:
-        import tensorflow as tf
-
         if self.compiled:
             from natgrad_diag._compile import note_trace
 
             note_trace("gradcheck_fast")
-        return [tf.convert_to_tensor(y) for y in tf.nest.flatten(self.fn(*xs))]
+        return flat_outputs(self.fn(*xs))
 
     def _piece(self, key: Any, body: Any, *specs: Any) -> Any:
         import tensorflow as tf
@@ -223,7 +222,6 @@ def _forward_at_worst(
 def _fast_row(
     prob: Problem, i: int, j: int, m: _Measured, n_dirs: int, num_directions: int, *, atol: float
 ) -> GradientCheckRow:
-    """The row of block (i, j) from its ``n_dirs`` directions."""
     num, ana, st = m.numerical[i, j, :n_dirs], m.analytical[i, j, :n_dirs], prob.structures[j]
     c = compare(num, ana, rtol=prob.rtol, atol=atol)
     k = c.worst

@@ -89,7 +89,7 @@ class Problem:
             xs = [tf.constant(a) for a in self.x]
             xs[j] = tf.constant(self.x[j] + np.asarray(scale, self.dtype) * direction)
             try:
-                out = [np.asarray(tf.convert_to_tensor(y).numpy()) for y in tf.nest.flatten(self.fn(*xs))]
+                out = [np.asarray(y.numpy()) for y in flat_outputs(self.fn(*xs))]
             except Exception as e:  # noqa: BLE001
                 raise InputError(
                     f"fn failed at a finite-difference point ({what}).",

@@ -17,8 +17,9 @@ from natgrad_diag.typing import Array
 __all__ = ["natgrad_map_jacobian"]
 
 
-def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
-    """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, η₂ − η₁η₁ᵀ positive definite.
+def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array, list[Array]]:
+    """(η₁ [M, L], η₂ [L, M, M]) as float arrays of one dtype, finite, η₂ symmetric, and the L factors
+    chol(η₂ − η₁η₁ᵀ) [M, M] (a SingularCovarianceError when one is not positive definite).
 
     Symmetry is judged against the rounding of forming η₂ = L_S L_Sᵀ + m mᵀ: inner products of M + 1 terms, whose
     triangles may differ by 2(M + 1)·ε·max|η₂| (Higham 2002, §3.1); the factor 4(M + 1) leaves a factor 2 of room.
@@ -50,12 +51,10 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array]:
         raise input_error("eta2 is not symmetric.", "eta2", f"eta2[l] = eta2[l]ᵀ (to {bound:.3g}, the rounding of "
                           f"forming it)", f"|eta2[{l}, {a}, {b}] − eta2[{l}, {b}, {a}]| = {asym:.3g}",
                           "pass eta2 = S + eta1·eta1ᵀ (symmetric); to symmetrise, use 0.5·(eta2 + eta2ᵀ).")
-    for l in range(L):
-        _cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l)
-    return e1, e2
+    return e1, e2, [_cholesky(e2[l] - np.outer(e1[:, l], e1[:, l]), l) for l in range(L)]
 
 
-def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_bytes: int) -> BlockJacobian:
+def _natgrad_map_closed_form(eta1: Array, chols: list[Array], *, symmetric: bool, max_bytes: int) -> BlockJacobian:
     """J of ``expectation_to_meanvarsqrt`` in closed form: O(M²) per column, O(M⁴) in all, written in place.
 
     mean = η₁, so ∂mean/∂η₁ = I and ∂mean/∂η₂ = 0. For latent GP l, varsqrt = C = chol(S), S = η₂ − η₁η₁ᵀ, moves
@@ -83,8 +82,7 @@ def _natgrad_map_closed_form(eta1: Array, eta2: Array, *, symmetric: bool, max_b
     check_memory(n_rows * n_cols * dtype.itemsize, max_bytes, f"the natgrad map at M = {M}, L = {L}")
     out = np.zeros((n_rows, n_cols), dtype=dtype)
     out[np.arange(M * L), np.arange(M * L)] = 1.0  # ∂mean/∂η₁ = I
-    for l in range(L):
-        C = _cholesky(eta2[l] - np.outer(eta1[:, l], eta1[:, l]), l)
+    for l, C in enumerate(chols):
         Cinv = np.tril(np.linalg.solve(C, np.eye(M, dtype=dtype)))
         w = Cinv @ eta1[:, l]
         P = C[:, :, None] * Cinv[None, :, :]  # [i, j, a]: C_ij (C⁻¹)_ja
@@ -171,9 +169,9 @@ def natgrad_map_jacobian(
     if method not in ("closed_form", "autodiff"):
         raise input_error("unknown method.", "method", "'closed_form' or 'autodiff'", repr(method),
                           "pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).")
-    e1, e2 = _validated(eta1, eta2)
+    e1, e2, chols = _validated(eta1, eta2)
     if method == "closed_form":
-        return _natgrad_map_closed_form(e1, e2, symmetric=bool(symmetric), max_bytes=max_bytes)
+        return _natgrad_map_closed_form(e1, chols, symmetric=bool(symmetric), max_bytes=max_bytes)
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
     return jacobian(  # one function object, so the compiled Jacobian is cached

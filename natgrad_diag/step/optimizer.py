@@ -52,9 +52,8 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
             return
         with tf.name_scope(f"{self.natgrad_name}/closed_form_step"):
             new_q_mu, new_q_sqrt = natgrad_step_closed_form(
-                tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), to_constrained(q_mu_grad, q_mu.transform),
-                to_constrained(q_sqrt_grad, q_sqrt.transform), self.gamma, xi,
-            )  # fmt: skip
+                q_mu, q_sqrt, to_constrained(q_mu_grad, q_mu.transform), to_constrained(q_sqrt_grad, q_sqrt.transform),
+                self.gamma, xi)  # fmt: skip
         q_mu.assign(new_q_mu)
         q_sqrt.assign(new_q_sqrt)
 

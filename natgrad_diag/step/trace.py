@@ -121,13 +121,12 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
             "q_mu", "eager tensors (natgrad_trace called outside tf.function)", "symbolic tensors",
             "call natgrad_trace eagerly, outside tf.function; it compiles its own step from the second call.",
         )  # fmt: skip
-    for name, x in (("q_mu", q_mu), ("q_sqrt", q_sqrt)):
+    for name, x, dims in (("q_mu", q_mu, "[M, L]"), ("q_sqrt", q_sqrt, "[L, M, M]")):
         if dtype_name(x) in ("float16", "bfloat16"):
             raise input_error(f"{name} is {dtype_name(x)}: GPflow's natural-gradient step needs float32 or float64 "
                               "(its Cholesky and triangular solves have no half-precision kernels).", name,
                               "float64 (or float32)", dtype_name(x), "build the model in float64 (GPflow's default: "
                               "gpflow.config.set_default_float(np.float64)).", kind=DTypeMismatchError)
-    for name, x, dims in (("q_mu", q_mu, "[M, L]"), ("q_sqrt", q_sqrt, "[L, M, M]")):
         shape = getattr(x, "shape", None)
         if shape is not None and 0 in tuple(shape):
             raise input_error(f"{name} is empty (M = 0 inducing points or L = 0 latent GPs): there is no step to "
