@@ -195,8 +195,7 @@ def check_natgrad(
     if fisher is not None:
         require_bool(fisher, "fisher")
     if optimizer is not None:
-        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
-        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
+        optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
     with _ONE_CHECK_AT_A_TIME:
         if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
             return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
@@ -345,8 +344,7 @@ def assert_natgrad_step_matches_gpflow(
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
     if optimizer is not None:
-        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
-        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
+        optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
     with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:
         ev = evaluator(dataclasses.replace(ctx, optimizer=optimizer), compiled=False)
         if optimizer is None:
