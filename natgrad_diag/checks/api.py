@@ -126,6 +126,12 @@ def _skip(mode: str, resolved: str, M: int, L: int, fisher: bool | None) -> tupl
     return tuple(out)
 
 
+#: Checks run one at a time in a process: fast mode's compiled pieces share one scratch copy per model, and the
+#: var_list form steps the user's own variables (restored afterwards), so two threads checking one model would
+#: overwrite each other's values. Threads calling check_natgrad wait for each other and each gets its own result.
+_ONE_CHECK_AT_A_TIME = threading.RLock()
+
+
 def check_natgrad(
     model: Any, data: Any = None, *, gamma: float = 1.0, xi_transform: Any = None, mode: str = "auto",
     rtol: float | None = None, atol: float | None = None, fisher_rtol: float | None = None,
@@ -189,34 +195,20 @@ def check_natgrad(
     if fisher is not None:
         require_bool(fisher, "fisher")
     if optimizer is not None:
-        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
-        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
+        optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
     with _ONE_CHECK_AT_A_TIME:
-        return _check(model, data, gamma, xi_transform, mode, dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol),
-                      fisher, progress, var_list, k, gamma_search, optimizer)  # fmt: skip
-
-
-#: Checks run one at a time in a process: fast mode's compiled pieces share one scratch copy per model, and the
-#: var_list form steps the user's own variables (restored afterwards), so two threads checking one model would
-#: overwrite each other's values. Threads calling check_natgrad wait for each other and each gets its own result.
-_ONE_CHECK_AT_A_TIME = threading.RLock()
-
-
-def _check(model: Any, data: Any, gamma: Any, xi_transform: Any, mode: str, overrides: dict[str, float | None], fisher: Any,
-           progress: bool, var_list: Any, k: int, gamma_search: Any, optimizer: Any) -> NatGradReport:  # fmt: skip
-    """:func:`check_natgrad` once its arguments are read (under the lock)."""
-    rtol, atol = overrides["rtol"], overrides["atol"]
-    if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
-        return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
-                           gamma_search=require_bool(gamma_search, "gamma_search"), optimizer=optimizer)
-    with _checking(model, data, gamma, xi_transform, overrides) as ctx:
-        resolved = resolve_mode(mode, [(ctx.M, ctx.L)])
-        skip = _skip(mode, resolved, ctx.M, ctx.L, fisher)
-        ctx = dataclasses.replace(ctx, gamma_steps=k, search=require_bool(gamma_search, "gamma_search"), skip=skip, optimizer=optimizer)
-        ev = evaluator(ctx, compiled=resolved == "fast")
-        total = 1 + sum(1 + stage.ticks(ev) for stage in STAGES)
-        with progress_bar(total if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
-            return _run(ev, resolved, advance)
+        if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
+            return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
+                               gamma_search=require_bool(gamma_search, "gamma_search"), optimizer=optimizer)
+        overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
+        with _checking(model, data, gamma, xi_transform, overrides) as ctx:
+            resolved = resolve_mode(mode, [(ctx.M, ctx.L)])
+            skip = _skip(mode, resolved, ctx.M, ctx.L, fisher)
+            ctx = dataclasses.replace(ctx, gamma_steps=k, search=require_bool(gamma_search, "gamma_search"), skip=skip, optimizer=optimizer)
+            ev = evaluator(ctx, compiled=resolved == "fast")
+            total = 1 + sum(1 + stage.ticks(ev) for stage in STAGES)
+            with progress_bar(total if resolved == "full" else None, "natgrad check", enabled=progress and resolved == "full") as advance:
+                return _run(ev, resolved, advance)
 
 
 @contextlib.contextmanager
@@ -352,8 +344,7 @@ def assert_natgrad_step_matches_gpflow(
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
     if optimizer is not None:
-        optimizer = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
-        gamma, xi_transform = custom_step.optimizer_settings(optimizer, gamma, xi_transform)
+        optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
     with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:
         ev = evaluator(dataclasses.replace(ctx, optimizer=optimizer), compiled=False)
         if optimizer is None:

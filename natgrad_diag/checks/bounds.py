@@ -75,8 +75,8 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     C Cᵀ and Cᵀ C have the same eigenvalues (the squared singular values of C), and LAPACK's ``lauum`` forms
     Cᵀ C for a triangular C in M³/3 flops (a general product takes 2M³), so λ(S) costs one ``lauum`` and one
     symmetric eigenvalue solve per latent GP. Both products carry the same rounding, ε·‖C‖² in absolute terms.
-    A factor that is not lower triangular (a user's own pair) is multiplied out instead. As :func:`kappa`, in the
-    caller's BLAS threads.
+    A factor that is not lower triangular (a user's own pair) is multiplied out instead; one that is not finite gets
+    NaN. As :func:`kappa`, in the caller's BLAS threads.
     """
     import scipy.linalg
 
@@ -86,22 +86,17 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     lauum = scipy.linalg.get_lapack_funcs("lauum", (c,))
     upper = np.triu_indices(c.shape[-1], 1)
     for i, ci in enumerate(c):
-        lo[i], hi[i] = _extremes_of_one(ci, lauum, upper)
+        if not np.all(np.isfinite(ci)):
+            continue
+        if np.any(ci[upper]):  # not triangular: form C Cᵀ
+            lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
+        else:
+            ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
+            if info != 0:
+                continue
+            lam = _eigvalsh(ctc)
+        lo[i], hi[i] = lam[0], lam[-1]
     return lo, hi
-
-
-def _extremes_of_one(ci: Array, lauum: Any, upper: Any) -> tuple[float, float]:
-    """(λmin, λmax) of ci ciᵀ, NaN when ci is not finite (see :func:`factor_extremes`)."""
-    if not np.all(np.isfinite(ci)):
-        return float("nan"), float("nan")
-    if np.any(ci[upper]):  # not triangular: form C Cᵀ
-        lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
-    else:
-        ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
-        if info != 0:
-            return float("nan"), float("nan")
-        lam = _eigvalsh(ctc)
-    return float(lam[0]), float(lam[-1])
 
 
 def fisher_condition_estimate(q_mu: Array, q_sqrt: Array, extremes: tuple[Array, Array] | None = None) -> float:

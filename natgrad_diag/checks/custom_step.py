@@ -91,16 +91,17 @@ def _function_arity(fn: Any) -> int:
     )
 
 
-def as_optimizer(optimizer: Any, *, gamma: Any, xi_transform: Any) -> Any:
-    """``optimizer`` itself when it has ``minimize``; an update function wrapped into a GPflow ``NaturalGradient``
-    (with ``gamma``, ``xi_transform``) whose update calls it; an :class:`InputError` otherwise.
+def as_optimizer(optimizer: Any, *, gamma: Any, xi_transform: Any) -> tuple[Any, Any, Any]:
+    """(optimizer, its γ, its ξ) (:func:`optimizer_settings`): ``optimizer`` itself when it has ``minimize``; an update
+    function wrapped into a GPflow ``NaturalGradient`` (with ``gamma``, ``xi_transform``) whose update calls it; an
+    :class:`InputError` otherwise.
 
     The function gets GPflow's arguments (and the optimizer as ``self`` when its first parameter is ``self``). It
     assigns q_mu and q_sqrt and returns None, or returns (dL_deta1 [M, L], dL_deta2 [L, M, M]), from which GPflow's
     step is completed (:func:`step_from_eta`).
     """
     if callable(getattr(optimizer, "minimize", None)) and not isinstance(optimizer, type):
-        return optimizer
+        return (optimizer, *optimizer_settings(optimizer, gamma, xi_transform))
     if not callable(optimizer) or isinstance(optimizer, type):
         raise input_error(
             "optimizer must be a natural-gradient optimizer instance or an update function.", "optimizer",
@@ -136,7 +137,7 @@ def as_optimizer(optimizer: Any, *, gamma: Any, xi_transform: Any) -> Any:
     override_natgrad_apply_gradients(FunctionStep, FunctionStep.update)
     wrapped = FunctionStep(gamma, xi_transform or gpflow.optimizers.XiNat(), name=getattr(optimizer, "__name__", "update"))
     wrapped.function = optimizer
-    return wrapped
+    return (wrapped, *optimizer_settings(wrapped, gamma, xi_transform))
 
 
 def who(optimizer: Any) -> str:

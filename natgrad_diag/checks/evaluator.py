@@ -54,9 +54,6 @@ _DTYPES = {"float64": np.float64, "float32": np.float32}
 #: mode="auto" runs the full checks (explicit Jacobians, eagerly) when M·L is at most this.
 AUTO_FULL_MAX_ML = 50
 
-_MODES = ("auto", "full", "fast")
-
-
 def float_dtype(dtype: Any) -> type:
     """``np.float64`` or ``np.float32`` for a dtype given by name, numpy or TensorFlow; InputError otherwise."""
     name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
@@ -434,13 +431,12 @@ class Evaluator:
     def __init__(self, ctx: Context, scratch: Any = None) -> None:
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
-        s = self.scratch
-        if s is not None:
-            self._step, self._own = self._trial_steps(s)
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
 
-    def _trial_steps(self, s: Any) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
-        """The k-step trials' one step on the scratch copy ``s``: natgrad-diag's and GPflow's own (eager)."""
+    @functools.cached_property
+    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+        """The k-step trials' steps on the scratch copy, natgrad-diag's and GPflow's own (eager), made when needed."""
+        s = self.scratch
         return eager_steps(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
 
     @property
@@ -554,7 +550,7 @@ class Evaluator:
         return self._trial(args, k, healthy, before, rise, own)
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
-        return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
+        return stepwise(self._trial_steps[own], args, k, healthy, before, rise)
 
 
 #: What the compiled step keeps, so that the graph prunes the rest (the default-seed gradient Jᵀ·1).
@@ -621,7 +617,6 @@ class _Pieces:
             return loss(data)
 
         self.steps = steps = {own: one_step(scratch.q_mu, scratch.q_sqrt, xi, loss, (opt, gamma_var) if own else None) for own in (False, True)}
-        self.step = steps[False]
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -670,10 +665,6 @@ class CompiledEvaluator(Evaluator):
         self.pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, ctx.data is not None))
         super().__init__(ctx, self.pieces.scratch)
         self._fisher = self.pieces.fisher
-
-    def _trial_steps(self, s: Any) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
-        """The compiled pieces' steps (built once per model), not new eager ones per check."""
-        return self.pieces.steps[False], self.pieces.steps[True]
 
     def take(self, points: Sequence[Point] = (), on_step: Callable[[Step], Any] | None = None) -> Taken:
         """:meth:`Evaluator.take` by the pieces: the gradients, then GPflow's update with the loss after it and at
@@ -745,7 +736,7 @@ class CompiledEvaluator(Evaluator):
 
 def resolve_mode(mode: Any, sizes: list[tuple[int, int]]) -> str:
     """"full" or "fast" for ``mode``: "auto" is full when M·L ≤ :data:`AUTO_FULL_MAX_ML` for every (M, L)."""
-    if mode not in _MODES:
+    if mode not in ("auto", "full", "fast"):
         raise InputError(
             "mode must be 'auto', 'full' or 'fast'.",
             context=[("Argument", "mode"), ("Expected", "'auto' | 'full' | 'fast'"), ("Got", repr(mode))],

@@ -44,12 +44,6 @@ def probes(ev: Evaluator) -> list[Point]:
     ]
 
 
-def _bound(dtype: str, loss: float, h: float, analytic: float, fd: float, typical: float) -> float:
-    """The error allowed for one direction: FD rounding + truncation relative to the derivative's scale + atol."""
-    tol = default_tolerance(dtype, "finite_difference")
-    return 100.0 * eps(dtype) * abs(loss) / h + tol.rtol * max(abs(analytic), abs(fd), typical) + tol.atol
-
-
 def stage(run: Run) -> Outcome:
     """|analytic − central difference| ≤ 100·ε·|L|/h + rtol_fd·s + atol_fd along each of ``ev.loss_directions``
     random directions (three in full mode; one in fast mode, which the monitor runs during training: a wrong
@@ -73,31 +67,24 @@ def stage(run: Run) -> Outcome:
     h = _step_length(np.asarray(ev.q_arrays[1], np.float64), dtype)
     n = ctx.M * ctx.L + ctx.L * ctx.M * (ctx.M + 1) // 2
     typical = float(np.sqrt(np.sum(g_m**2) + np.sum(g_S**2))) / np.sqrt(n)
+    rounding, tol = 100.0 * eps(dtype) * abs(step.loss) / h, default_tolerance(dtype, "finite_difference")
     worst = (-1.0, 0, 0.0, 0.0, 0.0)  # (error / bound, direction, analytic, fd, bound)
     found = run.probes or tuple((p, ev.loss_at(*p)) for p in probes(ev))  # a run that did not ask computes them here
     for i, (((up_m, up_S), up), ((down_m, down_S), down)) in enumerate(zip(found[::2], found[1::2])):
         fd = (up - down) / (2.0 * h) if up is not None and down is not None else float("nan")
         # along the displacement the two losses saw, (q + h·d) − (q − h·d) = 2h·d up to the dtype's rounding
         analytic = float(np.sum(g_m * (up_m - down_m.astype(np.float64))) + np.sum(g_S * (up_S - down_S.astype(np.float64)))) / (2.0 * h)
-        bound = _bound(dtype, step.loss, h, analytic, fd, typical)
+        bound = rounding + tol.rtol * max(abs(analytic), abs(fd), typical) + tol.atol  # truncation: relative to s
         ratio = abs(fd - analytic) / bound if np.isfinite(fd) else np.inf
         if ratio > worst[0]:
             worst = (ratio, i, analytic, fd, bound)
     _, i, analytic, fd, bound = worst
     err = abs(fd - analytic) if np.isfinite(fd) else float("inf")
-    return Outcome(checks=(Check(
-        name="loss_gradient",
-        claim=(
-            f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
-            f"{num_directions} random direction{'s' if num_directions != 1 else ''} (lower-triangular for q_sqrt)"
-        ),
-        status=status_of(err <= bound),
-        max_abs_error=err,
-        tolerance=bound,
-        detail=(
-            f"worst direction {i} (seeded): analytic {analytic!r}, central difference {fd!r} (relative "
-            f"{format_number(err / max(abs(fd), 1e-300))}); h = {format_number(h)}; bound = 100·ε·|L|/h "
-            f"{format_number(100.0 * eps(dtype) * abs(step.loss) / h)} + rtol·max(|analytic|, |fd|, ‖∇L‖/√n = "
-            f"{format_number(typical)}) + atol"
-        ),
-    ),))  # fmt: skip
+    claim = (f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
+             f"{num_directions} random direction{'s' if num_directions != 1 else ''} (lower-triangular for q_sqrt)")
+    detail = (
+        f"worst direction {i} (seeded): analytic {analytic!r}, central difference {fd!r} (relative "
+        f"{format_number(err / max(abs(fd), 1e-300))}); h = {format_number(h)}; bound = 100·ε·|L|/h "
+        f"{format_number(rounding)} + rtol·max(|analytic|, |fd|, ‖∇L‖/√n = {format_number(typical)}) + atol"
+    )
+    return Outcome(checks=(Check("loss_gradient", claim, status_of(err <= bound), err, bound, detail),))
