@@ -271,8 +271,11 @@ def test_cli__ctrl_c_where_python_or_a_library_would_lose_it_still_exits_130(tmp
         "import os, signal, sys, time\nimport natgrad_diag.cli.app as app\n\n\ndef command(argv, name):\n"
         f"    {_INTERRUPTED_COMMANDS[case]}\n    return 0\n\n\napp._command = command\n"
         "sys.argv = ['natgrad-diag', 'outer']\nraise SystemExit(app.main())\n", encoding="utf-8")  # fmt: skip
+    import signal
+
+    # Python installs its Ctrl-C handler only where SIGINT is not ignored, and xdist's workers ignore it
     r = subprocess.run([sys.executable, "-m", "ctrl_c_run"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(_ROOT)})  # fmt: skip
+                       env={**os.environ, "PYTHONPATH": str(_ROOT)}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "natgrad-diag outer: interrupted (Ctrl-C)\n")
 
 
