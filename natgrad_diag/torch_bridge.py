@@ -20,11 +20,18 @@ from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
 from natgrad_diag.typing import Array
 
-__all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_outer", "torch_vjp"]
+__all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
 
 #: How to install PyTorch without the multi-GB CUDA build.
 INSTALL_HINT = ("a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu "
                 "(on the CI machine, pip install torch==2.13.0 takes the CPU build on disk)")  # fmt: skip
+
+
+def torch_available() -> bool:
+    """True when PyTorch can be imported (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def require_torch() -> Any:

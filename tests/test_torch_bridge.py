@@ -6,6 +6,7 @@ missing-torch path is tested by hiding torch from the import system.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -159,8 +160,9 @@ def test_torch_vjp__torch_rejects_a_wrong_seed_itself():
 def test_torch_missing__package_still_works(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     from natgrad_diag import outer_example
-    from natgrad_diag.torch_bridge import require_torch, torch_outer
+    from natgrad_diag.torch_bridge import require_torch, torch_available, torch_outer
 
+    assert torch_available() is False
     with pytest.raises(MissingExtraError, match=r"CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu .*torch==2.13.0"):
         require_torch()
     with pytest.raises(MissingExtraError):
@@ -189,6 +191,7 @@ def test_torch_bridge__lazy_names_resolve():
     import natgrad_diag
 
     assert natgrad_diag.torch_bridge.torch_vjp.__module__ == "natgrad_diag.torch_bridge"
+    assert natgrad_diag.torch_bridge.torch_available() is (importlib.util.find_spec("torch") is not None)
     assert natgrad_diag.outer_example.__module__ == "natgrad_diag.lessons.outer"
     assert natgrad_diag.OuterExample.__module__ == "natgrad_diag.lessons.outer"
     assert natgrad_diag.checked_gradient.__module__ == "natgrad_diag.autodiff.seeded"
