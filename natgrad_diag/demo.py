@@ -22,7 +22,7 @@ from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.checks.evaluator import dtype_context, float_dtype
 from natgrad_diag.typing import Array
 
-__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "make_data", "make_model"]
+__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
 
 #: Likelihood names understood by :func:`make_model` and ``natgrad-diag check --likelihood``.
 LIKELIHOODS = ("gaussian", "bernoulli", "poisson", "studentt")

@@ -6,8 +6,7 @@ import gpflow
 import numpy as np
 import pytest
 
-from natgrad_diag.checks.evaluator import dtype_context
-from natgrad_diag.demo import LIKELIHOODS, make_data, make_model
+from natgrad_diag.demo import LIKELIHOODS, dtype_context, make_data, make_model
 from natgrad_diag.exceptions import InputError
 
 
