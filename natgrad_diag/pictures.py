@@ -395,8 +395,8 @@ def timeline_data(monitor: Any) -> TimelineData:
 
 
 def plot_training_timeline(monitor: Any) -> Any:
-    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks and failed
-    guarded steps as red × at the top edge, rollbacks as red dashed lines through both panels: a
+    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks as red ×
+    and failed guarded steps as red ▼ at the top edge, rollbacks as red dashed lines through both panels: a
     ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a monitor."""
     data = timeline_data(monitor)
     fig = _new_figure(8.0, 5.0)

@@ -14,9 +14,9 @@ mean = η₁ but varsqrt = chol(η₂ − η₁η₁ᵀ) also depends on η₁, 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +37,8 @@ __all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scen
 SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
 
 
-class SeedScenario(NamedTuple):
+@dataclass(frozen=True)
+class SeedScenario:
     """Fresh GPflow Parameters and the gradients the user fed to the step, in ``natgrad_trace``'s order.
 
     Attributes:
@@ -52,6 +53,9 @@ class SeedScenario(NamedTuple):
     q_sqrt: Any
     q_mu_grad: Any
     q_sqrt_grad: Any
+
+    def __iter__(self) -> Iterator[Any]:  # so that ``natgrad_trace(*seed_scenario())`` works
+        return iter((self.q_mu, self.q_sqrt, self.q_mu_grad, self.q_sqrt_grad))
 
 
 def seed_scenario() -> SeedScenario:

@@ -94,7 +94,8 @@ def _losses(before: float | None, after: float | None) -> str:
 
 
 def timeline_of(monitor: Any) -> Any:
-    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report as it is."""
+    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report, or anything
+    else that is not a monitor, comes back as it is (the caller refuses what it cannot write)."""
     monitored = hasattr(monitor, "records") and hasattr(monitor, "guard_records")
     if callable(getattr(monitor, "sections", None)) or not monitored:
         return monitor
