@@ -168,6 +168,14 @@ def test_report_format__other_extensions_name_the_argument():
 # terminal
 
 
+def test_to_terminal__in_colour_only_the_check_name_is_bold():
+    text = text_mod.to_terminal(Demo(), width=120, color=True)
+    bold = re.compile(r"\x1b\[([0-9;]*)m([^\x1b]*)")
+    bold_runs = [run for codes, run in bold.findall(text) if "1" in codes.split(";") and run.strip()]
+    assert "large_gap" in " ".join(bold_runs)
+    assert not any("the two routes agree" in run or "entry [1, 0] is off" in run for run in bold_runs), bold_runs
+
+
 @pytest.mark.parametrize("plain", [False, True], ids=["rich", "plain"])
 def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
     for report in (Demo(), explanation):
