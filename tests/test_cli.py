@@ -255,28 +255,33 @@ def test_cli__ctrl_c_is_one_line_and_exit_130(argv, after):
     assert (p.returncode, err) == (130, f"natgrad-diag {argv[0]}: interrupted (Ctrl-C)\n"), err[-3000:]
 
 
-_INTERRUPTED_COMMANDS = {
+_SWALLOW = "try:\n        os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n    except KeyboardInterrupt:\n        pass"
+_INTERRUPTED_COMMANDS = {  # case: (command, its body, exit code, stderr)
     # Ctrl-C inside an exec() of a string, as when it lands while dataclasses or namedtuple build methods during
     # TensorFlow's import: CPython then exits by SIGINT (returncode -2) under `python -m` unless the mark is cleared
-    "inside_exec": "exec('raise KeyboardInterrupt')",
+    "inside_exec": ("outer", "exec('raise KeyboardInterrupt')", 130, "natgrad-diag outer: interrupted (Ctrl-C)\n"),
     # a library that catches KeyboardInterrupt and goes on: the command finishes, yet the user asked it to stop
-    "swallowed": "try:\n        os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n    except KeyboardInterrupt:\n        pass",
+    "swallowed": ("outer", _SWALLOW, 130, "natgrad-diag outer: interrupted (Ctrl-C)\n"),
+    # under `strict` the user's script owns Ctrl-C: one that handles it ends with its own code, as under python
+    "strict_script_handles_it": ("strict", _SWALLOW, 0, ""),
 }
 
 
 @pytest.mark.parametrize("case", sorted(_INTERRUPTED_COMMANDS))
 def test_cli__ctrl_c_where_python_or_a_library_would_lose_it_still_exits_130(tmp_path, case):
-    """The two ways the SIGINT test above failed one run in thirty, made certain: exit 130 and the one line."""
+    """The two ways the SIGINT test above failed one run in thirty, made certain: exit 130 and the one line; and a
+    script run by ``strict`` that handles Ctrl-C itself keeps its exit code."""
+    command, body, code, stderr = _INTERRUPTED_COMMANDS[case]
     (tmp_path / "ctrl_c_run.py").write_text(
         "import os, signal, sys, time\nimport natgrad_diag.cli.app as app\n\n\ndef command(argv, name):\n"
-        f"    {_INTERRUPTED_COMMANDS[case]}\n    return 0\n\n\napp._command = command\n"
-        "sys.argv = ['natgrad-diag', 'outer']\nraise SystemExit(app.main())\n", encoding="utf-8")  # fmt: skip
+        f"    {body}\n    return 0\n\n\napp._command = command\n"
+        f"sys.argv = ['natgrad-diag', {command!r}]\nraise SystemExit(app.main())\n", encoding="utf-8")  # fmt: skip
     import signal
 
     # Python installs its Ctrl-C handler only where SIGINT is not ignored, and xdist's workers ignore it
     r = subprocess.run([sys.executable, "-m", "ctrl_c_run"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(_ROOT)}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    assert (r.returncode, r.stdout, r.stderr) == (130, "", "natgrad-diag outer: interrupted (Ctrl-C)\n")
+    assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr)
 
 
 @pytest.mark.slow

@@ -234,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
     command = argv[0] if not argv[0].startswith("-") else "explain"
-    if own_process and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    # not under `strict`: the user's script runs in this process and owns Ctrl-C, as under plain python
+    if own_process and command != "strict" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _note_ctrl_c)
     try:
         if not prepare_streams():
