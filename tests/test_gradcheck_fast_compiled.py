@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import natgrad_diag as nd
 from natgrad_diag._compile import trace_count
+from natgrad_diag.exceptions import NonFiniteError
 
 
 def _natural_point(M: int, seed: int) -> list[np.ndarray]:
@@ -52,3 +53,19 @@ def test_fast_mode__a_function_that_cannot_be_traced_runs_eagerly():
     r = nd.check_gradients(f, [np.linspace(0.1, 0.9, 5)], mode="fast", seed=0)
     # the gradient TensorFlow sees is 2x only (np.sin is a constant to it): fast mode must fail the block
     assert not r.passed
+
+
+def test_fast_mode__the_eager_runs_error_does_not_carry_the_compiled_attempt():
+    """sqrt at 1e-7 is not finite a finite-difference step below: the compiled run gives up, the eager run names the
+    point; its error is the user's whole traceback, without TensorFlow's compiled attempt chained before it."""
+
+    @tf.autograph.experimental.do_not_convert
+    def f(x):
+        return tf.sqrt(x)
+
+    try:
+        nd.check_gradients(f, [np.array([1e-7, 1.0])], mode="fast")
+    except NonFiniteError as e:
+        assert e.__context__ is None or e.__suppress_context__
+    else:
+        raise AssertionError("a function not finite at a finite-difference point passed")

@@ -50,8 +50,10 @@ def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Ar
           else list(cotangents) for _ in range(max(map(len, us)))]  # fmt: skip
     atols = [prob.atol * max(float(np.linalg.norm(v)) if cotangents is not None else 1.0, 1.0) for v in vs[0]]
     try:
-        m = _measure(prob, us, vs, atols, compiled=True)
+        m: _Measured | None = _measure(prob, us, vs, atols, compiled=True)
     except Exception:  # noqa: BLE001 - not traceable, or not finite at a point: the eager run names the cause
+        m = None  # and runs outside this handler, so its error does not carry the compiled attempt as context
+    if m is None:
         m = _measure(prob, us, vs, atols, compiled=False)
     blocks = np.ndindex(len(prob.y), len(prob.x))
     rows = [_fast_row(prob, i, j, m, len(us[j]), num_directions, atol=atols[i]) for i, j in blocks]
