@@ -415,3 +415,10 @@ def test_assert_gradients__whole_message() -> None:
         "is right, the difference is inaccurate: re-check with another eps (smaller when fn curves strongly, larger "
         "against rounding) or in float64."
     )
+
+
+def test_assert_gradients__takes_check_gradients_arguments_by_name():
+    """Its signature is check_gradients' (names, kinds, defaults): editors, help() and mypy see every keyword."""
+    import inspect
+
+    assert inspect.signature(nd.assert_gradients).parameters == inspect.signature(nd.check_gradients).parameters

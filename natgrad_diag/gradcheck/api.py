@@ -143,11 +143,19 @@ def _check(r: GradientCheckRow) -> Check:
     )
 
 
-def assert_gradients(fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, **kwargs: Any) -> GradientCheckReport:
+def assert_gradients(
+    fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any] | Any, *,
+    structure: str | Sequence[str] | Mapping[str, str] | None = None, mode: str = "full",
+    cotangents: Sequence[Any] | None = None, eps: float | None = None, rtol: float | None = None,
+    atol: float | None = None, seed: int = 0, num_directions: int = 4, input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+) -> GradientCheckReport:
     """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
     ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,
     the tolerances and a remedy; returns the report when every block passes."""
-    report = check_gradients(fn, inputs, **kwargs)
+    report = check_gradients(fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol,
+                             atol=atol, seed=seed, num_directions=num_directions, input_names=input_names,
+                             output_names=output_names, max_bytes=max_bytes)  # fmt: skip
     error = report.mismatch_message()
     if error is not None:
         raise error
