@@ -20,7 +20,7 @@ from natgrad_diag._validate import require_callable, require_finite, require_int
 from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
@@ -97,9 +97,10 @@ def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ..
     """The stored matrix's size; refuses, before anything is allocated, one over ``max_bytes``."""
     itemsize = probe.out_dtypes[0].size if probe.out_dtypes else xs[0].dtype.size
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
+    nbytes = jacobian_nbytes(probe.out_shapes, stored_shapes, itemsize)
+    check_memory(nbytes, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
     rows, cols = (sum(int(np.prod(s)) for s in shapes) for shapes in (probe.out_shapes, stored_shapes))
-    check_memory(rows * cols * itemsize, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
-    return _Size(rows, cols, itemsize, rows * cols * itemsize)
+    return _Size(rows, cols, itemsize, nbytes)
 
 
 @dataclass
