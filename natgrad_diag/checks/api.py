@@ -35,7 +35,7 @@ import numpy as np
 
 from natgrad_diag._validate import require_bool, validate_data, validate_model
 from natgrad_diag.checks import conjugate, custom_step, fisher, health, loss_gradient, mapping, reproduction, xi_forward
-from natgrad_diag.checks.bounds import Conditioning, Tolerances, measure_conditioning, natgrad_tolerances, with_overrides
+from natgrad_diag.checks.bounds import Conditioning, Tolerances, before_step, measure_conditioning, natgrad_tolerances, new_extremes, with_overrides
 from natgrad_diag.checks.causes import FIX, diagnose
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, Point, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
@@ -225,18 +225,15 @@ def _checking(model: Any, data: Any, gamma: Any, xi_transform: Any, overrides: d
 
 
 def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport:
-    """The step, then every stage of :data:`STAGES` in turn, as one report. The conditioning is measured while GPflow's
-    update runs, and the losses the stages need are computed with it."""
+    """The step, then every stage of :data:`STAGES` in turn, as one report. The conditioning is measured in a second
+    thread, κ(Kuu) and κ(S) beside the gradients and κ(S_new) beside GPflow's update; the losses the stages need are
+    computed with that update."""
     ctx, m = ev.ctx, ev.ctx.model
     asked = [stage.probes(ev) for stage in STAGES]
-    new_factor: Future[Array | None] = Future()
-    with ThreadPoolExecutor(1) as pool:  # κ(Kuu) and κ(S) beside the gradients, κ(S_new) beside GPflow's update
-        conditioning = pool.submit(measure_conditioning, m, *ev.q_arrays, new_factor.result)
-        try:
-            taken = ev.take([p for points in asked for p in points], lambda step: new_factor.set_result(step.new_q_sqrt))
-        finally:
-            if not new_factor.done():
-                new_factor.set_result(None)
+    new: list[Future[tuple[Array | None, Array | None]]] = []
+    with ThreadPoolExecutor(1) as pool:
+        before = pool.submit(before_step, m, *ev.q_arrays)
+        taken = ev.take([p for points in asked for p in points], lambda step: new.append(pool.submit(new_extremes, step.new_q_sqrt)))
     step, gp, losses = taken.step, taken.gp, iter(taken.losses)
     advance()
     if not step.gradients_finite:
@@ -248,7 +245,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
         )  # fmt: skip
         check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
-    step, cond = ev.fill_direction(step), conditioning.result()
+    step, cond = ev.fill_direction(step), before.result().after(new[0].result() if new else (None, None))
     found = Outcome()
     for stage, points in zip(STAGES, asked):
         probes = tuple((p, next(losses)) for p in points)

@@ -9,7 +9,7 @@ and κ(F) (measured or estimated).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from natgrad_diag.step.lapack import one_blas_thread
 from natgrad_diag.tolerance import default_tolerance, eps, rounding_bound
 from natgrad_diag.typing import Array
 
-__all__ = ["Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_FACTOR", "Tolerances", "bounded_check", "factor_extremes", "finite", "fisher_condition_estimate", "kappa", "maxabs", "measure_conditioning", "natgrad_bound", "natgrad_tolerances", "scale", "with_overrides"]
+__all__ = ["Before", "Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_FACTOR", "Tolerances", "before_step", "bounded_check", "factor_extremes", "finite", "fisher_condition_estimate", "kappa", "maxabs", "measure_conditioning", "natgrad_bound", "natgrad_tolerances", "new_extremes", "scale", "with_overrides"]
 
 
 def maxabs(a: Any) -> float:
@@ -194,35 +194,59 @@ def _finite_extremes(factor: Array | None) -> tuple[Array | None, Array | None]:
     return factor_extremes(factor) if factor is not None and np.all(np.isfinite(factor)) else (None, None)
 
 
-def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None | Callable[[], Array | None]) -> Conditioning:
-    """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F).
+@dataclass(frozen=True)
+class Before:
+    """What :func:`measure_conditioning` needs from before the step: q(u) as float64, λ(S) per latent GP [L] and
+    κ(Kuu), λmin(Kuu) (None without a model)."""
 
-    λ(S) and λ(S_new) from their factors (:func:`factor_extremes`), λ(Kuu) by symmetric eigenvalue solves; λ(S) in a
-    second thread (LAPACK releases the GIL), every solve in one BLAS thread, so the numbers do not depend on the split.
-    ``new_q_sqrt`` may be a function that waits for the step's factor: κ(Kuu) and λ(S) are solved before it is called.
-    """
+    q_mu: Array
+    q_sqrt: Array
+    lo_S: Array
+    hi_S: Array
+    kappa_Kuu: float | None
+    min_eig_Kuu: float | None
+
+    def after(self, new_extremes: tuple[Array | None, Array | None]) -> Conditioning:
+        """The :class:`Conditioning`, given λ(S_new)'s extremes (:func:`new_extremes`; (None, None): no new factor)."""
+        lo_S, hi_S, (lo_N, hi_N) = self.lo_S, self.hi_S, new_extremes
+        k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
+        q_mu = self.q_mu
+        m2 = np.sum(q_mu.reshape(-1, lo_S.shape[0]) ** 2, axis=0) if q_mu.size else np.zeros_like(lo_S)  # ‖m_l‖² [L]
+        k_eta = float(_ratio(lo_S, hi_S + m2).max())
+        k_new, cancel = None, 1.0
+        if lo_N is not None and hi_N is not None:
+            k_new, lo_new = float(_ratio(lo_N, hi_N).max()), float(lo_N.min())
+            cancel = max(1.0, lo_new / lo) if lo > 0 and lo_new > 0 else float("inf")
+        kappa_F = fisher_condition_estimate(q_mu, self.q_sqrt, (lo_S, hi_S))
+        return Conditioning(k_S, k_new, float(cancel), self.kappa_Kuu, self.min_eig_Kuu, kappa_F, False, k_eta)
+
+
+def before_step(model: Any, q_mu: Array, q_sqrt: Array) -> Before:
+    """κ(Kuu) (``model`` None: not measured) and λ(S) from its factor (:func:`factor_extremes`, in a second thread:
+    LAPACK releases the GIL), by symmetric eigenvalue solves in one BLAS thread, so the numbers do not depend on the
+    split. Needs nothing from the step: a check computes it while the gradients are taken."""
     from concurrent.futures import ThreadPoolExecutor
 
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
-    later = new_q_sqrt if callable(new_q_sqrt) else None
     with one_blas_thread(), ThreadPoolExecutor(1) as pool:
         before = pool.submit(factor_extremes, q_sqrt)
         K = _kuu(model) if model is not None else None
         k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
-        lo_N, hi_N = _finite_extremes(None if later else cast("Array | None", new_q_sqrt))
         lo_S, hi_S = before.result()
-    if later is not None:
-        new = later()  # outside the BLAS lock: the step's own LAPACK work may need it meanwhile
-        with one_blas_thread():
-            lo_N, hi_N = _finite_extremes(new)
-    k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
-    m2 = np.sum(q_mu.reshape(-1, lo_S.shape[0]) ** 2, axis=0) if q_mu.size else np.zeros_like(lo_S)  # ‖m_l‖² [L]
-    k_eta = float(_ratio(lo_S, hi_S + m2).max())
-    k_new, cancel = None, 1.0
-    if lo_N is not None and hi_N is not None:
-        k_new, lo_new = float(_ratio(lo_N, hi_N).max()), float(lo_N.min())
-        cancel = max(1.0, lo_new / lo) if lo > 0 and lo_new > 0 else float("inf")
-    return Conditioning(k_S, k_new, float(cancel), k_K, lo_K, fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S)), False, k_eta)
+    return Before(q_mu, q_sqrt, lo_S, hi_S, k_K, lo_K)
+
+
+def new_extremes(new_q_sqrt: Array | None) -> tuple[Array | None, Array | None]:
+    """λmin, λmax of S_new per latent GP from the step's factor, in one BLAS thread; (None, None) for none or a
+    non-finite one."""
+    with one_blas_thread():
+        return _finite_extremes(new_q_sqrt)
+
+
+def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
+    """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F):
+    :func:`before_step`, then :func:`new_extremes` of the step's factor."""
+    return before_step(model, q_mu, q_sqrt).after(new_extremes(new_q_sqrt))
 
 
 #: The constant c of every rounding term c·ε·κ·scale. A Cholesky factorisation, a triangular solve or a product of
