@@ -10,6 +10,7 @@ metrics in GPflux's layers) is not undone. The checks that need a model are list
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, resolve_mode,
-    step_from_gradients, Trial, stepwise, traced,
+    step_from_gradients, Trial, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
@@ -108,7 +109,11 @@ class PairEvaluator(Evaluator):
         self.loss, self.grads, self.loss_before = loss, grads, loss_before
         _, self.q_mu, _, self.q_sqrt = pair
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
-        self._step, self._own = eager_steps(self.q_mu, self.q_sqrt, ctx.xi, lambda data: loss())
+
+    @functools.cached_property
+    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+        """The trials' steps on the pair itself, natgrad-diag's and GPflow's own (eager)."""
+        return eager_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
 
     def _steps(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
@@ -131,7 +136,7 @@ class PairEvaluator(Evaluator):
         dtype = self.q_mu.dtype
         with restored(self.variables):
             args = ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
-            return stepwise(self._own if own else self._step, args, k, healthy, before, rise)
+            return self._trial(args, k, healthy, before, rise, own)
 
 
 _SKIPPED = (
