@@ -17,12 +17,6 @@ from natgrad_diag.cli.streams import prepare_streams
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-#: GPflow's conversion maps that ``natgrad-diag gradcheck --map`` can check.
-GPFLOW_MAPS = (
-    "expectation_to_meanvarsqrt", "expectation_to_natural", "meanvarsqrt_to_expectation", "meanvarsqrt_to_natural",
-    "natural_to_expectation", "natural_to_meanvarsqrt",
-)
-
 
 def _number(cast: Any, accept: Any, expected: str, *, many: bool = False) -> Any:
     """An argparse type: ``cast`` of the text (or of each comma-separated item), refused unless ``accept`` holds."""
@@ -122,6 +116,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from natgrad_diag import __version__
     from natgrad_diag.demo import CHECK_MAX_MINUTES, LIKELIHOODS, MODELS
+    from natgrad_diag.gradcheck.structures import GPFLOW_MAPS, STRUCTURES
 
     parser = _Parser(prog="natgrad-diag", description="What output_gradients computes in GPflow's natural-gradient "
                      "step, and checks for it. With no command, runs 'explain' on the seed scenario.")  # fmt: skip
@@ -155,12 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
 
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
-    p.add_argument("--map", choices=GPFLOW_MAPS, default="expectation_to_meanvarsqrt", metavar="NAME", help="the GPflow map to check: " + ", ".join(GPFLOW_MAPS))
+    maps = sorted(GPFLOW_MAPS)
+    p.add_argument("--map", choices=maps, default="expectation_to_meanvarsqrt", metavar="NAME", help="the GPflow map to check: " + ", ".join(maps))
     p.add_argument("--num-inducing", type=_positive_int, default=8, metavar="M", help="inducing points M")
     p.add_argument("--num-latent", type=_positive_int, default=2, metavar="L", help="latent GPs L")
     p.add_argument("--mode", choices=("full", "fast"), default="full", help="full: every Jacobian entry; fast: random directions")
     p.add_argument(
-        "--structure", choices=("auto", "general", "symmetric", "lower_triangular"), default="auto", metavar="S",
+        "--structure", choices=("auto", *STRUCTURES), default="auto", metavar="S",
         help="structure of the map's matrix input: auto (eta2/nat2 symmetric, varsqrt lower-triangular), general, symmetric or lower_triangular",
     )  # fmt: skip
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="float dtype of the point")

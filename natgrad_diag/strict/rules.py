@@ -77,8 +77,10 @@ def check_call(target: Any, output_gradients: Any, *, allow_implicit_sum: bool,
             validate_seeds(seeds, targets)
         except OutputGradientsError as e:
             return _locate(SEED_MISMATCH, e, site())
+    if allow_implicit_sum:
+        return None
     unseeded = [i for i, (s, t) in enumerate(zip(seeds, targets)) if s is None and _summed(t)]
-    if allow_implicit_sum or not unseeded:
+    if not unseeded:
         return None
     return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
 
