@@ -199,3 +199,36 @@ def test_package__has_one_compile_cache():
             if name in ("lru_cache", "cache", "WeakKeyDictionary", "WeakValueDictionary") and rel not in allowed:
                 found.append(f"{rel}:{node.lineno} {name}")
     assert found == []
+
+
+def _trace_file(files: list[str]):
+    """A body x ↦ |x| (x where Σx > 0, after the first trace) that records the file its traced code runs from (AutoGraph runs a converted copy from a file
+    of its own), with a Python ``if`` on a tensor only when ``files`` already holds a first trace's entry."""
+    import inspect
+
+    def body(x):
+        files.append(inspect.currentframe().f_code.co_filename)
+        if len(files) > 1 and tf.reduce_sum(x) > 0:  # Python control flow on a tensor: only AutoGraph can trace it
+            return x
+        return tf.abs(x)
+
+    return body
+
+
+def test_function__traces_without_autograph_and_falls_back_to_it_for_control_flow_on_a_tensor():
+    files: list[str] = []
+    f = _compile.function(_trace_file(files))
+    assert f(tf.constant(-2.0, tf.float64)).numpy() == 2.0
+    assert files == [__file__]  # the plain trace: this file's own code, unconverted
+    # a new signature retraces; this trace meets `if x > 0` on a tensor, which only AutoGraph turns into a tf.cond
+    assert f(tf.constant([-3.0, 3.0], tf.float64)).numpy().tolist() == [3.0, 3.0]
+    assert f(tf.constant([4.0], tf.float64)).numpy().tolist() == [4.0]
+    assert files[1] == __file__ and all(name != __file__ for name in files[2:]), files
+
+
+def test_function__an_error_that_is_not_control_flow_is_raised_as_it_is():
+    def body(x):
+        raise ValueError("the model's own error")
+
+    with pytest.raises(ValueError, match="the model's own error"):
+        _compile.function(body)(tf.constant(1.0, tf.float64))

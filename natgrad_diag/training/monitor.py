@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from gpflow.monitor import MonitorTask
 
+from natgrad_diag import _compile
 from natgrad_diag._validate import input_error, require_int, require_positive_float
 from natgrad_diag.checks.api import check_natgrad, validate_gamma_steps
 from natgrad_diag.exceptions import NatGradCheckError
@@ -139,14 +140,12 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         ``data`` (None when not finite), in one compiled call; raises what the loss raises. A ``loss_fn`` is compiled
         only when two compiled calls and one eager call, made at the first use, agree to √ε of its dtype (no Python
         side effects); it is called eagerly otherwise, and a ``tf.function`` is used as it is."""
-        import tensorflow as tf
-
         if self._measure is None:
             loss, traceable = _loss_callable(self)
             if traceable:
-                self._measure = tf.function(lambda data: (qu_valid(self._pairs), loss(data)), reduce_retracing=True)
+                self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), reduce_retracing=True)
             else:
-                valid = tf.function(lambda: qu_valid(self._pairs))
+                valid = _compile.function(lambda: qu_valid(self._pairs))
                 self._measure = lambda data: (valid(), loss(data))
         ok, value = self._measure(data)
         return bool(ok), float(value) if math.isfinite(value) else None
@@ -215,14 +214,12 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
 
 def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
     """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`measure`)."""
-    import tensorflow as tf
-
     fn = monitor.loss_fn
     if fn is None:
         return monitor.loss_tensor, True
     if hasattr(fn, "get_concrete_function"):  # already a tf.function
         return (lambda data: fn()), True
-    compiled = tf.function(fn)
+    compiled = _compile.function(fn)
     try:
         a, b, eager = (np.asarray(f()) for f in (compiled, compiled, fn))
     except Exception:  # noqa: BLE001 - Python code that needs eager tensors cannot be traced: stay eager
