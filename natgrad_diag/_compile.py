@@ -82,23 +82,32 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
         return _lookup(_MODELS.setdefault(model, collections.OrderedDict()), key, build, MAX_PER_MODEL)
 
 
-def function(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+class function:
     """``tf.function(fn, **options)`` without AutoGraph (GPflow's loss traces 2–3× faster), and with it from the first
-    trace that meets Python control flow on a tensor (``OperatorNotAllowedInGraphError``), as a model's code may."""
-    import tensorflow as tf
+    trace that meets Python control flow on a tensor (``OperatorNotAllowedInGraphError``), as a user's code may."""
 
-    compiled = [tf.function(fn, autograph=False, **options)]
+    def __init__(self, fn: Callable[..., Any], **options: Any) -> None:
+        import tensorflow as tf
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+        self._fn, self._options, self._converted = fn, options, False
+        self._compiled = tf.function(fn, autograph=False, **options)
+
+    def _use(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
         try:
-            return compiled[-1](*args, **kwargs)
+            return getattr(self._compiled, method)(*args, **kwargs)
         except tf.errors.OperatorNotAllowedInGraphError:
-            if len(compiled) > 1:
+            if self._converted:
                 raise
-            compiled.append(tf.function(fn, **options))
-            return compiled[-1](*args, **kwargs)
+            self._compiled, self._converted = tf.function(self._fn, **self._options), True
+            return getattr(self._compiled, method)(*args, **kwargs)
 
-    return call
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._use("__call__", *args, **kwargs)
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        return self._use("get_concrete_function", *args, **kwargs)
 
 
 def model_entries(model: Any = None) -> int:

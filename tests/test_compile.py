@@ -224,6 +224,12 @@ def test_function__traces_without_autograph_and_falls_back_to_it_for_control_flo
     assert f(tf.constant([-3.0, 3.0], tf.float64)).numpy().tolist() == [3.0, 3.0]
     assert f(tf.constant([4.0], tf.float64)).numpy().tolist() == [4.0]
     assert files[1] == __file__ and all(name != __file__ for name in files[2:]), files
+    # the same for a concrete function, traced at once (how fast check_gradients compiles a user's function)
+    files.clear()
+    files.append("a first trace")
+    concrete = _compile.function(_trace_file(files)).get_concrete_function(tf.TensorSpec([2], tf.float64))
+    assert concrete(tf.constant([-1.0, 2.0], tf.float64)).numpy().tolist() == [-1.0, 2.0]
+    assert files[1] == __file__ and files[2] != __file__, files
 
 
 def test_function__an_error_that_is_not_control_flow_is_raised_as_it_is():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import natgrad_diag as nd
@@ -44,6 +45,22 @@ def test_fast_mode__compiled_numbers_equal_the_eager_definition():
         assert row.forward is not None
         np.testing.assert_allclose(row.analytical, row.numerical, rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(row.forward, row.analytical, rtol=1e-12, atol=1e-14)
+
+
+def test_fast_mode__a_function_with_python_control_flow_on_a_tensor_still_runs_compiled():
+    """Traced without AutoGraph first; the ``if`` on a tensor makes it trace again with AutoGraph, not eagerly."""
+
+    def f(x):
+        if tf.reduce_sum(x) > 0.0:
+            return x**3
+        return -x
+
+    before = trace_count("gradcheck_fast")
+    r = nd.check_gradients(f, [np.linspace(0.1, 0.9, 4)], mode="fast", seed=0)
+    # the plain trace that meets the `if` counts one; the eager path would count no more, AutoGraph's traces do
+    assert trace_count("gradcheck_fast") - before > 1
+    row = r.rows[0]
+    assert r.passed and row.numerical == pytest.approx(row.analytical, rel=1e-7)
 
 
 def test_fast_mode__a_function_that_cannot_be_traced_runs_eagerly():

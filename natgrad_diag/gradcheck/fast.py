@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from natgrad_diag import _compile
 from natgrad_diag._validate import flat_outputs
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, compare
@@ -86,16 +87,12 @@ class _Engine:
 
     def _outputs(self, xs: list[Any]) -> list[Any]:
         if self.compiled:
-            from natgrad_diag._compile import note_trace
-
-            note_trace("gradcheck_fast")
+            _compile.note_trace("gradcheck_fast")
         return flat_outputs(self.fn(*xs))
 
     def _piece(self, key: Any, body: Any, *specs: Any) -> Any:
-        import tensorflow as tf
-
         if key not in self._built:
-            self._built[key] = tf.function(body).get_concrete_function(*specs) if self.compiled else body
+            self._built[key] = _compile.function(body).get_concrete_function(*specs) if self.compiled else body
         return self._built[key]
 
     def analytical(self, n_dirs: int) -> Any:
@@ -146,8 +143,6 @@ class _Engine:
 def _engine(prob: Problem, compiled: bool) -> _Engine:
     """The engine of ``prob.fn`` at this shape; a compiled one is cached across checks for GPflow's (pure) maps
     only, since a user's function may read Python state that a cached trace would freeze."""
-    from natgrad_diag import _compile
-
     xshapes = [tuple(x.shape) for x in prob.x]
     name = gpflow_map_name(prob.fn)
     build = functools.partial(_Engine, prob.fn, xshapes, [tuple(y.shape) for y in prob.y], prob.dtype, compiled)
