@@ -640,7 +640,7 @@ class _Pieces:
             return steps[own](data, g_mu, g_sq, gamma)
 
         pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single)
-        self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = map(_compile.function, pieces)
+        self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = (_compile.function(f) for f in pieces)
 
 
 class CompiledEvaluator(Evaluator):
