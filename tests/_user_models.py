@@ -55,6 +55,23 @@ def gpflow_loss_after(model, data, gamma: float) -> float | None:
     return loss if np.isfinite(loss) else None
 
 
+class BranchySVGP(gpflow.models.SVGP):
+    """An SVGP whose objective has Python control flow on a tensor, as a user's own model may: inside
+    ``tf.function`` only AutoGraph can trace it. Both branches give the ELBO, so a plain SVGP is its oracle."""
+
+    def maximum_log_likelihood_objective(self, data):
+        elbo = self.elbo(data)
+        if elbo < 0.0:
+            return elbo + 0.0
+        return elbo
+
+
+def branchy_copy(model: gpflow.models.SVGP) -> BranchySVGP:
+    """A :class:`BranchySVGP` with ``model``'s kernel, likelihood, inducing points and (copied) q(u)."""
+    return BranchySVGP(model.kernel, model.likelihood, model.inducing_variable, q_mu=model.q_mu.numpy(),
+                       q_sqrt=model.q_sqrt.numpy(), whiten=model.whiten, num_data=model.num_data)
+
+
 def variables_of(model) -> list[np.ndarray]:
     """Copies of every variable's value (to compare bit for bit)."""
     return [v.numpy().copy() for v in model.variables]

@@ -8,7 +8,7 @@ import gpflow
 import numpy as np
 import pytest
 import tensorflow as tf
-from _user_models import heteroskedastic_svgp, multiclass_svgp, same_bits, variables_of
+from _user_models import branchy_copy, heteroskedastic_svgp, multiclass_svgp, same_bits, variables_of
 from gpflow.keras import tf_keras
 from gpflow.optimizers import NaturalGradient
 
@@ -170,6 +170,21 @@ def test_guard__a_healthy_step_is_untouched_and_recorded_ok():
     (r,) = monitor.guard_records
     assert (r.status, r.rolled_back, r.gamma_after, r.cause, r.moved_by_other) == ("ok", False, 0.1, "", ())
     assert r.loss_after == float(model.training_loss(data).numpy())
+
+
+def test_guard__a_model_with_python_control_flow_on_a_tensor_is_guarded_like_gpflows_own_training():
+    """The guard's compiled loss call is traced again with AutoGraph for such a model (plain SVGP as the oracle)."""
+    plain, data = _natgrad_only(make_model("svgp", "gaussian", num_inducing=8, num_data=30))
+    data = tuple(tf.constant(a) for a in data)
+    model, _ = _natgrad_only((branchy_copy(plain), data))
+    monitor = NatGradMonitor(model, data, gamma=0.5, on_failure="raise")
+    natgrad = NaturalGradient(0.5)
+    for step in range(3):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+        _natgrad_step(NaturalGradient(0.5), plain, data)
+    assert [r.status for r in monitor.guard_records] == ["ok"] * 3
+    assert monitor.guard_records[-1].loss_after == pytest.approx(float(plain.training_loss(data).numpy()), rel=1e-12)
 
 
 def test_lower_gamma__walks_down_the_grid():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+from _user_models import branchy_copy
 from gpflow.optimizers import NaturalGradient, XiNat, XiSqrtMeanVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -400,21 +401,10 @@ def test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values():
     assert r1.loss_before != r2.loss_before
 
 
-class _BranchySVGP(gpflow.models.SVGP):
-    """An SVGP whose objective has Python control flow on a tensor, as a user's own model may: inside
-    ``tf.function`` only AutoGraph can trace it (both branches give the ELBO, so the oracle is a plain SVGP)."""
-
-    def maximum_log_likelihood_objective(self, data):
-        elbo = self.elbo(data)
-        if elbo < 0.0:
-            return elbo + 0.0
-        return elbo
-
-
 def test_fast_mode__a_model_with_python_control_flow_on_a_tensor_is_checked_like_gpflows_step():
     """The compiled pieces trace without AutoGraph (faster) and with it for such a model: same verdict, same step."""
     plain, data = make_model("svgp", "gaussian", num_inducing=8, num_data=20)
-    branchy = _BranchySVGP(plain.kernel, plain.likelihood, plain.inducing_variable, q_mu=plain.q_mu, q_sqrt=plain.q_sqrt)
+    branchy = branchy_copy(plain)
     report = nc.check_natgrad(branchy, data, gamma=0.2, mode="fast")
     assert report.status == "pass", str(report)
     X, Y = (tf.constant(a) for a in data)
