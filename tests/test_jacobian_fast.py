@@ -296,6 +296,20 @@ def test_jacobian__repeated_calls_of_one_shape_trace_once():
     assert trace_count(TRACE_KIND) == before + 1
 
 
+def test_jacobian__a_function_with_python_control_flow_on_a_tensor_is_compiled_by_autograph_not_run_eagerly():
+    def f(x):  # the `if` on a tensor: only AutoGraph can trace it
+        if tf.reduce_sum(x) > 0.0:
+            return x**3
+        return -x
+
+    x = np.linspace(0.5, 1.5, 3)
+    before = trace_count(TRACE_KIND)
+    J = nd.jacobian(f, [x], compiled=True)
+    # the plain trace that meets the `if` counts one; the eager tape would count no more, AutoGraph's trace does
+    assert trace_count(TRACE_KIND) - before == 2
+    np.testing.assert_allclose(J.block(0, 0), np.diag(3 * x**2), rtol=1e-14)  # d(x³)/dx = diag(3x²), by hand
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._compile import compiled, note_trace
+from natgrad_diag._compile import compiled, function, note_trace
 from natgrad_diag._validate import flat_outputs
 from natgrad_diag.autodiff.blocks import vech_layout
 from natgrad_diag.typing import Array
@@ -34,7 +34,7 @@ def run_chunks(
     def build() -> Any:  # (*inputs, start) → [chunk, other]; indices past the end give zeros: every call has one shape
         body = _chunk_body(fn, xs, out_shapes, sym, forward, chunk)
         signature = tuple(tf.TensorSpec(x.shape, x.dtype) for x in xs) + (tf.TensorSpec([], tf.int32),)
-        return tf.function(body, input_signature=signature, autograph=False).get_concrete_function()
+        return function(body, input_signature=signature).get_concrete_function()
 
     key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
     chunk_fn = compiled(key, build, keep=(fn,))
