@@ -37,15 +37,22 @@ K = 5
 RTOL = 1e-7
 
 
+_SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {id(data): (data, copy, its loss)}
+
+
 def _oracle(model, data, gamma: float, k: int, xi=None) -> tuple[list[float], int | None]:
-    """GPflow's NaturalGradient(gamma).minimize up to k times on a fresh deep copy: the loss after each step (the
-    failing step's own loss included when it rose), and the first failing step (None if all k held)."""
-    copy_ = gpflow.utilities.deepcopy(model)
+    """GPflow's NaturalGradient(gamma).minimize up to k times on a deep copy set to the model's values: the loss after
+    each step (the failing step's own loss included when it rose), and the first failing step (None if all k held).
+    The copy and its compiled training loss are made once per (model, data) and reset for each call."""
+    entries = _SCRATCH.setdefault(model, {})
+    if id(data) not in entries:  # the entry keeps data alive, so its id is not reused; the model is held weakly
+        copy_ = gpflow.utilities.deepcopy(model)
+        loss = tf.function(lambda: copy_.training_loss(data) if data is not None else copy_.training_loss(), autograph=False)
+        entries[id(data)] = (data, copy_, loss)
+    _, copy_, loss = entries[id(data)]
+    for src, dst in zip(model.variables, copy_.variables):
+        dst.assign(src)
     opt = gpflow.optimizers.NaturalGradient(gamma, xi_transform=xi or gpflow.optimizers.XiNat())
-
-    def loss():
-        return copy_.training_loss(data) if data is not None else copy_.training_loss()
-
     before, losses = float(loss().numpy()), []
     for j in range(1, k + 1):
         try:
