@@ -482,7 +482,9 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     """``(X [N, D], Y [N, P])`` as tensors of ``dtype`` that fit ``model``, or None for a model that holds its data.
 
     D comes from the inducing points Z [M, D] (or the model's own data), P is the number of latent GPs L (one
-    column for a multi-class likelihood). X and Y must be real numbers (integers are cast), finite, with N ≥ 1.
+    column for a multi-class likelihood, L + 1 for a SwitchedLikelihood, whose last column picks the likelihood). X
+    and Y must be real numbers (integers are cast, but for GPflow's Softmax, which takes integer class labels),
+    finite, with N ≥ 1.
 
     Raises:
         InputError, ShapeMismatchError, DTypeMismatchError, NonFiniteError: naming ``data``'s X or Y.
@@ -524,14 +526,21 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
                           f"[N, {D}] (D from the model's inducing points)", shape_str(X.shape),
                           "pass the X the model was built for (its inducing points Z [M, D] fix D).",
                           kind=ShapeMismatchError, label="Actual")
-    L = getattr(model, "num_latent_gps", None)
-    multi = any(k in type(getattr(model, "likelihood", None)).__name__ for k in ("MultiClass", "Softmax"))
-    observation_dim = getattr(getattr(model, "likelihood", None), "observation_dim", None)  # e.g. a heteroscedastic likelihood
-    if L is not None and Y.shape[1] != int(L) and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
-        raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {int(L)} latent GP(s).",
-                          f"{name}[1] (Y)", f"[N, {int(L)}]", shape_str(Y.shape),
-                          "pass one Y column per latent GP (GPflow would broadcast the others silently).",
-                          kind=ShapeMismatchError, label="Actual")
+    L, likelihood = getattr(model, "num_latent_gps", None), getattr(model, "likelihood", None)
+    multi = any(k in type(likelihood).__name__ for k in ("MultiClass", "Softmax"))
+    switched = isinstance(likelihood, gpflow.likelihoods.SwitchedLikelihood)  # Y's last column picks the likelihood
+    observation_dim = getattr(likelihood, "observation_dim", None)  # e.g. a heteroscedastic likelihood
+    P = None if L is None else int(L) + switched
+    if P is not None and Y.shape[1] != P and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
+        raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {P - switched} latent GP(s).",
+                          f"{name}[1] (Y)", f"[N, {P}]" + (" (the last column picks the likelihood)" if switched else ""),
+                          shape_str(Y.shape), "pass one Y column per latent GP" + (" and the likelihood index last" if switched
+                          else "") + " (GPflow would broadcast the others silently).", kind=ShapeMismatchError, label="Actual")
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
-    return tf.constant(X.astype(dtype)), tf.constant(Y.astype(dtype))
+    labels = isinstance(likelihood, gpflow.likelihoods.Softmax)  # tf.nn.sparse_softmax_cross_entropy_with_logits
+    if labels and Y.dtype.kind == "f":
+        raise input_error(f"GPflow's Softmax likelihood takes integer class labels; {name}'s Y is {Y.dtype}.", f"{name}[1] (Y)",
+                          "int64 (or int32) class labels [N, 1]", str(Y.dtype), "pass Y.astype(np.int64), as GPflow's own "
+                          "training loss needs.", kind=DTypeMismatchError)  # fmt: skip
+    return tf.constant(X.astype(dtype)), tf.constant(Y if labels else Y.astype(dtype))

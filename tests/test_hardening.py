@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.seeded import checked_gradient, vjp
-from natgrad_diag.exceptions import DTypeMismatchError, InputError
+from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
 from natgrad_diag.gradcheck.api import assert_gradients, check_gradients
 from natgrad_diag.testing import assert_vjp_matches_jacobian
 
@@ -412,6 +412,40 @@ def test_check_natgrad__fitting_data_of_another_real_dtype_is_cast_and_checked()
     X = np.linspace(0, 1, 5)[:, None] * np.ones((1, 2))
     report = check_natgrad(_svgp(D=2, L=2), (X.astype(np.float32), np.ones((5, 2), dtype=np.int64)), progress=False, mode="fast")
     assert report.num_data == 5 and report.checks
+
+
+def test_check_natgrad__a_switched_likelihoods_index_column_is_accepted_and_its_loss_is_gpflows():
+    """GPflow's SwitchedLikelihood reads Y [N, L + 1], the last column picking each point's likelihood."""
+    import gpflow
+
+    from natgrad_diag import check_natgrad
+
+    X = np.linspace(0, 1, 8)[:, None]
+    Y = np.hstack([np.sin(6 * X), np.arange(8)[:, None] % 2])
+    lik = gpflow.likelihoods.SwitchedLikelihood([gpflow.likelihoods.Gaussian(0.1), gpflow.likelihoods.StudentT()])
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), lik, X[::2].copy(), num_data=8)
+    report = check_natgrad(model, (X, Y), gamma=0.1, progress=False, mode="fast")
+    assert report.loss_before == pytest.approx(float(model.training_loss((X, Y)).numpy()), rel=1e-12)
+    assert report.check("reproduction").passed
+    with pytest.raises(ShapeMismatchError, match=r"the last column picks the likelihood") as info:
+        check_natgrad(model, (X, Y[:, :1]), progress=False)  # the index column is missing
+    assert _argument(info.value) == "data[1] (Y)"
+
+
+def test_check_natgrad__softmax_keeps_integer_labels_and_refuses_float_ones_by_name():
+    """GPflow's Softmax takes integer class labels (sparse softmax cross-entropy): a cast to float64 broke it."""
+    import gpflow
+
+    from natgrad_diag import check_natgrad
+
+    X = np.linspace(0, 1, 9)[:, None]
+    labels = (np.arange(9) % 3)[:, None]
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Softmax(3), X[::2].copy(), num_latent_gps=3)
+    report = check_natgrad(model, (X, labels), gamma=0.05, progress=False, mode="fast")
+    assert report.check("reproduction").passed  # natgrad-diag's step equals GPflow's, from the same gradients
+    with pytest.raises(DTypeMismatchError, match="integer class labels") as info:
+        check_natgrad(model, (X, labels.astype(np.float64)), progress=False)
+    assert _argument(info.value) == "data[1] (Y)"
 
 
 # ---- 7. explain_output_gradients --------------------------------------------------------------------------
