@@ -84,7 +84,9 @@ def for_model(model: Any, key: Hashable, build: Callable[[], Any]) -> Any:
 
 class function:
     """``tf.function(fn, **options)`` without AutoGraph (GPflow's loss traces 2–3× faster), and with it from the first
-    trace that meets Python control flow on a tensor (``OperatorNotAllowedInGraphError``), as a user's code may."""
+    trace that raises a TypeError, which AutoGraph may mend: a tensor used as a Python bool or iterated (TensorFlow's
+    ``OperatorNotAllowedInGraphError``), or ``len`` of a tensor whose first dimension is unknown (``reduce_retracing``).
+    An error AutoGraph does not mend is raised by that second trace."""
 
     def __init__(self, fn: Callable[..., Any], **options: Any) -> None:
         import tensorflow as tf
@@ -97,7 +99,7 @@ class function:
 
         try:
             return getattr(self._compiled, method)(*args, **kwargs)
-        except tf.errors.OperatorNotAllowedInGraphError:
+        except TypeError:  # tf.errors.OperatorNotAllowedInGraphError is one
             if self._converted:
                 raise
             self._compiled, self._converted = tf.function(self._fn, **self._options), True

@@ -232,6 +232,13 @@ def test_function__traces_without_autograph_and_falls_back_to_it_for_control_flo
     assert files[1] == __file__ and files[2] != __file__, files
 
 
+def test_function__len_of_a_tensor_with_an_unknown_dimension_is_traced_by_autograph():
+    """``len`` of a symbolic tensor whose first dimension is unknown raises a TypeError without AutoGraph, which
+    turns it into ``tf.shape(x)[0]``: the second trace mends it (x·n, n = len(x), by hand)."""
+    f = _compile.function(lambda x: x * tf.cast(len(x), x.dtype), input_signature=[tf.TensorSpec([None], tf.float64)])
+    assert f(tf.constant([1.0, 2.0, 3.0], tf.float64)).numpy().tolist() == [3.0, 6.0, 9.0]
+
+
 def test_function__an_error_that_is_not_control_flow_is_raised_as_it_is():
     def body(x):
         raise ValueError("the model's own error")
