@@ -33,11 +33,10 @@ def dtype_name(x: Any) -> str:
 
 @dataclass(frozen=True)
 class ParamParts:
-    """What natgrad-diag needs of a q_mu or q_sqrt: value, transform, and the variable to watch."""
+    """What natgrad-diag needs of a q_mu or q_sqrt: value, transform, and the shape of its unconstrained variable."""
 
     value: Any  # tf.Tensor, constrained
     transform: Any  # a tfp bijector, or None
-    watch: Any  # the unconstrained tf.Variable (or the tensor itself)
     unconstrained_shape: tuple[int, ...]
 
 
@@ -47,14 +46,13 @@ def param_parts(x: Any, name: str) -> ParamParts:
     import tensorflow as tf
 
     if isinstance(x, gpflow.Parameter):
-        uv = x.unconstrained_variable
-        return ParamParts(tf.convert_to_tensor(x), x.transform, uv, tuple(uv.shape.as_list()))
+        return ParamParts(tf.convert_to_tensor(x), x.transform, tuple(x.unconstrained_variable.shape.as_list()))
     if isinstance(x, tf.Variable):
-        return ParamParts(tf.convert_to_tensor(x), None, x, tuple(x.shape.as_list()))
+        return ParamParts(tf.convert_to_tensor(x), None, tuple(x.shape.as_list()))
     t = converted(lambda: tf.convert_to_tensor(x), f"{name} could not be converted to a tensor.", name,
                   "a gpflow.Parameter, tf.Variable, tensor or array", type(x).__name__,
                   f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.")
-    return ParamParts(t, None, t, tuple(t.shape.as_list()))
+    return ParamParts(t, None, tuple(t.shape.as_list()))
 
 
 def input_error(
@@ -157,8 +155,8 @@ def require_same_dtype(x: Any, ref: Any, name: str, ref_name: str) -> None:
 _FULL_COVARIANCE = "build the model with q_diag=False (the default) to use natural gradients."
 
 
-def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
-    """Check q_mu [M, L] and q_sqrt [L, M, M] agree; return (M, L). q_diag ([M, L]) is refused."""
+def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> None:
+    """Check q_mu [M, L] and q_sqrt [L, M, M] agree; q_diag ([M, L]) is refused."""
     mu_shape = tuple(q_mu.value.shape.as_list())
     sq_shape = tuple(q_sqrt.value.shape.as_list())
     if len(mu_shape) != 2:
@@ -187,7 +185,6 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> tuple[int, int]:
             context=[("Argument", "q_sqrt"), ("Zero at", f"q_sqrt[{l_idx}, {m_idx}, {m_idx}]"), ("Diagonal", diag[l_idx])],
             remedy="use a q_sqrt with a non-zero diagonal (GPflow initialises it to the identity).",
         )
-    return M, L
 
 
 def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> Any:
@@ -273,11 +270,10 @@ def seed_array(seed: Any, target: Any, name: str) -> Any:
     dtype = np.dtype(getattr(target.dtype, "as_numpy_dtype", target.dtype))
     if seed is None:
         return np.ones(tuple(target.shape), dtype)
-    try:
-        a = np.asarray(getattr(seed, "numpy", lambda: seed)(), dtype=dtype)
-    except (TypeError, ValueError) as e:
-        raise input_error(f"{name} could not be converted to a {dtype.name} array.", name, f"numbers of shape {shape_str(target)}",
-                          f"{type(seed).__name__} {seed!r}"[:80], f"pass {name} as a {dtype.name} array.", kind=OutputGradientsError) from e  # fmt: skip
+    a = converted(lambda: np.asarray(getattr(seed, "numpy", lambda: seed)(), dtype=dtype),
+                  f"{name} could not be converted to a {dtype.name} array.", name,
+                  f"numbers of shape {shape_str(target)}", f"{type(seed).__name__} {seed!r}"[:80],
+                  f"pass {name} as a {dtype.name} array.", kind=OutputGradientsError)
     require_finite(a, name)  # a NaN cotangent gives NaN products, which would read as a mismatch
     return a
 
@@ -383,11 +379,10 @@ def flat_outputs(outputs: Any, name: str = "fn") -> list[Any]:
         t = converted(lambda: tf.convert_to_tensor(y), f"output {k} of {name} is not a tensor.", name,
                       "tensors as outputs", type(y).__name__, f"return only tensors from {name}.")
         if not t.dtype.is_floating:
-            raise DTypeMismatchError(
-                f"output {k} of {name} is {t.dtype.name}: it has no derivative (TensorFlow would give zeros).",
-                context=[("Argument", name), ("Expected", "real floating-point outputs"), ("Got", f"output {k}: {t.dtype.name}")],
-                remedy=f"return only differentiable float tensors from {name} (drop or tf.cast integer results).",
-            )
+            raise input_error(f"output {k} of {name} is {t.dtype.name}: it has no derivative (TensorFlow would give "
+                              "zeros).", name, "real floating-point outputs", f"output {k}: {t.dtype.name}",
+                              f"return only differentiable float tensors from {name} (drop or tf.cast integer "
+                              "results).", kind=DTypeMismatchError)
         ys.append(t)
     return ys
 
@@ -397,11 +392,10 @@ def require_output_dtypes(ys: Sequence[Any], dtype: Any, name: str = "fn") -> No
     want = getattr(dtype, "name", str(dtype))
     for k, y in enumerate(ys):
         if dtype_name(y) != want:
-            raise DTypeMismatchError(
-                f"output {k} of {name} is {dtype_name(y)} but the inputs are {want}.",
-                context=[("Argument", name), ("Expected", f"{want} outputs (the inputs' dtype)"), ("Got", f"output {k}: {dtype_name(y)}")],
-                remedy=f"compute in one precision: cast the inputs (or drop the cast inside {name}) so outputs and inputs share a dtype.",
-            )
+            raise input_error(f"output {k} of {name} is {dtype_name(y)} but the inputs are {want}.", name,
+                              f"{want} outputs (the inputs' dtype)", f"output {k}: {dtype_name(y)}",
+                              f"compute in one precision: cast the inputs (or drop the cast inside {name}) so outputs "
+                              "and inputs share a dtype.", kind=DTypeMismatchError)
 
 
 def require_max_bytes(value: Any, name: str = "max_bytes") -> int:

@@ -76,7 +76,8 @@ def assert_vjp_matches_jacobian(
               for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
     for n, x in zip(names, points):
         require_finite(x, n)
-    resolve(points[0].dtype, "exact", rtol=rtol, atol=atol)  # bad rtol/atol: an InputError before any work
+    # two exact routes, only rounding between them (the "exact" kind); a bad rtol/atol: an InputError before any work
+    tol = resolve(points[0].dtype, "exact", rtol=rtol, atol=atol)
     xs = [tf.constant(x) for x in points]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(xs)
@@ -87,8 +88,6 @@ def assert_vjp_matches_jacobian(
     check_memory(nbytes, max_bytes, "assert_vjp_matches_jacobian")
     got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     want = reverse_jacobian(fn, points, input_names=names, output_names=output_names, max_bytes=max_bytes).vjp(vs)
-    # two exact routes to the same numbers: only rounding separates them (tolerance.py's "exact" kind)
-    tol = resolve(vs[0].dtype, "exact", rtol=rtol, atol=atol)
     for j, (g, w) in enumerate(zip(got, want)):
         _raise_on_mismatch(j, names[j], g.numpy(), w, rtol=tol.rtol, atol=tol.atol)
     return tuple(g.numpy() for g in got)
