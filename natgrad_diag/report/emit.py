@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from natgrad_diag.exceptions import InputError, ReportWriteError
 from natgrad_diag.report.files import WrittenReport, write_report
 from natgrad_diag.report.records import to_jsonable
-from natgrad_diag.report.text import console_for, render_on
+from natgrad_diag.report.text import render_on
 
 __all__ = ["emit"]
 
@@ -29,7 +29,7 @@ def emit(
     if as_json:
         stream.write(json.dumps(to_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n")
     else:
-        stream.write(render_on(report, console_for(stream, plain=plain, width=None, color=None), plain))
+        stream.write(render_on(report, stream, plain=plain))
     stream.flush()
     if report_path is None:
         return None

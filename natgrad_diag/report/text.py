@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from natgrad_diag.report.layout import STATUS_STYLES, blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
 
-__all__ = ["column_widths", "console_for", "fits", "render_on", "to_terminal", "vertical"]
+__all__ = ["column_widths", "fits", "render_on", "to_terminal", "vertical"]
 
 
 def _rich_table_of(plain: bool, **options: Any) -> Any:
@@ -85,9 +85,17 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     return t
 
 
-def _print_terminal(report: Any, console: Any, plain: bool) -> None:
+def render_on(report: Any, stream: TextIO, *, plain: bool, width: int | None = None, color: bool | None = None) -> str:
+    """Lay the report out as a console on ``stream`` shows it (its width and colours, unless ``width`` and ``color``
+    say otherwise; nothing is written to ``stream``) and return the text, right-stripped."""
+    from rich.console import Console
     from rich.text import Text
 
+    console = Console(
+        file=stream, width=width, force_terminal=color if not plain else None, no_color=plain,
+        color_system=None if plain or color is False else "auto", highlight=False, markup=False,
+        emoji=False, force_jupyter=False, soft_wrap=False,
+    )  # fmt: skip
     style = "" if plain else STATUS_STYLES[worst_status(c.status for c in report.checks)]
 
     def heading(text: str, level: int) -> None:
@@ -113,30 +121,15 @@ def _print_terminal(report: Any, console: Any, plain: bool) -> None:
         "table": table,
         "checks": lambda checks: console.print(_rich_checks(checks, plain)),
     }  # fmt: skip
-    for kind, x in blocks(report):
-        draw[kind](x)
-    console.print()
-    console.print(Text(f"Verdict: {verdict(report)}", style=style))
-
-
-def console_for(stream: TextIO, *, plain: bool, width: int | None, color: bool | None) -> Any:
-    from rich.console import Console
-
-    return Console(
-        file=stream, width=width, force_terminal=color if not plain else None, no_color=plain,
-        color_system=None if plain or color is False else "auto", highlight=False, markup=False,
-        emoji=False, force_jupyter=False, soft_wrap=False,
-    )  # fmt: skip
+    with console.capture() as captured:
+        for kind, x in blocks(report):
+            draw[kind](x)
+        console.print()
+        console.print(Text(f"Verdict: {verdict(report)}", style=style))
+    return "\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n"
 
 
 def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
     """The report as the terminal shows it, lines at most ``width`` columns; ``plain``: no colour and no table
     borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
-    return render_on(report, console_for(io.StringIO(), plain=plain, width=width, color=color), plain)
-
-
-def render_on(report: Any, console: Any, plain: bool) -> str:
-    """Lay the report out on ``console`` (its width, its colours) and return the text, right-stripped."""
-    with console.capture() as captured:
-        _print_terminal(report, console, plain)
-    return "\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n"
+    return render_on(report, io.StringIO(), plain=plain, width=width, color=color)
