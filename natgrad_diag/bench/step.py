@@ -19,32 +19,31 @@ from natgrad_diag.step.trace import natgrad_trace
 __all__ = ["bench_apply", "bench_check_natgrad", "bench_guard", "bench_minimize", "bench_threads", "bench_trace"]
 
 
-def _problem(M: int, seed: int) -> tuple[Any, ...]:
-    """(q_mu, q_sqrt) as Parameters (``triangular()``), their arrays, and gradients w.r.t. the unconstrained variables."""
+def _problem(M: int) -> tuple[Any, ...]:
+    """(q_mu, q_sqrt) as Parameters (``triangular()``), gradients w.r.t. their unconstrained variables, the agreement
+    checks' scale max(1, max|q_sqrt|), and the baseline: GPflow's compiled ``_natgrad_apply_gradients`` (XiNat,
+    γ = 0.1, not yet called) on a copy of (q_mu, q_sqrt), since it assigns, and the copy."""
     import gpflow
     import tensorflow as tf
 
-    mu, sq = random_q(M, seed=seed)
-    q_mu, q_sqrt = gpflow.Parameter(mu), gpflow.Parameter(sq, transform=gpflow.utilities.triangular())
-    rng = np.random.default_rng(seed + 1)
+    mu, sq = random_q(M, seed=M)
+    (q_mu, q_sqrt), copy = ((gpflow.Parameter(mu), gpflow.Parameter(sq, transform=gpflow.utilities.triangular()))
+                            for _ in range(2))  # fmt: skip
+    rng = np.random.default_rng(M + 1)
     g_mu, g_sq = (tf.constant(0.01 * rng.normal(size=shape)) for shape in (mu.shape, q_sqrt.unconstrained_variable.shape))
-    return q_mu, q_sqrt, mu, sq, g_mu, g_sq
+    opt, xi = gpflow.optimizers.NaturalGradient(gamma=0.1), gpflow.optimizers.XiNat()
+    base = tf.function(lambda: natgrad_apply_gradients(opt, g_mu, g_sq, *copy, xi))
+    return q_mu, q_sqrt, g_mu, g_sq, max(1.0, float(np.max(np.abs(sq)))), base, copy
 
 
 def bench_trace(run: Run) -> list[BenchRow]:
     """natgrad_trace (the LAPACK record) against GPflow's compiled ``_natgrad_apply_gradients`` on a copy, each M."""
-    import tensorflow as tf
-    from gpflow.optimizers import NaturalGradient, XiNat
-
     rows, worst = [], 0.0
     for M in run.sizes:
-        q_mu, q_sqrt, mu, sq, g_mu, g_sq = _problem(M, seed=M)
-        c_mu, c_sq = _problem(M, seed=M)[:2]  # GPflow's step assigns: a copy
-        opt, xi = NaturalGradient(gamma=0.1), XiNat()
-        base = tf.function(lambda: natgrad_apply_gradients(opt, g_mu, g_sq, c_mu, c_sq, xi))  # called in this pass only
+        q_mu, q_sqrt, g_mu, g_sq, scale, base, copy = _problem(M)
         trace = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True)
         base()
-        worst = max(worst, max_abs_diff((trace.new_q_mu, trace.new_q_sqrt), (c_mu, c_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        worst = max(worst, max_abs_diff((trace.new_q_mu, trace.new_q_sqrt), copy) / scale)
         t_ours, t_base = compare(lambda: natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=0.1, compiled=True), base, run.repeats)
         rows.append(run.row("natgrad_trace (LAPACK record) vs GPflow's compiled step", "natgrad_trace", M, t_ours,
                             "_natgrad_apply_gradients", t_base, 0.7 if M >= 1000 else 1.3))  # fmt: skip
@@ -82,13 +81,11 @@ def bench_apply(run: Run) -> list[BenchRow]:
 
     rows, worst = [], 0.0
     for M in run.size((200, 1000), (10, 30)):
-        o_mu, o_sq, _, sq, g_mu, g_sq = _problem(M, seed=M)
-        b_mu, b_sq = _problem(M, seed=M)[:2]
-        xi, opt, gp = gpflow.optimizers.XiNat(), natgrad_diag.NaturalGradient(gamma=0.1), gpflow.optimizers.NaturalGradient(gamma=0.1)
+        o_mu, o_sq, g_mu, g_sq, scale, base, copy = _problem(M)
+        xi, opt = gpflow.optimizers.XiNat(), natgrad_diag.NaturalGradient(gamma=0.1)
         ours = tf.function(lambda: opt.apply_natgrad(g_mu, g_sq, o_mu, o_sq, xi))  # called in this pass only
-        base = tf.function(lambda: natgrad_apply_gradients(gp, g_mu, g_sq, b_mu, b_sq, xi))
         ours(), base()
-        worst = max(worst, max_abs_diff((o_mu, o_sq), (b_mu, b_sq)) / max(1.0, float(np.max(np.abs(sq)))))
+        worst = max(worst, max_abs_diff((o_mu, o_sq), copy) / scale)
         t_ours, t_base = compare(ours, base, run.repeats)
         rows.append(run.row("the natural-gradient apply step alone (same gradients, both compiled, XiNat)",
                             "NaturalGradient apply (natgrad_diag)", M, t_ours, "_natgrad_apply_gradients", t_base, 0.6))  # fmt: skip

@@ -143,18 +143,14 @@ def expectation_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: An
     return dL_dmean - 2.0 * tf.transpose(tf.linalg.matvec(dL_dS, tf.transpose(q_mu))), dL_dS
 
 
-def _xi_name(xi: Any) -> str:
+def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, xi: str = "nat") -> tuple[Any, Any]:
+    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1 [M, L], nat_dL_xi2 [L, M, M])``: ∂L/∂η for ``"nat"``,
+    item 4 for ``"sqrtmeanvar"``."""
     if xi not in ("nat", "sqrtmeanvar"):  # GPflow's XiNat, XiSqrtMeanVar
         raise input_error("No closed form for this ξ transform.", "xi", "'nat' or 'sqrtmeanvar'", repr(xi),
                           "use GPflow's NaturalGradient (or natgrad_diag.NaturalGradient, which falls back to it) "
                           "for other ξ.")
-    return str(xi)
-
-
-def natural_gradient_xi(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, xi: str = "nat") -> tuple[Any, Any]:
-    """The natural gradient in ξ, GPflow's ``(nat_dL_xi1 [M, L], nat_dL_xi2 [L, M, M])``: ∂L/∂η for ``"nat"``,
-    item 4 for ``"sqrtmeanvar"``."""
-    if _xi_name(xi) == "nat":
+    if xi == "nat":
         return expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = _inputs(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     import tensorflow as tf
@@ -195,8 +191,8 @@ def natgrad_step_closed_form(
     import tensorflow as tf
 
     gamma = tf.cast(tf.convert_to_tensor(gamma, dtype_hint=q_mu.dtype), q_mu.dtype)  # a float stays float64
-    if _xi_name(xi) == "sqrtmeanvar":
-        nat_dL_xi1, nat_dL_xi2 = natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, "sqrtmeanvar")
+    if xi != "nat":  # XiSqrtMeanVar (natural_gradient_xi refuses another ξ)
+        nat_dL_xi1, nat_dL_xi2 = natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, xi)
         return q_mu - gamma * nat_dL_xi1, q_sqrt - gamma * nat_dL_xi2
     c = _positive_diagonal(q_sqrt)
     p = _phi(tf.linalg.matmul(c, dL_dvarsqrt, transpose_a=True))

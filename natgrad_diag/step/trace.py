@@ -299,11 +299,9 @@ def _natgrad_trace_compiled(
         mu, sq, d_mu, d_sq = arrays  # constrained
         try:
             record = natgrad_record_lapack(mu, sq, d_mu, d_sq, g, str(backend.xi))
-        except NatGradDiagError:  # SingularCovarianceError, StepFailedError: the eager path names them
+            return _record(dict(record, q_mu=mu, q_sqrt=sq, dL_dmean=d_mu, dL_dvarsqrt=d_sq), g, xi)
+        except NatGradDiagError:  # SingularCovarianceError, StepFailedError (NaN or Inf too): the eager path names them
             return None
-        if not all(np.all(np.isfinite(record[k])) for k in ("new_q_mu", "new_q_sqrt")):
-            return None
-        return _record(dict(record, q_mu=mu, q_sqrt=sq, dL_dmean=d_mu, dL_dvarsqrt=d_sq), g, xi)
     k_mu, k_sq = _transform_key(t_mu), _transform_key(t_sq)
     if k_mu is None or k_sq is None:
         return None
