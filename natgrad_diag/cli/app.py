@@ -81,11 +81,7 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 
 
 class UsageError(Exception):
-    """A command line argparse refused: the message, and the usage line of the sub-command it belongs to."""
-
-    def __init__(self, message: str, usage: str) -> None:
-        super().__init__(message)
-        self.usage = usage
+    """A command line argparse refused (the usage line of its sub-command is already on stderr)."""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -103,14 +99,15 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting (``--json`` reports it as JSON)."""
+    """argparse that prints the usage, then raises :class:`UsageError` instead of exiting (so ``--json`` reports it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, self.format_usage())
+        sys.stderr.write(self.format_usage())
+        raise UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,7 +278,7 @@ def _preflight(args: argparse.Namespace) -> None:
     """The argument checks that need no TensorFlow, so that a bad value is refused before it loads."""
     from natgrad_diag.demo import check_model_memory, check_model_work
 
-    if getattr(args, "report", None):
+    if args.report:
         _check_report_folder(args.report)
     if args.command == "outer":
         from natgrad_diag.lessons.outer import validate_x
@@ -317,11 +314,9 @@ def _check_report_folder(path: str) -> None:
 
 def _command(argv: list[str], command: str) -> int:
     """Parse, check the arguments, run the command and print its report; the exit code."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except UsageError as e:
-        sys.stderr.write(e.usage)
         return _fail(argv, command, f"error: {e}", EXIT_USAGE)
     from natgrad_diag.exceptions import InputError, MemoryLimitError, NatGradDiagError, UnsupportedModelError
 

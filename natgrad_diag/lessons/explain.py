@@ -74,15 +74,6 @@ def seed_scenario() -> SeedScenario:
                         q_sqrt_grad=tf.convert_to_tensor(q_sqrt.unconstrained_variable))
 
 
-#: The one line that refuses the original mistake where it is made (see natgrad_diag.strict).
-_CATCH_IT = (
-    "One line would have caught the mistake where it was made: run the code under\n"
-    "    with natgrad_diag.strict_gradients(): ...\n"
-    "(or the tests with pytest --strict-gradients), and tape.gradient(meanvarsqrt, [eta1, eta2]) without "
-    "output_gradients raises, as PyTorch would."
-)
-
-
 @dataclass(frozen=True)
 class CounterExample:
     """y = sin(x), one target, elementwise: J = diag(cos x), so (Jᵀ·1) ⊙ v = Jᵀ·v."""
@@ -180,10 +171,16 @@ class Explanation(Report):
             f"is {m_rows} × {n_cols}: rows {', '.join(f'{n}{list(s)}' for n, s in zip(J.output_names, J.output_shapes))}, "
             f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
         )
+        catch_it = (
+            "One line would have caught the mistake where it was made: run the code under\n"
+            "    with natgrad_diag.strict_gradients(): ...\n"
+            "(or the tests with pytest --strict-gradients), and tape.gradient(meanvarsqrt, [eta1, eta2]) without "
+            "output_gradients raises, as PyTorch would."
+        )
         sections = [
             Section("What TensorFlow computes", intro), Section("The numbers", "", (table,)),
             Section("Where the difference comes from", why), Section("When the naive product is right", ce_text),
-            Section("Reading J itself", row_text), Section("What would have caught it", _CATCH_IT),
+            Section("Reading J itself", row_text), Section("What would have caught it", catch_it),
         ]
         if M <= 6:
             def mat(a: Array, name: str) -> Table:

@@ -16,8 +16,6 @@ __all__ = ["CallSite", "call_site", "is_exempt"]
 
 #: natgrad_diag/ itself: its lessons compute the default seed on purpose, and its frames are never the user's.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-#: The file name AutoGraph gives the code it generates from a ``tf.function`` body.
-_AUTOGRAPH_FILE = "__autograph_generated_file"
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ def call_site(caller: FrameType | None) -> CallSite:
     if frame is None:
         return CallSite("<unknown>", 0, "", "")
     module = str(frame.f_globals.get("__name__", ""))
-    if _AUTOGRAPH_FILE in frame.f_code.co_filename:
+    if "__autograph_generated_file" in frame.f_code.co_filename:  # AutoGraph's code for a ``tf.function`` body
         origin = _autograph_origin(frame)
         if origin is not None:
             return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)

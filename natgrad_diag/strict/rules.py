@@ -31,11 +31,6 @@ SEED_MISMATCH = "seed_mismatch"
 #: PyTorch's words for the first rule (``torch.autograd.grad`` on a non-scalar output without a seed).
 TORCH_IMPLICIT_MESSAGE = "grad can be implicitly created only for scalar outputs"
 
-_IMPLICIT_SUM_REMEDY = (
-    "pass output_gradients with one seed of each target's shape (dL/dtarget: the result is then Jᵀ·v, the "
-    "chain rule), or differentiate tf.reduce_sum(target) if the gradient of the sum is what you mean."
-)
-
 
 class StrictGradientsWarning(UserWarning):
     """A ``tape.gradient`` call broke PyTorch's seed rules under ``strict_gradients(action="warn")``."""
@@ -119,7 +114,9 @@ def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_
             ("Expected", ", ".join(f"a seed of shape {shape_str(targets[i])} (target[{i}]'s shape)" for i in unseeded)),
             ("Actual", "None"),
         ]
-    return OutputGradientsError(detail, context=context, remedy=_IMPLICIT_SUM_REMEDY)
+    remedy = ("pass output_gradients with one seed of each target's shape (dL/dtarget: the result is then Jᵀ·v, the "
+              "chain rule), or differentiate tf.reduce_sum(target) if the gradient of the sum is what you mean.")
+    return OutputGradientsError(detail, context=context, remedy=remedy)
 
 
 def _locate(rule: str, error: OutputGradientsError, site: CallSite) -> Violation:

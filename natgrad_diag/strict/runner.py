@@ -21,8 +21,6 @@ EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
 
-USAGE = "usage: {prog} [--] [python] SCRIPT [ARGS ...]   or   {prog} [--] [python] -m MODULE [ARGS ...]"
-
 
 def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.strict", stream: TextIO | None = None) -> int:
     """Run ``[python] [--] SCRIPT ARGS`` (or ``-m MODULE``) in this process under the rules; return the exit code.
@@ -35,7 +33,8 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     out = sys.stderr if stream is None else stream
     parsed = _parse(list(command))
     if isinstance(parsed, str):
-        print(f"{prog}: {parsed}\n{USAGE.format(prog=prog)}", file=out)
+        usage = f"usage: {prog} [--] [python] SCRIPT [ARGS ...]   or   {prog} [--] [python] -m MODULE [ARGS ...]"
+        print(f"{prog}: {parsed}\n{usage}", file=out)
         return EXIT_USAGE
     kind, name, args = parsed
     if kind == "path" and not os.path.isfile(name):
@@ -60,7 +59,11 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
             else:
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as e:
-        code = _exit_code(e, out)
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or EXIT_OK
+        else:
+            print(e.code, file=out)  # sys.exit("message"), as Python prints it
+            code = 1
     except KeyboardInterrupt:
         raise
     except BaseException:  # noqa: BLE001  # the script failed: show it as Python would, then still report
@@ -98,13 +101,6 @@ def _module_exists(name: str) -> bool:
         return False
     finally:
         sys.path.remove(os.getcwd())
-
-
-def _exit_code(e: SystemExit, out: TextIO) -> int:
-    if e.code is None or isinstance(e.code, int):
-        return e.code or EXIT_OK
-    print(e.code, file=out)  # sys.exit("message"), as Python prints it
-    return 1
 
 
 def format_violations(violations: Sequence[Violation], *, checked_calls: int, prog: str) -> str:
