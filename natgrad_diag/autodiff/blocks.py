@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -55,8 +55,7 @@ def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
         scale.setflags(write=False)
         return index, scale, batch * K
 
-    layout: tuple[Array, Array, int] = _compile.compiled(("vech_layout", shape), build)
-    return layout
+    return cast(tuple[Array, Array, int], _compile.compiled(("vech_layout", shape), build))
 
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
@@ -282,8 +281,7 @@ class BlockJacobian:
             raise input_error(f"no output element is labelled {label!r}.", "label",
                               f"one of {self.row_labels[0]!r} ... {self.row_labels[-1]!r}", label,
                               "use a label from .row_labels.") from None
-        row: Array = self._general(self.compact[r : r + 1])[0]
-        return row
+        return cast(Array, self._general(self.compact[r : r + 1])[0])
 
     def __str__(self) -> str:
         rows, cols = self.shape

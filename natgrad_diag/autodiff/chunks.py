@@ -39,14 +39,11 @@ def run_chunks(
     key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
     chunk_fn = compiled(key, build, keep=(fn,))
     out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
-    n_chunked = n_cols if forward else n_rows
-    for start in range(0, n_chunked, chunk):
-        stop = min(start + chunk, n_chunked)
+    chunked = out.T if forward else out  # a chunk fills rows of this view (in forward mode, columns of out)
+    for start in range(0, len(chunked), chunk):
+        stop = min(start + chunk, len(chunked))
         view = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: stop - start]  # no copy: straight into out
-        if forward:
-            out[:, start:stop] = view.T
-        else:
-            out[start:stop, :] = view
+        chunked[start:stop] = view
         del view  # the chunk's tensor goes before the next one is computed
     return out
 

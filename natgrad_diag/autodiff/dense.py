@@ -76,7 +76,12 @@ def jacobian(
         (4, 4, 4)
     """
     require_callable(fn)
-    _check_options(mode, chunk_size)
+    if mode not in ("auto", "forward", "reverse"):
+        raise input_error("mode must be 'auto', 'forward' or 'reverse'.", "mode", "'auto', 'forward' or 'reverse'",
+                          repr(mode), "leave mode='auto' (forward when there are fewer columns than rows).")
+    if chunk_size is not None:
+        require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None",
+                    remedy="leave chunk_size=None for an automatic size.")
     max_bytes = require_max_bytes(max_bytes)
     xs, in_names = _as_tensors(inputs, input_names)
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
@@ -85,9 +90,7 @@ def jacobian(
     probe = _probe(fn, xs, key, compiled)
     out_names = names_of(probe.dict_keys if output_names is None else output_names, len(probe.out_shapes), "outputs")
     size = _size(probe, xs, in_shapes, sym, max_bytes)
-    compact = None
-    if compiled is not False:
-        compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
+    compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     if compact is None:
         compact = _eager_path(fn, xs, probe, sym, size)
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
@@ -95,7 +98,7 @@ def jacobian(
 
 def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], max_bytes: int) -> _Size:
     """The stored matrix's size; refuses, before anything is allocated, one over ``max_bytes``."""
-    itemsize = probe.out_dtypes[0].size if probe.out_dtypes else xs[0].dtype.size
+    itemsize = xs[0].dtype.size  # the outputs' too (require_output_dtypes)
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
     nbytes = jacobian_nbytes(probe.out_shapes, stored_shapes, itemsize)
     check_memory(nbytes, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
@@ -109,7 +112,6 @@ class _Probe:
 
     out_shapes: tuple[tuple[int, ...], ...]
     dict_keys: tuple[str, ...] | None
-    out_dtypes: tuple[Any, ...]
     seen: bool  # recorded by an earlier call: no forward pass was needed
     tape: Any = None  # the forward pass's persistent tape (None when seen)
     ys: list[Any] | None = None  # its flattened outputs
@@ -123,14 +125,6 @@ class _Size:
     cols: int
     itemsize: int
     nbytes: int
-
-
-def _check_options(mode: str, chunk_size: Any) -> None:
-    if mode not in ("auto", "forward", "reverse"):
-        raise input_error("mode must be 'auto', 'forward' or 'reverse'.", "mode", "'auto', 'forward' or 'reverse'", repr(mode),
-                          "leave mode='auto' (forward when there are fewer columns than rows).")
-    if chunk_size is not None:
-        require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None", remedy="leave chunk_size=None for an automatic size.")
 
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
@@ -157,31 +151,31 @@ def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, 
 
 
 def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool | None) -> _Probe:
-    """The outputs' shapes, dict keys and dtypes: from an earlier call with ``key``, else one forward pass
+    """The outputs' shapes and dict keys: from an earlier call with ``key``, else one forward pass
     on a tape (kept for the small-Jacobian path's VJPs)."""
     meta = recall(key) if compiled is not False else None
     if meta is not None and meta[0] is fn:
-        _, out_shapes, dict_keys, out_dtypes = meta
-        return _Probe(out_shapes, dict_keys, out_dtypes, seen=True)
+        _, out_shapes, dict_keys = meta
+        return _Probe(out_shapes, dict_keys, seen=True)
     tape, outputs, ys = _forward_pass(fn, xs)
     dict_keys = output_labels(outputs)  # tf.nest's order: the rows' order
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    return _Probe(out_shapes, dict_keys, tuple(y.dtype for y in ys), seen=False, tape=tape, ys=ys)
+    return _Probe(out_shapes, dict_keys, seen=False, tape=tape, ys=ys)
 
 
 def _compiled_path(
     fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array | None:  # fmt: skip
-    """Path 1: the compiled chunks, or ``None`` for a first small call (it records the outputs' shapes under ``key``,
-    so that the next call compiles and skips the eager forward pass) or an ``fn`` that does not trace."""
+    """Path 1: the compiled chunks, or ``None`` for ``compiled=False``, a first small call (it records the outputs'
+    shapes under ``key``, so that the next call compiles and skips the eager forward pass) or an ``fn`` that does
+    not trace."""
     import tensorflow as tf
 
-    dtypes = {x.dtype for x in xs} | set(probe.out_dtypes)
-    if len(dtypes) > 1 or not next(iter(dtypes)).is_floating or not (size.rows and size.cols):
+    if compiled is False or not (size.rows and size.cols):
         return None
     if not probe.seen:
-        remember(key, (fn, probe.out_shapes, probe.dict_keys, probe.out_dtypes), keep=(fn,))
+        remember(key, (fn, probe.out_shapes, probe.dict_keys), keep=(fn,))
     if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):
         return None
     # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms many JVPs

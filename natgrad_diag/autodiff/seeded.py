@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import call_fn, dtype_name, input_error, require_callable, require_finite, shape_str
-from natgrad_diag._validate import validate_seeds
+from natgrad_diag._validate import call_fn, converted, dtype_name, input_error, require_callable, require_finite
+from natgrad_diag._validate import shape_str, validate_seeds
 from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
 __all__ = ["checked_gradient", "vjp"]
@@ -91,13 +91,11 @@ def _prepare_seeds(
     eager, seeds = tf.executing_eagerly(), []
     for i, (seed, tgt) in enumerate(zip(flat, targets)):
         dtype = None if hasattr(seed, "dtype") else tgt.dtype  # a seed's dtype is checked; a number takes its target's
-        try:
-            t = tf.ones_like(tgt) if seed is None else tf.convert_to_tensor(seed, dtype)
-        except (TypeError, ValueError) as e:
-            raise input_error(f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.",
-                              f"{argument}[{i}]", f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}",
-                              type(seed).__name__, f"pass tf.ones_like({target_name}[{i}]) or another tensor of "
-                              "its shape and dtype.", kind=OutputGradientsError) from e
+        t = converted(lambda: tf.ones_like(tgt) if seed is None else tf.convert_to_tensor(seed, dtype),
+                      f"{argument}[{i}] could not be converted to a {dtype_name(tgt)} tensor.", f"{argument}[{i}]",
+                      f"a tensor of shape {shape_str(tgt)} and dtype {dtype_name(tgt)}", type(seed).__name__,
+                      f"pass tf.ones_like({target_name}[{i}]) or another tensor of its shape and dtype.",
+                      kind=OutputGradientsError)
         if eager and t.dtype.is_floating:
             require_finite(t.numpy(), f"{argument}[{i}]")  # a NaN seed gives a NaN product
         seeds.append(t if eager else _assert_same_shape_at_run_time(t, tgt, f"{argument}[{i}]", f"{target_name}[{i}]"))
@@ -210,12 +208,9 @@ def _to_primal(x: Any, k: int) -> Any:
     if x is None:
         raise input_error(f"primals[{k}] is None.", f"primals[{k}]", "a floating-point tensor, array or number", "None",
                           "pass the point to differentiate at.")
-    try:
-        t = tf.convert_to_tensor(x) if hasattr(x, "dtype") else tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
-    except (TypeError, ValueError) as e:
-        raise input_error(f"primals[{k}] could not be converted to a tensor.", f"primals[{k}]",
-                          "a floating-point tensor, array or number", type(x).__name__,
-                          "pass float64 arrays or tensors.") from e
+    t = converted(lambda: tf.convert_to_tensor(x if hasattr(x, "dtype") else np.asarray(x, dtype=np.float64)),
+                  f"primals[{k}] could not be converted to a tensor.", f"primals[{k}]",
+                  "a floating-point tensor, array or number", type(x).__name__, "pass float64 arrays or tensors.")
     if t.dtype.is_floating and tf.executing_eagerly():
         require_finite(t.numpy(), f"primals[{k}]")  # a NaN point gives a NaN product
     if not t.dtype.is_floating and not t.dtype.is_complex:

@@ -77,7 +77,11 @@ def check_gradients(
     num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
                                  remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
     max_bytes = require_max_bytes(max_bytes)
-    input_names, output_names = _gpflow_names(fn, inputs, input_names, output_names)
+    gp_map = gpflow_map_name(fn)  # GPflow's names for its natgrad maps' inputs and outputs, unless names are given
+    if gp_map is not None and input_names is None and isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        input_names = GPFLOW_MAPS[gp_map][0]
+    if gp_map is not None and output_names is None:
+        output_names = GPFLOW_MAPS[gp_map][1]
     arrays, names = to_arrays(inputs, input_names)
     structures = resolve_structures(structure, fn, names, arrays)
     tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
@@ -95,21 +99,10 @@ def check_gradients(
         function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,
         eps=prob.eps, rtol=prob.rtol, atol=prob.atol, settings_source=source,
         structures=structures, input_names=names, output_names=prob.output_names,
-        input_shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
-        output_shapes=tuple(tuple(int(d) for d in y.shape) for y in prob.y),
+        input_shapes=tuple(a.shape for a in arrays), output_shapes=tuple(y.shape for y in prob.y),
         num_directions=num_directions, seed=seed, rows=tuple(rows), checks=tuple(_check(r) for r in rows),
         cotangents_given=cots is not None,
     )  # fmt: skip
-
-
-def _gpflow_names(fn: Any, inputs: Any, input_names: Any, output_names: Any) -> tuple[Any, Any]:
-    """GPflow's names for the inputs and outputs of its natgrad maps, unless names are given."""
-    gp_map = gpflow_map_name(fn)
-    if gp_map is None:
-        return input_names, output_names
-    if input_names is None and isinstance(inputs, (list, tuple)) and len(inputs) == 2:
-        input_names = GPFLOW_MAPS[gp_map][0]
-    return input_names, GPFLOW_MAPS[gp_map][1] if output_names is None else output_names
 
 
 def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[Tolerance, str]:
@@ -126,21 +119,16 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[
 
 
 def _check(r: GradientCheckRow) -> Check:
-    return Check(
-        name=f"d{r.output}/d{r.input}",
-        claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",
-        status=status_of(r.passed),
-        max_abs_error=r.worst_abs_error,
-        tolerance=r.worst_tolerance,
-        detail=(
-            f"worst at {r.worst_entry}: numerical {format_number(r.numerical, 8)}, "
-            f"analytical {format_number(r.analytical, 8)}."
-            + (f" (error and tolerance at the entry closest to failing; the block's largest absolute error, "
+    largest = (f" (error and tolerance at the entry closest to failing; the block's largest absolute error, "
                f"{format_number(r.max_abs_error)}, is at an entry with a larger tolerance)"
-               if r.worst_abs_error != r.max_abs_error else "")
-            + (f" {r.hint}" if r.hint else "")
-        ),
-    )
+               if r.worst_abs_error != r.max_abs_error else "")  # fmt: skip
+    return Check(
+        name=f"d{r.output}/d{r.input}", status=status_of(r.passed),
+        claim=f"finite differences agree with reverse mode ({r.structure} {r.input}; {r.method})",
+        max_abs_error=r.worst_abs_error, tolerance=r.worst_tolerance,
+        detail=(f"worst at {r.worst_entry}: numerical {format_number(r.numerical, 8)}, "
+                f"analytical {format_number(r.analytical, 8)}.{largest}" + (f" {r.hint}" if r.hint else "")),
+    )  # fmt: skip
 
 
 def assert_gradients(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -77,12 +76,12 @@ class _Engine:
     and direction), ``central`` ⟨v, f(x + εu_j) − f(x − εu_j)⟩ per active input and whether all was finite,
     ``jvp`` ⟨v_i, J_i·t⟩ by forward mode (information only)."""
 
-    def __init__(self, fn: Any, xshapes: list[tuple[int, ...]], yshapes: list[tuple[int, ...]], dtype: Any, compiled: bool) -> None:
+    def __init__(self, prob: Problem, compiled: bool) -> None:
         import tensorflow as tf
 
-        self.fn, self.compiled = fn, compiled
-        self.xspecs = [tf.TensorSpec(s, dtype) for s in xshapes]
-        self.yspecs = [tf.TensorSpec(s, dtype) for s in yshapes]
+        self.fn, self.compiled = prob.fn, compiled  # not prob: a cached engine keeps no arrays alive
+        self.xspecs = [tf.TensorSpec(x.shape, prob.dtype) for x in prob.x]
+        self.yspecs = [tf.TensorSpec(y.shape, prob.dtype) for y in prob.y]
         self._built: dict[Any, Any] = {}
 
     def _outputs(self, xs: list[Any]) -> list[Any]:
@@ -143,12 +142,11 @@ class _Engine:
 def _engine(prob: Problem, compiled: bool) -> _Engine:
     """The engine of ``prob.fn`` at this shape; a compiled one is cached across checks for GPflow's (pure) maps
     only, since a user's function may read Python state that a cached trace would freeze."""
-    xshapes = [tuple(x.shape) for x in prob.x]
     name = gpflow_map_name(prob.fn)
-    build = functools.partial(_Engine, prob.fn, xshapes, [tuple(y.shape) for y in prob.y], prob.dtype, compiled)
     if name is None or not compiled:
-        return build()
-    return cast(_Engine, _compile.compiled(("gradcheck_fast", name, tuple(xshapes), str(prob.dtype)), build))
+        return _Engine(prob, compiled)
+    key = ("gradcheck_fast", name, tuple(x.shape for x in prob.x), str(prob.dtype))
+    return cast(_Engine, _compile.compiled(key, lambda: _Engine(prob, compiled)))
 
 
 def _measure(

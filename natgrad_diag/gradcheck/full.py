@@ -78,8 +78,7 @@ def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords)
 def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[[int, int], Array]:
     """``block_of(i, j)``: ∂y_i/∂x_j from reverse mode, for every block or only the block ``only``."""
     if only is None:
-        return reverse_jacobian(prob.fn, list(prob.x), input_names=prob.names, output_names=prob.output_names,
-                                max_bytes=prob.max_bytes).block
+        return reverse_jacobian(prob.fn, list(prob.x), max_bytes=prob.max_bytes).block
     i0, j0 = only
 
     def restricted(xj: Any) -> Any:

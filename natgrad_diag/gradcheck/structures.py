@@ -46,35 +46,30 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
     elif isinstance(structure, Mapping):
         unknown = [k for k in structure if k not in names]
         if unknown:
-            raise input_error(
-                f"structure names unknown input(s) {unknown}.", "structure", f"keys among the input names {names}",
-                list(structure), "key the dict by input name, e.g. structure={'eta2': 'symmetric'}.",
-            )  # fmt: skip
+            raise input_error(f"structure names unknown input(s) {unknown}.", "structure",
+                              f"keys among the input names {names}", list(structure),
+                              "key the dict by input name, e.g. structure={'eta2': 'symmetric'}.")
         result = tuple(structure.get(name, inferred[k]) for k, name in enumerate(names))
     elif isinstance(structure, (list, tuple)):
         if len(structure) != n:
-            raise input_error(
-                f"structure has {len(structure)} entries for {n} input(s).", "structure", f"{n} structures, one per input",
-                list(structure), "pass one structure per input, a single string for all, or a dict by input name.",
-            )  # fmt: skip
+            raise input_error(f"structure has {len(structure)} entries for {n} input(s).", "structure",
+                              f"{n} structures, one per input", list(structure),
+                              "pass one structure per input, a single string for all, or a dict by input name.")
         result = tuple(structure)
     else:
-        raise input_error(
-            "structure must be a string, a sequence or a dict.", "structure", f"one of {STRUCTURES}, a list or a dict",
-            type(structure).__name__, "pass e.g. structure='symmetric' or structure={'eta2': 'symmetric'}.",
-        )  # fmt: skip
+        raise input_error("structure must be a string, a sequence or a dict.", "structure",
+                          f"one of {STRUCTURES}, a list or a dict", type(structure).__name__,
+                          "pass e.g. structure='symmetric' or structure={'eta2': 'symmetric'}.")
     for name, a, st in zip(names, arrays, result):
         if st not in STRUCTURES:
-            raise input_error(
-                f"unknown structure {st!r} for input {name}.", "structure", " or ".join(repr(s) for s in STRUCTURES),
-                repr(st), "use 'symmetric' for η₂ or θ₂, 'lower_triangular' for a q_sqrt, else 'general'.",
-            )  # fmt: skip
+            raise input_error(f"unknown structure {st!r} for input {name}.", "structure",
+                              " or ".join(repr(s) for s in STRUCTURES), repr(st),
+                              "use 'symmetric' for η₂ or θ₂, 'lower_triangular' for a q_sqrt, else 'general'.")
         if st != "general" and (a.ndim < 2 or a.shape[-1] != a.shape[-2]):
-            raise ShapeMismatchError(
-                f"structure {st!r} needs square matrices in the last two axes of {name}.",
-                context=[("Argument", f"structure for {name}"), ("Expected", "[..., M, M]"), ("Actual", shape_str(a.shape))],
-                remedy=f"use structure 'general' for {name}, or pass the matrix input it was meant for.",
-            )
+            raise input_error(f"structure {st!r} needs square matrices in the last two axes of {name}.",
+                              f"structure for {name}", "[..., M, M]", shape_str(a.shape),
+                              f"use structure 'general' for {name}, or pass the matrix input it was meant for.",
+                              kind=ShapeMismatchError, label="Actual")
     return result
 
 
