@@ -370,9 +370,24 @@ def judge(
     return Check("custom_step", claim, "fail", err, bound.total, detail)
 
 
+def _surrogate(step: Step, q_mu: Any, q_sqrt: Any) -> Callable[[], Any]:
+    """The loss the user's step sees when the real one is stochastic: ⟨dL/dmean, q_mu⟩ + ⟨dL/dvarsqrt, q_sqrt⟩.
+
+    Its gradients at the current q(u) are the step's own, dL/dmean [M, L] and dL/dvarsqrt [L, M, M] in the constrained
+    parameters and, by the same chain rule through the transforms (linear: q_sqrt's FillTriangular), g_mu and g_sq in
+    the unconstrained ones; it draws no samples, so the user's step and GPflow's see the same gradients and differ only
+    by their mistakes (a step evaluating the real loss would differ by the loss's Monte Carlo noise).
+    """
+    import tensorflow as tf
+
+    d_mean, d_varsqrt = tf.constant(step.dL_dmean), tf.constant(step.dL_dvarsqrt)
+    return lambda: tf.reduce_sum(d_mean * q_mu) + tf.reduce_sum(d_varsqrt * q_sqrt)
+
+
 def stage(run: Run) -> Outcome:
     """The ``custom_step`` check when the run has an optimizer (``ctx.optimizer``); nothing otherwise.
 
+    A stochastic loss (``run.step.noise``) is replaced by its first-order :func:`_surrogate`.
     On a model, the optimizer steps on the evaluator's scratch copy (its other variables must stay as they are, and
     the model's own variables too: one the optimizer reaches by itself is restored and named); in the var_list form
     it steps on the pair itself, and every variable the loss reads is restored.
@@ -388,8 +403,9 @@ def stage(run: Run) -> Outcome:
         q_mu, q_sqrt = model.q_mu, model.q_sqrt
         own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
+        loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if run.step.noise else lambda: ev.ctx.loss(scratch)
         with restored(list(own.values())):
-            applied = _apply(opt, lambda: ev.ctx.loss(scratch), scratch.q_mu, scratch.q_sqrt, {**others, **own})
+            applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own})
         ev.sync()
     else:  # the var_list form: the pair itself (a PairEvaluator)
         pev: Any = ev
@@ -399,6 +415,6 @@ def stage(run: Run) -> Outcome:
         pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
         others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
-            applied = _apply(opt, pev.loss, q_mu, q_sqrt, others)
+            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if run.step.noise else pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())
     return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))

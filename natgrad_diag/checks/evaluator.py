@@ -107,7 +107,8 @@ class Context:
 @dataclass(frozen=True)
 class Step:
     """natgrad-diag's step as arrays (None where not computed): the loss, the unconstrained and constrained gradients,
-    ∂L/∂η, the natural gradient in ξ, the new q(u), and why it failed ("")."""
+    ∂L/∂η, the natural gradient in ξ, the new q(u), why it failed (""), and the loss's standard deviation at the
+    current q(u) over repeated evaluations (0.0 for a deterministic loss; ``checks.health.noise``)."""
 
     loss: float
     g_mu: Array
@@ -121,6 +122,7 @@ class Step:
     new_q_mu: Array | None = None
     new_q_sqrt: Array | None = None
     error: str = ""
+    noise: float = 0.0
 
     @property
     def gradients_finite(self) -> bool:

@@ -3,7 +3,8 @@
 A verdict about a step length must hold over the steps that follow, so γ is judged by k = ``gamma_steps`` steps
 (default 5) from the current q(u), hyperparameters held fixed, by GPflow's own update (the thing being checked). It
 fails at the first step that raises, leaves the valid set (q_sqrt lower-triangular with a positive diagonal, S
-positive definite, everything finite) or raises the loss by more than one evaluation of it resolves (:func:`rounding`).
+positive definite, everything finite) or raises the loss by more than one evaluation of it resolves (:func:`rounding`;
+for a stochastic loss, its measured :func:`noise`).
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
@@ -23,7 +24,7 @@ from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "best_gamma", "health", "search", "stage"]
+__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "stage"]
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
 GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
@@ -63,16 +64,37 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
     return True, "", nums
 
 
-def rounding(loss: float, dtype: Any) -> float:
+def rounding(loss: float, dtype: Any, noise: float = 0.0) -> float:
     """What one evaluation of the loss resolves, √ε·max(|loss|, 1): closer losses tie, and a step may raise the loss
     by this much and still be healthy. The loss is a difference of terms (a sum of N expected log-likelihoods, the KL)
     each rounded to ε of its own size, which near a converged q(u) exceeds |loss| by orders of magnitude; √ε allows
     terms ~10⁶ times the loss in float64 (~10³ in float32), far below a real rise (percent, for a diverging γ).
+
+    A stochastic loss (``noise`` = σ̂ > 0, :func:`noise`) resolves no better than its noise: the difference of two
+    evaluations has standard deviation √2·σ, and with σ̂ from :data:`NOISE_SAMPLES` evaluations (9 degrees of freedom)
+    a difference above 6·√2·σ̂ arises from noise alone with probability 10⁻⁴ (Student's t), so that is the bound.
     """
-    return float(np.sqrt(np.finfo(dtype).eps)) * max(abs(loss), 1.0)
+    return max(float(np.sqrt(np.finfo(dtype).eps)) * max(abs(loss), 1.0), 6.0 * float(np.sqrt(2.0)) * noise)
 
 
-def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) -> float | None:
+#: The evaluations at the current q(u) from which :func:`noise` estimates a stochastic loss's standard deviation.
+NOISE_SAMPLES = 10
+
+
+def noise(ev: Evaluator, loss: float, again: float | None) -> float:
+    """The standard deviation σ̂ of the loss at the current q(u), 0.0 for a deterministic loss (the usual case).
+
+    ``again`` is a second evaluation at the same q(u) as ``loss``. When the two differ by more than :func:`rounding`
+    resolves, the loss is stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new samples at each
+    evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` of them.
+    """
+    if again is None or abs(again - loss) <= rounding(loss, ev.ctx.np_dtype):
+        return 0.0
+    values = [loss, again, *(ev.loss_at(*ev.q_arrays) for _ in range(NOISE_SAMPLES - 2))]
+    return float(np.std([v for v in values if v is not None], ddof=1))
+
+
+def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, noise: float = 0.0) -> float | None:
     """The γ with the lowest loss after its k steps among the trials healthy for all k; ties (:func:`rounding`) go to
     the smaller γ; None when no trial is healthy.
 
@@ -86,7 +108,7 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any) ->
     usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None)
     if not usable:
         return None
-    tie = rounding(max(abs(loss) for _, loss in usable), dtype)
+    tie = rounding(max(abs(loss) for _, loss in usable), dtype, noise)
     # smallest γ first: a larger γ replaces the best only when its loss is lower beyond a tie
     return functools.reduce(lambda best, t: t if t[1] < best[1] - tie else best, usable)[0]
 
@@ -95,7 +117,7 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     """γ measured by up to k = ``gamma_steps`` steps from the current q(u) (the evaluator's
     :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`), stopped at the first failing step."""
     k, dtype = ev.ctx.gamma_steps, ev.ctx.np_dtype
-    losses, why, failed = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rounding(step.loss, dtype), own=own)
+    losses, why, failed = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rounding(step.loss, dtype, step.noise), own=own)
     if failed is not None:
         return GammaTrial(gamma, False, None, why, k, losses, failed)
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
@@ -108,7 +130,7 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     step loses precision and the closed form does not)."""
     grid = sorted({*GAMMA_GRID, own.gamma})
     measured = {own.gamma: own}
-    tie = rounding(step.loss, ev.ctx.np_dtype)
+    tie = rounding(step.loss, ev.ctx.np_dtype, step.noise)
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
         t = measured[grid[i]] = measured.get(grid[i]) or _trial(ev, grid[i], step, own=not proven)
@@ -130,7 +152,7 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     else:
         walk(i0, -1, None)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
-    return best_gamma(trials, ev.ctx.np_dtype), trials
+    return best_gamma(trials, ev.ctx.np_dtype, step.noise), trials
 
 
 def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
@@ -138,7 +160,8 @@ def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | 
     steps = f"{k} steps" if k > 1 else "the step"
     claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
              "diagonal, S positive definite) and never raise the loss beyond what one evaluation resolves "
-             "(√ε·max(|loss|, 1))")
+             + (f"(6·√2·σ̂ = {format_number(rounding(step.loss, ctx.np_dtype, step.noise))} for this stochastic loss, σ̂ "
+                f"the standard deviation of {NOISE_SAMPLES} evaluations)" if step.noise else "(√ε·max(|loss|, 1))"))
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:
@@ -164,7 +187,7 @@ def stage(run: Run) -> Outcome:
         first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
     elif ctx.gamma_steps == 1 and run.gp.loss_after is not None:  # GPflow's one step is already taken: its loss
-        after, rise = run.gp.loss_after, rounding(step.loss, ctx.np_dtype)
+        after, rise = run.gp.loss_after, rounding(step.loss, ctx.np_dtype, step.noise)
         why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if after > step.loss + rise else ""
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:

@@ -10,6 +10,7 @@ metrics in GPflux's layers) is not undone. The checks that need a model are list
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +112,11 @@ class PairEvaluator(Evaluator):
         self.variables = [self.q_mu.unconstrained_variable, self.q_sqrt.unconstrained_variable]
 
     @functools.cached_property
+    def q_arrays(self) -> tuple[Array, Array]:
+        """The pair's q_mu [M, L] and q_sqrt [L, M, M] as arrays (the var_list form has no model)."""
+        return self.q_mu.numpy(), self.q_sqrt.numpy()
+
+    @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
         """The trials' steps on the pair itself, natgrad-diag's and GPflow's own (eager)."""
         return eager_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
@@ -148,12 +154,13 @@ _SKIPPED = (
 
 def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGradReport:
     """Reproduction and step health of one pair's step, with the γ search, as a NatGradReport."""
-    step, gp = (taken := ev.take()).step, taken.gp
+    taken = ev.take([ev.q_arrays])  # the loss again at the pair's q(u): is it stochastic?
+    step = dataclasses.replace(taken.step, noise=health.noise(ev, taken.step.loss, taken.losses[0]))
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
-    cond = measure_conditioning(None, ev.q_mu.numpy(), ev.q_sqrt.numpy(), step.new_q_sqrt)
+    cond = measure_conditioning(None, *ev.q_arrays, step.new_q_sqrt)
     found = Outcome()
     for stage in (reproduction.stage, custom_step.stage, health.stage):
-        found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
+        found += stage(Run(ev, step, taken.gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
@@ -253,7 +260,8 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
     parameters then get their values after the step back. The optimizer is not run again.
 
     Returns:
-        One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's).
+        One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's), each
+        "warn" when ``loss_fn`` is stochastic (two evaluations differ beyond :func:`~natgrad_diag.checks.health.rounding`).
     """
     from gpflow.optimizers import XiNat
 
@@ -269,6 +277,13 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
         for v, b in zip(variables, before):
             v.assign(b)
         loss, grads = gradients(loss_fn, variables)
+        again = finite_loss(loss_fn)
+        if again is None or abs(again - float(loss)) > health.rounding(float(loss), loss.dtype.as_numpy_dtype):
+            return tuple(Check("custom_step", "the step just taken is GPflow's natural-gradient step from the same gradients", status="warn", detail=(
+                f"cannot verify: the loss is stochastic (two evaluations at the q(u) before the step gave {float(loss)!r} "
+                f"and {again!r}), so the gradients the step used cannot be drawn again; check the optimizer once with "
+                "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients"))
+                for _ in var_list)  # fmt: skip
         for i, (q_mu, q_sqrt, *xi) in enumerate(var_list):
             ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
             start = (q_mu.numpy(), q_sqrt.numpy())

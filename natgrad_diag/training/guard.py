@@ -186,7 +186,12 @@ class StepGuard:
             checks = [c for i, o in enumerate(self.optimizers) for c in verify_step(o, loss, [pairs[i]], self.snapshot[2 * i:2 * i + 2])]
         else:
             checks = list(verify_step(self.optimizer, loss, pairs, self.snapshot))
-        return "; ".join("the step is not GPflow's natural-gradient step: " + c.detail.partition(" To fix: ")[0] for c in checks if not c.passed)
+        if any(c.status == "warn" for c in checks):  # a stochastic loss: the step's gradients cannot be drawn again
+            warnings.warn("verify=True cannot verify these steps: the loss is stochastic (two evaluations at the same q(u) "
+                          "differ), so the gradients a step used cannot be drawn again; check the optimizer once with "
+                          "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients",
+                          UserWarning, stacklevel=3)  # one text: Python shows it once, not at every step
+        return "; ".join("the step is not GPflow's natural-gradient step: " + c.detail.partition(" To fix: ")[0] for c in checks if c.status == "fail")
 
     def _suggestions(self, report: Any) -> list[float | None]:
         """Each optimizer's suggested γ (the smallest of the pairs' for one optimizer over several pairs)."""

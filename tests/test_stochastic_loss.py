@@ -1,0 +1,142 @@
+"""A stochastic loss: GPflow's Softmax likelihood estimates its variational expectations by Monte Carlo, so every
+evaluation of the training loss draws new samples. The checks must not call such a healthy model broken.
+
+The oracle for "healthy" is GPflow's own ``NaturalGradient`` on a copy, judged by the loss with 20,000 Monte Carlo
+points (its noise, about 0.02 here, is far below the 15 nats five steps at γ = 1 gain); the oracle for the noise is
+the standard deviation of many evaluations of GPflow's ``training_loss``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpflow.optimizers import NaturalGradient
+from test_custom_step import gpflow_like
+
+import natgrad_diag as nd
+from natgrad_diag import NatGradMonitor
+
+
+def _softmax(seed: int = 0):
+    """An SVGP with GPflow's Softmax likelihood (100 Monte Carlo points), 3 classes, M = 10, N = 60, a random q(u), not
+    trainable."""
+    tf.random.set_seed(seed)  # the Monte Carlo draws of the run that follows are the same at every run
+    rng = np.random.default_rng(seed)
+    X, Y = rng.normal(size=(60, 1)), rng.integers(0, 3, size=(60, 1))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Softmax(3), X[:10].copy(), num_latent_gps=3)
+    model.q_mu.assign(0.3 * rng.normal(size=(10, 3)))  # away from q(u) = N(0, I), where the default seed's mistake vanishes
+    model.q_sqrt.assign(np.tril(0.1 * rng.normal(size=(3, 10, 10)), -1) + np.eye(10) * rng.uniform(0.5, 1.0, size=(3, 1, 10)))
+    for p in (model.q_mu, model.q_sqrt, model.inducing_variable.Z):
+        gpflow.set_trainable(p, False)
+    return model, (tf.constant(X), tf.constant(Y))
+
+
+def _accurate_loss(model, data) -> float:
+    """The training loss with 20,000 Monte Carlo points, on a copy (standard deviation about 0.02 here)."""
+    copy_ = gpflow.utilities.deepcopy(model)
+    copy_.likelihood.num_monte_carlo_points = 20_000
+    return float(copy_.training_loss(data))
+
+
+def _gpflow_losses(model, data, gamma: float, steps: int = 5) -> list[float]:
+    """The oracle: the accurate loss after each of GPflow's own NaturalGradient(γ) steps on a copy (NaN from a step
+    that raises on)."""
+    copy_, opt, losses = gpflow.utilities.deepcopy(model), NaturalGradient(gamma), []
+    for _ in range(steps):
+        try:
+            opt.minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+        except tf.errors.InvalidArgumentError:
+            return losses + [float("nan")] * (steps - len(losses))
+        losses.append(_accurate_loss(copy_, data))
+    return losses
+
+
+def _values(model) -> list[bytes]:
+    return [v.numpy().tobytes() for v in model.variables]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_natgrad__healthy_softmax_model_passes_and_its_gradient_check_says_why_it_cannot_run(mode):
+    model, data = _softmax()
+    start, before = _accurate_loss(model, data), _values(model)
+    report = nd.check_natgrad(model, data, gamma=1.0, mode=mode, progress=False)
+    assert report.passed, str(report)
+    assert report.check("step_health").passed and report.check("reproduction").passed
+    why = dict(report.skipped)["loss_gradient"]
+    assert "stochastic" in why and "Softmax" in why
+    losses = _gpflow_losses(model, data, 1.0)  # the oracle: GPflow's five steps at γ = 1 train
+    assert all(np.isfinite(losses)) and losses[-1] < start - 10.0, losses
+    assert _values(model) == before
+
+
+def test_check_natgrad__softmax_step_too_long_still_fails():
+    model, data = _softmax()
+    losses = _gpflow_losses(model, data, 10.0)  # the oracle: a step of GPflow's at γ = 10 raises
+    assert np.isnan(losses).any(), losses
+    report = nd.check_natgrad(model, data, gamma=10.0, progress=False)
+    assert not report.check("step_health").passed and report.suggested_gamma is not None and report.suggested_gamma < 10.0
+
+
+def test_noise__estimate_matches_the_spread_of_gpflows_own_evaluations():
+    from natgrad_diag.checks.evaluator import Context, Evaluator
+    from natgrad_diag.checks.health import noise
+
+    model, data = _softmax()
+    oracle = np.std([float(model.training_loss(data)) for _ in range(100)], ddof=1)
+    ev = Evaluator(Context(model, data, None, 1.0, None, np.float64, 10, 3))
+    loss = float(model.training_loss(data))
+    sigma = noise(ev, loss, ev.loss_at(*ev.q_arrays))
+    # σ̂ from 10 draws: σ̂²/σ² ~ χ²₉/9, inside [0.09, 4] with probability 1 − 10⁻⁴ (and the seed fixes the draws)
+    assert 0.3 * oracle < sigma < 2.0 * oracle, (sigma, oracle)
+    gaussian, gdata = nd.demo.make_model("svgp", "gaussian", num_inducing=4, num_data=8)
+    gev = Evaluator(Context(gaussian, gdata, None, 1.0, None, np.float64, 4, 1))
+    assert noise(gev, float(gaussian.training_loss(gdata)), gev.loss_at(*gev.q_arrays)) == 0.0  # deterministic
+
+
+def test_custom_step__stochastic_loss_passes_gpflows_step_and_names_a_mistake():
+    model, data = _softmax()
+    report = nd.check_natgrad(model, data, optimizer=NaturalGradient(0.3), gamma=0.3, gamma_steps=1, gamma_search=False, progress=False)
+    assert report.check("custom_step").passed, str(report.check("custom_step"))
+    wrong = nd.check_natgrad(model, data, optimizer=gpflow_like("default_seed"), gamma=0.3, gamma_steps=1, gamma_search=False, progress=False)
+    assert not wrong.check("custom_step").passed and "the mistake 'default_seed'" in wrong.check("custom_step").detail
+
+
+def test_var_list_form__stochastic_loss_is_healthy():
+    model, data = _softmax()
+    report = nd.check_natgrad(lambda: model.training_loss(data), var_list=[(model.q_mu, model.q_sqrt)], gamma=1.0, progress=False)
+    assert report.passed, str(report)
+
+
+@pytest.mark.slow
+def test_training__monitor_and_verifying_guard_keep_training_a_softmax_model():
+    model, data = _softmax()
+    start = _accurate_loss(model, data)
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=1.0, on_failure="raise", every=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for i in range(10):
+            with monitor.guard(i, natgrad, verify=True):
+                natgrad.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+            monitor(i)
+    assert all(r.passed for r in monitor.guard_records) and not monitor.failures and monitor.rollbacks == 0
+    stochastic = [w for w in caught if "cannot verify" in str(w.message)]
+    assert len(stochastic) == 1 and "stochastic" in str(stochastic[0].message)
+    assert _accurate_loss(model, data) < start - 10.0  # it trained, as GPflow's own steps do (see above)
+
+
+def test_verify_step__stochastic_loss_is_inconclusive_not_a_mistake():
+    from natgrad_diag.checks.pairs import verify_step
+
+    model, data = _softmax()
+    pairs = [(model.q_mu, model.q_sqrt)]
+    before = [model.q_mu.unconstrained_variable.numpy(), model.q_sqrt.unconstrained_variable.numpy()]
+    NaturalGradient(0.3).minimize(lambda: model.training_loss(data), pairs)  # GPflow's own, correct step
+    after = _values(model)
+    (check,) = verify_step(NaturalGradient(0.3), lambda: model.training_loss(data), pairs, before)
+    assert check.status == "warn" and "stochastic" in check.detail and _values(model) == after
