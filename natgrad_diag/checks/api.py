@@ -229,13 +229,12 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
     thread, κ(Kuu) and κ(S) beside the gradients and κ(S_new) beside GPflow's update; the losses the stages need are
     computed with that update."""
     ctx, m = ev.ctx, ev.ctx.model
-    asked = [[ev.q_arrays], *(stage.probes(ev) for stage in STAGES)]  # the loss again at q(u): is it stochastic?
+    asked = [stage.probes(ev) for stage in STAGES]
     new: list[Future[tuple[Array | None, Array | None]]] = []
     with ThreadPoolExecutor(1) as pool:
         before = pool.submit(before_step, m, *ev.q_arrays)
         taken = ev.take([p for points in asked for p in points], lambda step: new.append(pool.submit(new_extremes, step.new_q_sqrt)))
     step, gp, losses = taken.step, taken.gp, iter(taken.losses)
-    step = dataclasses.replace(step, noise=health.noise(ev, step.loss, next(losses)) if step.gradients_finite else 0.0)
     advance()
     if not step.gradients_finite:
         f32 = ctx.np_dtype == np.float32
@@ -248,7 +247,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
     step, cond = ev.fill_direction(step), before.result().after(new[0].result() if new else (None, None))
     found = Outcome()
-    for stage, points in zip(STAGES, asked[1:]):
+    for stage, points in zip(STAGES, asked):
         probes = tuple((p, next(losses)) for p in points)
         found += stage.run(Run(ev, step, gp, _with_measured_fisher(cond, found), advance, found.checks, probes))
         advance()

@@ -23,6 +23,7 @@ from natgrad_diag._validate import input_error
 from natgrad_diag.checks.bounds import Conditioning, bounded_check, finite
 from natgrad_diag.checks.causes import FIX
 from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step
+from natgrad_diag.checks.health import noise
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
 from natgrad_diag.exceptions import InputError, NatGradDiagError, error_line
@@ -387,7 +388,7 @@ def _surrogate(step: Step, q_mu: Any, q_sqrt: Any) -> Callable[[], Any]:
 def stage(run: Run) -> Outcome:
     """The ``custom_step`` check when the run has an optimizer (``ctx.optimizer``); nothing otherwise.
 
-    A stochastic loss (``run.step.noise``) is replaced by its first-order :func:`_surrogate`.
+    A stochastic loss (:func:`~natgrad_diag.checks.health.noise`) is replaced by its first-order :func:`_surrogate`.
     On a model, the optimizer steps on the evaluator's scratch copy (its other variables must stay as they are, and
     the model's own variables too: one the optimizer reaches by itself is restored and named); in the var_list form
     it steps on the pair itself, and every variable the loss reads is restored.
@@ -403,7 +404,7 @@ def stage(run: Run) -> Outcome:
         q_mu, q_sqrt = model.q_mu, model.q_sqrt
         own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
-        loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if run.step.noise else lambda: ev.ctx.loss(scratch)
+        loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if noise(ev, run.step.loss) else lambda: ev.ctx.loss(scratch)
         with restored(list(own.values())):
             applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own})
         ev.sync()
@@ -415,6 +416,6 @@ def stage(run: Run) -> Outcome:
         pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
         others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
-            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if run.step.noise else pev.loss, q_mu, q_sqrt, others)
+            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if noise(ev, run.step.loss) else pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())
     return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))

@@ -107,8 +107,7 @@ class Context:
 @dataclass(frozen=True)
 class Step:
     """natgrad-diag's step as arrays (None where not computed): the loss, the unconstrained and constrained gradients,
-    ∂L/∂η, the natural gradient in ξ, the new q(u), why it failed (""), and the loss's standard deviation at the
-    current q(u) over repeated evaluations (0.0 for a deterministic loss; ``checks.health.noise``)."""
+    ∂L/∂η, the natural gradient in ξ, the new q(u), and why it failed ("")."""
 
     loss: float
     g_mu: Array
@@ -122,7 +121,6 @@ class Step:
     new_q_mu: Array | None = None
     new_q_sqrt: Array | None = None
     error: str = ""
-    noise: float = 0.0
 
     @property
     def gradients_finite(self) -> bool:
@@ -434,6 +432,7 @@ class Evaluator:
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
+        self.noise: float | None = None  # the loss's σ̂ at the current q(u), once checks.health.noise measured it
 
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
@@ -482,6 +481,11 @@ class Evaluator:
         """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), other variables as the scratch copy holds
         them; None if it is not finite or cannot be evaluated."""
         return finite_loss(lambda: self._loss_at(q_mu, q_sqrt))
+
+    def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
+        """:meth:`loss_at`, evaluated eagerly: each call of a stochastic loss draws new samples (a compiled function
+        with a global seed set may repeat its draws)."""
+        return self.loss_at(q_mu, q_sqrt)
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         self.scratch.q_mu.assign(q_mu)
@@ -718,6 +722,9 @@ class CompiledEvaluator(Evaluator):
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
+
+    def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
+        return finite_loss(lambda: Evaluator._loss_at(self, q_mu, q_sqrt))
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
         import tensorflow as tf

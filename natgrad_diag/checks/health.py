@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.checks.bounds import finite, maxabs
-from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step
+from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, Trial
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
@@ -81,17 +81,23 @@ def rounding(loss: float, dtype: Any, noise: float = 0.0) -> float:
 NOISE_SAMPLES = 10
 
 
-def noise(ev: Evaluator, loss: float, again: float | None) -> float:
-    """The standard deviation σ̂ of the loss at the current q(u), 0.0 for a deterministic loss (the usual case).
+def noise(ev: Evaluator, loss: float) -> float:
+    """The standard deviation σ̂ of the loss at the current q(u), 0.0 for a deterministic loss (the usual case),
+    measured once per evaluator (``ev.noise``) and only where a verdict would turn on a difference of losses, so a
+    deterministic model that passes pays nothing for it.
 
-    ``again`` is a second evaluation at the same q(u) as ``loss``. When the two differ by more than :func:`rounding`
-    resolves, the loss is stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new samples at each
-    evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` of them.
+    When a second evaluation at the same q(u) differs from ``loss`` by more than :func:`rounding` resolves, the loss is
+    stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new samples at each evaluation), and σ̂ is the
+    sample standard deviation of :data:`NOISE_SAMPLES` evaluations.
     """
-    if again is None or abs(again - loss) <= rounding(loss, ev.ctx.np_dtype):
-        return 0.0
-    values = [loss, again, *(ev.loss_at(*ev.q_arrays) for _ in range(NOISE_SAMPLES - 2))]
-    return float(np.std([v for v in values if v is not None], ddof=1))
+    if ev.noise is None:
+        again = ev.eager_loss_at(*ev.q_arrays)
+        if again is None or abs(again - loss) <= rounding(loss, ev.ctx.np_dtype):
+            ev.noise = 0.0
+        else:
+            values = [loss, again, *(ev.eager_loss_at(*ev.q_arrays) for _ in range(NOISE_SAMPLES - 2))]
+            ev.noise = float(np.std([v for v in values if v is not None], ddof=1))
+    return ev.noise
 
 
 def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, noise: float = 0.0) -> float | None:
@@ -117,7 +123,14 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     """γ measured by up to k = ``gamma_steps`` steps from the current q(u) (the evaluator's
     :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`), stopped at the first failing step."""
     k, dtype = ev.ctx.gamma_steps, ev.ctx.np_dtype
-    losses, why, failed = ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rounding(step.loss, dtype, step.noise), own=own)
+
+    def run() -> Trial:
+        rise = rounding(step.loss, dtype, ev.noise or 0.0)
+        return ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rise, own=own)
+
+    losses, why, failed = run()
+    if failed is not None and ev.noise is None and "the loss rose" in why and noise(ev, step.loss):
+        losses, why, failed = run()  # the rise is within the loss's noise: the trial again, to a stochastic loss's bound
     if failed is not None:
         return GammaTrial(gamma, False, None, why, k, losses, failed)
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
@@ -130,10 +143,10 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     step loses precision and the closed form does not)."""
     grid = sorted({*GAMMA_GRID, own.gamma})
     measured = {own.gamma: own}
-    tie = rounding(step.loss, ev.ctx.np_dtype, step.noise)
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
         t = measured[grid[i]] = measured.get(grid[i]) or _trial(ev, grid[i], step, own=not proven)
+        tie = rounding(step.loss, ev.ctx.np_dtype, ev.noise or 0.0)
         return t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie), t
 
     def walk(i: int, direction: int, best: GammaTrial | None) -> GammaTrial | None:
@@ -152,16 +165,16 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     else:
         walk(i0, -1, None)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
-    return best_gamma(trials, ev.ctx.np_dtype, step.noise), trials
+    return best_gamma(trials, ev.ctx.np_dtype, ev.noise or 0.0), trials
 
 
-def _health_check(ctx: Context, step: Step, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
+def _health_check(ctx: Context, step: Step, sigma: float, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
     k = ctx.gamma_steps
     steps = f"{k} steps" if k > 1 else "the step"
     claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
              "diagonal, S positive definite) and never raise the loss beyond what one evaluation resolves "
-             + (f"(6·√2·σ̂ = {format_number(rounding(step.loss, ctx.np_dtype, step.noise))} for this stochastic loss, σ̂ "
-                f"the standard deviation of {NOISE_SAMPLES} evaluations)" if step.noise else "(√ε·max(|loss|, 1))"))
+             + (f"(6·√2·σ̂ = {format_number(rounding(step.loss, ctx.np_dtype, sigma))} for this stochastic loss, σ̂ "
+                f"the standard deviation of {NOISE_SAMPLES} evaluations)" if sigma else "(√ε·max(|loss|, 1))"))
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:
@@ -187,13 +200,16 @@ def stage(run: Run) -> Outcome:
         first = step.error or (f"GPflow's step raised: {run.gp.error}" if run.gp.error else why)
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
     elif ctx.gamma_steps == 1 and run.gp.loss_after is not None:  # GPflow's one step is already taken: its loss
-        after, rise = run.gp.loss_after, rounding(step.loss, ctx.np_dtype, step.noise)
-        why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if after > step.loss + rise else ""
+        after = run.gp.loss_after
+        if after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0):
+            noise(ev, step.loss)  # is the rise the loss's noise?
+        rose = after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0)
+        why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if rose else ""
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:
         own = _trial(ev, ctx.gamma, step, own=True)
     proven = any(c.name == "reproduction" and c.passed for c in run.earlier)
     suggested, trials = search(ev, step, own, proven) if ctx.search else (own.gamma if own.healthy else None, (own,))
-    check = _health_check(ctx, step, own, suggested, trials)
+    check = _health_check(ctx, step, ev.noise or 0.0, own, suggested, trials)
     result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)

@@ -10,7 +10,6 @@ metrics in GPflux's layers) is not undone. The checks that need a model are list
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -154,13 +153,12 @@ _SKIPPED = (
 
 def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGradReport:
     """Reproduction and step health of one pair's step, with the γ search, as a NatGradReport."""
-    taken = ev.take([ev.q_arrays])  # the loss again at the pair's q(u): is it stochastic?
-    step = dataclasses.replace(taken.step, noise=health.noise(ev, taken.step.loss, taken.losses[0]))
+    step, gp = (taken := ev.take()).step, taken.gp
     # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
     cond = measure_conditioning(None, *ev.q_arrays, step.new_q_sqrt)
     found = Outcome()
     for stage in (reproduction.stage, custom_step.stage, health.stage):
-        found += stage(Run(ev, step, taken.gp, cond, lambda *args: None, found.checks))
+        found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
