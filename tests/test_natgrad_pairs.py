@@ -42,6 +42,7 @@ def test_check_natgrad__var_list_of_two_pairs_equals_two_single_pair_checks():
         for g, loss in r.gamma_losses.items():  # None where γ failed, in both
             assert (loss is None and s.gamma_losses[g] is None) or loss == pytest.approx(s.gamma_losses[g], rel=1e-12), g
         assert [(c.name, c.passed) for c in r.checks] == [(c.name, c.passed) for c in s.checks]
+        assert [c.name for c in s.checks if "joint" in c.name] == []  # one pair: nothing to step together
         np.testing.assert_allclose(r.new_q_sqrt, s.new_q_sqrt, rtol=0, atol=1e-12)
     assert same_bits(before, [v.numpy() for m in models for v in m.variables])
     # the oracle: GPflow's NaturalGradient.minimize on both pairs at once, on copies of the same seeded models
@@ -55,7 +56,9 @@ def test_check_natgrad__var_list_of_two_pairs_equals_two_single_pair_checks():
         "pair 0: step_health",
         "pair 1: reproduction",
         "pair 1: step_health",
+        "joint_step_health",  # independent pairs: together as each alone, so it holds as both do
     ]
+    assert both.check("joint_step_health").passed and both.suggested_gamma is None
     assert "var_list[1][0], var_list[1][1]" in str(both)
 
 

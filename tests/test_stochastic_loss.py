@@ -83,19 +83,19 @@ def test_check_natgrad__softmax_step_too_long_still_fails():
 
 
 def test_noise__estimate_matches_the_spread_of_gpflows_own_evaluations():
-    from natgrad_diag.checks.evaluator import Context, Evaluator
+    from natgrad_diag.checks.evaluator import Context, Evaluator, Step
     from natgrad_diag.checks.health import noise
 
     model, data = _softmax()
     oracle = np.std([float(model.training_loss(data)) for _ in range(100)], ddof=1)
     ev = Evaluator(Context(model, data, None, 1.0, None, np.float64, 10, 3))
     loss = float(model.training_loss(data))
-    sigma = noise(ev, loss)
+    sigma = noise(ev, Step(loss, None, None, None, None))  # no new q(u): the spread at the current one
     # σ̂ from 10 draws: σ̂²/σ² ~ χ²₉/9, inside [0.09, 4] with probability 1 − 10⁻⁴ (and the seed fixes the draws)
     assert 0.3 * oracle < sigma < 2.0 * oracle, (sigma, oracle)
     gaussian, gdata = nd.demo.make_model("svgp", "gaussian", num_inducing=4, num_data=8)
     gev = Evaluator(Context(gaussian, gdata, None, 1.0, None, np.float64, 4, 1))
-    assert noise(gev, float(gaussian.training_loss(gdata))) == 0.0 and gev.noise == 0.0  # deterministic, and measured once
+    assert noise(gev, Step(float(gaussian.training_loss(gdata)), None, None, None, None)) == 0.0 == gev.noise  # deterministic
 
 
 def test_custom_step__stochastic_loss_passes_gpflows_step_and_names_a_mistake():
@@ -140,3 +140,27 @@ def test_verify_step__stochastic_loss_is_inconclusive_not_a_mistake():
     after = _values(model)
     (check,) = verify_step(NaturalGradient(0.3), lambda: model.training_loss(data), pairs, before)
     assert check.status == "warn" and "stochastic" in check.detail and _values(model) == after
+
+
+@pytest.mark.slow
+def test_var_list_form__unseeded_deep_gp_is_healthy_where_its_seeded_loss_is():
+    """A two-layer GPflux deep GP whose output layer starts at q_mu = 0, q_sqrt = I: its unseeded loss is the same to
+    the bit at the current q(u) and noisy where a step lands, which the noise test must see."""
+    from test_gpflux import _deep_gp, _seeded_loss
+
+    model, data = _deep_gp(2)
+    seeded, pairs = _seeded_loss(model, data), [(layer.q_mu, layer.q_sqrt) for layer in model.f_layers]
+    start = float(seeded())
+    tf.random.set_seed(0)
+    # at γ = 0.5 each layer's own steps hold (the output layer's loss rises only within the noise its step exposes),
+    # and the layers stepped together fail, as GPflow's own steps together do (tests/test_gpflux.py)
+    loose = nd.check_natgrad(lambda: -model.elbo(data), var_list=pairs, gamma=0.5, mode="fast", progress=False)
+    assert [c.name for c in loose.checks if not c.passed] == ["joint_step_health"], str(loose)
+    assert "stochastic loss" in loose.check("pair 1: step_health").claim  # the noise seen where the step lands
+    unseeded = nd.check_natgrad(lambda: -model.elbo(data), var_list=pairs, gamma=0.1, mode="fast", progress=False)
+    assert unseeded.passed, str(unseeded)
+    assert nd.check_natgrad(seeded, var_list=pairs, gamma=0.1, mode="fast", progress=False).passed  # the same draws each time
+    opt = NaturalGradient(0.1)  # the oracle: GPflow's own five steps together at γ = 0.1 train, judged on the seeded loss
+    for _ in range(5):
+        opt.minimize(seeded, pairs)
+    assert float(seeded()) < start - 50.0

@@ -399,12 +399,13 @@ def stage(run: Run) -> Outcome:
     ev, opt = run.ev, run.ev.ctx.optimizer
     if opt is None:
         return Outcome()
+    stochastic = noise(ev, run.step)  # measured first: it moves the scratch copy's q(u)
     if ev.scratch is not None:  # a model: step on the scratch copy, watching the model's own variables too
         model, scratch = ev.ctx.model, ev.sync()
         q_mu, q_sqrt = model.q_mu, model.q_sqrt
         own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
-        loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if noise(ev, run.step.loss) else lambda: ev.ctx.loss(scratch)
+        loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if stochastic else lambda: ev.ctx.loss(scratch)
         with restored(list(own.values())):
             applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own})
         ev.sync()
@@ -416,6 +417,6 @@ def stage(run: Run) -> Outcome:
         pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
         others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
-            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if noise(ev, run.step.loss) else pev.loss, q_mu, q_sqrt, others)
+            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if stochastic else pev.loss, q_mu, q_sqrt, others)
     before = (q_mu.numpy(), q_sqrt.numpy())
     return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))

@@ -39,7 +39,7 @@ from natgrad_diag.typing import Array
 
 __all__ = [
     "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Run", "Step", "Taken", "dtype_context", "eager_steps", "evaluator",
-    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "resolve_mode", "step_from_gradients",
+    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "raised", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "Trial",
 ]  # fmt: skip
 
@@ -384,7 +384,7 @@ def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list
     return tuple(losses), "", None
 
 
-def _raised(line: str) -> str:
+def raised(line: str) -> str:
     """A step's TensorFlow error in a few words."""
     if "Cholesky" in line:
         return "Cholesky failed (a covariance of the step is not positive definite)"
@@ -405,7 +405,7 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
         try:
             out: dict[str, Any] = {key: np.asarray(v) for key, v in step(data, g_mu, g_sq, gamma).items()}
         except tf.errors.InvalidArgumentError as e:
-            return tuple(losses), (f"step {j} of {k}: " if k > 1 else "") + _raised(error_line(e)), j
+            return tuple(losses), (f"step {j} of {k}: " if k > 1 else "") + raised(error_line(e)), j
         fine = bool(out["q_ok"] and out["loss_ok"] and float(out["loss"]) <= before + rise and (out["g_ok"] or j == k))
         if not fine or j == k:
             return _verdict(dict(out, ok=fine), j, k, healthy, losses, before, rise)

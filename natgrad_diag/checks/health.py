@@ -14,6 +14,7 @@ to the first healthy γ and on while the loss keeps falling. Each trial stops at
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "stage"]
+__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "spread", "stage"]
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
 GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
@@ -81,23 +82,36 @@ def rounding(loss: float, dtype: Any, noise: float = 0.0) -> float:
 NOISE_SAMPLES = 10
 
 
-def noise(ev: Evaluator, loss: float) -> float:
-    """The standard deviation σ̂ of the loss at the current q(u), 0.0 for a deterministic loss (the usual case),
-    measured once per evaluator (``ev.noise``) and only where a verdict would turn on a difference of losses, so a
-    deterministic model that passes pays nothing for it.
+def noise(ev: Evaluator, step: Step) -> float:
+    """The standard deviation σ̂ of the loss, 0.0 for a deterministic loss (the usual case), measured once per
+    evaluator (``ev.noise``) and only where a verdict would turn on a difference of losses, so a deterministic model
+    that passes pays nothing for it.
 
-    When a second evaluation at the same q(u) differs from ``loss`` by more than :func:`rounding` resolves, the loss is
-    stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new samples at each evaluation), and σ̂ is the
-    sample standard deviation of :data:`NOISE_SAMPLES` evaluations.
+    It is measured at the current q(u) and where ``step`` lands: a loss can be deterministic at one and not at the
+    other (a GPflux deep GP whose output layer starts at q_mu = 0, q_sqrt = I predicts the same whatever its hidden
+    layer samples, until a step moves it). At each, when a second evaluation differs from the first by more than
+    :func:`rounding` resolves, the loss is stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new
+    samples at each evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` evaluations there;
+    the larger σ̂ of the two is kept.
     """
     if ev.noise is None:
-        again = ev.eager_loss_at(*ev.q_arrays)
-        if again is None or abs(again - loss) <= rounding(loss, ev.ctx.np_dtype):
-            ev.noise = 0.0
-        else:
-            values = [loss, again, *(ev.eager_loss_at(*ev.q_arrays) for _ in range(NOISE_SAMPLES - 2))]
-            ev.noise = float(np.std([v for v in values if v is not None], ddof=1))
+        points: list[tuple[tuple[Array, Array], float | None]] = [(ev.q_arrays, step.loss)]
+        if step.new_q_mu is not None and step.new_q_sqrt is not None:
+            points.append(((step.new_q_mu, step.new_q_sqrt), None))
+        ev.noise = max(spread(functools.partial(ev.eager_loss_at, *q), first, ev.ctx.np_dtype) for q, first in points)
     return ev.noise
+
+
+def spread(evaluate: Callable[[], float | None], first: float | None, dtype: Any) -> float:
+    """σ̂ of the loss ``evaluate()`` computes at one point by :func:`noise`'s test: 0.0 when a second evaluation
+    agrees with ``first`` (None: evaluate it) to :func:`rounding`, else the sample standard deviation of
+    :data:`NOISE_SAMPLES` evaluations."""
+    first = evaluate() if first is None else first
+    again = evaluate()
+    if first is None or again is None or abs(again - first) <= rounding(first, dtype):
+        return 0.0
+    values = [first, again, *(evaluate() for _ in range(NOISE_SAMPLES - 2))]
+    return float(np.std([v for v in values if v is not None], ddof=1))
 
 
 def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, noise: float = 0.0) -> float | None:
@@ -129,7 +143,7 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
         return ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rise, own=own)
 
     losses, why, failed = run()
-    if failed is not None and ev.noise is None and "the loss rose" in why and noise(ev, step.loss):
+    if failed is not None and ev.noise is None and "the loss rose" in why and noise(ev, step):
         losses, why, failed = run()  # the rise is within the loss's noise: the trial again, to a stochastic loss's bound
     if failed is not None:
         return GammaTrial(gamma, False, None, why, k, losses, failed)
@@ -202,7 +216,7 @@ def stage(run: Run) -> Outcome:
     elif ctx.gamma_steps == 1 and run.gp.loss_after is not None:  # GPflow's one step is already taken: its loss
         after = run.gp.loss_after
         if after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0):
-            noise(ev, step.loss)  # is the rise the loss's noise?
+            noise(ev, step)  # is the rise the loss's noise?
         rose = after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0)
         why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if rose else ""
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)

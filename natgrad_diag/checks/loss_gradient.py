@@ -81,7 +81,7 @@ def stage(run: Run) -> Outcome:
             worst = (ratio, i, analytic, fd, bound)
     _, i, analytic, fd, bound = worst
     err = abs(fd - analytic) if np.isfinite(fd) else float("inf")
-    if err > bound and noise(ev, step.loss):  # a difference of two noisy losses over 2h: σ̂/h ≈ 10⁵·σ̂ in float64
+    if err > bound and noise(ev, step):  # a difference of two noisy losses over 2h: σ̂/h ≈ 10⁵·σ̂ in float64
         return Outcome(skipped=(("loss_gradient", (
             f"the loss is stochastic (standard deviation {format_number(ev.noise)} over {NOISE_SAMPLES} evaluations at "
             "the current q(u): a Monte Carlo likelihood such as GPflow's Softmax draws new samples at each evaluation), "

@@ -20,13 +20,13 @@ from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, resolve_mode,
+    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, raised, resolve_mode,
     step_from_gradients, Trial, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
-from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError
-from natgrad_diag.report.records import Check
+from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError, error_line
+from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
@@ -246,7 +246,64 @@ def check_pairs(
             ctx = pair_context(pair[1], xi, g, rtol, atol, **options)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
-    return NatGradReport.of_pairs(tuple(reports), resolved)
+    if len(pairs) == 1:
+        return NatGradReport.of_pairs(tuple(reports), resolved)
+    together = [(q_mu, q_sqrt, xi) for (_, q_mu, _, q_sqrt), xi in zip(pairs, xis)]
+    joint, suggested = _joint_health(loss, together, variables, g, gamma_steps, gamma_search)
+    return NatGradReport.of_pairs(tuple(reports), resolved, joint=joint, suggested=suggested)
+
+
+def _joint_trial(loss: Callable[[], Any], var_list: list[Any], variables: list[Any], gamma: float, k: int) -> tuple[str, list[float]]:
+    """Up to k steps of GPflow's own ``NaturalGradient(gamma).minimize(loss, var_list)`` on every pair together, the
+    variables restored afterwards: why the first failing step fails ("" when all k hold) and the loss after each step
+    taken. A step fails when it raises, leaves a pair's q(u) invalid (:func:`~natgrad_diag.checks.health.health`), gives
+    a non-finite loss or raises the loss beyond :func:`~natgrad_diag.checks.health.rounding` (with the loss's
+    :func:`~natgrad_diag.checks.health.spread` there, measured when it rises)."""
+    import gpflow
+    import tensorflow as tf
+
+    opt, losses = gpflow.optimizers.NaturalGradient(gamma), list[float]()
+    dtype = var_list[0][0].numpy().dtype
+    with restored(variables):
+        before = finite_loss(loss)
+        for j in range(1, k + 1):
+            at = f"step {j} of {k}: " if k > 1 else ""
+            try:
+                opt.minimize(loss, var_list)
+            except tf.errors.InvalidArgumentError as e:
+                return at + raised(error_line(e)), losses
+            for i, (q_mu, q_sqrt, _) in enumerate(var_list):
+                ok, why, _ = health.health(q_mu.numpy(), q_sqrt.numpy(), dtype)
+                if not ok:
+                    return f"{at}pair {i}: {why}", losses
+            after = finite_loss(loss)
+            if after is None or before is None:
+                return at + "the loss after it is not finite", losses
+            rise = health.rounding(before, dtype)
+            if after > before + rise and after > before + health.rounding(before, dtype, health.spread(lambda: finite_loss(loss), after, dtype)):
+                return f"{at}the loss rose from {format_number(before)} to {format_number(after)}", losses
+            losses.append(before := after)
+    return "", losses
+
+
+def _joint_health(loss: Callable[[], Any], var_list: list[Any], variables: list[Any], gamma: float, k: int, search: bool) -> tuple[Check, float | None]:
+    """``joint_step_health``: the pairs' own checks hold each pair's step with the others fixed, but
+    ``NaturalGradient.minimize(loss, var_list)`` steps them all at once, and one pair's step changes what the others'
+    gradients see (a deep GP's hidden layer moves its output layer's inputs). So γ is also judged by k steps of GPflow's
+    own optimizer on every pair together (:func:`_joint_trial`); when they fail, the largest γ of the grid below γ whose
+    k joint steps hold is suggested (None: none, or ``gamma_search=False``)."""
+    why, losses = _joint_trial(loss, var_list, variables, gamma, k)
+    steps = f"{k} steps" if k > 1 else "one step"
+    claim = (f"{steps} of GPflow's NaturalGradient(gamma = {gamma:g}) on all {len(var_list)} pairs together, as "
+             "NaturalGradient.minimize(loss_fn, var_list) takes them, keep every q(u) valid and never raise the loss "
+             "beyond what one evaluation resolves")
+    if not why:
+        return Check("joint_step_health", claim, "pass", detail=f"loss after {steps}: {format_number(losses[-1])}"), None
+    below = (g for g in sorted(health.GAMMA_GRID, reverse=True) if g < gamma) if search else iter(())
+    suggested = next((g for g in below if not _joint_trial(loss, var_list, variables, g, k)[0]), None)
+    found = (f"gamma = {suggested:g} holds for {steps} together" if suggested is not None else
+             f"no gamma of the grid below {gamma:g} holds for {steps} together" if search else "no γ searched (gamma_search=False)")
+    return Check("joint_step_health", claim, "fail", detail=f"gamma = {gamma:g} fails together at {why}; {found}."), suggested
 
 
 def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, before: list[Array], *, rtol: float | None = None, atol: float | None = None) -> tuple[Check, ...]:
@@ -259,7 +316,8 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
 
     Returns:
         One ``custom_step`` :class:`Check` per pair (its detail names the mistake when the step is not GPflow's), each
-        "warn" when ``loss_fn`` is stochastic (two evaluations differ beyond :func:`~natgrad_diag.checks.health.rounding`).
+        "warn" when a step differs and ``loss_fn`` is stochastic (a second evaluation at the q(u) before the step differs
+        beyond :func:`~natgrad_diag.checks.health.rounding`; it runs only then).
     """
     from gpflow.optimizers import XiNat
 
@@ -275,13 +333,6 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
         for v, b in zip(variables, before):
             v.assign(b)
         loss, grads = gradients(loss_fn, variables)
-        again = finite_loss(loss_fn)
-        if again is None or abs(again - float(loss)) > health.rounding(float(loss), loss.dtype.as_numpy_dtype):
-            return tuple(Check("custom_step", "the step just taken is GPflow's natural-gradient step from the same gradients", status="warn", detail=(
-                f"cannot verify: the loss is stochastic (two evaluations at the q(u) before the step gave {float(loss)!r} "
-                f"and {again!r}), so the gradients the step used cannot be drawn again; check the optimizer once with "
-                "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients"))
-                for _ in var_list)  # fmt: skip
         for i, (q_mu, q_sqrt, *xi) in enumerate(var_list):
             ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
             start = (q_mu.numpy(), q_sqrt.numpy())
@@ -292,4 +343,12 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
             cond = measure_conditioning(None, *start, gp.q_sqrt)
             label = custom_step.who(optimizer) + (f" (pair {i})" if len(var_list) > 1 else "")
             checks.append(custom_step.judge(got[i], gp, start, step, q_sqrt.transform, ctx, cond, label))
+        # a step that differs may have drawn other samples: a second evaluation at the same q(u) tells (only then)
+        again = finite_loss(loss_fn) if any(not c.passed for c in checks) else float(loss)
+    if again is None or abs(again - float(loss)) > health.rounding(float(loss), loss.dtype.as_numpy_dtype):
+        return tuple(Check("custom_step", "the step just taken is GPflow's natural-gradient step from the same gradients", status="warn", detail=(
+            f"cannot verify: the loss is stochastic (two evaluations at the q(u) before the step gave {float(loss)!r} "
+            f"and {again!r}), so the gradients the step used cannot be drawn again; check the optimizer once with "
+            "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients"))
+            for _ in var_list)  # fmt: skip
     return tuple(checks)

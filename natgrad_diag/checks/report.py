@@ -110,16 +110,25 @@ class NatGradReport(Report):
     pairs: tuple[NatGradReport, ...] = ()
 
     @classmethod
-    def of_pairs(cls, reports: tuple[NatGradReport, ...], mode: str) -> NatGradReport:
-        """The var_list form's report: ``reports[i]`` is pair i's; the checks are theirs, named "pair i: name"."""
+    def of_pairs(cls, reports: tuple[NatGradReport, ...], mode: str, joint: Check | None = None, suggested: float | None = None) -> NatGradReport:
+        """The var_list form's report: ``reports[i]`` is pair i's; the checks are theirs, named "pair i: name", then
+        ``joint`` (``joint_step_health``, the pairs stepped together); ``suggested``: the γ the pairs hold together."""
         first = reports[0]
         return cls(
             model_name="var_list", likelihood="loss_fn", num_inducing=first.num_inducing, num_latent=first.num_latent,
             num_data=None, dtype=first.dtype, whiten=False, xi_transform=first.xi_transform, gamma=first.gamma, mode=mode,
-            loss_before=first.loss_before, loss_after=None, suggested_gamma=None, step_error="", gamma_trials=(), skipped=(),
+            loss_before=first.loss_before, loss_after=None, suggested_gamma=suggested, step_error="", gamma_trials=(), skipped=(),
             warnings=(), numbers=(), pairs=reports,
-            checks=tuple(dataclasses.replace(c, name=f"pair {i}: {c.name}") for i, r in enumerate(reports) for c in r.checks),
+            checks=tuple(dataclasses.replace(c, name=f"pair {i}: {c.name}") for i, r in enumerate(reports) for c in r.checks) + ((joint,) if joint else ()),
         )  # fmt: skip
+
+    def pair_suggestions(self) -> list[float | None]:
+        """The suggested γ of each pair in the var_list form, none above the γ the pairs hold together (when they fail
+        together); ``[suggested_gamma]`` for a model."""
+        if not self.pairs:
+            return [self.suggested_gamma]
+        cap = self.suggested_gamma
+        return [s if cap is None or s is None else min(s, cap) for s in (r.suggested_gamma for r in self.pairs)]
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -152,7 +161,8 @@ class NatGradReport(Report):
         """The answer first (the verdict's causes and fixes, the suggested γ), then the γ trials with their picture,
         the checks (failed first) and, further down, the model, the numbers, what was not checked, the warnings."""
         if self.pairs:
-            return tuple(
+            joint = tuple(c for c in self.checks if c.name == "joint_step_health")
+            return ((Section("All pairs together", "", (), joint),) if joint else ()) + tuple(
                 Section(f"{r.model_name}: {s.heading}", s.text, s.tables, s.checks, tuple(f"{n}-{i}" for n in s.figures))
                 for i, r in enumerate(self.pairs) for s in r.sections()
             )  # fmt: skip
@@ -180,8 +190,9 @@ class NatGradReport(Report):
         """What every form of the report shows first, under the verdict: each failed or inconclusive check with why,
         the causes with their fixes, the step's error, the suggested γ; in the var_list form one line per pair."""
         if self.pairs:
-            return "\n".join(f"- pair {i} ({r.model_name}): {r.status.upper()}. {r.lead}".replace("\n", " ").rstrip()
-                             for i, r in enumerate(self.pairs))  # fmt: skip
+            together = [f"- {c.mark} {c.name}: {c.detail}" for c in self.checks if c.name == "joint_step_health" and not c.passed]
+            return "\n".join([f"- pair {i} ({r.model_name}): {r.status.upper()}. {r.lead}".replace("\n", " ").rstrip()
+                              for i, r in enumerate(self.pairs)] + together)  # fmt: skip
         bad = [c for status in ("fail", "warn") for c in self.checks if c.status == status]
         explained = {name for cause in self.causes for name in cause.checks}
         lines = [f"- {c.mark} {c.name}: {c.detail or c.claim}" for c in bad if c.name not in explained]

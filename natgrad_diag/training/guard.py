@@ -195,7 +195,7 @@ class StepGuard:
 
     def _suggestions(self, report: Any) -> list[float | None]:
         """Each optimizer's suggested γ (the smallest of the pairs' for one optimizer over several pairs)."""
-        suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+        suggested: list[float | None] = report.pair_suggestions()
         if len(suggested) != len(self.optimizers):
             found = [g for g in suggested if g is not None]
             suggested = [min(found) if found else None] * len(self.optimizers)

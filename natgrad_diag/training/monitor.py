@@ -155,7 +155,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         GPflux DeepGP or ``var_list``: ``report.pairs[i].suggested_gamma`` is pair i's); the suggestion (the smallest
         pair's; None when a pair has none) is remembered for the records."""
         report = self._report(data, gamma, search=True)
-        suggested = [r.suggested_gamma for r in report.pairs] or [report.suggested_gamma]
+        suggested = report.pair_suggestions()
         self._suggestion = None if None in suggested else min(suggested)  # type: ignore[type-var, unused-ignore]
         return report
 
@@ -206,7 +206,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             step=step, loss=reports[0].loss_before, loss_after=reports[0].loss_after if len(reports) == 1 else None,
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
-            step_healthy=all(any(c.name == "step_health" and c.passed for c in r.checks) for r in reports),
+            step_healthy=all(c.passed for c in report.checks if c.name.endswith("step_health")),  # each pair's, and together
             suggested_gamma=self._suggestion, passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in report.checks if not c.passed),
         )
