@@ -86,13 +86,18 @@ class function:
     """``tf.function(fn, **options)`` without AutoGraph (GPflow's loss traces 2–3× faster), and with it from the first
     trace that raises a TypeError, which AutoGraph may mend: a tensor used as a Python bool or iterated (TensorFlow's
     ``OperatorNotAllowedInGraphError``), or ``len`` of a tensor whose first dimension is unknown (``reduce_retracing``).
-    An error AutoGraph does not mend is raised by that second trace."""
+    An error AutoGraph does not mend is raised by that second trace.
 
-    def __init__(self, fn: Callable[..., Any], **options: Any) -> None:
+    With ``by_shape=True``, a call with one tuple of arrays goes straight to the concrete function for their shapes
+    and dtypes: the ``tf.function`` spends about 0.15 ms matching its arguments, an eighth of a small SVGP's loss
+    (the guard calls it at every training step)."""
+
+    def __init__(self, fn: Callable[..., Any], *, by_shape: bool = False, **options: Any) -> None:
         import tensorflow as tf
 
         self._fn, self._options, self._converted = fn, options, False
         self._compiled = tf.function(fn, autograph=False, **options)
+        self._concrete: dict[tuple[Any, ...], Any] | None = {} if by_shape else None
 
     def _use(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import tensorflow as tf
@@ -106,6 +111,14 @@ class function:
             return getattr(self._compiled, method)(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arrays, concrete = (args[0] if len(args) == 1 and not kwargs else None), self._concrete
+        if concrete is not None and isinstance(arrays, tuple) and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays):
+            import tensorflow as tf
+
+            key, tensors = tuple((tuple(a.shape), str(a.dtype)) for a in arrays), tuple(map(tf.convert_to_tensor, arrays))
+            if key not in concrete:
+                concrete[key] = self.get_concrete_function(tensors)
+            return concrete[key](tensors)
         return self._use("__call__", *args, **kwargs)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:

@@ -311,6 +311,26 @@ def test_guard__one_loss_evaluation_per_step_and_the_loss_after_is_the_next_loss
     assert records[-1].loss_after == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)
 
 
+def test_guard__minibatches_of_two_sizes_and_data_changed_in_place_give_gpflows_own_loss():
+    """The compiled loss is called through one concrete function per batch shape: each guarded step's loss after is
+    GPflow's eager training_loss on that step's batch (two batch sizes, then the same arrays overwritten in place)."""
+    model, (X, Y) = _natgrad_only(_bernoulli())
+    X, Y = X.numpy(), Y.numpy()
+    batches = [(X[:20].copy(), Y[:20].copy()), (X[:35].copy(), Y[:35].copy()), (X[:20].copy(), Y[:20].copy())]
+    current = [batches[0]]
+    monitor = NatGradMonitor(model, lambda: current[0], gamma=0.5, loss_increase=np.inf)
+    natgrad = NaturalGradient(0.1)
+    for step, batch in enumerate(batches + [batches[0]]):
+        if step == 3:  # the first batch's own arrays, overwritten: the loss must follow the new values
+            batch[0][:] = X[20:40]
+            batch[1][:] = Y[20:40]
+        current[0] = batch
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, batch)
+        expected = float(model.training_loss(batch).numpy())
+        assert monitor.guard_records[-1].loss_after == pytest.approx(expected, rel=1e-12), step
+
+
 @pytest.mark.slow
 def test_guard__gamma_climbs_back_only_to_a_searched_gamma_never_above_the_first():
     from natgrad_diag.training.guard import RAISE_AFTER

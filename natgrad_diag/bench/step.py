@@ -152,7 +152,7 @@ def bench_check_natgrad(run: Run) -> list[BenchRow]:
 
 
 #: Training steps per timed call (one step takes milliseconds: a block of them times well).
-_BLOCK = 10
+_BLOCK = 25
 
 
 def _training(M: int, N: int) -> tuple[Any, Any, Any, Any]:
@@ -192,7 +192,7 @@ def bench_guard(run: Run) -> list[BenchRow]:
                 step()
             count[0] += 1
 
-    t_ours, t_base = compare(guarded, lambda: [plain_step() for _ in range(_BLOCK)], max(run.repeats, 7))
+    t_ours, t_base = compare(guarded, lambda: [plain_step() for _ in range(_BLOCK)], max(run.repeats, 11))
     records = monitor.guard_records
     healthy = len(records) == count[0] and all(r.passed for r in records)
     run.checks.append(Check("guard_records_every_step", f"the guard recorded each of the {len(records)} timed steps "

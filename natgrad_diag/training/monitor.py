@@ -143,7 +143,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         if self._measure is None:
             loss, traceable = _loss_callable(self)
             if traceable:
-                self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), reduce_retracing=True)
+                self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), by_shape=True, reduce_retracing=True)
             else:
                 valid = _compile.function(lambda: qu_valid(self._pairs))
                 self._measure = lambda data: (valid(), loss(data))
