@@ -475,8 +475,9 @@ def validate_model(model: Any) -> None:
 def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     """``(X [N, D], Y [N, P])`` as tensors of ``dtype`` that fit ``model``, or None for a model that holds its data.
 
-    D comes from the inducing points Z [M, D] (or the model's own data), P is the number of latent GPs L (one
-    column for a multi-class likelihood, L + 1 for a SwitchedLikelihood, whose last column picks the likelihood). X
+    D comes from the inducing points Z [M, D] (or the model's own data), P is the number of latent GPs L (L + 1 for a
+    SwitchedLikelihood, whose last column picks the likelihood); for a likelihood that takes the L latent GPs together
+    (GPflow's ``latent_dim``), its ``observation_dim`` (any when None; one class label for a multi-class one). X
     and Y must be real numbers (integers are cast, but for GPflow's Softmax, which takes integer class labels),
     finite, with N ≥ 1.
 
@@ -521,15 +522,19 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
                           "pass the X the model was built for (its inducing points Z [M, D] fix D).",
                           kind=ShapeMismatchError, label="Actual")
     L, likelihood = getattr(model, "num_latent_gps", None), getattr(model, "likelihood", None)
-    multi = any(k in type(likelihood).__name__ for k in ("MultiClass", "Softmax"))
     switched = isinstance(likelihood, gpflow.likelihoods.SwitchedLikelihood)  # Y's last column picks the likelihood
-    observation_dim = getattr(likelihood, "observation_dim", None)  # e.g. a heteroscedastic likelihood
-    P = None if L is None else int(L) + switched
-    if P is not None and Y.shape[1] != P and not (multi and Y.shape[1] == 1) and observation_dim != Y.shape[1]:
-        raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but the model has L = {P - switched} latent GP(s).",
-                          f"{name}[1] (Y)", f"[N, {P}]" + (" (the last column picks the likelihood)" if switched else ""),
-                          shape_str(Y.shape), "pass one Y column per latent GP" + (" and the likelihood index last" if switched
-                          else "") + " (GPflow would broadcast the others silently).", kind=ShapeMismatchError, label="Actual")
+    multi = isinstance(likelihood, (gpflow.likelihoods.MultiClass, gpflow.likelihoods.Softmax))
+    if getattr(likelihood, "latent_dim", None) is None:  # a scalar likelihood: one Y column per latent GP
+        P = None if L is None else int(L) + switched
+        has, fix = f"the model has L = {(P or 0) - switched} latent GP(s)", "one Y column per latent GP" + (
+            " and the likelihood index last" if switched else "")
+    else:  # it takes the L latent GPs together: Y has its observation_dim columns (None: any), a class label has one
+        P = 1 if multi else getattr(likelihood, "observation_dim", None)
+        has, fix = f"{type(likelihood).__name__} takes {P}", "the class labels as one column" if multi else f"Y [N, {P}]"
+    if P is not None and Y.shape[1] != P:
+        raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but {has}.", f"{name}[1] (Y)", f"[N, {P}]" + (
+            " (the last column picks the likelihood)" if switched else ""), shape_str(Y.shape), f"pass {fix} (GPflow "
+            "would broadcast the others silently or fail inside its loss).", kind=ShapeMismatchError, label="Actual")
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
     labels = isinstance(likelihood, gpflow.likelihoods.Softmax)  # tf.nn.sparse_softmax_cross_entropy_with_logits

@@ -448,6 +448,32 @@ def test_check_natgrad__softmax_keeps_integer_labels_and_refuses_float_ones_by_n
     assert _argument(info.value) == "data[1] (Y)"
 
 
+def test_check_natgrad__y_columns_follow_the_likelihoods_own_dimensions_not_its_class_name():
+    """A likelihood that takes the L latent GPs together (GPflow's latent_dim) reads observation_dim columns of Y, one
+    class label for a multi-class one, whatever its class is called: a renamed MultiClass was refused, and a one-hot Y
+    (one column per class) or a two-column Y for the heteroskedastic likelihood reached GPflow's loss."""
+    import gpflow
+
+    from natgrad_diag import check_natgrad
+
+    class LabelSmoothed(gpflow.likelihoods.MultiClass):
+        pass
+
+    X = np.linspace(0, 1, 9)[:, None]
+    labels = ((np.arange(9) % 3)[:, None]).astype(np.float64)
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), LabelSmoothed(3), X[::2].copy(), num_latent_gps=3)
+    report = check_natgrad(model, (X, labels), gamma=0.05, progress=False, mode="fast")
+    assert report.loss_before == pytest.approx(float(model.training_loss((X, labels)).numpy()), rel=1e-12)
+    with pytest.raises(ShapeMismatchError, match="LabelSmoothed takes 1") as info:
+        check_natgrad(model, (X, np.eye(3)[labels[:, 0].astype(int)]), progress=False)
+    assert _argument(info.value) == "data[1] (Y)"
+    hetero = gpflow.likelihoods.HeteroskedasticTFPConditional()
+    model = gpflow.models.SVGP(gpflow.kernels.SeparateIndependent([gpflow.kernels.SquaredExponential()] * 2), hetero,
+                               X[::2].copy(), num_latent_gps=2)  # fmt: skip
+    with pytest.raises(ShapeMismatchError, match="HeteroskedasticTFPConditional takes 1"):
+        check_natgrad(model, (X, np.hstack([X, X])), progress=False)
+
+
 # ---- 7. explain_output_gradients --------------------------------------------------------------------------
 
 
