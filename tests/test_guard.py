@@ -331,6 +331,45 @@ def test_guard__minibatches_of_two_sizes_and_data_changed_in_place_give_gpflows_
         assert monitor.guard_records[-1].loss_after == pytest.approx(expected, rel=1e-12), step
 
 
+@pytest.mark.parametrize("wrong", [False, True], ids=["gpflow", "default_seed"])
+@pytest.mark.parametrize("natgrad_first", [True, False], ids=["natgrad_then_adam", "adam_then_natgrad"])
+def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first, wrong):
+    """docs/training.md's loop runs NaturalGradient and Adam in one compiled step inside the guard. verify=True judges
+    the natural-gradient step with the hyperparameters it saw: GPflow's own optimizer passes every step, in either
+    order, and trains bit for bit as the unguarded loop on a copy; the question's optimizer is named at its first
+    step. Judged with the hyperparameters Adam left, GPflow's optimizer failed and every step was rolled back."""
+    from test_custom_step import _SeedMistakeNatGrad
+
+    model, data = _bernoulli()
+    copy = gpflow.utilities.deepcopy(model)
+
+    def loop(m):
+        opt, adam = kind(tf.Variable(0.1, dtype=tf.float64), name="natgrad"), tf_keras.optimizers.Adam(0.01)
+        loss = m.training_loss_closure(data, compile=False)
+        parts = [lambda: opt.minimize(loss, [(m.q_mu, m.q_sqrt)]), lambda: adam.minimize(loss, m.trainable_variables)]
+
+        @tf.function
+        def step():
+            for part in parts if natgrad_first else parts[::-1]:
+                part()
+
+        return step, opt
+
+    kind = _SeedMistakeNatGrad if wrong else NaturalGradient
+    (step, opt), (plain, _) = loop(model), loop(copy)
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    for i in range(3):
+        with monitor.guard(i, opt, verify=True):
+            step()
+        plain()
+    records = monitor.guard_records
+    if wrong:
+        assert not records[0].passed and "'default_seed'" in records[0].cause
+    else:
+        assert [r.passed for r in records] == [True] * 3 and monitor.rollbacks == 0
+        assert same_bits(variables_of(model), variables_of(copy))
+
+
 @pytest.mark.slow
 def test_guard__gamma_climbs_back_only_to_a_searched_gamma_never_above_the_first():
     from natgrad_diag.training.guard import RAISE_AFTER
