@@ -36,7 +36,7 @@ def _assert_untouched(model, before: list[np.ndarray]) -> None:
     after = [v.numpy() for v in model.variables]
     assert len(after) == len(before)
     for a, b in zip(after, before):
-        assert np.array_equal(a, b), "check_natgrad changed a model variable"
+        assert a.tobytes() == b.tobytes(), "check_natgrad changed a model variable"  # bit for bit, NaN included
 
 
 def _data_arg(name: str, data):
@@ -375,6 +375,29 @@ def test_float32__vgp_cholesky_failure_is_reported():
     assert not report.passed
     assert report.checks[0].name == "finite_gradients"
     assert "float32" in report.checks[0].detail and "Cholesky" in report.checks[0].detail
+
+
+@pytest.mark.parametrize("broken", ["Z", "overflow"])
+def test_a_broken_model__is_one_failed_check_in_every_mode_naming_the_parameter(broken):
+    """A model whose loss is not finite before any step (a NaN inducing point; an unwhitened float32 Poisson SVGP whose
+    expected rate overflows) is a failed ``finite_gradients`` check in every mode; full mode raised NonFiniteError on an
+    argument the user never passed ('q_mu_grad')."""
+    if broken == "Z":
+        model, data = make_model("svgp", "gaussian", num_inducing=5, num_data=20)
+        model.inducing_variable.Z.unconstrained_variable.assign(np.full((5, 1), np.nan))
+    else:
+        X = np.random.default_rng(0).uniform(-3, 3, (50, 1)).astype(np.float32)
+        data = (X, np.random.default_rng(1).poisson(np.exp(np.sin(X))).astype(np.float32))
+        with dtype_context(np.float32):
+            model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Poisson(), X[:8].copy(), whiten=False)
+    with dtype_context(model.q_mu.dtype):
+        assert not np.isfinite(float(model.training_loss(data).numpy()))  # the oracle: GPflow's own loss
+    before = _snapshot(model)
+    for mode in ("full", "fast"):
+        report = nc.check_natgrad(model, data, gamma=0.1, mode=mode, progress=False)
+        assert [(c.name, c.status) for c in report.checks] == [("finite_gradients", "fail")], mode
+        assert ("inducing_variable.Z" in report.checks[0].detail) == (broken == "Z")
+    _assert_untouched(model, before)
 
 
 def test_mode__auto_picks_full_for_small_and_fast_for_large():

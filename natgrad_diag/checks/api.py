@@ -237,12 +237,14 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
     step, gp, losses = taken.step, taken.gp, iter(taken.losses)
     advance()
     if not step.gradients_finite:
-        f32 = ctx.np_dtype == np.float32
-        msg = (
-            "the training loss or its gradient is not finite at the current parameters"
-            + (" — in float32 this is usually a failed Cholesky of K or Kuu (GPflow's jitter is too small for float32); "
-               "use float64 or raise gpflow.config's jitter" if f32 else "; the model is already broken before any step")
-        )  # fmt: skip
+        import gpflow
+
+        bad = [n.lstrip(".") for n, p in gpflow.utilities.parameter_dict(m).items() if not np.all(np.isfinite(p.numpy()))]
+        msg = "the training loss or its gradient is not finite at the current parameters" + (
+            f"; these parameters hold NaN or Inf: {', '.join(bad)}" if bad else
+            " — in float32 this is usually a failed Cholesky of K or Kuu (GPflow's jitter is too small for float32); "
+            "use float64 or raise gpflow.config's jitter" if ctx.np_dtype == np.float32 else
+            "; the model is already broken before any step")  # fmt: skip
         check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
     step, cond = ev.fill_direction(step), before.result().after(new[0].result() if new else (None, None))

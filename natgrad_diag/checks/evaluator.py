@@ -197,6 +197,8 @@ def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Contex
     with why it failed."""
     import tensorflow as tf
 
+    if not step.gradients_finite:  # the finite_gradients check reports it (natgrad_trace would refuse the input)
+        return step
     try:
         t = natgrad_trace(q_mu, q_sqrt, g_mu, g_sq, gamma=ctx.gamma, xi_transform=ctx.xi, compiled=compiled)
     except StepFailedError as e:
