@@ -211,6 +211,40 @@ def test_cli__a_reader_that_left_ends_the_command_with_exit_1(monkeypatch):
         assert main(["outer", "--plain"]) == 1
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize(
+    "path, first_line",
+    [
+        ("/proc/self/r.html", "Invalid input. the report cannot be written in /proc/self."),  # exists, holds no file
+        ("/proc/x/r.html", "Invalid input. the report's folder cannot be created under /proc."),  # missing, cannot be made
+    ],
+    ids=["existing_folder", "missing_folder"],
+)
+def test_cli__report_folder_that_cannot_hold_it_is_refused_before_the_run(path, first_line, monkeypatch, capsys):
+    """Exit 2 with nothing run, as for any bad argument: the message names --report, the path and the OS's reason."""
+    monkeypatch.setattr("natgrad_diag.cli.app._run", lambda args: pytest.fail("the command must not run"))
+    assert main(["outer", "--plain", "--report", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"natgrad-diag outer: {first_line}\n"), err
+    assert re.search(r"Argument: +--report\n", err) and "\n  To fix: " in err
+    assert re.search(rf"Got: +{re.escape(repr(path))}; making a file in /proc[^:]*: \w+Error: \w", err), err
+
+
+def test_cli__report_folder_lost_during_the_run_gives_the_write_error_block_and_exit_1(tmp_path, monkeypatch, capsys):
+    """The folder passes the check up front, then a file takes its place while the command runs: the result, then
+    docs/reports.md's "Could not write the report. ... Path: ... To fix:" block, and exit 1."""
+    from natgrad_diag.cli import app
+
+    run = app._run
+    monkeypatch.setattr(app, "_run", lambda args: ((tmp_path / "out").write_text("x", encoding="utf-8"), run(args))[1])
+    path = tmp_path / "out" / "r.html"
+    assert main(["outer", "--plain", "--report", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "Verdict: all checks hold." in out
+    assert err.startswith("natgrad-diag: Could not write the report.") and f"Path:     {path}\n" in err, err
+    assert re.search(r"Argument: +--report\n", err) and "To fix: " in err
+
+
 @pytest.mark.parametrize("module", ["no_such_mod", "no_such.mod"])
 def test_cli__strict_missing_module_is_one_line(module):
     r = _command("strict", "--", "python", "-m", module)

@@ -294,6 +294,21 @@ def test_custom_step__bad_optimizer_is_an_input_error_and_the_model_is_untouched
     assert _values(model) == before
 
 
+def _crashing_update(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):
+    raise RuntimeError("my bug")
+
+
+def test_custom_step__a_crashing_update_function_is_named_by_the_call_it_got():
+    """The function was called with GPflow's five arguments, never as a class's minimize(loss_fn, var_list)."""
+    model, data = _model("svgp", 1)
+    with pytest.raises(InputError) as info:
+        nd.check_natgrad(model, data, optimizer=_crashing_update, gamma_steps=1, gamma_search=False, progress=False)
+    message = str(info.value)
+    assert message.splitlines()[0] == ("Invalid input. _crashing_update(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, "
+                                       "xi_transform) raised RuntimeError: my bug")
+    assert "minimize" not in message and "Argument: optimizer" in message and "To fix:" in message
+
+
 @pytest.mark.parametrize("which", ["nan", "greedy"])
 def test_custom_step__nan_or_other_variables_fail_with_the_cause(which):
     model, data = _model("svgp", 1)
@@ -320,6 +335,9 @@ class AscentNatGrad(gpflow.optimizers.NaturalGradient):
 class NoMinimize:
     def __init__(self, gamma, xi_transform=None):
         pass
+
+def crashes(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):
+    raise RuntimeError("my bug")
 '''
 
 
@@ -331,8 +349,9 @@ class NoMinimize:
         ("{path}.missing.py:AscentNatGrad", 2, "could not load the optimizer"),
         ("no_such_module_here:X", 2, "could not load the optimizer"),
         ("{path}:NoMinimize", 2, "minimize(loss_fn, var_list)"),
+        ("{path}:crashes", 2, "crashes(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform) raised RuntimeError"),
     ],
-    ids=["wrong_step", "correct", "no_file", "no_module", "no_minimize"],
+    ids=["wrong_step", "correct", "no_file", "no_module", "no_minimize", "crashing_function"],
 )
 def test_cli_check__optimizer_exit_codes(spec, code, text, tmp_path, capsys):
     from natgrad_diag.cli.app import main

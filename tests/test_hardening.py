@@ -6,6 +6,8 @@ Numbers are checked against independent oracles (closed-form derivatives).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -196,6 +198,21 @@ def test_assert_vjp_matches_jacobian__bad_tolerance_or_limit(kwargs, argument):
     with pytest.raises(InputError) as info:
         assert_vjp_matches_jacobian(tf.sin, [np.array([1.0])], [np.array([1.0])], **kwargs)
     assert _argument(info.value) == argument
+
+
+@pytest.mark.parametrize("eps", [0.0, -1.0, np.inf, np.nan, True], ids=["zero", "negative", "inf", "nan", "bool"])
+@pytest.mark.parametrize("dtype, default", [(np.float64, 1e-6), (np.float32, 1e-3)], ids=["float64", "float32"])
+def test_check_gradients__bad_eps_asks_for_a_step_above_0_and_suggests_the_dtypes_default(eps, dtype, default):
+    """One rule, eps > 0, for every bad step; the step suggested is the dtype's default (docs/gradient-checks.md's
+    table: float64 1e-6, float32 1e-3), and it is accepted: x² checks out with it."""
+    point = [np.array([0.5, 2.0], dtype)]
+    with pytest.raises(InputError) as info:
+        check_gradients(lambda x: x**2, point, eps=eps)
+    message = str(info.value)
+    assert _argument(info.value) == "eps" and "> 0" in message and "≥ 0" not in message and "non-negative" not in message
+    (suggested,) = set(re.findall(r"e\.g\. (?:eps=)?([0-9.e+-]+)", message))
+    assert float(suggested) == default
+    assert check_gradients(lambda x: x**2, point, eps=float(suggested)).passed
 
 
 def test_jacobian__negative_max_bytes():

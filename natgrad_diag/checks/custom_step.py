@@ -218,10 +218,14 @@ def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, othe
         except Exception as e:
             if isinstance(e, tf.errors.InvalidArgumentError) and any(k in str(e) for k in _NUMERICAL):
                 return Applied(None, None, error_line(e))  # a numerical failure: GPflow's Cholesky or NaN guard
+            function = getattr(optimizer, "function", None) is not None  # an update function as_optimizer wrapped
+            call = (f"{who(optimizer).removesuffix('()')}(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)"
+                    if function else f"{who(optimizer)}.minimize(loss_fn, var_list)")
+            expected = ("an update function that assigns q_mu and q_sqrt or returns (dL_deta1, dL_deta2)" if function
+                        else "minimize(loss_fn, [(q_mu, q_sqrt)]) that updates q_mu and q_sqrt")
             raise InputError(
-                f"{who(optimizer)}.minimize(loss_fn, var_list) raised {error_line(e, with_type=True)}",
-                context=[("Argument", "optimizer"), ("Expected", "minimize(loss_fn, [(q_mu, q_sqrt)]) that updates q_mu and q_sqrt"),
-                         ("Got", type(e).__name__)],
+                f"{call} raised {error_line(e, with_type=True)}",
+                context=[("Argument", "optimizer"), ("Expected", expected), ("Got", type(e).__name__)],
                 remedy="call it yourself once on a copy of the model (gpflow.utilities.deepcopy) to see where it fails.",
             ) from e
         changed = tuple(n for n, v in others.items() if v.numpy().tobytes() != before[n].tobytes())

@@ -7,6 +7,7 @@ Only argparse is imported at start-up; each command imports what it needs when i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -300,16 +301,24 @@ def _preflight(args: argparse.Namespace) -> None:
 
 
 def _check_report_folder(path: str) -> None:
-    """InputError unless the report's folder exists or can be made: its nearest existing ancestor is a writable folder."""
+    """InputError unless a file can be made in the report's folder or, when that is missing, in its nearest existing
+    ancestor: tried with a temporary file (os.access misjudges root, /proc and read-only mounts)."""
+    import tempfile
+
     from natgrad_diag._validate import input_error
 
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(folder):
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        raise input_error(f"the report's folder cannot be created under {folder}.", "--report",
-                          "a path in a writable folder (missing folders are created)", repr(path),
-                          f"check that {folder} is a folder you can write to, or choose another path.")  # fmt: skip
+    folder = existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        what = (f"report cannot be written in {folder}" if os.path.isdir(folder)
+                else f"report's folder cannot be created under {existing}")
+        raise input_error(f"the {what}.", "--report",
+                          "a path in a folder you can write to (missing folders are created)",
+                          f"{path!r}; making a file in {existing}: {type(e).__name__}: {e.strerror or e}",
+                          "choose a --report path in a folder you can write to.")  # fmt: skip
 
 
 def _command(argv: list[str], command: str) -> int:
@@ -336,14 +345,10 @@ def _command(argv: list[str], command: str) -> int:
         return _fail(argv, command, str(e), EXIT_FAILED)
     from natgrad_diag.report.emit import emit
 
-    report_path = args.report
-    try:
-        if report_path:
-            os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
-    except OSError as e:
-        print(f"natgrad-diag {command}: cannot create the folder of {report_path}: {e.strerror}", file=sys.stderr)
-        report_path = None
-    written = emit(report, as_json=args.json, plain=args.plain, report_path=report_path)
+    if args.report:  # a folder that cannot be made now fails the write below, which says why (ReportWriteError)
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+    written = emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
     if not report.passed or (args.report and written is None):
         return EXIT_FAILED
     warned = [c.name for c in report.checks if getattr(c, "status", "pass") == "warn"]

@@ -16,7 +16,7 @@ from natgrad_diag.gradcheck.problem import Problem, cotangent_arrays, to_arrays
 from natgrad_diag.gradcheck.report import GradientCheckReport, GradientCheckRow
 from natgrad_diag.gradcheck.structures import GPFLOW_MAPS, gpflow_map_name, resolve_structures
 from natgrad_diag.report.records import Check, format_number, status_of
-from natgrad_diag.tolerance import Tolerance, resolve, validate_tolerance
+from natgrad_diag.tolerance import Tolerance, resolve
 
 __all__ = ["MAX_DIRECTIONS", "GradientCheckReport", "assert_gradients", "check_gradients"]
 
@@ -113,8 +113,11 @@ def _settings(dtype: np.dtype[Any], *, eps: Any, rtol: Any, atol: Any) -> tuple[
     tol = resolve(dtype, "finite_difference", rtol=rtol, atol=atol)  # validated: finite numbers ≥ 0
     if eps is None:
         return tol, source
-    if validate_tolerance("eps", eps) == 0:
-        raise input_error("eps must be > 0.", "eps", "a finite step > 0, e.g. 1e-6", repr(eps), "pass eps > 0, or leave it out.")
+    number = isinstance(eps, (int, float, np.floating, np.integer)) and not isinstance(eps, (bool, np.bool_))
+    if not number or not 0 < eps < np.inf:
+        raise input_error("eps, the finite-difference step, must be a finite number > 0.", "eps",
+                          f"a finite step > 0, e.g. {tol.eps:g} ({dtype.name}'s default, about ∛ε)", repr(eps),
+                          f"pass eps > 0, e.g. eps={tol.eps:g}, or leave it out for {dtype.name}'s default.")
     return dataclasses.replace(tol, eps=float(eps)), source
 
 

@@ -22,7 +22,7 @@ def emit(
     """Print ``report`` to ``stream`` (stdout): tables (``plain``: no colour or borders; colour only on a terminal) or,
     ``as_json``, ``report.to_dict()``; then write ``report_path`` (``.html`` or ``.md``) if given and return the
     :class:`WrittenReport`. A file that cannot be written is reported on ``err_stream`` (stderr) and ``None`` returned,
-    not raised, so the command keeps its exit code (0 when every check holds, 1 otherwise).
+    not raised: the command prints its report, then exits 1 even when every check holds.
     """
     stream = sys.stdout if stream is None else stream
     err_stream = sys.stderr if err_stream is None else err_stream
