@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import natgrad_diag as nd
-from natgrad_diag.exceptions import MemoryLimitError, ShapeMismatchError
+from natgrad_diag.exceptions import InputError, MemoryLimitError, NonFiniteError, ShapeMismatchError
+from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.memory import jacobian_nbytes
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from tests.conftest import np_meanvarsqrt, random_q
@@ -141,3 +144,42 @@ def test_block_jacobian__vjp_with_wrong_shape_is_refused():
         J.vjp([np.ones(4)])
     with pytest.raises(ShapeMismatchError, match="2 array"):
         J.vjp([np.ones((4, 4)), np.ones((4, 4))])
+
+
+def test_block_jacobian__block__by_position_or_unique_name_else_an_input_error_naming_the_argument():
+    a, b = np.array([1.0, 2.0]), np.array([3.0, 5.0])
+    J = nd.jacobian(lambda a, b: {"s": a + b, "p": a * b}, {"a": a, "b": b})  # outputs ("p", "s"), sorted
+    np.testing.assert_array_equal(J.block("p", "a"), np.diag(b))  # ∂(a·b)/∂a = diag(b)
+    np.testing.assert_array_equal(J.block(0, "b"), np.diag(a))
+    np.testing.assert_array_equal(J.block(np.int64(1), 1), np.eye(2))  # ∂(a + b)/∂b = I
+    with pytest.raises(InputError) as info:
+        J.block(2, 0)
+    assert str(info.value).splitlines() == [
+        "Invalid input. i=2 is not the position or the unique name of an output.",
+        "  Argument: i",
+        "    Expected: a position 0 to 1 or a name: 'p', 's'",
+        "    Got:      2",
+        "  To fix: pass a position in .output_names (negative positions are not accepted) or one of its names.",
+    ]
+    for i, j, argument in ((-1, 0, "i"), ("y0", 0, "i"), (0, "x0", "j"), (0, True, "j"), (0, 1.0, "j"), (0, -2, "j")):
+        with pytest.raises(InputError, match=rf"^Invalid input. {argument}=.* is not the position") as info:
+            J.block(i, j)
+        assert f"  Argument: {argument}" in str(info.value).splitlines()
+    twice = BlockJacobian.from_compact(np.array([[1.0, 2.0], [3.0, 4.0]]), ["y", "y"], ["x"], [(1,), (1,)], [(2,)])
+    np.testing.assert_array_equal(twice.block(1, "x"), [[3.0, 4.0]])
+    with pytest.raises(InputError, match=r"i='y' is not the position or the unique name"):
+        twice.block("y", "x")
+
+
+def test_block_jacobian__vjp_and_jvp__refuse_nan_and_inf_naming_the_argument():
+    J = nd.jacobian(lambda a, b: (2.0 * a, tf.reduce_sum(b)), [np.ones(3), np.ones(2)])  # outputs [3], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy RuntimeWarning on the way
+        with pytest.raises(NonFiniteError) as info:
+            J.vjp([np.ones(3), np.nan])
+        assert str(info.value).splitlines()[:2] == [
+            "Non-finite values. cotangents[1] contains 1 NaN and 0 Inf value(s).", "  Argument: cotangents[1]"]
+        with pytest.raises(NonFiniteError) as info:
+            J.jvp([np.array([1.0, np.inf, -np.inf]), np.ones(2)])
+        assert str(info.value).splitlines()[:2] == [
+            "Non-finite values. tangents[0] contains 0 NaN and 2 Inf value(s).", "  Argument: tangents[0]"]

@@ -300,13 +300,46 @@ def test_strict__tf_function_bodies__are_judged_when_traced():
 
     with nd.strict_gradients() as strict:
         np.testing.assert_array_equal(seeded(x).numpy(), [20.0, 20.0, 20.0, 20.0])
-        np.testing.assert_array_equal(unknown_length(x).numpy(), np.cos(X))
+        np.testing.assert_array_equal(unknown_length(x[:1]).numpy(), np.cos(X[:1]))
         with pytest.raises(OutputGradientsError) as info:
             unseeded(x)
     assert strict.checked_calls == 3
     lines = str(info.value).splitlines()
     assert lines[1:3] == ["  Call:     return tape.gradient(y, x)", f"  At:       {HERE}:{line_of('tf-function')}"]
     assert unseeded(x).numpy().tolist() == [20.0] * 4  # outside the context: traced again, TensorFlow's sum
+
+
+def test_strict__unseeded_target_of_unknown_size__refused_when_the_graph_runs_on_more_than_one_element():
+    x = tf.constant(X, tf.float64)
+
+    def body(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        return tape.gradient(y, x)  # <run-time>
+
+    unknown_length = tf.function(body, input_signature=[tf.TensorSpec([None], tf.float64)])
+    unknown_rank = tf.function(body, input_signature=[tf.TensorSpec(None, tf.float64)])
+    with nd.strict_gradients() as strict:
+        np.testing.assert_array_equal(unknown_length(x[:1]).numpy(), [2.0])  # d(x²)/dx = 2x: one element passes
+        np.testing.assert_array_equal(unknown_rank(tf.constant(3.0, tf.float64)).numpy(), 6.0)
+        with pytest.raises(tf.errors.InvalidArgumentError) as length_info:
+            unknown_length(x)
+        with pytest.raises(tf.errors.InvalidArgumentError) as rank_info:
+            unknown_rank(tf.reshape(x, [2, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError):  # the check stays in the graph traced inside the context
+        unknown_length(x)
+    assert strict.checked_calls == 2 and strict.violations == []  # traced once each; refused only when run
+    for info, shape, run_shape in ((length_info, "[None]", "4"), (rank_info, "<unknown rank>", "2 2")):
+        message = info.value.message.replace("\\n", "\n").replace("\\'", "'")
+        assert (f"assertion failed: [Mismatch in output_gradients. {TORCH_IMPLICIT_MESSAGE}: target[0] has more than "
+                f"one element (shape {shape}) and no seed, so TensorFlow would seed every element with 1 and return "
+                "the gradient of its sum.\n  Call:     return tape.gradient(y, x)\n") in message
+        assert f"  At:       {HERE}:{line_of('run-time')}\n" in message and IMPLICIT_SUM_REMEDY in message
+        assert f"[Shape of target[0] at run time:] [{run_shape}]" in message
+    with nd.strict_gradients(allow_implicit_sum=True):  # traced inside: allowed, TensorFlow's sum, 2x
+        allowed = tf.function(body, input_signature=[tf.TensorSpec([None], tf.float64)])
+        np.testing.assert_array_equal(allowed(x).numpy(), [2.0, 4.0, 6.0, 8.0])
 
 
 def test_strict__persistent_nested_tapes_and_unconnected_gradients__unchanged():

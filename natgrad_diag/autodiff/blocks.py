@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag._validate import input_error, require_finite, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
@@ -65,6 +65,17 @@ def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
         pre = "".join(f"{i}," for i in bidx)
         out += [f"{name}[{pre}{a},{b}]" + ("" if a == b else f"+[{pre}{b},{a}]") for a, b in zip(rows, cols)]
     return out
+
+
+def _position(k: Any, names: tuple[str, ...], argument: str, side: str) -> int:
+    """Block row or column ``k``: a position 0 ≤ k < len(names) or a name that occurs once in ``names``."""
+    if isinstance(k, str) and names.count(k) == 1:
+        return names.index(k)
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 0 <= k < len(names):
+        return int(k)
+    raise input_error(f"{argument}={k!r} is not the position or the unique name of an {side}.", argument,
+                      f"a position 0 to {len(names) - 1} or a name: " + ", ".join(map(repr, names)), repr(k),
+                      f"pass a position in .{side}_names (negative positions are not accepted) or one of its names.")
 
 
 class _LazyRow(Sequence[Any]):
@@ -196,9 +207,10 @@ class BlockJacobian:
         """(Σ output sizes, Σ input sizes): the shape of :attr:`matrix` (computed without building it)."""
         return int(self._row_offsets[-1]), sum(int(np.prod(s)) for s in self.input_shapes)
 
-    def block(self, i: int, j: int) -> Array:
-        """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``."""
-        return self.blocks[i][j]
+    def block(self, i: int | str, j: int | str) -> Array:
+        """∂output_i/∂input_j, shape ``output_shapes[i] + input_shapes[j]``; ``i`` and ``j`` are positions from 0 or
+        names (``J.block("mean", "eta1")``), else an :class:`~natgrad_diag.exceptions.InputError` naming them."""
+        return self.blocks[_position(i, self.output_names, "i", "output")][_position(j, self.input_names, "j", "input")]
 
     @functools.cached_property
     def matrix(self) -> Array:
@@ -242,6 +254,7 @@ class BlockJacobian:
                                   f"{shape_str(s)}.", f"{argument}[{k}]", shape_str(s), shape_str(a.shape),
                                   f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
                                   kind=ShapeMismatchError, label="Actual")
+            require_finite(a, f"{argument}[{k}]")  # a NaN or Inf gives NaN products; nd.vjp refuses it too
             out.append(a)
         return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from natgrad_diag.autodiff.dense import jacobian
-from natgrad_diag.checks.bounds import bounded_check, natgrad_bound, scale
+from natgrad_diag.checks.bounds import bounded_check, finite, natgrad_bound, scale
 from natgrad_diag.checks.evaluator import Run
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.exceptions import MemoryLimitError, error_line
@@ -21,7 +21,7 @@ def stage(run: Run) -> Outcome:
     ev, step, ctx = run.ev, run.step, run.ev.ctx
     if isinstance(ctx.xi, XiNat):
         return Outcome()
-    if step.nat_dL_xi1 is None:
+    if step.nat_dL_xi1 is None or not finite(step.dL_deta1, step.dL_deta2):
         return Outcome(skipped=(("xi_forward_mode", "GPflow's product could not be computed (the step failed)"),))
     try:
         want = ev.xi_product(step)

@@ -2,8 +2,8 @@
 
 Entering the first context (in any thread) replaces ``tf.GradientTape.gradient`` with a thin wrapper; leaving the
 last one puts TensorFlow's method back, also after an exception. The wrapper judges a call only in a thread inside
-a context (a ``threading.local`` stack, innermost wins), reads static shapes only, then calls TensorFlow's method
-with the arguments as given.
+a context (a ``threading.local`` stack, innermost wins), reads static shapes (a target whose element count is unknown
+while tracing: an assertion run with the graph), then calls TensorFlow's method with the arguments as given.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, TypeVar, overload
 
 from natgrad_diag._validate import input_error, require_bool
 from natgrad_diag.strict.callsite import call_site, is_exempt
-from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call
+from natgrad_diag.strict.rules import StrictGradientsWarning, Violation, check_call, run_time_check
 
 __all__ = ["StrictGradients", "strict_gradients"]
 
@@ -81,16 +81,20 @@ class StrictGradients(contextlib.ContextDecorator):
         # as a decorator: a fresh context per call, so recursion and threads do not share one
         return StrictGradients(self.action, allow_implicit_sum=self.allow_implicit_sum)
 
-    def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
+    def _judge(self, caller: FrameType | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[Violation | None, Any]:  # fmt: skip
+        """The call's violation (or None), and the context to call TensorFlow's method in (the run-time checks)."""
         if (not args and "target" not in kwargs) or is_exempt(caller):  # TensorFlow reports a missing target itself
-            return None
+            return None, contextlib.nullcontext()
         target = args[0] if args else kwargs["target"]
         output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
         self.checked_calls += 1
         found = check_call(target, output_gradients, allow_implicit_sum=self.allow_implicit_sum, site=lambda: call_site(caller))
         if found is not None:
             self.violations.append(found)
-        return found
+        if found is not None or self.allow_implicit_sum or self.action == "warn":
+            return found, contextlib.nullcontext()
+        return None, run_time_check(target, output_gradients, site=lambda: call_site(caller))
 
 
 @overload
@@ -105,9 +109,11 @@ def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False)
     As PyTorch does, eager or while a ``tf.function`` is traced, it refuses a target of more than one element
     without a seed (TensorFlow silently returns ∂(Σ y)/∂x) and a seed of the wrong count, shape or dtype
     (:func:`~natgrad_diag.checked_gradient`'s message), naming the call and its ``file:line``; a refused call
-    computes nothing, everything else is TensorFlow's own method. Not judged: ``tape.jacobian``,
+    computes nothing, everything else is TensorFlow's own method. An unseeded target whose element count is unknown
+    while tracing is judged when the graph runs (``action="raise"`` only; the check stays in the traced graph): more
+    than one element fails with an ``InvalidArgumentError`` carrying the same message. Not judged: ``tape.jacobian``,
     ``tape.batch_jacobian``, natgrad-diag's lessons, other threads, a ``tf.function`` traced before the context,
-    and a target whose element count is unknown while tracing.
+    and seed dims unknown while tracing.
 
     Args:
         action: ``"raise"`` (default) raises :class:`~natgrad_diag.exceptions.OutputGradientsError` at
@@ -173,15 +179,17 @@ def _uninstall() -> None:
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def gradient(self: Any, *args: Any, **kwargs: Any) -> Any:
+        checks: Any = contextlib.nullcontext()
         if _local.stack:
             __tracebackhide__ = True  # pytest shows the user's call as the failing line
             active = _local.stack[-1]
-            found = active._judge(sys._getframe(1), args, kwargs)
+            found, checks = active._judge(sys._getframe(1), args, kwargs)
             if found is not None:
                 if active.action == "raise":
                     raise found.error
                 _warn(found)
-        return original(self, *args, **kwargs)
+        with checks:
+            return original(self, *args, **kwargs)
 
     # AutoGraph calls it as it is inside tf.function (what tf.autograph.experimental.do_not_convert sets)
     gradient.autograph_info__ = frozenset()  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@
 Jᵀ·1, the gradient of the output's sum) and a ``grad_outputs[i]`` not exactly of ``outputs[i]``'s shape
 (TensorFlow broadcasts it or fails deep inside). The seed checks are :func:`natgrad_diag._validate.validate_seeds`,
 as in :func:`~natgrad_diag.checked_gradient`; this module adds the no-seed rule and the call site, from static
-shapes only.
+shapes, and for a target whose element count is unknown while tracing, an assertion run with the graph.
 
 References:
     PyTorch, ``torch.autograd.grad`` and ``_make_grads`` (torch/autograd/__init__.py).
@@ -13,6 +13,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from natgrad_diag.exceptions import OutputGradientsError
 from natgrad_diag.strict.callsite import CallSite
 
 __all__ = ["IMPLICIT_SUM", "SEED_MISMATCH", "TORCH_IMPLICIT_MESSAGE", "StrictGradientsWarning", "Violation",
-           "check_call"]  # fmt: skip
+           "check_call", "run_time_check"]  # fmt: skip
 
 #: The rule a call broke: a target of more than one element without a seed.
 IMPLICIT_SUM = "implicit_sum"
@@ -80,14 +81,38 @@ def check_call(target: Any, output_gradients: Any, *, allow_implicit_sum: bool,
     return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
 
 
-def _summed(target: Any) -> bool:
+def run_time_check(target: Any, output_gradients: Any, *, site: Callable[[], CallSite]) -> Any:
+    """A ``tf.control_dependencies`` context for a call :func:`check_call` passed: inside a ``tf.function``, each
+    unseeded target whose element count is unknown while tracing gets an assertion that fails when the graph runs on
+    more than one element, with the message :func:`check_call` raises; else a context that does nothing."""
+    import tensorflow as tf
+
+    targets = tf.nest.flatten(target)
+    seeds = [None] * len(targets) if output_gradients is None else tf.nest.flatten(output_gradients)
+    checks = []
+    for i, (s, t) in enumerate(zip(seeds, targets)):
+        if s is None and _summed(t) is None:
+            error = _implicit_sum_error([i], targets, all_none=output_gradients is None)
+            message = [str(_locate(IMPLICIT_SUM, error, site()).error), f"Shape of target[{i}] at run time:", tf.shape(t)]
+            checks.append(tf.debugging.Assert(tf.size(t) <= 1, message))
+    return tf.control_dependencies(checks) if checks else contextlib.nullcontext()
+
+
+def _summed(target: Any) -> bool | None:
     """True when a seed of ones would sum the target: a differentiable dtype, and in the static shape no dim 0 and a
-    known dim above 1 (all known dims 1, some unknown while tracing a ``tf.function``: not judged)."""
+    known dim above 1; None when only the run time tells (all known dims 1, a dim or the rank unknown while tracing a
+    ``tf.function``)."""
     dtype = getattr(target, "dtype", None)
-    if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)) or target.shape.rank is None:
+    if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False)):
         return False  # integers and booleans get no gradient: nothing is summed
-    dims = list(target.shape)
-    return 0 not in dims and any(d is not None and d > 1 for d in dims)
+    dims = [None] if target.shape.rank is None else list(target.shape)
+    if 0 in dims or all(d == 1 for d in dims):
+        return False
+    return True if any(d is not None and d > 1 for d in dims) else None
+
+
+def _shape_str(target: Any) -> str:
+    return "<unknown rank>" if target.shape.rank is None else shape_str(target)
 
 
 def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_none: bool) -> OutputGradientsError:
@@ -95,9 +120,9 @@ def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_
     if len(unseeded) == 1:
         i, n = unseeded[0], targets[unseeded[0]].shape.num_elements()  # n is None when a dim is unknown while tracing
         count = "more than one element" if n is None else f"{n} elements"
-        who, what = f"target[{i}] has {count} (shape {shape_str(targets[i])})", "its sum"
+        who, what = f"target[{i}] has {count} (shape {_shape_str(targets[i])})", "its sum"
     else:
-        named = [f"target[{i}] ({shape_str(targets[i])})" for i in unseeded]
+        named = [f"target[{i}] ({_shape_str(targets[i])})" for i in unseeded]
         who = f"{', '.join(named[:-1])} and {named[-1]} have more than one element"
         what = "the sum of all their elements"
     detail = (f"{TORCH_IMPLICIT_MESSAGE}: {who} and no seed, so TensorFlow would seed every element with 1 and return "
@@ -105,13 +130,15 @@ def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_
     if all_none:
         context: list[tuple[str, object]] = [
             ("Argument", "output_gradients"),
-            ("Expected", "one seed per target, of its shape: " + ", ".join(f"target[{i}] {shape_str(t)}" for i, t in enumerate(targets))),
+            ("Expected", "one seed per target, of its shape: "
+                         + ", ".join(f"target[{i}] {_shape_str(t)}" for i, t in enumerate(targets))),
             ("Actual", "None (a seed of ones for every target)"),
         ]
     else:
         context = [
             ("Argument", ", ".join(f"output_gradients[{i}]" for i in unseeded)),
-            ("Expected", ", ".join(f"a seed of shape {shape_str(targets[i])} (target[{i}]'s shape)" for i in unseeded)),
+            ("Expected", ", ".join(f"a seed of shape {_shape_str(targets[i])} (target[{i}]'s shape)"
+                                   for i in unseeded)),
             ("Actual", "None"),
         ]
     remedy = ("pass output_gradients with one seed of each target's shape (dL/dtarget: the result is then Jᵀ·v, the "
