@@ -14,7 +14,7 @@ from gpflow.optimizers import NaturalGradient
 
 from natgrad_diag import NatGradMonitor, check_natgrad
 from natgrad_diag.demo import make_model
-from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.exceptions import InputError, NatGradCheckError, ShapeMismatchError, UnsupportedModelError
 from natgrad_diag.training.guard import lower_gamma
 from natgrad_diag.training.records import GuardRecord
 
@@ -368,6 +368,39 @@ def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first,
     else:
         assert [r.passed for r in records] == [True] * 3 and monitor.rollbacks == 0
         assert same_bits(variables_of(model), variables_of(copy))
+
+
+@pytest.mark.parametrize("case, argument", [
+    ("no_data", "data"), ("one_part", "data"), ("wrong_D", "data[0] (X)"), ("batch_of_none", "data"),
+    ("tf_data_iterator", "data"), ("vector_loss", "loss_fn"), ("loss_with_an_argument", "loss_fn"),
+])  # fmt: skip
+def test_guard__data_and_loss_fn_it_cannot_evaluate_are_input_errors_naming_them(case, argument):
+    """Each was a raw TypeError or ValueError from inside the guard's compiled loss; check_natgrad names the same data."""
+    model, (X, Y) = _bernoulli()
+    kw = {"no_data": dict(data=None), "one_part": dict(data=(X,)), "wrong_D": dict(data=(tf.concat([X, X], 1), Y)),
+          "batch_of_none": dict(data=lambda: None), "tf_data_iterator": dict(data=iter(tf.data.Dataset.from_tensor_slices((X, Y)).batch(10))),
+          "vector_loss": dict(data=(X, Y), loss_fn=lambda: model.training_loss((X, Y)) * tf.ones(3, tf.float64)),
+          "loss_with_an_argument": dict(data=(X, Y), loss_fn=lambda d: model.training_loss(d))}[case]  # fmt: skip
+    natgrad = NaturalGradient(0.1)
+    with pytest.raises(InputError) as info:
+        monitor = NatGradMonitor(model, **kw)
+        with monitor.guard(0, natgrad):
+            _natgrad_step(natgrad, model, (X, Y))
+    assert ("Argument: " + argument) in str(info.value)
+
+
+def test_monitor__a_swapped_pair_a_q_diag_model_and_a_var_list_of_no_pairs_are_refused_at_construction():
+    """Each was accepted until the first periodic check; a guard meanwhile took q_mu's diagonal as q_sqrt's."""
+    model, data = _bernoulli()
+    with pytest.raises(ShapeMismatchError, match="the pair is swapped"):
+        NatGradMonitor(model, data, var_list=[(model.q_sqrt, model.q_mu)], loss_fn=lambda: model.training_loss(data))
+    with pytest.raises(UnsupportedModelError, match="var_list"):
+        NatGradMonitor(model, data, var_list=5, loss_fn=lambda: model.training_loss(data))
+    diag = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Bernoulli(), data[0][:5], q_diag=True)
+    with pytest.raises(UnsupportedModelError, match="q_diag=True"):
+        NatGradMonitor(diag, data)
+    with pytest.raises(InputError, match="raise_on_failure must be True or False"):
+        NatGradMonitor(model, data, raise_on_failure="yes")
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
-__all__ = ["Pair", "PairEvaluator", "check_pairs", "trainable_note", "variational_pairs", "verify_step"]
+__all__ = ["Pair", "PairEvaluator", "check_pairs", "refuse_swapped", "trainable_note", "variational_pairs", "verify_step"]
 
 
 #: (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M]); the names are Python expressions for the user.
@@ -53,7 +53,7 @@ def variational_pairs(model: Any = None, var_list: Any = None) -> list[Pair]:
         UnsupportedModelError: no pair found, or a pair that is not two gpflow.Parameter objects.
     """
     if var_list is not None:
-        for i, item in enumerate(var_list):
+        for i, item in enumerate(var_list if isinstance(var_list, (list, tuple)) else [var_list]):
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3) or not _is_parameter(*item[:2]):
                 raise input_error(
                     "var_list must hold (q_mu, q_sqrt) pairs of gpflow.Parameter, as NaturalGradient.minimize takes them.",
@@ -171,7 +171,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     )  # fmt: skip
 
 
-def _refuse_swapped(pairs: list[Pair]) -> None:
+def refuse_swapped(pairs: list[Pair]) -> None:
     """A pair given as (q_sqrt [L, M, M], q_mu [M, L]) is refused as swapped (other shapes: ``validate_q``'s errors)."""
     for i, (_, q_mu, _, q_sqrt) in enumerate(pairs):
         mu, sq = tuple(q_mu.shape), tuple(q_sqrt.shape)
@@ -232,7 +232,7 @@ def check_pairs(
             "pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
         )
     pairs = variational_pairs(var_list=var_list)
-    _refuse_swapped(pairs)
+    refuse_swapped(pairs)
     default_xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     xis = [resolve_xi_transform(item[2]) if len(item) > 2 else default_xi for item in var_list]
     loss = (lambda: loss_fn(data)) if data is not None else loss_fn

@@ -11,13 +11,13 @@ import numpy as np
 from gpflow.monitor import MonitorTask
 
 from natgrad_diag import _compile
-from natgrad_diag._validate import input_error, require_int, require_positive_float
+from natgrad_diag._validate import input_error, require_bool, require_int, require_positive_float, validate_data, validate_model
 from natgrad_diag.checks.api import check_natgrad, validate_gamma_steps
-from natgrad_diag.exceptions import NatGradCheckError
+from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
-from natgrad_diag.checks.pairs import trainable_note, variational_pairs
+from natgrad_diag.checks.pairs import refuse_swapped, trainable_note, variational_pairs
 from natgrad_diag.report.timeline import timeline_html
 
 __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
@@ -77,15 +77,20 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         super().__init__()
         _validate_options(on_failure, loss_increase, loss_fn)
         every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
+        self.raise_on_failure = require_bool(raise_on_failure, "raise_on_failure") or on_failure == "raise"
+        self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+        refuse_swapped(self._pairs)
+        if var_list is None and hasattr(model, "q_mu"):  # the model form: what check_natgrad refuses is refused now
+            validate_model(model)
+            if loss_fn is None and not callable(data):  # its loss takes these data: checked and cast once
+                data = validate_data(model, data, model.q_mu.dtype.as_numpy_dtype)
         self.model, self.data, self.xi_transform, self.every = model, data, xi_transform, every
         self.gamma = require_positive_float(gamma, "gamma")
-        self.raise_on_failure = raise_on_failure or on_failure == "raise"
         self.on_failure, self.loss_increase = on_failure, float(loss_increase)
         self.loss_fn, self.var_list = loss_fn, var_list
         self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
         self.records: list[NatGradRecord] = []
         self.guard_records: list[GuardRecord] = []
-        self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
         self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
         self._left_by_guard: list[Any] | None = None  # the pairs' values the last guarded step left
         self._moved_warned = False
@@ -137,18 +142,28 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
 
     def measure(self, data: Any) -> tuple[bool, float | None]:
         """Whether every q(u) pair is valid (:func:`~natgrad_diag.training.guard.qu_valid`) and the training loss on
-        ``data`` (None when not finite), in one compiled call; raises what the loss raises. A ``loss_fn`` is compiled
+        ``data`` (None when not finite), in one compiled call; raises what the loss raises (an InputError naming ``data``
+        or ``loss_fn`` for a TypeError or ValueError: the loss cannot take the batch). A ``loss_fn`` is compiled
         only when two compiled calls and one eager call, made at the first use, agree to √ε of its dtype (no Python
         side effects); it is called eagerly otherwise, and a ``tf.function`` is used as it is."""
-        if self._measure is None:
-            loss, traceable = _loss_callable(self)
-            if traceable:
-                self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), by_shape=True, reduce_retracing=True)
-            else:
-                valid = _compile.function(lambda: qu_valid(self._pairs))
-                self._measure = lambda data: (valid(), loss(data))
-        ok, value = self._measure(data)
-        return bool(ok), float(value) if math.isfinite(value) else None
+        try:
+            if self._measure is None:
+                loss, traceable = _loss_callable(self)
+                if traceable:
+                    self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), by_shape=True, reduce_retracing=True)
+                else:
+                    valid = _compile.function(lambda: qu_valid(self._pairs))
+                    self._measure = lambda data: (valid(), loss(data))
+            ok, value = self._measure(data)
+            value = float(value)
+        except (TypeError, ValueError) as e:  # not a numerical failure of a step: the loss cannot take this batch
+            fn = self.loss_fn is not None
+            raise input_error(f"the monitor's loss cannot be evaluated: {error_line(e, with_type=True)}", "loss_fn" if fn
+                              else "data", "a zero-argument callable returning the scalar training loss" if fn else
+                              "(X [N, D], Y [N, P]) that fit the model, or a zero-argument callable returning them",
+                              type(self.loss_fn if fn else data).__name__, "call it yourself once to see why, and pass "
+                              "what NatGradMonitor's docstring describes.") from e  # fmt: skip
+        return bool(ok), value if math.isfinite(value) else None
 
     def search(self, data: Any, gamma: float) -> Any:
         """:func:`~natgrad_diag.check_natgrad` in fast mode at ``gamma`` with its γ search (the var_list form for a
