@@ -249,7 +249,7 @@ def test_compiled_trials__do_not_keep_the_model_alive():
         loss = model.training_loss(data)
     g_mu, g_sq = tape.gradient(loss, [model.q_mu.unconstrained_variable, model.q_sqrt.unconstrained_variable])
     ctx = Context(model=model, data=data, xi=gpflow.optimizers.XiNat(), gamma=0.1, tol=natgrad_tolerances(np.float64), np_dtype=np.float64, M=4, L=1)
-    losses, why, failed = evaluator(ctx, compiled=True).trial(g_mu.numpy(), g_sq.numpy(), 0.1, 2, lambda mu, sq: (True, ""), float(loss), 1e-12)
+    losses, why, failed = evaluator(ctx, compiled=True).trial(g_mu.numpy(), g_sq.numpy(), 0.1, 2, lambda mu, sq: (True, ""), float(loss), (1e-12, 1e-12))
     assert why == "" and failed is None and losses == pytest.approx(_oracle(model, data, 0.1, 2)[0], rel=RTOL)
     assert _compile.model_entries(model) == 1
     ref = weakref.ref(model)

@@ -164,3 +164,26 @@ def test_var_list_form__unseeded_deep_gp_is_healthy_where_its_seeded_loss_is():
     for _ in range(5):
         opt.minimize(seeded, pairs)
     assert float(seeded()) < start - 50.0
+
+
+@pytest.mark.slow
+def test_step_health__a_rise_after_the_noisy_start_is_judged_by_the_noise_where_it_happens():
+    """A fresh, unwhitened Softmax SVGP: the loss's σ̂ is about 2-3 at q(u) = N(0, I) (loss ≈ 600) and about 0.3 a step
+    on. GPflow's own NaturalGradient(1) raises the accurate loss at step 2 by several units, each time; judged by the
+    start's σ̂ (6·√2·σ̂ ≈ 20) that rise passed, now it fails, and the suggestion is a γ whose five GPflow steps train."""
+    tf.random.set_seed(0)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (40, 1))
+    Y = np.clip(np.floor((np.sin(X) + 0.3 * rng.normal(size=X.shape) + 1.2) / 0.8), 0, 2).astype(np.int64)
+    Z = X[np.random.default_rng(1).choice(40, 6, replace=False)].copy()
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Softmax(3), Z, num_latent_gps=3, whiten=False)
+    gpflow.set_trainable(model, False)
+    data = (tf.constant(X), tf.constant(Y))
+    oracle = _gpflow_losses(model, data, 1.0, steps=2)
+    assert oracle[1] > oracle[0] + 1.0  # the accurate loss (σ ≈ 0.02) rises at GPflow's second step
+    report = nd.check_natgrad(model, data, gamma=1.0, progress=False)
+    health = report.check("step_health")
+    assert health.status == "fail" and "fails at step 2: the loss rose" in health.detail, health.detail
+    assert report.suggested_gamma is not None and report.suggested_gamma < 1.0
+    trained = _gpflow_losses(model, data, report.suggested_gamma)
+    assert all(b < a for a, b in zip([_accurate_loss(model, data), *trained], trained)), trained

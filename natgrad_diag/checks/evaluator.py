@@ -38,7 +38,7 @@ from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Run", "Step", "Taken", "dtype_context", "eager_steps", "evaluator",
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Rise", "Run", "Step", "Taken", "dtype_context", "eager_steps", "evaluator",
     "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "raised", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "Trial",
 ]  # fmt: skip
@@ -48,6 +48,9 @@ Healthy = Callable[[Any, Any], tuple[bool, str]]
 
 #: A q(u) where a check needs the loss: (q_mu [M, L], q_sqrt [L, M, M]).
 Point = tuple[Array, Array]
+
+#: The rise of the loss a trial's step may make: (at its first step, at each later one) (checks.health.rounding).
+Rise = tuple[float, float]
 
 _DTYPES = {"float64": np.float64, "float32": np.float32}
 
@@ -366,10 +369,10 @@ def eager_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> 
     return one_step(q_mu, q_sqrt, xi, loss), one_step(q_mu, q_sqrt, xi, loss, (gpflow.optimizers.NaturalGradient(gamma, xi), gamma))
 
 
-def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list[float], before: float, rise: float) -> Trial:
+def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list[float], before: float, rise: Rise) -> Trial:
     """The trial's outcome from the last step taken (step j of k; the trial stopped there), ``before`` being the
-    loss before that step: its q(u) fails the full test, its loss is not finite or rose by more than ``rise``,
-    or (j < k) the gradient for the next step is not finite."""
+    loss before that step: its q(u) fails the full test, its loss is not finite or rose by more than ``rise`` allows
+    that step, or (j < k) the gradient for the next step is not finite."""
     at = f"step {j} of {k}: " if k > 1 else ""
     if not out["q_ok"] or j == k or out["ok"]:  # the full test where the graph's failed, and on the last q(u)
         ok, why = healthy(out["new_q_mu"], out["new_q_sqrt"])
@@ -379,7 +382,7 @@ def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list
         return tuple(losses), at + "the loss after it is not finite", j
     loss = float(out["loss"])
     losses = [*losses, loss]
-    if loss > before + rise:
+    if loss > before + rise[j > 1]:
         return tuple(losses), at + f"the loss rose from {format_number(before)} to {format_number(loss)}", j
     if j < k and not out["g_ok"]:
         return tuple(losses), f"step {j + 1} of {k}: the gradient of the loss before it is not finite", j + 1
@@ -395,7 +398,7 @@ def raised(line: str) -> str:
     return line
 
 
-def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float) -> Trial:
+def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise) -> Trial:
     """Up to k calls of ``step`` (:func:`one_step`, eager or compiled) from ``args`` = (data, g_mu, g_sq, gamma) and the
     loss ``before`` them, stopping at the first step that raises, is unhealthy or raises the loss by more than
     ``rise`` (see :func:`_verdict`)."""
@@ -408,7 +411,7 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
             out: dict[str, Any] = {key: np.asarray(v) for key, v in step(data, g_mu, g_sq, gamma).items()}
         except tf.errors.InvalidArgumentError as e:
             return tuple(losses), (f"step {j} of {k}: " if k > 1 else "") + raised(error_line(e)), j
-        fine = bool(out["q_ok"] and out["loss_ok"] and float(out["loss"]) <= before + rise and (out["g_ok"] or j == k))
+        fine = bool(out["q_ok"] and out["loss_ok"] and float(out["loss"]) <= before + rise[j > 1] and (out["g_ok"] or j == k))
         if not fine or j == k:
             return _verdict(dict(out, ok=fine), j, k, healthy, losses, before, rise)
         losses.append(float(out["loss"]))
@@ -434,7 +437,8 @@ class Evaluator:
         self.ctx = ctx
         self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
-        self.noise: float | None = None  # the loss's σ̂ at the current q(u), once checks.health.noise measured it
+        self.noise: float | None = None  # the loss's σ̂ (the larger of noise_at), once checks.health.noise measured it
+        self.noise_at = (0.0, 0.0)  # σ̂ at the current q(u) and where the step lands
 
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
@@ -545,7 +549,7 @@ class Evaluator:
             scratch.q_sqrt.assign(t.new_q_sqrt)
             yield scratch
 
-    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
+    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: Rise, *, own: bool = False) -> Trial:
         """Up to k steps with ``gamma`` from the model's q(u), whose gradient is ``g_mu``, ``g_sq`` and loss ``before``
         (:func:`stepwise`): by GPflow's own update when ``own`` (the γ being checked), else by natgrad-diag's."""
         import tensorflow as tf
@@ -557,7 +561,7 @@ class Evaluator:
         args = (self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
         return self._trial(args, k, healthy, before, rise, own)
 
-    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise, own: bool) -> Trial:
         return stepwise(self._trial_steps[own], args, k, healthy, before, rise)
 
 
@@ -631,7 +635,7 @@ class _Pieces:
 
             def body(j: Any, ok: Any, losses: Any, out: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
                 new = steps[own](data, out["g_mu"], out["g_sq"], gamma)
-                fine = new["q_ok"] & new["loss_ok"] & (new["loss"] <= out["loss"] + rise) & (new["g_ok"] | tf.equal(j + 1, k))
+                fine = new["q_ok"] & new["loss_ok"] & (new["loss"] <= out["loss"] + rise[tf.minimum(j, 1)]) & (new["g_ok"] | tf.equal(j + 1, k))
                 losses = losses.write(j, tf.cast(new["loss"], dtype))
                 return j + 1, fine, losses, {key: tf.cast(new[key], out[key].dtype) for key in out}
 
@@ -728,7 +732,7 @@ class CompiledEvaluator(Evaluator):
     def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
         return finite_loss(lambda: Evaluator._loss_at(self, q_mu, q_sqrt))
 
-    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: float, own: bool) -> Trial:
+    def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise, own: bool) -> Trial:
         import tensorflow as tf
 
         p = self.pieces

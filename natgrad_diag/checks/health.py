@@ -25,7 +25,7 @@ from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "spread", "stage"]
+__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "sigmas", "spread", "stage"]
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
 GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
@@ -91,15 +91,26 @@ def noise(ev: Evaluator, step: Step) -> float:
     other (a GPflux deep GP whose output layer starts at q_mu = 0, q_sqrt = I predicts the same whatever its hidden
     layer samples, until a step moves it). At each, when a second evaluation differs from the first by more than
     :func:`rounding` resolves, the loss is stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new
-    samples at each evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` evaluations there;
-    the larger σ̂ of the two is kept.
+    samples at each evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` evaluations there.
+    Both are kept (``ev.noise_at``; where the step lands: the current one's when it failed) and the larger returned.
     """
     if ev.noise is None:
         points: list[tuple[tuple[Array, Array], float | None]] = [(ev.q_arrays, step.loss)]
         if step.new_q_mu is not None and step.new_q_sqrt is not None:
             points.append(((step.new_q_mu, step.new_q_sqrt), None))
-        ev.noise = max(spread(functools.partial(ev.eager_loss_at, *q), first, ev.ctx.np_dtype) for q, first in points)
+        found = [spread(functools.partial(ev.eager_loss_at, *q), first, ev.ctx.np_dtype) for q, first in points]
+        ev.noise_at, ev.noise = (found[0], found[-1]), max(found)
     return ev.noise
+
+
+def sigmas(ev: Evaluator) -> tuple[float, float]:
+    """The σ̂ a comparison of two losses uses: √((σ₀² + σ₁²)/2) between the current q(u) and a step from it (6·√2 times
+    it is 6 standard deviations of their difference), σ₁ between points further on and between the losses after k
+    steps. σ₀, σ₁: :func:`noise` at the current q(u) and where one step lands; a loss evaluated where q(u) has
+    shrunk is far less noisy than at a fresh q(u) (σ̂ 3 at a fresh Softmax SVGP, 0.3 a step later), so the first's
+    bound would pass real rises further on."""
+    s0, s1 = ev.noise_at
+    return float(np.sqrt((s0**2 + s1**2) / 2)), s1
 
 
 def spread(evaluate: Callable[[], float | None], first: float | None, dtype: Any) -> float:
@@ -139,7 +150,7 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     k, dtype = ev.ctx.gamma_steps, ev.ctx.np_dtype
 
     def run() -> Trial:
-        rise = rounding(step.loss, dtype, ev.noise or 0.0)
+        rise = (rounding(step.loss, dtype, sigmas(ev)[0]), rounding(step.loss, dtype, sigmas(ev)[1]))
         return ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rise, own=own)
 
     losses, why, failed = run()
@@ -160,7 +171,7 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
 
     def better(i: int, than: GammaTrial | None) -> tuple[bool, GammaTrial]:
         t = measured[grid[i]] = measured.get(grid[i]) or _trial(ev, grid[i], step, own=not proven)
-        tie = rounding(step.loss, ev.ctx.np_dtype, ev.noise or 0.0)
+        tie = rounding(step.loss, ev.ctx.np_dtype, sigmas(ev)[1])
         return t.healthy and t.loss is not None and (than is None or than.loss is None or t.loss < than.loss - tie), t
 
     def walk(i: int, direction: int, best: GammaTrial | None) -> GammaTrial | None:
@@ -179,16 +190,17 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     else:
         walk(i0, -1, None)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
-    return best_gamma(trials, ev.ctx.np_dtype, ev.noise or 0.0), trials
+    return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1]), trials
 
 
-def _health_check(ctx: Context, step: Step, sigma: float, own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
+def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
     k = ctx.gamma_steps
     steps = f"{k} steps" if k > 1 else "the step"
     claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
              "diagonal, S positive definite) and never raise the loss beyond what one evaluation resolves "
-             + (f"(6·√2·σ̂ = {format_number(rounding(step.loss, ctx.np_dtype, sigma))} for this stochastic loss, σ̂ "
-                f"the standard deviation of {NOISE_SAMPLES} evaluations)" if sigma else "(√ε·max(|loss|, 1))"))
+             + (f"(for this stochastic loss 6 standard deviations of a difference: σ̂ = {format_number(sigma[0])} at the "
+                f"current q(u) and {format_number(sigma[1])} a step on, each from {NOISE_SAMPLES} evaluations)" if max(sigma)
+                else "(√ε·max(|loss|, 1))"))
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:
@@ -215,15 +227,15 @@ def stage(run: Run) -> Outcome:
         own = GammaTrial(ctx.gamma, False, None, f"step 1 of {ctx.gamma_steps}: {first}" if ctx.gamma_steps > 1 else first, ctx.gamma_steps, (), 1)
     elif ctx.gamma_steps == 1 and run.gp.loss_after is not None:  # GPflow's one step is already taken: its loss
         after = run.gp.loss_after
-        if after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0):
+        if after > step.loss + rounding(step.loss, ctx.np_dtype, sigmas(ev)[0]):
             noise(ev, step)  # is the rise the loss's noise?
-        rose = after > step.loss + rounding(step.loss, ctx.np_dtype, ev.noise or 0.0)
+        rose = after > step.loss + rounding(step.loss, ctx.np_dtype, sigmas(ev)[0])
         why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if rose else ""
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:
         own = _trial(ev, ctx.gamma, step, own=True)
     proven = any(c.name == "reproduction" and c.passed for c in run.earlier)
     suggested, trials = search(ev, step, own, proven) if ctx.search else (own.gamma if own.healthy else None, (own,))
-    check = _health_check(ctx, step, ev.noise or 0.0, own, suggested, trials)
+    check = _health_check(ctx, step, ev.noise_at, own, suggested, trials)
     result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)

@@ -20,7 +20,7 @@ from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, GpflowStep, Healthy, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, raised, resolve_mode,
+    Context, Evaluator, GpflowStep, Healthy, Rise, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, raised, resolve_mode,
     step_from_gradients, Trial, traced,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
@@ -135,7 +135,7 @@ class PairEvaluator(Evaluator):
         with restored(self.variables):
             return finite_loss(loss)
 
-    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: float, *, own: bool = False) -> Trial:
+    def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: Rise, *, own: bool = False) -> Trial:
         import tensorflow as tf
 
         dtype = self.q_mu.dtype
