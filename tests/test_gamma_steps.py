@@ -364,3 +364,22 @@ def test_real_data__a_gamma_that_crashes_training_fails_at_gpflows_failing_step(
     assert report.check("step_health").detail.startswith(f"gamma = {gamma:g} fails at step {failed}")
     g = report.suggested_gamma
     assert g is not None and g < gamma and _oracle(model, data, g, K)[1] is None
+
+
+def test_suggestion__at_the_optimum_keeps_the_gamma_in_use_and_away_from_it_moves():
+    """At the optimum every γ ties: the suggestion was one grid notch below the γ checked (1 → 0.3, 0.1 → 0.03), so a
+    monitor's suggestion drifted down at every check. The oracle for the optimum: another GPflow NaturalGradient(1)
+    step leaves the loss to rounding. Away from it (a fresh q(u)) γ = 1 is still suggested from γ = 0.1."""
+    demo = make_model("svgp", "gaussian", num_inducing=8, num_data=60)
+    model, data = demo.model, tuple(tf.constant(d) for d in demo.data)
+    fresh = gpflow.utilities.deepcopy(model)
+    opt = gpflow.optimizers.NaturalGradient(1.0)
+    for _ in range(3):
+        opt.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+    before = float(model.training_loss(data))
+    copy_ = gpflow.utilities.deepcopy(model)
+    opt.minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+    assert abs(float(copy_.training_loss(data)) - before) <= 1e-8 * abs(before)
+    for gamma in (1.0, 0.1):
+        assert check_natgrad(model, data, gamma=gamma, mode="fast", progress=False).suggested_gamma == gamma
+    assert check_natgrad(fresh, data, gamma=0.1, mode="fast", progress=False).suggested_gamma == 1.0

@@ -125,14 +125,15 @@ def spread(evaluate: Callable[[], float | None], first: float | None, dtype: Any
     return float(np.std([v for v in values if v is not None], ddof=1))
 
 
-def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, noise: float = 0.0) -> float | None:
+def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, noise: float = 0.0, keep: float | None = None) -> float | None:
     """The γ with the lowest loss after its k steps among the trials healthy for all k; ties (:func:`rounding`) go to
-    the smaller γ; None when no trial is healthy.
+    ``keep`` (the γ checked) when it is among them, else to the smaller γ; None when no trial is healthy. At the
+    optimum every γ ties, and the suggestion is the γ in use rather than one notch below it at every check.
 
     Examples:
         >>> t = [GammaTrial(1.0, True, 5.0), GammaTrial(0.1, True, 2.0), GammaTrial(0.01, True, 2.0), GammaTrial(3.0, False, None)]
-        >>> best_gamma(t, np.float64)
-        0.01
+        >>> best_gamma(t, np.float64), best_gamma(t, np.float64, keep=0.1), best_gamma(t, np.float64, keep=1.0)
+        (0.01, 0.1, 0.01)
         >>> best_gamma([GammaTrial(1.0, False, None)], np.float64) is None
         True
     """
@@ -141,7 +142,9 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, no
         return None
     tie = rounding(max(abs(loss) for _, loss in usable), dtype, noise)
     # smallest γ first: a larger γ replaces the best only when its loss is lower beyond a tie
-    return functools.reduce(lambda best, t: t if t[1] < best[1] - tie else best, usable)[0]
+    best = functools.reduce(lambda best, t: t if t[1] < best[1] - tie else best, usable)
+    kept = dict(usable).get(keep) if keep is not None else None
+    return keep if kept is not None and kept <= best[1] + tie else best[0]
 
 
 def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> GammaTrial:
@@ -190,7 +193,7 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     else:
         walk(i0, -1, None)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
-    return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1]), trials
+    return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1], keep=own.gamma), trials
 
 
 def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
