@@ -121,8 +121,8 @@ def require_positive_float(value: Any, name: str, *, remedy: str = "") -> float:
         >>> require_positive_float(1e-6, "eps")
         1e-06
     """
-    v = converted(lambda: float(value), f"{name} must be a number.", name, "a finite float > 0", repr(value),
-                  remedy or f"pass {name} as a float.")
+    v = converted(lambda: float(value if not isinstance(value, (str, bytes, bool, np.bool_)) else None),  # "1", True
+                  f"{name} must be a number.", name, "a finite float > 0", repr(value), remedy or f"pass {name} as a float.")
     if not np.isfinite(v) or v <= 0:
         raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, remedy or f"pass a finite {name} > 0.")
     return v

@@ -528,7 +528,7 @@ def test_check_natgrad__noise_variance_at_gpflows_lower_bound_does_not_raise(kin
     assert any(c.name == "conjugate_optimality" for c in report.checks)  # the oracle was built and compared
 
 
-@pytest.mark.parametrize("gamma", ["abc", -1.0, 0.0, float("nan"), None])
+@pytest.mark.parametrize("gamma", ["abc", "1", True, -1.0, 0.0, float("nan"), None])
 def test_monitor__bad_gamma_fails_at_construction(gamma):
     import gpflow
 

@@ -230,8 +230,9 @@ def test_natgrad_trace__step_leaving_pd_cone__raises_step_failed_with_gamma():
         nd.natgrad_trace(s.q_mu, s.q_sqrt, s.q_mu_grad, big, gamma=1.0)
 
 
-@pytest.mark.parametrize("gamma", [0.0, -1.0, float("nan"), "big"])
+@pytest.mark.parametrize("gamma", [0.0, -1.0, float("nan"), "big", "1", True])
 def test_natgrad_trace__bad_gamma(gamma):
+    """A string is refused even when float() reads it (check_natgrad(gamma="1") ran with γ = 1), as a bool is."""
     with pytest.raises(InputError, match="gamma"):
         nd.natgrad_trace(*nd.seed_scenario(), gamma=gamma)
 

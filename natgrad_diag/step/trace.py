@@ -104,8 +104,6 @@ def resolve_xi_transform(xi_transform: Any) -> Any:
 
 def _validate_gamma(gamma: Any) -> float:
     remedy = "pass a step length in (0, 1]; 1 is the exact step for a Gaussian likelihood."
-    if isinstance(gamma, (bool, np.bool_)):  # True is not the step length 1
-        raise input_error("gamma must be a number, not a bool.", "gamma", "a finite float > 0", repr(gamma), remedy)
     return require_positive_float(gamma, "gamma", remedy=remedy)
 
 
