@@ -121,8 +121,12 @@ def require_positive_float(value: Any, name: str, *, remedy: str = "") -> float:
         >>> require_positive_float(1e-6, "eps")
         1e-06
     """
-    v = converted(lambda: float(value if not isinstance(value, (str, bytes, bool, np.bool_)) else None),  # "1", True
-                  f"{name} must be a number.", name, "a finite float > 0", repr(value), remedy or f"pass {name} as a float.")
+    def number() -> float:
+        if isinstance(value, (str, bytes, bool, np.bool_)):  # float() reads "1" and True
+            raise TypeError(type(value).__name__)
+        return float(value)
+
+    v = converted(number, f"{name} must be a number.", name, "a finite float > 0", repr(value), remedy or f"pass {name} as a float.")
     if not np.isfinite(v) or v <= 0:
         raise input_error(f"{name} must be finite and > 0.", name, "a finite float > 0", v, remedy or f"pass a finite {name} > 0.")
     return v

@@ -77,6 +77,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         super().__init__()
         _validate_options(on_failure, loss_increase, loss_fn)
         every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
+        self.gamma = require_positive_float(gamma, "gamma")
         self.raise_on_failure = require_bool(raise_on_failure, "raise_on_failure") or on_failure == "raise"
         self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
         refuse_swapped(self._pairs)
@@ -85,7 +86,6 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
             if loss_fn is None and not callable(data):  # its loss takes these data: checked and cast once
                 data = validate_data(model, data, model.q_mu.dtype.as_numpy_dtype)
         self.model, self.data, self.xi_transform, self.every = model, data, xi_transform, every
-        self.gamma = require_positive_float(gamma, "gamma")
         self.on_failure, self.loss_increase = on_failure, float(loss_increase)
         self.loss_fn, self.var_list = loss_fn, var_list
         self.gamma_steps = None if gamma_steps is None else validate_gamma_steps(gamma_steps)
