@@ -97,3 +97,39 @@ def test_suggested_gamma__is_a_local_minimum_of_gpflows_losses_on_the_grid():
     for neighbour in GAMMA_GRID[max(i - 1, 0):i + 2]:
         assert oracle[neighbour] is None or oracle[neighbour] >= oracle[s_] * (1 - 1e-12), neighbour
     assert report.to_dict()["gamma_losses"][f"{s_:g}"] == report.gamma_losses[s_]
+
+
+def test_check_natgrad__xisqrtmeanvar_gamma_1_states_each_failure_with_its_check_and_step():
+    """``natgrad-diag check --xi meanvar`` (the CLI's demo SVGP, γ = 1). Oracle: GPflow's own optimizer on a copy,
+    whose first step is finite with a negative q_sqrt diagonal and whose NaN (GPflow refuses to assign it) comes steps
+    later, within conjugate_convergence's walk. The evidence names step_health's step 1 with GPflow's entry, and the
+    NaN as a step of the walk, not as the one step."""
+    import gpflow
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import XiSqrtMeanVar
+
+    from natgrad_diag import check_natgrad
+    from natgrad_diag.checks.conjugate import CONVERGENCE_STEPS
+    from natgrad_diag.demo import make_model
+    from natgrad_diag.report.records import format_number
+
+    model, data = make_model("svgp", "gaussian")
+    copy, q_sqrts = gpflow.utilities.deepcopy(model), []
+    opt = gpflow.optimizers.NaturalGradient(1.0, XiSqrtMeanVar())
+    for _ in range(CONVERGENCE_STEPS):
+        try:
+            opt.minimize(lambda: copy.training_loss(data), [(copy.q_mu, copy.q_sqrt)])
+        except tf.errors.InvalidArgumentError:
+            break
+        q_sqrts.append(copy.q_sqrt.numpy())
+    assert 1 <= len(q_sqrts) < CONVERGENCE_STEPS and all(np.isfinite(q).all() for q in q_sqrts)  # NaN after step 1
+    diag = np.diagonal(q_sqrts[0], axis1=-2, axis2=-1)
+    l_, m_ = np.argwhere(diag <= 0)[0]
+    entry = f"non-positive diagonal entry q_sqrt[{l_}, {m_}, {m_}] = {format_number(float(diag[l_, m_]))}"
+    report = check_natgrad(model, data, gamma=1.0, xi_transform=XiSqrtMeanVar(), progress=False)
+    cause = next(c for c in report.causes if c.name == "step_too_long")
+    health_part = f"step_health: gamma = 1 fails at step 1: the new q_sqrt has a {entry}; conjugate_convergence: "
+    assert cause.evidence.startswith(health_part)
+    walk_part = cause.evidence[len(health_part):]
+    assert walk_part.startswith(f"a step of its {CONVERGENCE_STEPS}-step walk failed: ") and "NaN or Inf" in walk_part
+    assert report.lead.count(entry) == 1  # said once, by the cause

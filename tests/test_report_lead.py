@@ -19,8 +19,8 @@ from natgrad_diag.checks.causes import Cause
 from natgrad_diag.checks.report import GammaTrial, NatGradReport
 from natgrad_diag import pictures as plots
 from natgrad_diag.report.html import to_html_fragment
-from natgrad_diag.report.records import Check
-from natgrad_diag.report.timeline import TrainingTimeline, timeline_html
+from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.timeline import TrainingTimeline, timeline_html, timeline_of
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 from tests.test_render import PNG_SIGNATURE, _Parsed
 
@@ -220,3 +220,41 @@ def test_timeline__of_a_real_monitor_and_its_html_fragment():
     fragment = timeline_html(monitor)
     assert 'id="figure-timeline"' in fragment and "Verdict: <span class=\"fail\">1 of 1 check(s) FAILED." in fragment
     assert "; gamma now 0.5." in fragment
+
+
+def test_timeline_lead__of_a_real_run_starts_at_the_loss_before_training_and_counts_the_rollback():
+    """Step 0 lowers the loss and is checked (a check and a guard record at step 0); at step 1 γ = 10 leaves the cone
+    and is rolled back. Oracles: the model's training loss before and after training, GPflow's own γ = 10 step on a
+    copy (it raises), and q(u) after step 1 equal to q(u) before it."""
+    import gpflow
+    import tensorflow as tf
+
+    from natgrad_diag import NatGradMonitor
+    from natgrad_diag.demo import make_model
+
+    m, (X, Y) = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
+    data = (tf.constant(X), tf.constant(Y))
+    gpflow.set_trainable(m.q_mu, False)
+    gpflow.set_trainable(m.q_sqrt, False)
+    start = float(m.training_loss(data))
+    monitor = NatGradMonitor(m, data, gamma=1.0, on_failure="rollback", every=2)
+    natgrad = gpflow.optimizers.NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    for step in range(4):
+        if step == 1:  # γ raised to 10: GPflow's own step with it fails on a copy
+            natgrad.gamma.assign(10.0)
+            copy, q_before = gpflow.utilities.deepcopy(m), (m.q_mu.numpy(), m.q_sqrt.numpy())
+            pair = [(copy.q_mu, copy.q_sqrt)]
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                gpflow.optimizers.NaturalGradient(10.0).minimize(lambda: copy.training_loss(data), pair)
+        with monitor.guard(step, natgrad):
+            natgrad.minimize(lambda: m.training_loss(data), [(m.q_mu, m.q_sqrt)])
+        if step == 1:
+            assert all(np.array_equal(a, b.numpy()) for a, b in zip(q_before, (m.q_mu, m.q_sqrt)))  # rolled back
+        monitor(step)
+    end = float(m.training_loss(data))
+    assert end < start and monitor.records[0].step == 0 and monitor.records[0].loss < start  # checked after step 0
+    lead = timeline_of(monitor).lead.splitlines()
+    assert lead[0] == (f"Loss {format_number(start, 8)} at step 0, {format_number(end, 8)} after step 3; "
+                       f"gamma now {monitor.gamma:g}.")  # fmt: skip
+    assert lead[1] == "Failed: 0 of 2 periodic checks, 1 of 4 guarded steps (1 rolled back); the loss ended lower."
+    assert lead[2].startswith("- step 1: rolled back: ")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.checks.bounds import Conditioning
+from natgrad_diag.checks.conjugate import CONVERGENCE_STEPS
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import eps
 
@@ -115,7 +116,12 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     health = [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]
     if health:
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
-        out.append(Cause("step_too_long", tuple(c.name for c in health), health[0].detail.split(";")[0].rstrip(". ") + ".", fix))
+        health.sort(key=lambda c: c.name != "step_health")  # GPflow's own steps, with the failing one, first
+        walk = f"a step of its {CONVERGENCE_STEPS}-step walk failed"  # not the one step the other checks take
+        why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]
+        why = [(n, w.replace("a step failed", walk) if n == "conjugate_convergence" else w) for n, w in why]
+        evidence = "; ".join(f"{n}: {w}" if len(why) > 1 else w for n, w in why)
+        out.append(Cause("step_too_long", tuple(c.name for c in health), evidence + ".", fix))
     mine = [c for c in bad if c.name == "custom_step"]
     for c in mine:
         evidence, _, fix = c.detail.partition(FIX)

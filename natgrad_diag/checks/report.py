@@ -199,7 +199,7 @@ class NatGradReport(Report):
         for cause in self.causes:  # the checks a cause explains, with its evidence and fix
             marks = {c.name: c.mark for c in bad}
             lines.append("- " + " ".join(f"{marks.get(n, 'PASS')} {n}" for n in cause.checks) + f": {cause}")
-        if self.step_error and not any(self.step_error in line for line in lines):
+        if self.step_error and not any(self.step_error.split(": ", 1)[-1] in line for line in lines):  # said in a cause
             lines.append(f"- The step with gamma = {self.gamma:g} failed: {self.step_error}")
         lines.append("")
         k, n = self.gamma_steps, len(self.gamma_trials)

@@ -52,11 +52,23 @@ class TrainingTimeline(Report):
 
     @property
     def lead(self) -> str:
-        """The first and last loss recorded, γ now, and each failure with its cause (the first five)."""
-        losses = sorted([(r.step, r.loss) for r in self.records if r.loss is not None]
-                        + [(r.step, r.loss_before) for r in self.guard_records if r.loss_before is not None])  # fmt: skip
-        lines = [f"Loss {format_number(losses[0][1], 8)} at step {losses[0][0]}, {format_number(losses[-1][1], 8)} at step "
-                 f"{losses[-1][0]}" + ("." if self.gamma is None else f"; gamma now {self.gamma:g}.")] if losses else []  # fmt: skip
+        """The first and last loss recorded (in time: at one step a guarded step's loss before it, a periodic check's
+        loss, the guarded step's loss after it), γ now, how many checks and steps failed, each failure with its cause
+        (the first five)."""
+        losses = sorted([(r.step, 0, r.loss_before, "at") for r in self.guard_records if r.loss_before is not None]
+                        + [(r.step, 1, r.loss, "at") for r in self.records if r.loss is not None]
+                        + [(r.step, 2, r.loss_after, "after") for r in self.guard_records if r.loss_after is not None],
+                        key=lambda e: e[:2])  # fmt: skip
+        (s0, _, first, _), (s1, _, last, at) = (losses[0], losses[-1]) if losses else ((0, 0, 0.0, ""),) * 2
+        lines = [f"Loss {format_number(first, 8)} at step {s0}, {format_number(last, 8)} {at} step {s1}"
+                 + ("." if self.gamma is None else f"; gamma now {self.gamma:g}.")] if losses else []  # fmt: skip
+        n_bad, n_failed = sum(not r.passed for r in self.records), sum(r.status != "ok" for r in self.guard_records)
+        if n_bad or n_failed:  # what failed, and where training ended
+            back = sum(bool(r.rolled_back) for r in self.guard_records)
+            parts = [f"{n} of {len(rs)} {what}" for n, rs, what in ((n_bad, self.records, "periodic checks"),
+                     (n_failed, self.guard_records, f"guarded steps ({back} rolled back)")) if rs]  # fmt: skip
+            trend = "; the loss ended lower" if last < first else "; the loss did not end lower"
+            lines.append(f"Failed: {', '.join(parts)}{trend if len(losses) > 1 else ''}.")
         events = self.events()
         lines += [f"- step {step}: {what}: {why}" for step, what, _, _, why in events[:5]]
         if len(events) > 5:
