@@ -109,12 +109,13 @@ def fisher_condition_estimate(q_mu: Array, q_sqrt: Array, extremes: tuple[Array,
     """
     lo_all, hi_all = extremes if extremes is not None else factor_extremes(q_sqrt)
     out = 1.0
-    for l_ in range(q_sqrt.shape[0]):
-        lo, hi = float(lo_all[l_]), float(hi_all[l_])
-        k = float(_ratio(np.array(lo), np.array(hi)))
-        m2 = float(np.max(np.abs(q_mu[:, l_]))) ** 2
-        est = (hi * (1.0 + 4.0 * m2) + 2.0 * hi**2) ** 2 / (2.0 * lo**3) if lo > 0 else np.inf
-        out = max(out, est, k**2)
+    with np.errstate(over="ignore", invalid="ignore"):  # a q(u) far out (a diverging walk): ∞, not an OverflowError
+        for l_ in range(q_sqrt.shape[0]):
+            lo, hi = np.float64(lo_all[l_]), np.float64(hi_all[l_])
+            k = float(_ratio(np.array(lo), np.array(hi)))
+            m2 = np.float64(np.max(np.abs(q_mu[:, l_]))) ** 2
+            est = (hi * (1.0 + 4.0 * m2) + 2.0 * hi**2) ** 2 / (2.0 * lo**3) if lo > 0 else np.inf
+            out = max(out, float(est) if est == est else np.inf, k**2)  # ∞/∞: ∞
     return float(out)
 
 
