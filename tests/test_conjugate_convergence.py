@@ -80,7 +80,7 @@ def _wrong_walk(monkeypatch, change):
 # 1. XiNat: the distance ratio is |1 − γ|, a contraction for 0 < γ < 2 only
 
 
-@pytest.mark.parametrize("gamma", [1.2, 1.5])
+@pytest.mark.parametrize("gamma", [1.2, pytest.param(1.5, marks=pytest.mark.slow)])
 def test_xinat_gamma_between_1_and_2_contracts_by_abs_1_minus_gamma_like_gpflows_optimizer(gamma):
     m, data = _svgp(40, 6, Z_first=True)
     c = _check(m, data, gamma=gamma)
@@ -91,7 +91,7 @@ def test_xinat_gamma_between_1_and_2_contracts_by_abs_1_minus_gamma_like_gpflows
     np.testing.assert_allclose(d[1:] / d[:-1], abs(1 - gamma), rtol=1e-8)  # ... contracting by |1 − γ|
 
 
-@pytest.mark.parametrize("gamma", [2.0, 2.5])
+@pytest.mark.parametrize("gamma", [2.0, pytest.param(2.5, marks=pytest.mark.slow)])
 def test_xinat_gamma_2_or_more_never_contracts_and_fails_as_gpflows_optimizer_oscillates_or_diverges(gamma):
     m, data = _svgp(40, 6, Z_first=True)
     r = _report(m, data, gamma=gamma)  # |1 − γ| ≥ 1: no contraction
@@ -133,6 +133,7 @@ def test_q_u_already_at_the_optimum_is_converged():
     np.testing.assert_allclose(losses, losses[0], rtol=np.sqrt(EPS))  # GPflow's optimizer holds the loss
 
 
+@pytest.mark.slow
 def test_xisqrtmeanvar_gamma_so_large_that_gpflows_optimizer_diverges_still_fails():
     m, data = _svgp(30, 6, pre=[0.3] * 8)
     r = _report(m, data, gamma=3.0, xi_transform=XiSqrtMeanVar())
@@ -141,6 +142,7 @@ def test_xisqrtmeanvar_gamma_so_large_that_gpflows_optimizer_diverges_still_fail
     assert losses[-1] > losses[0] and d[-1] > 10 * d[0]  # GPflow's optimizer moves away from θ*
 
 
+@pytest.mark.slow
 def test_a_wrong_step_moving_away_from_the_optimum_still_fails(monkeypatch):
     m, data = _svgp(20, 5, pre=[1.0] * 3)  # whitened, at θ*
     losses, _, _ = _gpflow(m, data, 1.0, XiSqrtMeanVar())
@@ -161,7 +163,7 @@ def test_a_wrong_step_moving_away_from_the_optimum_still_fails(monkeypatch):
 # 3. Large means: GPflow's S = η₂ − η₁η₁ᵀ loses κ_η = (λmax(S) + ‖m‖²)/λmin(S) digits
 
 
-@pytest.mark.parametrize("gamma", [0.3, 0.5])
+@pytest.mark.parametrize("gamma", [0.3, pytest.param(0.5, marks=pytest.mark.slow)])
 def test_large_targets_contract_by_1_minus_gamma_within_the_kappa_eta_bound(gamma):
     m, data = _svgp(40, 6, scale=1e4, Z_first=True)  # ‖m‖ ~ 1e4 along the walk, noise variance 1
     c = _check(m, data, gamma=gamma)
@@ -171,7 +173,7 @@ def test_large_targets_contract_by_1_minus_gamma_within_the_kappa_eta_bound(gamm
     np.testing.assert_allclose(d[1:] / d[:-1], 1 - gamma, rtol=1e-6)
 
 
-@pytest.mark.parametrize(("scale", "off"), [(1.0, 1e-6), (100.0, 1e-6), (1e4, 1e-2)])
+@pytest.mark.parametrize(("scale", "off"), [pytest.param(1.0, 1e-6, marks=pytest.mark.slow), (100.0, 1e-6), (1e4, 1e-2)])
 def test_a_step_off_by_a_small_relative_amount_still_fails(monkeypatch, scale, off):
     m, data = _svgp(40, 6, scale=scale, Z_first=True)
     _, d, _ = _gpflow(m, data, 0.5)
@@ -181,6 +183,7 @@ def test_a_step_off_by_a_small_relative_amount_still_fails(monkeypatch, scale, o
     assert c.status == "fail", str(c)
 
 
+@pytest.mark.slow
 def test_a_wrong_xi_still_fails(monkeypatch):
     m, data = _svgp(40, 6, scale=100.0, Z_first=True)
     _, d, _ = _gpflow(m, data, 0.1)

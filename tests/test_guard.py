@@ -331,8 +331,8 @@ def test_guard__minibatches_of_two_sizes_and_data_changed_in_place_give_gpflows_
         assert monitor.guard_records[-1].loss_after == pytest.approx(expected, rel=1e-12), step
 
 
-@pytest.mark.parametrize("wrong", [False, True], ids=["gpflow", "default_seed"])
-@pytest.mark.parametrize("natgrad_first", [True, False], ids=["natgrad_then_adam", "adam_then_natgrad"])
+@pytest.mark.parametrize("wrong", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gpflow", "default_seed"])
+@pytest.mark.parametrize("natgrad_first", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["natgrad_then_adam", "adam_then_natgrad"])
 def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first, wrong):
     """docs/training.md's loop runs NaturalGradient and Adam in one compiled step inside the guard. verify=True judges
     the natural-gradient step with the hyperparameters it saw: GPflow's own optimizer passes every step, in either
@@ -371,8 +371,8 @@ def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first,
 
 
 @pytest.mark.parametrize("case, argument", [
-    ("no_data", "data"), ("one_part", "data"), ("wrong_D", "data[0] (X)"), ("batch_of_none", "data"),
-    ("tf_data_iterator", "data"), ("vector_loss", "loss_fn"), ("loss_with_an_argument", "loss_fn"),
+    ("no_data", "data"), *(pytest.param(c, a, marks=pytest.mark.slow) for c, a in (("one_part", "data"), ("wrong_D", "data[0] (X)"),
+    ("batch_of_none", "data"), ("loss_with_an_argument", "loss_fn"))), ("tf_data_iterator", "data"), ("vector_loss", "loss_fn"),
 ])  # fmt: skip
 def test_guard__data_and_loss_fn_it_cannot_evaluate_are_input_errors_naming_them(case, argument):
     """Each was a raw TypeError or ValueError from inside the guard's compiled loss; check_natgrad names the same data."""

@@ -377,7 +377,7 @@ def test_float32__vgp_cholesky_failure_is_reported():
     assert "float32" in report.checks[0].detail and "Cholesky" in report.checks[0].detail
 
 
-@pytest.mark.parametrize("broken", ["Z", "overflow"])
+@pytest.mark.parametrize("broken", ["Z", pytest.param("overflow", marks=pytest.mark.slow)])
 def test_a_broken_model__is_one_failed_check_in_every_mode_naming_the_parameter(broken):
     """A model whose loss is not finite before any step (a NaN inducing point; an unwhitened float32 Poisson SVGP whose
     expected rate overflows) is a failed ``finite_gradients`` check in every mode; full mode raised NonFiniteError on an
