@@ -103,7 +103,7 @@ def test_check_natgrad__xisqrtmeanvar_gamma_1_states_each_failure_with_its_check
     """``natgrad-diag check --xi meanvar`` (the CLI's demo SVGP, γ = 1). Oracle: GPflow's own optimizer on a copy,
     whose first step is finite with a negative q_sqrt diagonal and whose NaN (GPflow refuses to assign it) comes steps
     later, within conjugate_convergence's walk. The evidence names step_health's step 1 with GPflow's entry, and the
-    NaN as a step of the walk, not as the one step."""
+    NaN at the step of the walk where GPflow's optimizer raises, not as the one step."""
     import gpflow
     import tensorflow as tf
     from gpflow.optimizers.natgrad import XiSqrtMeanVar
@@ -131,5 +131,6 @@ def test_check_natgrad__xisqrtmeanvar_gamma_1_states_each_failure_with_its_check
     health_part = f"step_health: gamma = 1 fails at step 1: the new q_sqrt has a {entry}; conjugate_convergence: "
     assert cause.evidence.startswith(health_part)
     walk_part = cause.evidence[len(health_part):]
-    assert walk_part.startswith(f"a step of its {CONVERGENCE_STEPS}-step walk failed: ") and "NaN or Inf" in walk_part
+    failed = len(q_sqrts) + 1  # GPflow's step that raised
+    assert walk_part.startswith(f"step {failed} of its {CONVERGENCE_STEPS}-step walk failed: ") and "NaN or Inf" in walk_part
     assert report.lead.count(entry) == 1  # said once, by the cause

@@ -117,9 +117,9 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     if health:
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         health.sort(key=lambda c: c.name != "step_health")  # GPflow's own steps, with the failing one, first
-        walk = f"a step of its {CONVERGENCE_STEPS}-step walk failed"  # not the one step the other checks take
-        why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]
-        why = [(n, w.replace("a step failed", walk) if n == "conjugate_convergence" else w) for n, w in why]
+        why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]  # each failure as its check saw it
+        why = [(n, w.replace("a step failed (step", "step", 1).replace(f" of {CONVERGENCE_STEPS})", f" of its {CONVERGENCE_STEPS}-step walk failed", 1)
+                if n == "conjugate_convergence" else w) for n, w in why]  # not the one step the other checks take
         evidence = "; ".join(f"{n}: {w}" if len(why) > 1 else w for n, w in why)
         out.append(Cause("step_too_long", tuple(c.name for c in health), evidence + ".", fix))
     mine = [c for c in bad if c.name == "custom_step"]

@@ -250,12 +250,14 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    ctx = ev.ctx
+    ctx, walked = ev.ctx, []
     try:
         ((star, k_star),) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
-        thetas, k_etas = zip(*[_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi)])
+        walked.extend(_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi))  # the start, then each step's q(u)
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", "a step failed", e)
+        at = f" (step {len(walked)} of {steps})" if walked else " (the step to the optimum)"
+        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", "a step failed" + at, e)
+    thetas, k_etas = zip(*walked)
     d = [float(np.linalg.norm(t - star)) for t in thetas]
     scale_theta = max(float(np.linalg.norm(t)) for t in [*thetas, star])
     k_eta = max(k_star, *k_etas)
