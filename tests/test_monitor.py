@@ -60,6 +60,18 @@ def test_monitor__records_every_k_steps_of_a_real_training_run():
         monitor.records[0].loss = 0.0  # frozen
 
 
+def test_monitor__the_periodic_check_judges_the_loss_fn_the_guard_judges():
+    """With a model and a loss_fn (here the training loss plus a penalty on q_mu), the periodic check judged the
+    model's own loss while the guard judged loss_fn; both now judge loss_fn (oracle: loss_fn() itself)."""
+    model, data = _setup()
+    loss_fn = lambda: model.training_loss(data) + 10.0 * tf.reduce_sum(tf.square(model.q_mu))  # noqa: E731
+    model.q_mu.assign(np.ones_like(model.q_mu.numpy()))
+    monitor = NatGradMonitor(model, data, gamma=0.1, loss_fn=loss_fn)
+    monitor(0)
+    assert monitor.records[0].loss == pytest.approx(float(loss_fn().numpy()), rel=1e-12)
+    assert abs(monitor.records[0].loss - float(model.training_loss(data).numpy())) > 1.0
+
+
 def test_monitor__inside_gpflow_monitor_group_with_a_data_callable():
     model, data = _setup("bernoulli")
     task = NatGradMonitor(model, lambda: data, gamma=0.3)

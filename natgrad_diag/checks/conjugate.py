@@ -250,7 +250,7 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    ctx, walked = ev.ctx, []
+    ctx, walked = ev.ctx, list[tuple[Any, float]]()
     try:
         ((star, k_star),) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
         walked.extend(_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi))  # the start, then each step's q(u)

@@ -53,7 +53,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there (a str
             or os.PathLike; the directory is created now).
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
-            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`measure`).
+            −ELBO for a GPflux DeepGP); needed with ``var_list``. Compiled when safe (see :meth:`measure`). The guard
+            and the periodic check both judge it (the check in the var_list form).
         var_list: the (q_mu, q_sqrt) pairs the guarded step moves (default: the model's, see
             :func:`natgrad_diag.checks.pairs.variational_pairs`).
         gamma_steps: passed to :func:`~natgrad_diag.check_natgrad` (None: its default): the suggested γ is the one
@@ -177,7 +178,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
         kw: dict[str, Any] = {} if self.gamma_steps is None else {"gamma_steps": self.gamma_steps}
         kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
-        if self.var_list is None and hasattr(self.model, "q_mu"):
+        if self.var_list is None and self.loss_fn is None and hasattr(self.model, "q_mu"):
             return check_natgrad(self.model, data, **kw)
         pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self._pairs]
         return check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, **kw)
