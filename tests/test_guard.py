@@ -311,6 +311,7 @@ def test_guard__one_loss_evaluation_per_step_and_the_loss_after_is_the_next_loss
     assert records[-1].loss_after == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_guard__minibatches_of_two_sizes_and_data_changed_in_place_give_gpflows_own_loss():
     """The compiled loss is called through one concrete function per batch shape: each guarded step's loss after is
     GPflow's eager training_loss on that step's batch (two batch sizes, then the same arrays overwritten in place)."""
@@ -372,7 +373,7 @@ def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first,
 
 @pytest.mark.parametrize("case, argument", [
     ("no_data", "data"), *(pytest.param(c, a, marks=pytest.mark.slow) for c, a in (("one_part", "data"), ("wrong_D", "data[0] (X)"),
-    ("batch_of_none", "data"), ("loss_with_an_argument", "loss_fn"))), ("tf_data_iterator", "data"), ("vector_loss", "loss_fn"),
+    ("batch_of_none", "data"), ("loss_with_an_argument", "loss_fn"), ("tf_data_iterator", "data"), ("vector_loss", "loss_fn"))),
 ])  # fmt: skip
 def test_guard__data_and_loss_fn_it_cannot_evaluate_are_input_errors_naming_them(case, argument):
     """Each was a raw TypeError or ValueError from inside the guard's compiled loss; check_natgrad names the same data."""
