@@ -20,7 +20,7 @@ from natgrad_diag.step.lapack import one_blas_thread
 from natgrad_diag.tolerance import default_tolerance, eps, rounding_bound
 from natgrad_diag.typing import Array
 
-__all__ = ["Before", "Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_FACTOR", "Tolerances", "before_step", "bounded_check", "factor_extremes", "finite", "fisher_condition_estimate", "kappa", "maxabs", "measure_conditioning", "natgrad_bound", "natgrad_tolerances", "new_extremes", "scale", "with_overrides"]
+__all__ = ["Before", "Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_FACTOR", "Tolerances", "before_step", "bounded_check", "factor_extremes", "finite", "fisher_condition_estimate", "kappa", "kappa_eta", "maxabs", "measure_conditioning", "natgrad_bound", "natgrad_tolerances", "new_extremes", "scale", "with_overrides"]
 
 
 def maxabs(a: Any) -> float:
@@ -195,6 +195,13 @@ def _finite_extremes(factor: Array | None) -> tuple[Array | None, Array | None]:
     return factor_extremes(factor) if factor is not None and np.all(np.isfinite(factor)) else (None, None)
 
 
+def kappa_eta(q_mu: Array, lo_S: Array, hi_S: Array) -> float:
+    """The worst (λmax(S) + ‖m‖²)/λmin(S) over the L latent GPs (:attr:`Conditioning.kappa_eta`), from q_mu [M, L]
+    and λmin(S), λmax(S) [L]."""
+    m2 = np.sum(np.reshape(q_mu, (-1, lo_S.shape[0])) ** 2, axis=0) if np.size(q_mu) else np.zeros_like(lo_S)  # ‖m_l‖²
+    return float(_ratio(lo_S, hi_S + m2).max())
+
+
 @dataclass(frozen=True)
 class Before:
     """What :func:`measure_conditioning` needs from before the step: q(u) as float64, λ(S) per latent GP [L] and
@@ -212,8 +219,7 @@ class Before:
         lo_S, hi_S, (lo_N, hi_N) = self.lo_S, self.hi_S, new_extremes
         k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
         q_mu = self.q_mu
-        m2 = np.sum(q_mu.reshape(-1, lo_S.shape[0]) ** 2, axis=0) if q_mu.size else np.zeros_like(lo_S)  # ‖m_l‖² [L]
-        k_eta = float(_ratio(lo_S, hi_S + m2).max())
+        k_eta = kappa_eta(q_mu, lo_S, hi_S)
         k_new, cancel = None, 1.0
         if lo_N is not None and hi_N is not None:
             k_new, lo_new = float(_ratio(lo_N, hi_N).max()), float(lo_N.min())

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.checks.bounds import Bound, Conditioning, bounded_check, measure_conditioning, natgrad_bound
+from natgrad_diag.checks.bounds import Bound, Conditioning, bounded_check, factor_extremes, finite, kappa_eta, natgrad_bound
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.exceptions import StepFailedError, error_line
@@ -234,8 +234,9 @@ def _naturals(model: Any) -> tuple[Array, float]:
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
     t = meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))
-    k_eta = measure_conditioning(None, model.q_mu.numpy(), model.q_sqrt.numpy(), None).kappa_eta
-    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in t]), float("inf" if k_eta is None else k_eta)
+    q_mu, q_sqrt = np.asarray(model.q_mu.numpy(), np.float64), np.asarray(model.q_sqrt.numpy(), np.float64)
+    k_eta = kappa_eta(q_mu, *factor_extremes(q_sqrt)) if finite(q_mu, q_sqrt) else np.inf
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in t]), float(k_eta)
 
 
 def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
