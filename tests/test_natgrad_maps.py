@@ -171,3 +171,9 @@ def test_natgrad_map_jacobian__not_positive_definite_or_mixed_dtypes_are_refused
     e1, e2 = _eta(3, 1, seed=4)
     with pytest.raises(DTypeMismatchError, match=r"eta2 has another dtype than eta1(.|\n)*float64"):
         natgrad_map_jacobian(e1, e2.astype(np.float32))
+    e1, e2 = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[[2, 0], [0, 3]], [[3, 1], [1, 2]]])  # an integer eta2
+    np.testing.assert_array_equal(natgrad_map_jacobian(e1, e2).matrix, natgrad_map_jacobian(e1, e2.astype(float)).matrix)
+    f32 = e1.astype(np.float32)  # integers take the float's dtype (no DTypeMismatchError against float32)
+    np.testing.assert_array_equal(natgrad_map_jacobian(f32, e2).matrix, natgrad_map_jacobian(f32, e2.astype(np.float32)).matrix)
+    with pytest.raises(DTypeMismatchError, match=r"eta1 is not real numbers(.|\n)*complex128"):
+        natgrad_map_jacobian(e1 + 0j, e2)

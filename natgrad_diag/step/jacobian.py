@@ -39,8 +39,12 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array, list[Array]]:
     if e1.dtype in floats and e2.dtype in floats and e1.dtype != e2.dtype:
         raise input_error("eta2 has another dtype than eta1.", "eta2", f"{e1.dtype} (like eta1)", str(e2.dtype),
                           "cast both to one dtype, e.g. float64.", kind=DTypeMismatchError)
-    if e1.dtype not in floats:
-        e1, e2 = e1.astype(np.float64), e2.astype(np.float64)
+    for name, arr in (("eta1", e1), ("eta2", e2)):
+        if arr.dtype.kind not in "biuf":
+            raise input_error(f"{name} is not real numbers.", name, "a float (or integer) array", str(arr.dtype),
+                              "pass real arrays, e.g. float64.", kind=DTypeMismatchError)
+    dtype = next((a.dtype for a in (e1, e2) if a.dtype in floats), np.dtype(np.float64))  # integers take the float's
+    e1, e2 = e1.astype(dtype, copy=False), e2.astype(dtype, copy=False)
     require_finite(e1, "eta1")
     require_finite(e2, "eta2")
     diff = np.abs(e2 - np.swapaxes(e2, -1, -2))
