@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -91,10 +91,7 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
         if np.any(ci[upper]):  # not triangular: form C Cᵀ
             lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
         else:
-            ctc, info = lauum(ci, lower=1)  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
-            if info != 0:
-                continue
-            lam = _eigvalsh(ctc)
+            lam = _eigvalsh(lauum(ci, lower=1)[0])  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
         lo[i], hi[i] = lam[0], lam[-1]
     return lo, hi
 
@@ -110,12 +107,9 @@ def fisher_condition_estimate(q_mu: Array, q_sqrt: Array, extremes: tuple[Array,
     lo_all, hi_all = extremes if extremes is not None else factor_extremes(q_sqrt)
     out = 1.0
     with np.errstate(over="ignore", invalid="ignore"):  # a q(u) far out (a diverging walk): ∞, not an OverflowError
-        for l_ in range(q_sqrt.shape[0]):
-            lo, hi = np.float64(lo_all[l_]), np.float64(hi_all[l_])
-            k = float(_ratio(np.array(lo), np.array(hi)))
-            m2 = np.float64(np.max(np.abs(q_mu[:, l_]))) ** 2
-            est = (hi * (1.0 + 4.0 * m2) + 2.0 * hi**2) ** 2 / (2.0 * lo**3) if lo > 0 else np.inf
-            out = max(out, float(est) if est == est else np.inf, k**2)  # ∞/∞: ∞
+        for lo, hi, m in zip(*(np.asarray(a, np.float64) for a in (lo_all, hi_all, np.max(np.abs(q_mu), axis=0)))):
+            est = (hi * (1.0 + 4.0 * m**2) + 2.0 * hi**2) ** 2 / (2.0 * lo**3) if lo > 0 else np.inf
+            out = max(out, float(est) if est == est else np.inf, float(_ratio(lo, hi) ** 2))  # ∞/∞: ∞
     return float(out)
 
 
@@ -130,8 +124,7 @@ class Conditioning:
             θ₂ − γ·∂L/∂η₂ cancels (1e5 on GPflow's #767 state, q_sqrt = 1e-3·I).
         kappa_Kuu: κ(Kuu + jitter·I) (K(X) + jitter·I for a VGP); None when it could not be formed.
         min_eig_Kuu: λmin of that matrix (None with it).
-        kappa_F: κ(F), F = ∂η/∂θ: measured in full mode, else :func:`fisher_condition_estimate`.
-        kappa_F_measured: whether ``kappa_F`` was measured on the explicit F.
+        kappa_F: κ(F), F = ∂η/∂θ: measured in full mode (``kappa_F_measured``), else :func:`fisher_condition_estimate`.
         kappa_eta: worst (λmax(S) + ‖m‖²)/λmin(S) over the L latent GPs: the condition of GPflow's route through the
             expectation parameters, which recovers S = η₂ − η₁η₁ᵀ with η₂ = S + m mᵀ and so loses ‖η₂‖/λmin(S)
             digits to cancellation (None: not measured, taken as κ(S)).
@@ -150,24 +143,22 @@ class Conditioning:
     def step_condition(self) -> float:
         """κ_η·κ(S_new)·cancellation: the amplification of rounding in GPflow's new q_mu, q_sqrt.
 
-        GPflow's step recovers S = η₂ − η₁η₁ᵀ from η₂ = S + m mᵀ, with relative error ε·κ_η, κ_η =
-        (λmax(S) + ‖m‖²)/λmin(S) ≥ κ(S) (:attr:`kappa_eta`), and ∂L/∂η and θ = (S⁻¹m, −½S⁻¹) inherit it;
-        θ_new = θ − γ·∂L/∂η loses the factor ``cancellation``; inverting θ₂_new back to S_new and q_sqrt_new
-        amplifies by κ(S_new). (On GPflow's #767 state, q_sqrt = 1e-3·I and ‖m‖ ≈ 1, κ_η ≈ 10⁶ while κ(S) = 1.)
+        GPflow's step recovers S with relative error ε·κ_η ≥ ε·κ(S) (:attr:`kappa_eta`), which ∂L/∂η and θ =
+        (S⁻¹m, −½S⁻¹) inherit; θ_new = θ − γ·∂L/∂η loses the factor ``cancellation``; inverting θ₂_new back to S_new
+        and q_sqrt_new amplifies by κ(S_new) (GPflow's #767 state, q_sqrt = 1e-3·I, ‖m‖ ≈ 1: κ_η ≈ 10⁶, κ(S) = 1).
         """
         return max(self.kappa_S, self.kappa_eta or 0.0) * (self.kappa_S_new or 1.0) * self.cancellation
 
     def numbers(self) -> tuple[tuple[str, float], ...]:
-        out = [("κ(S) (worst latent GP)", self.kappa_S)]
-        if self.kappa_eta is not None:
-            out.append(("κ_η = (λmax(S) + ‖m‖²)/λmin(S)", self.kappa_eta))
-        if self.kappa_S_new is not None:
-            out += [("κ(S) after the step", self.kappa_S_new), ("cancellation λmin(S_new)/λmin(S)", self.cancellation)]
-        if self.kappa_Kuu is not None:
-            out.append(("κ(Kuu + jitter·I)", self.kappa_Kuu))
-        if not self.kappa_F_measured:  # a measured κ(F) is already in the numbers as cond(F)
-            out.append(("κ(F) estimate", self.kappa_F))
-        return tuple(out)
+        rows = (
+            ("κ(S) (worst latent GP)", self.kappa_S),
+            ("κ_η = (λmax(S) + ‖m‖²)/λmin(S)", self.kappa_eta),
+            ("κ(S) after the step", self.kappa_S_new),
+            ("cancellation λmin(S_new)/λmin(S)", None if self.kappa_S_new is None else self.cancellation),
+            ("κ(Kuu + jitter·I)", self.kappa_Kuu),
+            ("κ(F) estimate", None if self.kappa_F_measured else self.kappa_F),  # a measured κ(F) is already cond(F)
+        )
+        return tuple((name, value) for name, value in rows if value is not None)
 
 
 def _kuu(model: Any) -> Array | None:
@@ -177,61 +168,51 @@ def _kuu(model: Any) -> Array | None:
     jitter = gpflow.config.default_jitter()
     try:
         if isinstance(model, gpflow.models.VGP):
-            X = model.data[0]
-            KX = model.kernel(X, full_cov=True) if not isinstance(model.kernel, gpflow.kernels.MultioutputKernel) else model.kernel(X, full_cov=True, full_output_cov=False)
-            K_jittered: Array = np.asarray(KX) + jitter * np.eye(KX.shape[-1])
-            return K_jittered
-        K = np.asarray(gpflow.covariances.Kuu(model.inducing_variable, model.kernel, jitter=jitter))
+            multi = {"full_output_cov": False} if isinstance(model.kernel, gpflow.kernels.MultioutputKernel) else {}
+            K: Array = np.asarray(model.kernel(model.data[0], full_cov=True, **multi)) + jitter * np.eye(model.data[0].shape[0])
+        else:
+            K = np.asarray(gpflow.covariances.Kuu(model.inducing_variable, model.kernel, jitter=jitter))
     except Exception:  # noqa: BLE001 - an exotic kernel or inducing variable: κ(Kuu) is then not reported
         return None
     if K.ndim == 4:  # [M, L, M, L]
-        M, L = K.shape[0], K.shape[1]
-        return K.reshape(M * L, M * L)[None]
+        return K.reshape(K.shape[0] * K.shape[1], -1)[None]
     return K if K.ndim == 3 else K[None]
-
-
-def _finite_extremes(factor: Array | None) -> tuple[Array | None, Array | None]:
-    """:func:`factor_extremes` of a finite factor, (None, None) for none or a non-finite one."""
-    return factor_extremes(factor) if factor is not None and np.all(np.isfinite(factor)) else (None, None)
 
 
 def kappa_eta(q_mu: Array, lo_S: Array, hi_S: Array) -> float:
     """The worst (λmax(S) + ‖m‖²)/λmin(S) over the L latent GPs (:attr:`Conditioning.kappa_eta`), from q_mu [M, L]
     and λmin(S), λmax(S) [L]."""
-    m2 = np.sum(np.reshape(q_mu, (-1, lo_S.shape[0])) ** 2, axis=0) if np.size(q_mu) else np.zeros_like(lo_S)  # ‖m_l‖²
+    m2 = np.sum(np.reshape(q_mu, (-1, lo_S.shape[0])) ** 2, axis=0)  # ‖m_l‖² [L]
     return float(_ratio(lo_S, hi_S + m2).max())
 
 
 @dataclass(frozen=True)
 class Before:
-    """What :func:`measure_conditioning` needs from before the step: q(u) as float64, λ(S) per latent GP [L] and
-    κ(Kuu), λmin(Kuu) (None without a model)."""
+    """What :func:`measure_conditioning` needs from before the step: λ(S) per latent GP [L], κ(Kuu), λmin(Kuu) (None
+    without a model), κ_η and the estimate of κ(F)."""
 
-    q_mu: Array
-    q_sqrt: Array
     lo_S: Array
     hi_S: Array
     kappa_Kuu: float | None
     min_eig_Kuu: float | None
+    kappa_eta: float
+    kappa_F: float
 
     def after(self, new_extremes: tuple[Array | None, Array | None]) -> Conditioning:
         """The :class:`Conditioning`, given λ(S_new)'s extremes (:func:`new_extremes`; (None, None): no new factor)."""
         lo_S, hi_S, (lo_N, hi_N) = self.lo_S, self.hi_S, new_extremes
         k_S, lo = float(_ratio(lo_S, hi_S).max()), float(lo_S.min())
-        q_mu = self.q_mu
-        k_eta = kappa_eta(q_mu, lo_S, hi_S)
         k_new, cancel = None, 1.0
         if lo_N is not None and hi_N is not None:
             k_new, lo_new = float(_ratio(lo_N, hi_N).max()), float(lo_N.min())
             cancel = max(1.0, lo_new / lo) if lo > 0 and lo_new > 0 else float("inf")
-        kappa_F = fisher_condition_estimate(q_mu, self.q_sqrt, (lo_S, hi_S))
-        return Conditioning(k_S, k_new, float(cancel), self.kappa_Kuu, self.min_eig_Kuu, kappa_F, False, k_eta)
+        return Conditioning(k_S, k_new, float(cancel), self.kappa_Kuu, self.min_eig_Kuu, self.kappa_F, False, self.kappa_eta)
 
 
 def before_step(model: Any, q_mu: Array, q_sqrt: Array) -> Before:
-    """κ(Kuu) (``model`` None: not measured) and λ(S) from its factor (:func:`factor_extremes`, in a second thread:
-    LAPACK releases the GIL), by symmetric eigenvalue solves in one BLAS thread, so the numbers do not depend on the
-    split. Needs nothing from the step: a check computes it while the gradients are taken."""
+    """κ(Kuu) (``model`` None: not measured), λ(S) from its factor (:func:`factor_extremes`, in a second thread: LAPACK
+    releases the GIL), κ_η and the κ(F) estimate; the eigenvalue solves run in one BLAS thread, so the numbers do not
+    depend on the split. Needs nothing from the step: a check computes it while the gradients are taken."""
     from concurrent.futures import ThreadPoolExecutor
 
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
@@ -240,14 +221,16 @@ def before_step(model: Any, q_mu: Array, q_sqrt: Array) -> Before:
         K = _kuu(model) if model is not None else None
         k_K, lo_K = (kappa(K)[:2] if K is not None else (None, None))
         lo_S, hi_S = before.result()
-    return Before(q_mu, q_sqrt, lo_S, hi_S, k_K, lo_K)
+    return Before(lo_S, hi_S, k_K, lo_K, kappa_eta(q_mu, lo_S, hi_S), fisher_condition_estimate(q_mu, q_sqrt, (lo_S, hi_S)))
 
 
 def new_extremes(new_q_sqrt: Array | None) -> tuple[Array | None, Array | None]:
     """λmin, λmax of S_new per latent GP from the step's factor, in one BLAS thread; (None, None) for none or a
     non-finite one."""
+    if new_q_sqrt is None or not finite(new_q_sqrt):
+        return None, None
     with one_blas_thread():
-        return _finite_extremes(new_q_sqrt)
+        return factor_extremes(new_q_sqrt)
 
 
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
@@ -337,8 +320,7 @@ class Bound:
     @property
     def inconclusive(self) -> bool:
         """True when the rounding term alone exceeds :data:`MEANINGFUL` of the scale (or is not finite)."""
-        tiny = cast(float, np.finfo(np.float64).tiny)
-        return not np.isfinite(self.rounding) or self.rounding > MEANINGFUL * max(self.scale, tiny)
+        return not np.isfinite(self.rounding) or self.rounding > MEANINGFUL * max(self.scale, float(np.finfo(np.float64).tiny))
 
     def describe(self) -> str:
         """The bound's parts, as a sentence for a check's detail."""

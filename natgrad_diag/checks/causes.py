@@ -65,17 +65,16 @@ def _conditioning_causes(bad: list[Check], cond: Conditioning, dtype: str, jitte
     """ill_conditioning or float32_precision (and jitter) for the checks that the conditioning explains."""
     name, k = _worst_kappa(cond)
     names = tuple(c.name for c in bad)
-    out = []
     if dtype != "float64" and eps("float64") * k < ILL_CONDITIONED:
-        out.append(Cause("float32_precision", names, f"{name} = {format_number(k)}: ε·κ = {format_number(eps(dtype) * k)} in {dtype}, {format_number(eps('float64') * k)} in float64.", "use float64 (gpflow.config.set_default_float(np.float64))."))
+        out = [Cause("float32_precision", names, f"{name} = {format_number(k)}: ε·κ = {format_number(eps(dtype) * k)} in {dtype}, {format_number(eps('float64') * k)} in float64.", "use float64 (gpflow.config.set_default_float(np.float64)).")]
     else:
-        out.append(Cause(
+        out = [Cause(
             "ill_conditioning", names,
             f"{name} = {format_number(k)} (ε·κ = {format_number(eps(dtype) * k)}); κ(S) = {format_number(cond.kappa_S)}, "
             f"the step cancels {format_number(cond.cancellation)}× of θ₂ (GPflow #767).",
             "start from a better-conditioned q(u) (q_sqrt = I, GPflow's default) or take first steps with γ < 1; "
             "use float64 with a larger jitter if κ(Kuu) is the large one.",
-        ))  # fmt: skip
+        )]  # fmt: skip
     if cond.min_eig_Kuu is not None and cond.min_eig_Kuu < 10 * jitter:
         out.append(Cause(
             "jitter", names, f"λmin(Kuu + jitter·I) = {format_number(cond.min_eig_Kuu)} with jitter = {format_number(jitter)}: κ(Kuu) = {format_number(cond.kappa_Kuu)} is set by the jitter.",

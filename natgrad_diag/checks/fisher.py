@@ -94,17 +94,15 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     advance()
     grad_theta = np.concatenate([np.ravel(g) for g in K.vjp([step.dL_dmean, step.dL_dvarsqrt])]).astype(np.float64)
     want = np.concatenate([np.ravel(step.dL_deta1), np.ravel(step.dL_deta2.reshape(L, M * M)[:, lower])])
-    F = F.astype(np.float64)
     try:
         got, cond = np.linalg.solve(F, grad_theta), float(np.linalg.cond(F))
     except np.linalg.LinAlgError:
         got, cond = np.full_like(want, np.inf), float("inf")
     bound = natgrad_bound(ctx.np_dtype, condition=cond, condition_name="κ(F)", scale=scale([want]), rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
     sym = maxabs(F - F.T) / max(maxabs(F), 1e-300)
-    n = L * (M + M * (M + 1) // 2)
     claim = ("F⁻¹·∇θL = ∇ηL: the explicit Fisher matrix F = ∂η/∂θ (natural_to_expectation) solved against ∇θL "
              "(the explicit Jacobian of natural_to_meanvarsqrt contracted with ∂L/∂(m, L_S)) gives GPflow's ∂L/∂η")
-    detail = f"F is {n} × {n}; cond(F) = {format_number(cond)}, F symmetric to {format_number(sym)} (relative)"
+    detail = f"F is {F.shape[0]} × {F.shape[1]}; cond(F) = {format_number(cond)}, F symmetric to {format_number(sym)} (relative)"
     check = bounded_check("fisher_identity", claim, maxabs(got - want), bound, detail)
     return Outcome(checks=(check,), numbers=(("cond(F)", cond), ("max |F − Fᵀ| / max |F|", sym)))
 

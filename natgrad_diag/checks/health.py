@@ -8,7 +8,7 @@ for a stochastic loss, its measured :func:`noise`).
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
-to the first healthy γ and on while the loss keeps falling. Each trial stops at its first failing step.
+to the first healthy γ and on while the loss keeps falling.
 """
 
 from __future__ import annotations
@@ -89,10 +89,9 @@ def noise(ev: Evaluator, step: Step) -> float:
 
     It is measured at the current q(u) and where ``step`` lands: a loss can be deterministic at one and not at the
     other (a GPflux deep GP whose output layer starts at q_mu = 0, q_sqrt = I predicts the same whatever its hidden
-    layer samples, until a step moves it). At each, when a second evaluation differs from the first by more than
-    :func:`rounding` resolves, the loss is stochastic (a Monte Carlo likelihood such as GPflow's Softmax draws new
-    samples at each evaluation), and σ̂ is the sample standard deviation of :data:`NOISE_SAMPLES` evaluations there.
-    Both are kept (``ev.noise_at``; where the step lands: the current one's when it failed) and the larger returned.
+    layer samples, until a step moves it). At each, :func:`spread` tells a stochastic loss (a Monte Carlo likelihood
+    such as GPflow's Softmax draws new samples at each evaluation) and measures σ̂. Both are kept (``ev.noise_at``;
+    where the step lands: the current one's when it failed) and the larger returned.
     """
     if ev.noise is None:
         points: list[tuple[tuple[Array, Array], float | None]] = [(ev.q_arrays, step.loss)]
@@ -207,7 +206,6 @@ def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: Gam
     best = next((t for t in trials if t.gamma == suggested), None)
     trains = f"gamma = {suggested:g} trains (loss {format_number(best.loss)} after {k} step{'s' if k > 1 else ''})" if best is not None and best.loss is not None else ""
     if own.healthy:
-        assert own.loss is not None  # a healthy trial has its loss
         detail = f"loss {step.loss!r} → {own.loss!r} after {steps}."
         if trains and suggested != ctx.gamma:
             detail += f" Suggested: {trains}."

@@ -61,8 +61,7 @@ def stage(run: Run) -> Outcome:
     tolerance does not grow with √n as one relative to ‖∇L‖ would. The analytic side's rounding, about √n·ε·‖∇L‖,
     is far below rtol·‖∇L‖/√n for n < 10¹⁰.
     """
-    ev, step = run.ev, run.step
-    ctx, num_directions = ev.ctx, ev.loss_directions
+    ev, step, ctx = run.ev, run.step, run.ev.ctx
     dtype = np.dtype(ctx.np_dtype).name
     g_m, g_S = np.asarray(step.dL_dmean, np.float64), np.tril(np.asarray(step.dL_dvarsqrt, np.float64))
     h = _step_length(np.asarray(ev.q_arrays[1], np.float64), dtype)
@@ -88,7 +87,7 @@ def stage(run: Run) -> Outcome:
             "so central differences cannot check its gradient; check a likelihood's own gradients with check_gradients "
             "on fixed samples")),))
     claim = (f"the gradients that feed the step, dL/dmean and dL/dvarsqrt, equal central differences of the loss along "
-             f"{num_directions} random direction{'s' if num_directions != 1 else ''} (lower-triangular for q_sqrt)")
+             f"{ev.loss_directions} random direction{'s' if ev.loss_directions != 1 else ''} (lower-triangular for q_sqrt)")
     detail = (
         f"worst direction {i} (seeded): analytic {analytic!r}, central difference {fd!r} (relative "
         f"{format_number(err / max(abs(fd), 1e-300))}); h = {format_number(h)}; bound = 100·ε·|L|/h "

@@ -196,9 +196,8 @@ class NatGradReport(Report):
         bad = [c for status in ("fail", "warn") for c in self.checks if c.status == status]
         explained = {name for cause in self.causes for name in cause.checks}
         lines = [f"- {c.mark} {c.name}: {c.detail or c.claim}" for c in bad if c.name not in explained]
-        for cause in self.causes:  # the checks a cause explains, with its evidence and fix
-            marks = {c.name: c.mark for c in bad}
-            lines.append("- " + " ".join(f"{marks.get(n, 'PASS')} {n}" for n in cause.checks) + f": {cause}")
+        marks = {c.name: c.mark for c in bad}  # each cause with the checks it explains, its evidence and fix
+        lines += ["- " + " ".join(f"{marks.get(n, 'PASS')} {n}" for n in cause.checks) + f": {cause}" for cause in self.causes]
         if self.step_error and not any(self.step_error.split(": ", 1)[-1] in line for line in lines):  # said in a cause
             lines.append(f"- The step with gamma = {self.gamma:g} failed: {self.step_error}")
         lines.append("")

@@ -34,8 +34,7 @@ def stage(run: Run) -> Outcome:
     if ev.explicit_jacobians:
         from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
-        nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
-        nat1, nat2 = tf.cast(nat1, tf.float64), tf.cast(nat2, tf.float64)  # the oracle in float64
+        nat1, nat2 = (tf.cast(t, tf.float64) for t in meanvarsqrt_to_natural(*ev.q_tensors()))  # the oracle in float64
         try:
             J = jacobian(ctx.xi.naturals_to_xi, [nat1, nat2], input_names=("nat1", "nat2"), output_names=("xi1", "xi2"), symmetric=(False, True))
         except MemoryLimitError as e:
