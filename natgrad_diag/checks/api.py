@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import require_bool, validate_data, validate_model
+from natgrad_diag._validate import input_error, require_bool, validate_data, validate_model
 from natgrad_diag.checks import conjugate, custom_step, fisher, health, loss_gradient, mapping, reproduction, xi_forward
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, before_step, measure_conditioning, natgrad_tolerances, new_extremes, with_overrides
 from natgrad_diag.checks.causes import FIX, diagnose
@@ -43,7 +43,7 @@ from natgrad_diag.checks.evaluator import (
 from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.checks.pairs import check_pairs, trainable_note, variational_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
-from natgrad_diag.exceptions import InputError, NatGradCheckError
+from natgrad_diag.exceptions import NatGradCheckError
 from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
@@ -104,11 +104,9 @@ def validate_gamma_steps(gamma_steps: Any) -> int:
     if not is_int or not 1 <= int(gamma_steps) <= MAX_GAMMA_STEPS:
         too_many = f" (each γ of the grid costs gamma_steps steps; more than {MAX_GAMMA_STEPS} is a training run, not a check)"
         why = " (a bool is not a step count)" if is_bool else too_many if is_int and int(gamma_steps) > MAX_GAMMA_STEPS else ""
-        raise InputError(
-            f"gamma_steps must be an integer from 1 to {MAX_GAMMA_STEPS}{why}.",
-            context=[("Argument", "gamma_steps"), ("Expected", f"an int, 1 ≤ gamma_steps ≤ {MAX_GAMMA_STEPS}"), ("Got", repr(gamma_steps))],
-            remedy="pass gamma_steps=5 (the default: the loss after five steps), or gamma_steps=1 for one step.",
-        )
+        raise input_error(f"gamma_steps must be an integer from 1 to {MAX_GAMMA_STEPS}{why}.", "gamma_steps",
+                          f"an int, 1 ≤ gamma_steps ≤ {MAX_GAMMA_STEPS}", repr(gamma_steps),
+                          "pass gamma_steps=5 (the default: the loss after five steps), or gamma_steps=1 for one step.")
     return int(gamma_steps)
 
 
@@ -127,8 +125,7 @@ def _skip(mode: str, resolved: str, M: int, L: int, fisher: bool | None) -> tupl
 
 
 #: Checks run one at a time in a process: fast mode's compiled pieces share one scratch copy per model, and the
-#: var_list form steps the user's own variables (restored afterwards), so two threads checking one model would
-#: overwrite each other's values. Threads calling check_natgrad wait for each other and each gets its own result.
+#: var_list form steps the user's own variables (restored afterwards): two threads would overwrite each other's values.
 _ONE_CHECK_AT_A_TIME = threading.RLock()
 
 
@@ -247,7 +244,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
             "; the model is already broken before any step")  # fmt: skip
         check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
         return _report(ctx, mode, step, Outcome(checks=(check,), health=HealthResult(None, None, (), msg)), None)
-    step, cond = ev.fill_direction(step), before.result().after(new[0].result() if new else (None, None))
+    step, cond = ev.fill_direction(step), before.result().after(new[0].result())
     found = Outcome()
     for stage, points in zip(STAGES, asked):
         probes = tuple((p, next(losses)) for p in points)
@@ -348,16 +345,14 @@ def assert_natgrad_step_matches_gpflow(
         ev = evaluator(dataclasses.replace(ctx, optimizer=optimizer), compiled=False)
         if optimizer is None:
             step, gp = (taken := ev.take()).step, taken.gp
+            if not step.gradients_finite and not step.error:
+                step = dataclasses.replace(step, error="the loss or its gradient is not finite")
+            check = reproduction.check_reproduction(ev, step, gp, measure_conditioning(model, *ev.q_arrays, step.new_q_sqrt))
         else:  # GPflow's step alone: the optimizer's is compared with it, natgrad-diag's is not needed
             step = step_from_gradients(model.q_mu, model.q_sqrt, *loss_and_grads(model, ctx.data))
             scratch = ev.sync()
             gp = gpflow_update(ctx, step.g_mu, step.g_sq, scratch.q_mu, scratch.q_sqrt, lambda: float("nan"))  # no loss after it
-        if not step.gradients_finite and not step.error:
-            step = dataclasses.replace(step, error="the loss or its gradient is not finite")
-        cond = measure_conditioning(model, *ev.q_arrays, step.new_q_sqrt if optimizer is None else gp.q_sqrt)
-        if optimizer is None:
-            check = reproduction.check_reproduction(ev, step, gp, cond)
-        else:
+            cond = measure_conditioning(model, *ev.q_arrays, gp.q_sqrt)
             check = custom_step.stage(Run(ev, step, gp, cond, lambda *args: None)).checks[0]
     if not check.passed:
         who = "natgrad-diag's step" if optimizer is None else f"the step of {custom_step.who(optimizer)}"

@@ -26,7 +26,7 @@ from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step
 from natgrad_diag.checks.health import noise
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
-from natgrad_diag.exceptions import InputError, NatGradDiagError, error_line
+from natgrad_diag.exceptions import NatGradDiagError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.typing import Array
 
@@ -223,11 +223,8 @@ def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, othe
                     if function else f"{who(optimizer)}.minimize(loss_fn, var_list)")
             expected = ("an update function that assigns q_mu and q_sqrt or returns (dL_deta1, dL_deta2)" if function
                         else "minimize(loss_fn, [(q_mu, q_sqrt)]) that updates q_mu and q_sqrt")
-            raise InputError(
-                f"{call} raised {error_line(e, with_type=True)}",
-                context=[("Argument", "optimizer"), ("Expected", expected), ("Got", type(e).__name__)],
-                remedy="call it yourself once on a copy of the model (gpflow.utilities.deepcopy) to see where it fails.",
-            ) from e
+            raise input_error(f"{call} raised {error_line(e, with_type=True)}", "optimizer", expected, type(e).__name__,
+                              "call it yourself once on a copy of the model (gpflow.utilities.deepcopy) to see where it fails.") from e
         changed = tuple(n for n, v in others.items() if v.numpy().tobytes() != before[n].tobytes())
         mu, sq = q_mu.numpy(), q_sqrt.numpy()
     if not finite(mu, sq):

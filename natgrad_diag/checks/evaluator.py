@@ -28,8 +28,9 @@ import numpy as np
 
 from natgrad_diag import _compile
 from natgrad_diag._gpflow import natgrad_apply_gradients, read_once, to_constrained
+from natgrad_diag._validate import input_error
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
-from natgrad_diag.exceptions import InputError, SingularCovarianceError, StepFailedError, error_line
+from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError, error_line
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
@@ -38,9 +39,9 @@ from natgrad_diag.step.trace import natgrad_tensors, natgrad_trace
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Rise", "Run", "Step", "Taken", "dtype_context", "eager_steps", "evaluator",
-    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "one_step", "raised", "resolve_mode", "step_from_gradients",
-    "stepwise", "traced", "Trial",
+    "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Rise", "Run", "Step", "Taken", "dtype_context", "evaluator",
+    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "raised", "resolve_mode", "step_from_gradients",
+    "stepwise", "traced", "trial_steps", "Trial",
 ]  # fmt: skip
 
 #: (new_q_mu [M, L], new_q_sqrt [L, M, M]) → (usable, why not): the full health test of a trial's q(u).
@@ -61,11 +62,8 @@ def float_dtype(dtype: Any) -> type:
     """``np.float64`` or ``np.float32`` for a dtype given by name, numpy or TensorFlow; InputError otherwise."""
     name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
     if name not in _DTYPES:
-        raise InputError(
-            "dtype must be float64 or float32.",
-            context=[("Argument", "dtype"), ("Expected", "'float64' | 'float32'"), ("Got", repr(dtype))],
-            remedy="pass dtype='float64' (recommended) or dtype='float32'.",
-        )
+        raise input_error("dtype must be float64 or float32.", "dtype", "'float64' | 'float32'", repr(dtype),
+                          "pass dtype='float64' (recommended) or dtype='float32'.")
     return _DTYPES[name]
 
 
@@ -208,7 +206,7 @@ def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Contex
         return dataclasses.replace(step, error=e.detail)
     except tf.errors.InvalidArgumentError as e:  # a custom ξ transform failing before the step
         return dataclasses.replace(step, error=error_line(e))
-    return dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP[2:]})
+    return dataclasses.replace(step, **{k: getattr(t, k) for k in _KEEP})
 
 
 def _closed(step: Step, model: Any, ctx: Context) -> Step:
@@ -217,7 +215,7 @@ def _closed(step: Step, model: Any, ctx: Context) -> Step:
     import tensorflow as tf
 
     xi = step_backend(ctx.xi, model.q_sqrt.transform).xi
-    if xi is None or step.dL_dmean is None or not finite(step.dL_dmean, step.dL_dvarsqrt):
+    if xi is None or not finite(step.dL_dmean, step.dL_dvarsqrt):
         return step
     q_mu, q_sqrt = tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt)
     try:
@@ -292,12 +290,10 @@ def scratch_copy(model: Any) -> Any:
     import gpflow
 
     with _COPY_LOCK:
-        for attempt in range(3):
-            try:
+        for _ in range(2):
+            with contextlib.suppress(KeyError):
                 return gpflow.utilities.deepcopy(model)
-            except KeyError:
-                if attempt == 2:
-                    raise
+        return gpflow.utilities.deepcopy(model)
 
 
 def _all_finite(x: Any) -> Any:
@@ -324,19 +320,22 @@ def _assign(param: Any, value: Any) -> None:
     param.unconstrained_variable.assign(value if transform is None else transform.inverse(value))
 
 
-def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any], gpflow: Any = None) -> Callable[..., dict[str, Any]]:
-    """``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``, ``q_sqrt`` (eager or traced) by the
-    code :func:`~natgrad_diag.step.backend.step_backend` picks, or with ``gpflow`` = (a ``NaturalGradient``, its γ
-    variable) by GPflow's own update; returns the new q(u), ``loss(data)`` there, its gradient, and the health flags
-    q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
+def trial_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> tuple[Callable[..., dict[str, Any]], ...]:
+    """(natgrad-diag's, GPflow's own) ``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``,
+    ``q_sqrt`` (eager or traced) by the code :func:`~natgrad_diag.step.backend.step_backend` picks, or by a
+    ``NaturalGradient`` with a γ variable; returns the new q(u), ``loss(data)`` there, its gradient, and the health
+    flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
+    import gpflow
+    import tensorflow as tf
+
     name = step_backend(xi, q_sqrt.transform).xi
+    gamma_var = tf.Variable(1.0, dtype=q_mu.dtype, trainable=False)
+    opt = gpflow.optimizers.NaturalGradient(gamma_var, xi)
 
-    def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any) -> dict[str, Any]:
-        import tensorflow as tf
-
-        if gpflow is not None:
-            gpflow[1].assign(gamma)
-            natgrad_apply_gradients(gpflow[0], g_mu, g_sq, q_mu, q_sqrt, xi)
+    def step(data: Any, g_mu: Any, g_sq: Any, gamma: Any, own: bool) -> dict[str, Any]:
+        if own:
+            gamma_var.assign(gamma)
+            natgrad_apply_gradients(opt, g_mu, g_sq, q_mu, q_sqrt, xi)
             new_mu, new_sq = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
         else:
             args = (tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt), *_constrained(q_mu, q_sqrt, g_mu, g_sq), gamma)
@@ -353,20 +352,11 @@ def one_step(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any], gpflow
             q_ok=_looks_healthy(new_mu, new_sq), loss_ok=_all_finite(value), g_ok=_all_finite(g_mu_new) & _all_finite(g_sq_new),
         )  # fmt: skip
 
-    return step
+    return functools.partial(step, own=False), functools.partial(step, own=True)
 
 
 #: A trial's outcome: the loss after each step taken, why it failed ("" when all k steps held) and the failing step.
 Trial = tuple[tuple[float, ...], str, "int | None"]
-
-
-def eager_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
-    """:func:`one_step` by natgrad-diag's step and by GPflow's own update (a ``NaturalGradient`` with a γ variable)."""
-    import gpflow
-    import tensorflow as tf
-
-    gamma = tf.Variable(1.0, dtype=q_mu.dtype, trainable=False)
-    return one_step(q_mu, q_sqrt, xi, loss), one_step(q_mu, q_sqrt, xi, loss, (gpflow.optimizers.NaturalGradient(gamma, xi), gamma))
 
 
 def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list[float], before: float, rise: Rise) -> Trial:
@@ -399,7 +389,7 @@ def raised(line: str) -> str:
 
 
 def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise) -> Trial:
-    """Up to k calls of ``step`` (:func:`one_step`, eager or compiled) from ``args`` = (data, g_mu, g_sq, gamma) and the
+    """Up to k calls of ``step`` (:func:`trial_steps`, eager or compiled) from ``args`` = (data, g_mu, g_sq, gamma) and the
     loss ``before`` them, stopping at the first step that raises, is unhealthy or raises the loss by more than
     ``rise`` (see :func:`_verdict`)."""
     import tensorflow as tf
@@ -441,10 +431,10 @@ class Evaluator:
         self.noise_at = (0.0, 0.0)  # σ̂ at the current q(u) and where the step lands
 
     @functools.cached_property
-    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:
         """The k-step trials' steps on the scratch copy, natgrad-diag's and GPflow's own (eager), made when needed."""
         s = self.scratch
-        return eager_steps(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
+        return trial_steps(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
 
     @property
     def data(self) -> Any:
@@ -565,8 +555,8 @@ class Evaluator:
         return stepwise(self._trial_steps[own], args, k, healthy, before, rise)
 
 
-#: What the compiled step keeps, so that the graph prunes the rest (the default-seed gradient Jᵀ·1).
-_KEEP = ("dL_dmean", "dL_dvarsqrt", "dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt")
+#: What a Step takes from natgrad-diag's step, all the compiled step returns (the graph prunes the rest: Jᵀ·1).
+_KEEP = ("dL_deta1", "dL_deta2", "nat_dL_xi1", "nat_dL_xi2", "new_q_mu", "new_q_sqrt")
 
 
 def _gpflow_step(q_mu: Array, q_sqrt: Array, loss_after: float | None) -> GpflowStep:
@@ -612,7 +602,7 @@ class _Pieces:
                 out = natgrad_tensors_closed_form(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi, closed)
             else:
                 out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
-            return {k: out[k] for k in _KEEP[2:]}
+            return {k: out[k] for k in _KEEP}
 
         def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any, points: Any) -> dict[str, Any]:
             for src, dst in zip(src_vars, dst_vars):
@@ -628,7 +618,7 @@ class _Pieces:
             scratch.q_sqrt.assign(q_sqrt)
             return loss(data)
 
-        self.steps = steps = {own: one_step(scratch.q_mu, scratch.q_sqrt, xi, loss, (opt, gamma_var) if own else None) for own in (False, True)}
+        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, loss)
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -693,11 +683,16 @@ class CompiledEvaluator(Evaluator):
         with ThreadPoolExecutor(1) as pool:
             args = (self.data, g["g_mu"], g["g_sq"], gamma, [(tf.constant(a, dtype), tf.constant(b, dtype)) for a, b in points])
             theirs = pool.submit(lambda: {k: np.asarray(v) for k, v in p.gpflow(*args).items()})
-            ours = self._lapack(g, ctx.gamma)
-            if ours is None:
-                wait([theirs])
+            ours: dict[str, Any] | None = None  # the LAPACK record's step, unless it refuses (γ too long, singular q_sqrt)
+            if p.lapack_xi is not None:
+                with contextlib.suppress(StepFailedError, SingularCovarianceError):
+                    rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], ctx.gamma, p.lapack_xi, full=False)
+                    ours = {k: rec[k] for k in _KEEP}
             try:
-                step = dataclasses.replace(step, **(ours if ours is not None else self._ours(g, gamma)))
+                if ours is None:  # the compiled step, after GPflow's
+                    wait([theirs])
+                    ours = {k: v.numpy() for k, v in p.ours(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma).items()}
+                step = dataclasses.replace(step, **ours)
             except tf.errors.InvalidArgumentError as e:
                 step = dataclasses.replace(step, error=f"with gamma = {ctx.gamma:g} the updated covariance is not positive definite ({error_line(e)}).")
             if step.gradients_finite and not step.error and not finite(step.new_q_mu, step.new_q_sqrt):
@@ -711,20 +706,6 @@ class CompiledEvaluator(Evaluator):
                 return Taken(step, GpflowStep(None, None, error_line(e)), tuple(self.loss_at(*q) for q in points))
         losses = tuple(float(x) if np.isfinite(x) else None for x in gp["losses"])
         return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses)
-
-    def _lapack(self, g: dict[str, Any], gamma: float) -> dict[str, Any] | None:
-        """natgrad-diag's step from the gradients ``g`` (numpy) by the LAPACK record; None when it does not apply or
-        refuses the step (γ too long, a singular q_sqrt), and :meth:`_ours`, the compiled step, decides."""
-        if self.pieces.lapack_xi is None:
-            return None
-        try:
-            rec = natgrad_record_lapack(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma, self.pieces.lapack_xi, full=False)
-        except (StepFailedError, SingularCovarianceError):
-            return None
-        return {k: rec[k] for k in _KEEP[2:]}
-
-    def _ours(self, g: dict[str, Any], gamma: Any) -> dict[str, Any]:
-        return {k: v.numpy() for k, v in self.pieces.ours(g["q_mu"], g["q_sqrt"], g["dL_dmean"], g["dL_dvarsqrt"], gamma).items()}
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
@@ -752,11 +733,8 @@ class CompiledEvaluator(Evaluator):
 def resolve_mode(mode: Any, sizes: list[tuple[int, int]]) -> str:
     """"full" or "fast" for ``mode``: "auto" is full when M·L ≤ :data:`AUTO_FULL_MAX_ML` for every (M, L)."""
     if mode not in ("auto", "full", "fast"):
-        raise InputError(
-            "mode must be 'auto', 'full' or 'fast'.",
-            context=[("Argument", "mode"), ("Expected", "'auto' | 'full' | 'fast'"), ("Got", repr(mode))],
-            remedy="pass mode='auto' (full checks for small M·L, fast otherwise).",
-        )
+        raise input_error("mode must be 'auto', 'full' or 'fast'.", "mode", "'auto' | 'full' | 'fast'", repr(mode),
+                          "pass mode='auto' (full checks for small M·L, fast otherwise).")
     if mode == "auto":
         return "full" if all(M * L <= AUTO_FULL_MAX_ML for M, L in sizes) else "fast"
     return str(mode)

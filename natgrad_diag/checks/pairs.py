@@ -20,8 +20,8 @@ from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
-    Context, Evaluator, GpflowStep, Healthy, Rise, Run, Step, eager_steps, finite_loss, gpflow_update, gradients, raised, resolve_mode,
-    step_from_gradients, Trial, traced,
+    Context, Evaluator, GpflowStep, Healthy, Rise, Run, Step, finite_loss, gpflow_update, gradients, raised, resolve_mode,
+    step_from_gradients, Trial, traced, trial_steps,
 )  # fmt: skip
 from natgrad_diag.checks.report import NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
@@ -116,9 +116,9 @@ class PairEvaluator(Evaluator):
         return self.q_mu.numpy(), self.q_sqrt.numpy()
 
     @functools.cached_property
-    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+    def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:
         """The trials' steps on the pair itself, natgrad-diag's and GPflow's own (eager)."""
-        return eager_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
+        return trial_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
 
     def _steps(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
@@ -207,8 +207,7 @@ def check_pairs(
     Args:
         loss_fn: the loss ``NaturalGradient.minimize`` minimises: ``loss_fn()``, or ``loss_fn(data)`` given ``data``.
         var_list: [(q_mu, q_sqrt), ...] or with a third element, the pair's ξ transform (as GPflow takes it).
-        mode: "full" measures the loss after one step for every γ of the grid; "fast" only when the step at γ is
-            unhealthy or raises the loss; "auto": full when M·L ≤ 50 for every pair.
+        mode: the report's mode ("auto": full when M·L ≤ 50 for every pair); every pair is checked eagerly.
         gamma, xi_transform, rtol, atol, gamma_steps, gamma_search: as :func:`natgrad_diag.check_natgrad` takes them.
         optimizer: the user's optimizer (already wrapped), stepped on each pair alone for ``custom_step``; or None.
 
@@ -329,7 +328,7 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
     gamma, default_xi = custom_step.optimizer_settings(optimizer, None, None)
     got = [custom_step.Applied(mu.numpy(), sq.numpy()) for mu, sq, *_ in var_list]
     checks = []
-    with custom_step.restored(variables):
+    with restored(variables):
         for v, b in zip(variables, before):
             v.assign(b)
         loss, grads = gradients(loss_fn, variables)
@@ -337,9 +336,8 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
             ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
             start = (q_mu.numpy(), q_sqrt.numpy())
             step = step_from_gradients(q_mu, q_sqrt, loss, grads[2 * i], grads[2 * i + 1])
-            gp = gpflow_update(ctx, grads[2 * i], grads[2 * i + 1], q_mu, q_sqrt, loss_fn)
-            q_mu.unconstrained_variable.assign(before[2 * i])
-            q_sqrt.unconstrained_variable.assign(before[2 * i + 1])
+            with restored(variables[2 * i:2 * i + 2]):
+                gp = gpflow_update(ctx, grads[2 * i], grads[2 * i + 1], q_mu, q_sqrt, loss_fn)
             cond = measure_conditioning(None, *start, gp.q_sqrt)
             label = custom_step.who(optimizer) + (f" (pair {i})" if len(var_list) > 1 else "")
             checks.append(custom_step.judge(got[i], gp, start, step, q_sqrt.transform, ctx, cond, label))
