@@ -38,11 +38,13 @@ def _put(entries: _Store, key: Hashable, value: Any, limit: int) -> None:
         entries.popitem(last=False)
 
 
-def _lookup(entries: _Store, key: Hashable, build: Callable[[], Any], limit: int, keep: tuple[Any, ...] = ()) -> Any:
-    """The value stored for ``key``, else ``build()``'s, stored; called under :data:`_LOCK`."""
+def _lookup(entries: _Store, key: Hashable, build: Callable[[], Any] | None, limit: int, keep: tuple[Any, ...] = ()) -> Any:
+    """The value stored for ``key``, else ``build()``'s, stored (None without ``build``); called under :data:`_LOCK`."""
     if key in entries:
         entries.move_to_end(key)
         return entries[key][0]
+    if build is None:
+        return None
     value = build()
     _put(entries, key, (value, tuple(keep)), limit)
     return value
@@ -147,12 +149,8 @@ def recall(key: Hashable) -> Any:
         >>> recall(("doctest", "never")) is None
         True
     """
-    slot = ("seen", key)
     with _LOCK:
-        if slot not in _ENTRIES:
-            return None
-        _ENTRIES.move_to_end(slot)
-        return _ENTRIES[slot][0]
+        return _lookup(_ENTRIES, ("seen", key), None, MAX_ENTRIES)
 
 
 def note_trace(kind: str) -> None:

@@ -47,8 +47,7 @@ def _on_gpu(tensors: tuple[Any, ...]) -> bool:
 
 
 def step_backend(xi_transform: Any, q_sqrt_transform: Any, *tensors: Any) -> StepBackend:
-    """The code that computes the step for ``xi_transform`` on a ``q_sqrt`` with ``q_sqrt_transform`` (None for a plain
-    tensor); the ``tensors``' device decides between LAPACK (CPU) and the TensorFlow closed form.
+    """The code for ``xi_transform``, a q_sqrt with ``q_sqrt_transform`` (None: plain) and ``tensors``' device.
 
     Examples:
         >>> import gpflow

@@ -79,8 +79,7 @@ def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any
     """The four inputs as tensors, after static shape and dtype checks."""
     import tensorflow as tf
 
-    tensors = [x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
-               for x in (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)]  # fmt: skip
+    tensors = [tf.convert_to_tensor(x) for x in (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)]
     q_mu, q_sqrt, dL_dmean, dL_dvarsqrt = tensors
     qm, qs = q_mu.shape, q_sqrt.shape
     if qm.rank != 2 or qs.rank != 3:

@@ -58,5 +58,4 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
         q_sqrt.assign(new_q_sqrt)
 
 
-# minimize -> _natgrad_steps -> GPflow's per-pair update hook, which runs apply_natgrad (see natgrad_diag._gpflow).
 override_natgrad_apply_gradients(NaturalGradient, NaturalGradient.apply_natgrad)

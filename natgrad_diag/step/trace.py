@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag import _compile
-from natgrad_diag._gpflow import is_lower_triangular_transform, to_constrained
+from natgrad_diag._gpflow import constrained_array, is_lower_triangular_transform, to_constrained
 from natgrad_diag._validate import dtype_name, input_error, param_parts, require_positive_float, shape_str, validate_grad, validate_q
 from natgrad_diag.exceptions import DTypeMismatchError, NatGradDiagError, ShapeMismatchError, StepFailedError
 from natgrad_diag.exceptions import error_line, raised_as_is
@@ -131,8 +131,6 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
                               "trace.", name, f"{dims} with M ≥ 1 and L ≥ 1", shape_str(shape), "pass the q_mu and "
                               "q_sqrt of a model with at least one inducing point and one latent GP.",
                               kind=ShapeMismatchError, label="Actual")
-    # without a lower-triangular transform q_sqrt must be lower-triangular: GPflow's step reads the full matrix in
-    # one place and its lower triangle in another, so entries above the diagonal make it mix two matrices
     if isinstance(q_sqrt, gpflow.Parameter) and is_lower_triangular_transform(q_sqrt.transform):
         return
     try:
@@ -328,7 +326,7 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     """
     mu_in, sq_in, g_mu, g_sq = tensors
     q_mu, q_sqrt, d_mu, d_sq = (
-        to_constrained(x, t, as_array=True) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))
+        constrained_array(x, t) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))
     )
     M, L = q_mu.shape if q_mu.ndim == 2 else (0, 0)
     if q_mu.ndim != 2 or q_sqrt.shape != (L, M, M) or d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:

@@ -149,8 +149,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         side effects); it is called eagerly otherwise, and a ``tf.function`` is used as it is."""
         try:
             if self._measure is None:
-                loss, traceable = _loss_callable(self)
-                if traceable:
+                loss = self.loss_tensor
+                if _loss_traceable(self.loss_fn):
                     self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), by_shape=True, reduce_retracing=True)
                 else:
                     valid = _compile.function(lambda: qu_valid(self._pairs))
@@ -208,9 +208,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def check(self, step: int) -> NatGradRecord:
         """Run the cheap checks at ``monitor.gamma`` now and return the record (not appended).
 
-        The γ search runs at the first check, every :data:`SEARCH_EVERY`-th and after a failed record; the others
-        judge γ alone and record the last search's suggestion (a guard's counts). The pair-by-pair checks of a GPflux
-        DeepGP or a ``var_list`` fold into one record (largest reproduction error, smallest suggested γ).
+        The γ search runs as :data:`SEARCH_EVERY` says (a guard's counts as the last). The pair-by-pair checks of a
+        GPflux DeepGP or a ``var_list`` fold into one record (largest reproduction error, smallest suggested γ).
         """
         data = self.batch()
         search = self._checks % SEARCH_EVERY == 0 or bool(self.records and not self.records[-1].passed)
@@ -228,21 +227,17 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         )
 
 
-def _loss_callable(monitor: NatGradMonitor) -> tuple[Any, bool]:
-    """The monitor's loss as a function of the batch, and whether it is safe to trace (see :meth:`measure`)."""
-    fn = monitor.loss_fn
-    if fn is None:
-        return monitor.loss_tensor, True
-    if hasattr(fn, "get_concrete_function"):  # already a tf.function
-        return (lambda data: fn()), True
+def _loss_traceable(fn: Any) -> bool:
+    """Whether the monitor's ``loss_fn`` is safe to trace (see :meth:`NatGradMonitor.measure`)."""
+    if fn is None or hasattr(fn, "get_concrete_function"):  # the model's loss, or already a tf.function
+        return True
     compiled = _compile.function(fn)
     try:
         a, b, eager = (np.asarray(f()) for f in (compiled, compiled, fn))
     except Exception:  # noqa: BLE001 - Python code that needs eager tensors cannot be traced: stay eager
-        return (lambda data: fn()), False
+        return False
     tol = float(np.sqrt(np.finfo(eager.dtype if eager.dtype.kind == "f" else np.float64).eps)) * max(1.0, float(np.abs(eager)))
-    same = bool(np.all(np.isfinite([a, b, eager]))) and abs(a - b) <= tol and abs(a - eager) <= tol
-    return (lambda data: fn()), same
+    return bool(np.all(np.isfinite([a, b, eager])) and abs(a - b) <= tol and abs(a - eager) <= tol)
 
 
 def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None:
