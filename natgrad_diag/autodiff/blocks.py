@@ -14,7 +14,12 @@ from natgrad_diag._validate import input_error, require_finite, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
-__all__ = ["BlockJacobian", "element_labels", "vech_layout"]
+__all__ = ["BlockJacobian", "element_labels", "label", "vech_layout"]
+
+
+def label(name: str, idx: Sequence[int]) -> str:
+    """``"x[0,1]"`` for the element at ``idx`` of ``x``; ``"x"`` for a scalar (``idx`` empty)."""
+    return f"{name}[{','.join(map(str, idx))}]" if len(idx) else name
 
 
 def element_labels(name: str, shape: Sequence[int]) -> list[str]:
@@ -26,7 +31,7 @@ def element_labels(name: str, shape: Sequence[int]) -> list[str]:
         >>> element_labels("loss", ())
         ['loss']
     """
-    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)] if len(shape) else [name]
+    return [label(name, idx) for idx in np.ndindex(*shape)]
 
 
 def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
@@ -60,11 +65,8 @@ def vech_layout(shape: tuple[int, ...]) -> tuple[Array, Array, int]:
 
 def _vech_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     rows, cols = np.tril_indices(shape[-1])
-    out = []
-    for bidx in np.ndindex(*shape[:-2]):
-        pre = "".join(f"{i}," for i in bidx)
-        out += [f"{name}[{pre}{a},{b}]" + ("" if a == b else f"+[{pre}{b},{a}]") for a, b in zip(rows, cols)]
-    return out
+    tril = [(*bidx, a, b) for bidx in np.ndindex(*shape[:-2]) for a, b in zip(rows, cols)]
+    return [label(name, i) + ("" if i[-1] == i[-2] else "+" + label("", (*i[:-2], i[-1], i[-2]))) for i in tril]
 
 
 def _position(k: Any, names: tuple[str, ...], argument: str, side: str) -> int:

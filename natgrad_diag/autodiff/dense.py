@@ -20,15 +20,14 @@ from natgrad_diag._validate import require_callable, require_finite, require_int
 from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory, jacobian_nbytes
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["jacobian"]
 
-#: A first call with at most this many output elements runs eagerly, one VJP per row (tracing would cost more).
+#: Path 2's limits (module docstring): rows of a first call (tracing would cost more), rows of an untraceable fn.
 _EAGER_MAX_ROWS = 64
-#: The eager fallback (for a function tf.function cannot trace) loops over rows up to this many, then tape.jacobian.
 _EAGER_LOOP_MAX_ROWS = 256
 
 
@@ -96,14 +95,12 @@ def jacobian(
     return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
 
 
-def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], max_bytes: int) -> _Size:
-    """The stored matrix's size; refuses, before anything is allocated, one over ``max_bytes``."""
-    itemsize = xs[0].dtype.size  # the outputs' too (require_output_dtypes)
+def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], max_bytes: int) -> tuple[int, int]:
+    """The stored matrix's (rows, columns); refuses, before anything is allocated, one over ``max_bytes``."""
     stored_shapes = [(vech_layout(s)[2],) if f else s for s, f in zip(in_shapes, sym)]
-    nbytes = jacobian_nbytes(probe.out_shapes, stored_shapes, itemsize)
-    check_memory(nbytes, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
     rows, cols = (sum(int(np.prod(s)) for s in shapes) for shapes in (probe.out_shapes, stored_shapes))
-    return _Size(rows, cols, itemsize, nbytes)
+    check_memory(rows * cols * xs[0].dtype.size, max_bytes, f"{len(probe.out_shapes)} output(s) and {len(xs)} input(s)")
+    return rows, cols
 
 
 @dataclass
@@ -112,19 +109,8 @@ class _Probe:
 
     out_shapes: tuple[tuple[int, ...], ...]
     dict_keys: tuple[str, ...] | None
-    seen: bool  # recorded by an earlier call: no forward pass was needed
-    tape: Any = None  # the forward pass's persistent tape (None when seen)
+    tape: Any = None  # the forward pass's persistent tape; None: recorded by an earlier call, no forward pass
     ys: list[Any] | None = None  # its flattened outputs
-
-
-@dataclass(frozen=True)
-class _Size:
-    """The stored matrix: rows (Σ output sizes), stored columns, bytes per entry and in all."""
-
-    rows: int
-    cols: int
-    itemsize: int
-    nbytes: int
 
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
@@ -156,15 +142,15 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
     meta = recall(key) if compiled is not False else None
     if meta is not None and meta[0] is fn:
         _, out_shapes, dict_keys = meta
-        return _Probe(out_shapes, dict_keys, seen=True)
+        return _Probe(out_shapes, dict_keys)
     tape, outputs, ys = _forward_pass(fn, xs)
     dict_keys = output_labels(outputs)  # tf.nest's order: the rows' order
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    return _Probe(out_shapes, dict_keys, seen=False, tape=tape, ys=ys)
+    return _Probe(out_shapes, dict_keys, tape=tape, ys=ys)
 
 
 def _compiled_path(
-    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: _Size,
+    fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, key: Any, sym: tuple[bool, ...], size: tuple[int, int],
     *, chunk_size: int | None, mode: str, compiled: bool | None,
 ) -> Array | None:  # fmt: skip
     """Path 1: the compiled chunks, or ``None`` for ``compiled=False``, a first small call (it records the outputs'
@@ -172,25 +158,27 @@ def _compiled_path(
     not trace."""
     import tensorflow as tf
 
-    if compiled is False or not (size.rows and size.cols):
+    rows, cols = size
+    if compiled is False or not (rows and cols):
         return None
-    if not probe.seen:
+    if probe.tape is not None:
         remember(key, (fn, probe.out_shapes, probe.dict_keys), keep=(fn,))
-    if not (compiled or probe.seen or size.rows > _EAGER_MAX_ROWS or chunk_size is not None):
+    if not (compiled or probe.tape is None or rows > _EAGER_MAX_ROWS or chunk_size is not None):
         return None
     # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms many JVPs
     # as the derivative of a VJP), except when vech columns make forward mode the one with fewer passes
-    forward = mode == "forward" or (mode == "auto" and any(sym) and size.cols < size.rows)
-    n_chunked, n_other = (size.cols, size.rows) if forward else (size.rows, size.cols)
-    chunk = int(chunk_size) if chunk_size is not None else auto_chunk(n_chunked, n_other, size.itemsize, size.nbytes)
+    forward = mode == "forward" or (mode == "auto" and any(sym) and cols < rows)
+    n_chunked, n_other = (cols, rows) if forward else (rows, cols)
+    itemsize = xs[0].dtype.size
+    chunk = int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize))
     chunk = min(chunk, n_chunked)
     try:
-        return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, size.rows, size.cols)
+        return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols)
     except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
         return None  # not traceable: the eager tape
 
 
-def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: _Size) -> Array:
+def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: tuple[int, int]) -> Array:
     """Paths 2 and 3, eagerly: the stored matrix row by row, vech columns folded (D_ab = G_ab + G_ba, D_aa = G_aa)."""
     import tensorflow as tf
 
@@ -201,8 +189,8 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
     zero = tf.UnconnectedGradients.ZERO
     layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
     # outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient
-    by_rows = size.rows <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64
-    out = np.empty((size.rows, size.cols), dtype=xs[0].dtype.as_numpy_dtype)
+    by_rows = size[0] <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64
+    out = np.empty(size, dtype=xs[0].dtype.as_numpy_dtype)
     zeros = [tf.zeros_like(y) for y in ys]
     r = 0
     for i, y in enumerate(ys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,8 +42,6 @@ class AllocationLimitError(MemoryLimitError):
 def memory_limit() -> int:
     """Half of this machine's physical memory (or :data:`DEFAULT_MAX_BYTES`): the limit for what is allocated besides a
     Jacobian, above which the process would swap."""
-    import os
-
     try:
         total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):

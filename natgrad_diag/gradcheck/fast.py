@@ -160,7 +160,7 @@ def _measure(
     from natgrad_diag.progress import progress_bar
 
     n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
-    numerical, analytical, forward = (np.full((n_out, n_in, n_dirs), np.nan) for _ in range(3))
+    numerical = np.zeros((n_out, n_in, n_dirs))  # direction k of input j is read only for k < len(us[j])
     xs = [tf.constant(a) for a in prob.x]
     eps, step = prob.eps, np.asarray(prob.eps, prob.dtype)
     engine = _engine(prob, compiled)
@@ -175,17 +175,13 @@ def _measure(
                 num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     raise ArithmeticError("fn is not finite at a finite-difference point")
-                num = num.numpy() / (2 * eps)
+                numerical[:, :, k] = num.numpy() / (2 * eps)
             else:
-                num = np.zeros((n_out, n_in))
                 for j in active:
                     diffs = prob.central(j, us[j][k], f"{prob.names[j]} ± eps·u (direction {k})")
-                    num[:, j] = [np.vdot(vs[k][i], diffs[i]) for i in range(n_out)]
-            for j in active:
-                analytical[:, j, k] = ana[k, :, j]
-                numerical[:, j, k] = num[:, j]
+                    numerical[:, j, k] = [np.vdot(vs[k][i], diffs[i]) for i in range(n_out)]
             advance()
-    m = _Measured(numerical, analytical, forward)
+    m = _Measured(numerical, np.moveaxis(ana, 0, -1).astype(np.float64), np.full(numerical.shape, np.nan))
     m.forward_error = _forward_at_worst(prob, engine, xs, us, vs, m, atols)
     return m
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag.autodiff.blocks import BlockJacobian
+from natgrad_diag.autodiff.blocks import BlockJacobian, label
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
-from natgrad_diag.gradcheck.structures import coord_label, coordinates, hint, label
+from natgrad_diag.gradcheck.structures import coord_label, coordinates, hint
 from natgrad_diag.typing import Array
 
 __all__ = ["full_rows", "reverse_jacobian"]
@@ -26,8 +26,7 @@ def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any)
     Forward mode is not the same thing: for a ``tf.custom_gradient`` function ``ForwardAccumulator``
     differentiates the forward computation and ignores the custom gradient.
     """
-    # below float64 eagerly, one tape.gradient per row: TensorFlow 2.21's pfor (tape.jacobian,
-    # vectorized_map) crashes the process on a float32 Cholesky gradient
+    # below float64 eagerly, one tape.gradient per row: pfor crashes on a float32 Cholesky gradient (chunks._batched)
     compiled = None if inputs[0].dtype == np.float64 else False
     return jacobian(fn, inputs, mode="reverse", compiled=compiled, **kwargs)
 
@@ -71,7 +70,7 @@ def _numerical_columns(prob: Problem, j: int, coords: Coords, advance: Callable[
 def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords) -> Array:
     """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
     flat = block.reshape(-1, int(np.prod(in_shape)))
-    cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape)) if in_shape else 0] for idx in c) for c in coords]
+    cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape))] for idx in c) for c in coords]
     return np.stack(cols, axis=1)
 
 

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag.autodiff.blocks import label
 from natgrad_diag.exceptions import ShapeMismatchError
 from natgrad_diag.typing import Array
 
-__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint", "label",
+__all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint",
            "random_direction", "resolve_structures"]  # fmt: skip
 
 #: The input structures :func:`check_gradients` understands.
@@ -92,10 +93,6 @@ def coordinates(shape: tuple[int, ...], structure: str) -> list[tuple[tuple[int,
         return [(idx,) for idx in np.ndindex(*shape)]
     return [(idx,) if idx[-2] == idx[-1] else (idx, (*idx[:-2], idx[-1], idx[-2]))
             for idx in np.ndindex(*shape) if idx[-2] >= idx[-1]]  # fmt: skip
-
-
-def label(name: str, idx: tuple[int, ...]) -> str:
-    return f"{name}[{','.join(map(str, idx))}]" if idx else name
 
 
 def coord_label(name: str, coord: tuple[tuple[int, ...], ...], structure: str) -> str:
