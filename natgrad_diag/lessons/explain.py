@@ -24,7 +24,7 @@ from natgrad_diag._validate import input_error
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, max_abs_diff, to_jsonable, status_of
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, matrix_table, max_abs_diff, to_jsonable, status_of
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
 from natgrad_diag.step.trace import NatGradTrace, natgrad_trace
 from natgrad_diag.tolerance import resolve
@@ -183,13 +183,9 @@ class Explanation(Report):
             Section("Reading J itself", row_text), Section("What would have caught it", catch_it),
         ]
         if M <= 6:
-            def mat(a: Array, name: str) -> Table:
-                return Table(
-                    columns=(name,) + tuple(f"[{k}]" for k in range(M)),
-                    rows=tuple((f"[{r}]",) + tuple(format_number(a[0, r, k]) for k in range(M)) for r in range(M)),
-                    title=f"{name}[0] ({list(a.shape)})",
-                )
-            sections.insert(2, Section("eta2 (first latent GP)", "", (mat(t.dL_deta2, "dL/deta2"), mat(t.dtheta_deta2, "dtheta/deta2"))))
+            eta2 = (("dL/deta2", t.dL_deta2), ("dtheta/deta2", t.dtheta_deta2))
+            tables = tuple(matrix_table(name, a[0], f"{name}[0] ({list(a.shape)})") for name, a in eta2)
+            sections.insert(2, Section("eta2 (first latent GP)", "", tables))
         return tuple(sections)
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,22 +222,22 @@ def _counter_example(x: Array, v: Array, close: Callable[..., Check]) -> tuple[C
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
 
 
-def _onehot_row(t: NatGradTrace, varsqrt_index: tuple[int, ...]) -> Array:
-    """The row of J at varsqrt[varsqrt_index] via output_gradients = one-hot, on a fresh tape (an independent route)."""
+def _onehot_row(t: NatGradTrace) -> Array:
+    """The row of J at varsqrt[0, M − 1, 0] via output_gradients = one-hot, on a fresh tape (an independent route)."""
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
     from natgrad_diag.autodiff.seeded import vjp
 
     seed_vs = np.zeros_like(t.eta2)
-    seed_vs[varsqrt_index] = 1.0
+    seed_vs[0, -1, 0] = 1.0
     _, grads = vjp(expectation_to_meanvarsqrt, [t.eta1, t.eta2], [np.zeros_like(t.eta1), seed_vs])
     return np.concatenate([g.numpy().ravel() for g in grads])
 
 
-def _check_source(source: Any) -> None:
-    """``source`` must be a trace or four tensors (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad); else an InputError."""
+def _trace_of(source: Any, gamma: float, xi_transform: Any) -> NatGradTrace:
+    """``source``, or the trace of its (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad); an InputError for anything else."""
     if isinstance(source, NatGradTrace):
-        return
+        return source
     try:
         parts = list(source) if not isinstance(source, (str, bytes)) else None
     except TypeError:
@@ -253,6 +249,8 @@ def _check_source(source: Any) -> None:
             f"{type(source).__name__} {source!r}"[:80] if parts is None else f"{type(source).__name__} of {len(parts)} item(s)",
             "pass natgrad_trace(...)'s result or seed_scenario(), or call explain_output_gradients() for the built-in example.",
         )  # fmt: skip
+    # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
+    return natgrad_trace(*parts, gamma=gamma, xi_transform=xi_transform, compiled=False)
 
 
 def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float = 1.0, xi_transform: Any = None,
@@ -269,11 +267,7 @@ def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float 
         A frozen :class:`Explanation`; ``str()`` is the lesson, ``checks`` its claims (a)-(e).
         It never raises on a failed check; see ``Explanation.passed``.
     """
-    if source is None:
-        source = seed_scenario()
-    _check_source(source)
-    # one-off: the eager step is cheaper than tracing a compiled one (same numbers)
-    trace = source if isinstance(source, NatGradTrace) else natgrad_trace(*source, gamma=gamma, xi_transform=xi_transform, compiled=False)
+    trace = _trace_of(seed_scenario() if source is None else source, gamma, xi_transform)
     tol = resolve(trace.eta1.dtype, "exact", rtol=rtol, atol=atol)
     close = functools.partial(close_check, rtol=tol.rtol, atol=tol.atol)
     J = natgrad_map_jacobian(trace.eta1, trace.eta2, method="autodiff")  # the lesson says: from tape.jacobian
@@ -283,7 +277,7 @@ def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float 
     ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), close)
     checks.append(ce_check)
     row_label = f"varsqrt[0,{trace.num_inducing - 1},0]"
-    onehot = _onehot_row(trace, (0, trace.num_inducing - 1, 0))
+    onehot = _onehot_row(trace)
     checks.append(close("e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from "
                         "tape.jacobian", onehot, J.row(row_label)))  # fmt: skip
     return Explanation(

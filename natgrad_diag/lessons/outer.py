@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, shape_str
+from natgrad_diag._validate import converted, input_error, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.seeded import checked_gradient
 from natgrad_diag.exceptions import MissingExtraError, NonFiniteError, OutputGradientsError, ShapeMismatchError, error_line
 from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.base import Report
-from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, status_of, to_jsonable
+from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, matrix_table, status_of, to_jsonable
 from natgrad_diag.tolerance import validate_tolerance
 from natgrad_diag.typing import Array, FloatArray
 
@@ -132,7 +132,6 @@ class OuterExample(Report):
         return Table(columns=("i", *columns), rows=tuple((str(i), *(format_number(a[i]) for a in series)) for i in range(self.n)))
 
     def _jacobian_section(self) -> Section:
-        n = self.n
         c = {ch.name: ch for ch in self.checks}
         jac_text = (
             f"tape.jacobian(y, x) has shape {shape_str(self.jacobian_array.shape)} (y's shape, then x's) and equals "
@@ -141,12 +140,8 @@ class OuterExample(Report):
             f"ever forming J (max difference {format_number(c['contraction_equals_gradient'].max_abs_error)}). "
             "In the slice ∂y/∂x_0 below, row j = 0 and column k = 0 hold x, and the corner y_00 = x_0² has 2·x_0."
         )
-        table = Table(
-            columns=("∂y_jk/∂x_0",) + tuple(f"k={k}" for k in range(n)),
-            rows=tuple((f"j={j}", *(format_number(self.jacobian_array[j, k, 0]) for k in range(n))) for j in range(n)),
-            title="J[:, :, 0] = ∂y/∂x_0",
-        )
-        return Section("The Jacobian", jac_text, (table,) if n <= 6 else ())
+        table = matrix_table("∂y_jk/∂x_0", self.jacobian_array[:, :, 0], "J[:, :, 0] = ∂y/∂x_0", row="j={}", col="k={}")
+        return Section("The Jacobian", jac_text, (table,) if self.n <= 6 else ())
 
     def _chain_section(self) -> Section:
         two_vs_one = next(ch for ch in self.checks if ch.name == "chain_two_steps_equal_one")
@@ -195,10 +190,8 @@ class OuterExample(Report):
         t, skip = self.torch, ("jacobian", "jacobian_closed_form", "torch", "torch_status", "checks")
         d = super().to_dict() | {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         d.update(jacobian_shape=list(self.jacobian_array.shape), jacobian=self.jacobian_array)
-        torch_keys = ("gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error")
-        d["torch"] = {"available": t is not None, "status": self.torch_status} | {
-            k: None if t is None else getattr(t, k) for k in torch_keys
-        }
+        torch_keys = ("gradient_ones_seed", "chain_two_step", "chain_one_step", "wrong_seed_error")  # None without torch
+        d["torch"] = {"available": t is not None, "status": self.torch_status} | {k: getattr(t, k, None) for k in torch_keys}
         return dict(to_jsonable(d))
 
 
@@ -311,11 +304,9 @@ def validate_x(x: Any) -> Array:
     """x as a new float64 array [n] (the default when None); InputError unless 1 ≤ n ≤ 64 finite, |x_i| ≤ 1e76."""
     if x is None:
         return np.array(DEFAULT_X, dtype=np.float64)
-    try:
-        a = np.array(x, dtype=np.float64)  # a copy: the caller's x is never touched
-    except (TypeError, ValueError) as e:
-        raise input_error("x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
-                          "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.") from e
+    a: Array = converted(lambda: np.array(x, dtype=np.float64),  # a copy: the caller's x is never touched
+                         "x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
+                         "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.")
     if a.ndim != 1:
         raise input_error("x must be a vector.", "x", "[n]", shape_str(a.shape),
                           "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError, label="Actual")

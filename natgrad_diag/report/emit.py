@@ -17,15 +17,14 @@ __all__ = ["emit"]
 
 def emit(
     report: Any, *, as_json: bool = False, plain: bool = False, report_path: str | os.PathLike[str] | None = None,
-    stream: TextIO | None = None, err_stream: TextIO | None = None,
+    stream: TextIO | None = None,
 ) -> WrittenReport | None:  # fmt: skip
     """Print ``report`` to ``stream`` (stdout): tables (``plain``: no colour or borders; colour only on a terminal) or,
     ``as_json``, ``report.to_dict()``; then write ``report_path`` (``.html`` or ``.md``) if given and return the
-    :class:`WrittenReport`. A file that cannot be written is reported on ``err_stream`` (stderr) and ``None`` returned,
+    :class:`WrittenReport`. A file that cannot be written is reported on stderr and ``None`` returned,
     not raised: the command prints its report, then exits 1 even when every check holds.
     """
     stream = sys.stdout if stream is None else stream
-    err_stream = sys.stderr if err_stream is None else err_stream
     if as_json:
         stream.write(json.dumps(to_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n")
     else:
@@ -36,10 +35,10 @@ def emit(
     try:
         written = write_report(report, report_path, argument="--report")
     except (ReportWriteError, InputError) as exc:
-        err_stream.write(f"natgrad-diag: {exc}\n")
+        sys.stderr.write(f"natgrad-diag: {exc}\n")
         return None
     extra = f" and {len(written.images)} picture(s) beside it" if written.images else ""
-    err_stream.write(f"natgrad-diag: report written to {written.path}{extra}\n")
+    sys.stderr.write(f"natgrad-diag: report written to {written.path}{extra}\n")
     if written.note:
-        err_stream.write(f"natgrad-diag: {written.note}\n")
+        sys.stderr.write(f"natgrad-diag: {written.note}\n")
     return written

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "max_abs_diff", "status_of", "to_jsonable", "worst_status", "wrap"]
+__all__ = ["STATUSES", "TEXT_WIDTH", "Check", "Section", "Table", "close_check", "format_number", "matrix_table", "max_abs_diff", "status_of", "to_jsonable", "worst_status", "wrap"]
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
@@ -208,6 +208,12 @@ class Table:
             if len(row) != len(self.columns):
                 raise ValueError(
                     f"Table row {i} has {len(row)} cells, expected {len(self.columns)} (columns {self.columns}).")
+
+
+def matrix_table(corner: str, matrix: Any, title: str, row: str = "[{}]", col: str = "[{}]") -> Table:
+    """A :class:`Table` of a 2-D ``matrix`` [R, C]: headers ``corner``, then ``col`` numbered; ``row`` numbered per row."""
+    return Table((corner, *(col.format(k) for k in range(matrix.shape[1]))),
+                 tuple((row.format(r), *map(format_number, cells)) for r, cells in enumerate(matrix)), title)
 
 
 @dataclass(frozen=True)
