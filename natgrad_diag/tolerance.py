@@ -71,13 +71,10 @@ _TABLE: dict[str, dict[str, Tolerance]] = {
 
 
 def _dtype_name(dtype: Any) -> str:
-    name = getattr(dtype, "name", None)
-    if not isinstance(name, str) or name not in _TABLE:
-        try:
-            name = np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).name
-        except TypeError:
-            name = str(dtype)
-    return name
+    try:
+        return np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).name
+    except TypeError:
+        return str(dtype)
 
 
 def default_tolerance(dtype: Any, kind: str = "exact") -> Tolerance:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +17,7 @@ from natgrad_diag.bench.report import BenchRow
 from natgrad_diag.report.records import Check, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["Run", "cli_command", "compare", "machine_info", "make_row", "random_q", "subprocess_env", "time_subprocess"]
+__all__ = ["Run", "compare", "machine_info", "make_row", "random_q", "subprocess_env", "time_subprocess"]
 
 
 @dataclasses.dataclass
@@ -95,11 +93,6 @@ def random_q(M: int, L: int = 1, seed: int = 0) -> tuple[Array, Array]:
 
 def subprocess_env() -> dict[str, str]:
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-
-
-def cli_command() -> list[str]:
-    exe = shutil.which("natgrad-diag")
-    return [exe] if exe else [sys.executable, "-m", "natgrad_diag"]
 
 
 def time_subprocess(cmd: Sequence[str], repeats: int) -> float | None:
