@@ -124,6 +124,7 @@ def test_xisqrtmeanvar_reaching_rounding_level_is_converged_on_a_repeated_call()
     assert [_check(m, data, xi_transform=XiSqrtMeanVar()).status for _ in range(2)] == ["pass", "pass"]
 
 
+@pytest.mark.slow
 def test_q_u_already_at_the_optimum_is_converged():
     m, data = _svgp(40, 6, seed=1, whiten=False, pre=[1.0] * 3)  # unwhitened: distances 9e-8, 3e-7, 3e-7, ... noise
     assert float(m.elbo(data)) == pytest.approx(_sgpr(m, data), rel=1e-12)  # at θ*: SGPR's bound

@@ -205,6 +205,7 @@ def test_trainable_q_u__is_a_note_not_a_status(studentt):
     assert [c.status for c in again.checks] == [c.status for c in report.checks]
 
 
+@pytest.mark.slow
 def test_var_list__each_pair_gets_its_own_suggestion(studentt, gaussian, oracle):
     """Two pairs under one loss (the sum of two independent models' losses): each pair's search is its model's."""
     (m1, d1), (m2, d2, oracle2) = studentt, gaussian
@@ -313,6 +314,7 @@ class _CheckedSVGP(gpflow.models.SVGP):
         return tf.debugging.check_numerics(super().elbo(data), "the ELBO is not finite")
 
 
+@pytest.mark.slow
 def test_trials__an_op_raising_midway_is_replayed_to_name_the_step(studentt, oracle):
     """When an op raises inside the compiled k steps (fast mode) they are replayed one by one; full mode takes them
     one by one eagerly. Either way the trial names the step GPflow's optimizer fails at."""
@@ -366,6 +368,7 @@ def test_real_data__a_gamma_that_crashes_training_fails_at_gpflows_failing_step(
     assert g is not None and g < gamma and _oracle(model, data, g, K)[1] is None
 
 
+@pytest.mark.slow
 def test_suggestion__at_the_optimum_keeps_the_gamma_in_use_and_away_from_it_moves():
     """At the optimum every γ ties: the suggestion was one grid notch below the γ checked (1 → 0.3, 0.1 → 0.03), so a
     monitor's suggestion drifted down at every check. The oracle for the optimum: another GPflow NaturalGradient(1)

@@ -400,6 +400,7 @@ def test_a_broken_model__is_one_failed_check_in_every_mode_naming_the_parameter(
     _assert_untouched(model, before)
 
 
+@pytest.mark.slow
 def test_mode__auto_picks_full_for_small_and_fast_for_large():
     small, d = make_model("svgp", "bernoulli", num_inducing=5, num_data=10)
     assert nc.check_natgrad(small, d).mode == "full"
@@ -424,6 +425,7 @@ def test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values():
     assert r1.loss_before != r2.loss_before
 
 
+@pytest.mark.slow
 def test_fast_mode__a_model_with_python_control_flow_on_a_tensor_is_checked_like_gpflows_step():
     """The compiled pieces trace without AutoGraph (faster) and with it for such a model: same verdict, same step."""
     plain, data = make_model("svgp", "gaussian", num_inducing=8, num_data=20)
@@ -508,6 +510,7 @@ def test_cli__check_natgrad_cli_vgp_meanvar():
 _PROPERTY_MODEL = {}
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(gamma=st.floats(0.01, 1.0), seed=st.integers(0, 10_000))
 def test_property__fast_mode_reproduces_gpflow_for_any_gamma_and_q(gamma, seed):

@@ -82,6 +82,7 @@ def test_check_natgrad__softmax_step_too_long_still_fails():
     assert not report.check("step_health").passed and report.suggested_gamma is not None and report.suggested_gamma < 10.0
 
 
+@pytest.mark.slow
 def test_noise__estimate_matches_the_spread_of_gpflows_own_evaluations():
     from natgrad_diag.checks.evaluator import Context, Evaluator, Step
     from natgrad_diag.checks.health import noise
