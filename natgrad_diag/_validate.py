@@ -426,7 +426,7 @@ def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str 
         InputError: ``inputs`` is None or empty (``remedy`` says what to pass), or the names do not match.
     """
     if inputs is None:
-        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", "pass the point, e.g. [x].")
+        raise input_error("inputs is None.", "inputs", "a tensor, array, number or a list of them", "None", remedy)
     values = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
     if not values:
         raise input_error("inputs is empty.", "inputs", "one or more float tensors", "0 inputs", remedy)

@@ -343,6 +343,9 @@ def test_check_gradients__bad_arguments_are_named() -> None:
         nd.check_gradients(lambda a, b: a * tf.cast(b, a.dtype), [np.ones(2), np.ones(2, np.float32)])
     with pytest.raises(InputError, match="fn must be callable"):
         nd.check_gradients("sin", [np.ones(2)])  # type: ignore[arg-type]
+    for missing in (None, []):  # both say what check_gradients needs, not jacobian's "e.g. [x]"
+        with pytest.raises(InputError, match=r"inputs is (None|empty)[\s\S]*To fix: pass the point to check at, e.g. \[eta1, eta2\]"):
+            nd.check_gradients(tf.sin, missing)  # type: ignore[arg-type]
 
 
 def test_check_gradients__step_out_of_domain_is_an_input_error() -> None:
