@@ -77,3 +77,24 @@ def test_check_natgrad__var_list_with_data_and_a_failing_pair():
 def test_check_natgrad__var_list_must_hold_parameter_pairs():
     with pytest.raises(UnsupportedModelError, match=r"var_list\[0\]"):
         check_natgrad(lambda: tf.constant(0.0), var_list=[(tf.Variable([[0.0]]), tf.Variable([[[1.0]]]))])
+
+
+def test_var_list__a_gradient_not_finite_before_any_step_is_one_failed_check_naming_it():
+    # sqrt(|q_mu|) at q_mu = 0: a finite loss whose gradient in q_mu is NaN (inf times sign(0) = 0)
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", "gaussian", num_inducing=4, num_data=10, seed=3)
+    model.q_mu.assign(np.zeros_like(model.q_mu.numpy()))
+
+    def loss():
+        return model.training_loss(data) + 1e-3 * tf.reduce_sum(tf.sqrt(tf.abs(model.q_mu)))
+
+    before = [v.numpy() for v in model.trainable_variables]
+    report = check_natgrad(loss, var_list=[(model.q_mu, model.q_sqrt)], progress=False)
+    (pair,) = report.pairs
+    assert [(c.name, c.status) for c in pair.checks] == [("finite_gradients", "fail")]
+    assert "with respect to var_list[0][0] (4 NaN/Inf)" in pair.checks[0].detail and "var_list[0][1]" not in pair.checks[0].detail
+    assert report.status == "fail" and report.suggested_gamma is None
+    assert same_bits(before, [v.numpy() for v in model.trainable_variables])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):  # the oracle: GPflow's own step cannot be taken
+        NaturalGradient(0.1).minimize(loss, [(model.q_mu, model.q_sqrt)])

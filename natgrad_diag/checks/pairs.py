@@ -18,12 +18,12 @@ import numpy as np
 
 from natgrad_diag.checks import custom_step, health, reproduction
 from natgrad_diag.checks.custom_step import restored
-from natgrad_diag.checks.bounds import measure_conditioning, natgrad_tolerances, with_overrides
+from natgrad_diag.checks.bounds import finite, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Rise, Run, Step, finite_loss, gpflow_update, gradients, raised, resolve_mode,
     step_from_gradients, Trial, traced, trial_steps,
 )  # fmt: skip
-from natgrad_diag.checks.report import NatGradReport, Outcome
+from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError, error_line
 from natgrad_diag.report.records import Check, format_number
@@ -154,11 +154,17 @@ _SKIPPED = (
 def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGradReport:
     """Reproduction and step health of one pair's step, with the γ search, as a NatGradReport."""
     step, gp = (taken := ev.take()).step, taken.gp
-    # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
-    cond = measure_conditioning(None, *ev.q_arrays, step.new_q_sqrt)
     found = Outcome()
-    for stage in (reproduction.stage, custom_step.stage, health.stage):
-        found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
+    if not step.gradients_finite:  # as the model form: one failed check naming what is not finite, no step judged
+        bad = [f"{name} ({int(np.sum(~np.isfinite(g)))} NaN/Inf)" for name, g in zip(names, (step.g_mu, step.g_sq)) if not finite(g)]
+        msg = (f"the loss's gradient is not finite at the current q(u) (the loss itself is finite), with respect to "
+               f"{', '.join(bad)}; no natural-gradient step can be taken from here (GPflow's refuses to assign its NaN)")
+        check = Check(name="finite_gradients", claim="the loss and its gradients are finite", status="fail", detail=msg)
+        found = Outcome(checks=(check,), health=HealthResult(None, None, (), msg))
+    else:  # no model in the var_list form: κ(S) and the cancellation from the pair itself (no Kuu)
+        cond = measure_conditioning(None, *ev.q_arrays, step.new_q_sqrt)
+        for stage in (reproduction.stage, custom_step.stage, health.stage):
+            found += stage(Run(ev, step, gp, cond, lambda *args: None, found.checks))
     h = found.health
     assert h is not None  # the health stage always says what it found
     ctx = ev.ctx
