@@ -203,3 +203,5 @@ def test_fisher_condition_estimate__of_a_q_far_out_is_infinite_not_an_overflow()
 
     q_sqrt = np.diag([1e61, 1e-3])[None]
     assert fisher_condition_estimate(np.array([[1e200], [0.0]]), q_sqrt) == np.inf
+    # κ(S) = 1e200 is finite, its square is not: the old Python-float k**2 raised OverflowError here
+    assert fisher_condition_estimate(np.zeros((2, 1)), np.diag([1e50, 1e-50])[None]) == np.inf
