@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from natgrad_diag.checks.bounds import Conditioning
-from natgrad_diag.checks.conjugate import CONVERGENCE_STEPS
+from natgrad_diag.checks.conjugate import walk_failed
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.tolerance import eps
 
@@ -111,14 +111,12 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     out: list[Cause] = []
     bad = [c for c in checks if c.status in ("fail", "warn")]
     # a failed convergence check counts when its steps failed or moved away from the optimum (not a wrong rate)
-    diverged = [c for c in bad if c.name == "conjugate_convergence" and c.status == "fail" and ("a step failed" in c.detail or "shrinks at every step" in c.claim)]
+    diverged = [c for c in bad if walk_failed(c) or (c.name == "conjugate_convergence" and c.status == "fail" and "shrinks at every step" in c.claim)]
     health = [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]
     if health:
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         health.sort(key=lambda c: c.name != "step_health")  # GPflow's own steps, with the failing one, first
         why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]  # each failure as its check saw it
-        why = [(n, w.replace("a step failed (step", "step", 1).replace(f" of {CONVERGENCE_STEPS})", f" of its {CONVERGENCE_STEPS}-step walk failed", 1)
-                if n == "conjugate_convergence" else w) for n, w in why]  # not the one step the other checks take
         evidence = "; ".join(f"{n}: {w}" if len(why) > 1 else w for n, w in why)
         out.append(Cause("step_too_long", tuple(c.name for c in health), evidence + ".", fix))
     mine = [c for c in bad if c.name == "custom_step"]

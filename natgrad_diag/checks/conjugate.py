@@ -11,6 +11,7 @@ no closed-form rate; the convergence check asks that the distance shrinks at eve
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from natgrad_diag.report.records import Check, format_number, status_of
 from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
-__all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", "minibatch", "stage"]
+__all__ = ["CONVERGENCE_STEPS", "conjugate_applicable", "keeps_gaussian_maths", "minibatch", "stage", "walk_failed"]
 
 
 def _oracle_likelihood(noise: float) -> Any:
@@ -192,6 +193,12 @@ def minibatch(ctx: Context) -> str:
     return f"model.num_data = {int(num_data)} but {int(ctx.data[0].shape[0])} rows were passed: the loss, its gradients and the conjugate optimum are the batch's."
 
 
+def walk_failed(check: Check) -> bool:
+    """Whether ``check`` is a conjugate_convergence failure because a step of its walk failed (its detail's words)."""
+    return check.name == "conjugate_convergence" and check.status == "fail" and bool(
+        re.match(r"(step \d+ of its \d+-step walk|the step to the optimum) failed: ", check.detail))
+
+
 def _failed(name: str, claim: str, what: str, e: Exception) -> Outcome:
     why = e.detail if isinstance(e, StepFailedError) else error_line(e)
     return Outcome(checks=(Check(name, claim, "fail", detail=f"{what}: {why}"),))
@@ -251,13 +258,14 @@ def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVER
     import tensorflow as tf
     from gpflow.optimizers import XiNat
 
-    ctx, walked = ev.ctx, list[tuple[Any, float]]()
+    ctx = ev.ctx
+    walked: list[tuple[Any, float]] = []
     try:
         ((star, k_star),) = (_naturals(m) for m in itertools.islice(ev.walk(1, 1.0, XiNat()), 1, None))
         walked.extend(_naturals(m) for m in ev.walk(steps, ctx.gamma, ctx.xi))  # the start, then each step's q(u)
     except (StepFailedError, tf.errors.InvalidArgumentError) as e:
-        at = f" (step {len(walked)} of {steps})" if walked else " (the step to the optimum)"
-        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", "a step failed" + at, e)
+        at = f"step {len(walked)} of its {steps}-step walk" if walked else "the step to the optimum"  # not the one step
+        return _failed("conjugate_convergence", "k steps approach the conjugate optimum", at + " failed", e)  # others take
     thetas, k_etas = zip(*walked)
     d = [float(np.linalg.norm(t - star)) for t in thetas]
     scale_theta = max(float(np.linalg.norm(t)) for t in [*thetas, star])
