@@ -133,8 +133,8 @@ class StepGuard:
         self.pairs = m.variational_pairs()
         self.snapshot = _values(self.pairs)
         mine = {id(v) for _, v in _variables(self.pairs)}  # verify: what else the block moves (Adam in it) is restored
-        self.others = [(v, np.array(v.value(), copy=True)) for v in (getattr(m.model, "trainable_variables", ()) if self.verify
-                       else ()) if id(v) not in mine]  # fmt: skip
+        others = getattr(m.model, "trainable_variables", ()) if self.verify else ()  # a module walk: only when verifying
+        self.others = [(v, np.array(v.value(), copy=True)) for v in others if id(v) not in mine]
         self.moved = self._moved_since_last_exit()
         self.data = m.batch()
         last = m._last_loss
