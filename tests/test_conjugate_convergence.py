@@ -109,6 +109,7 @@ def test_xinat_gamma_2_or_more_never_contracts_and_fails_as_gpflows_optimizer_os
 # 2. Distances at the rounding level δ = 100·ε·(κ(F) + κ_η)·‖θ‖ of the distance are θ*
 
 
+@pytest.mark.slow
 def test_xisqrtmeanvar_reaching_rounding_level_is_converged():
     m, data = _svgp(20, 5, seed=1, pre=[0.3] * 7)  # distances 0.8 … 2e-9, 3e-15, 5e-15
     c = _check(m, data, xi_transform=XiSqrtMeanVar())

@@ -206,6 +206,7 @@ def test_check_natgrad__var_list_form_names_the_mistake():
     assert not report.passed and "the mistake 'gamma_twice'" in report.check("pair 0: custom_step").detail
 
 
+@pytest.mark.slow
 def test_verify_step__judges_the_step_just_taken_without_running_the_optimizer_again():
     import gpflow
 

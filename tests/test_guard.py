@@ -82,6 +82,7 @@ def test_guard__gpflow_820_multiclass_trains_with_rollback_to_a_lower_finite_los
     assert same_bits(_q_values(oracle), _q_values(model))
 
 
+@pytest.mark.slow
 def test_guard__rollback_jumps_to_the_gamma_the_search_measured():
     model, data = _bernoulli()
     with pytest.raises(tf.errors.InvalidArgumentError):  # the oracle: GPflow's own step at γ = 5 raises

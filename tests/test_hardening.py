@@ -431,6 +431,7 @@ def test_check_natgrad__fitting_data_of_another_real_dtype_is_cast_and_checked()
     assert report.num_data == 5 and report.checks
 
 
+@pytest.mark.slow
 def test_check_natgrad__a_switched_likelihoods_index_column_is_accepted_and_its_loss_is_gpflows():
     """GPflow's SwitchedLikelihood reads Y [N, L + 1], the last column picking each point's likelihood."""
     import gpflow

@@ -534,6 +534,7 @@ def test_property__fast_mode_reproduces_gpflow_for_any_gamma_and_q(gamma, seed):
     assert report.check("fisher_identity").passed  # the closed-form F·∇ηL = ∇θL at every q(u)
 
 
+@pytest.mark.slow
 def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
     import gc
     import weakref

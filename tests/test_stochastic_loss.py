@@ -99,6 +99,7 @@ def test_noise__estimate_matches_the_spread_of_gpflows_own_evaluations():
     assert noise(gev, Step(float(gaussian.training_loss(gdata)), None, None, None, None)) == 0.0 == gev.noise  # deterministic
 
 
+@pytest.mark.slow
 def test_custom_step__stochastic_loss_passes_gpflows_step_and_names_a_mistake():
     model, data = _softmax()
     report = nd.check_natgrad(model, data, optimizer=NaturalGradient(0.3), gamma=0.3, gamma_steps=1, gamma_search=False, progress=False)

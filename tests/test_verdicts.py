@@ -369,6 +369,7 @@ def _conj_svgp():
     return m, (X, Y)
 
 
+@pytest.mark.slow
 def test_convergence__xinat_gamma_01_contracts_by_09_per_step_like_gpflows_optimizer():
     m, data = _conj_svgp()
     r = check_natgrad(m, data, gamma=0.1, progress=False)
