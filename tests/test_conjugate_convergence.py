@@ -80,7 +80,7 @@ def _wrong_walk(monkeypatch, change):
 # 1. XiNat: the distance ratio is |1 − γ|, a contraction for 0 < γ < 2 only
 
 
-@pytest.mark.parametrize("gamma", [1.2, pytest.param(1.5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("gamma", [pytest.param(1.2, marks=pytest.mark.slow), pytest.param(1.5, marks=pytest.mark.slow)])
 def test_xinat_gamma_between_1_and_2_contracts_by_abs_1_minus_gamma_like_gpflows_optimizer(gamma):
     m, data = _svgp(40, 6, Z_first=True)
     c = _check(m, data, gamma=gamma)

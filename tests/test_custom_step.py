@@ -346,7 +346,7 @@ def crashes(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):
     "spec, code, text",
     [
         ("{path}:AscentNatGrad", 1, "the mistake 'ascent'"),
-        ("natgrad_diag:NaturalGradient", 0, "PASS custom_step"),
+        pytest.param("natgrad_diag:NaturalGradient", 0, "PASS custom_step", marks=pytest.mark.slow),
         ("{path}.missing.py:AscentNatGrad", 2, "could not load the optimizer"),
         ("no_such_module_here:X", 2, "could not load the optimizer"),
         ("{path}:NoMinimize", 2, "minimize(loss_fn, var_list)"),

@@ -117,7 +117,7 @@ def test_verdict__gamma_that_fails_at_step_2_fails_the_check_naming_the_step(rep
     assert own.losses == pytest.approx(oracle[1.0][0], rel=RTOL)  # the step it did take
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])
 def test_verdict__a_gamma_that_trains_passes_with_gpflows_losses_at_every_step(studentt, oracle, mode):
     model, data = studentt
     report = check_natgrad(model, data, gamma=0.1, mode=mode, progress=False, gamma_search=False)
@@ -191,6 +191,7 @@ def test_report__json_has_the_trials(report_k):
     assert d["gamma_steps"] == K and d["suggested_gamma"] == 0.3 and d["gamma_losses"]["1"] is None
 
 
+@pytest.mark.slow
 def test_trainable_q_u__is_a_note_not_a_status(studentt):
     model, data = studentt
     assert model.q_mu.trainable
@@ -231,6 +232,7 @@ def test_tracing__once_per_model_not_per_gamma_nor_per_call():
     assert _compile.trace_count("gamma_steps") == before + 2
 
 
+@pytest.mark.slow
 def test_full_mode__takes_the_k_steps_eagerly():
     demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=4)
     before = _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay")
@@ -293,6 +295,7 @@ def test_gamma_steps__numpy_ints_are_accepted():
     assert validate_gamma_steps(np.int64(4)) == 4
 
 
+@pytest.mark.slow
 def test_cli__gamma_steps_flag(capsys):
     from natgrad_diag.cli.app import main
 

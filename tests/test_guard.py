@@ -128,6 +128,7 @@ def test_guard__warn_warns_and_lets_the_error_through():
     assert monitor.guard_records[0].status == "failed" and natgrad.gamma == 0.1
 
 
+@pytest.mark.slow
 def test_guard__python_float_gamma_is_set_with_a_retrace_warning():
     model, data = _bernoulli()
     monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
@@ -252,6 +253,7 @@ def test_guard__adam_over_hyperparameters_only_is_not_reported():
     assert all(r.moved_by_other == () for r in monitor.guard_records) and len(monitor.guard_records) == 3
 
 
+@pytest.mark.slow
 def test_guard__natgrad_diags_own_optimizer_is_rolled_back_the_same_way():
     import natgrad_diag
 

@@ -450,6 +450,7 @@ def test_check_natgrad__a_switched_likelihoods_index_column_is_accepted_and_its_
     assert _argument(info.value) == "data[1] (Y)"
 
 
+@pytest.mark.slow
 def test_check_natgrad__softmax_keeps_integer_labels_and_refuses_float_ones_by_name():
     """GPflow's Softmax takes integer class labels (sparse softmax cross-entropy): a cast to float64 broke it."""
     import gpflow
@@ -466,6 +467,7 @@ def test_check_natgrad__softmax_keeps_integer_labels_and_refuses_float_ones_by_n
     assert _argument(info.value) == "data[1] (Y)"
 
 
+@pytest.mark.slow
 def test_check_natgrad__y_columns_follow_the_likelihoods_own_dimensions_not_its_class_name():
     """A likelihood that takes the L latent GPs together (GPflow's latent_dim) reads observation_dim columns of Y, one
     class label for a multi-class one, whatever its class is called: a renamed MultiClass was refused, and a one-hot Y
@@ -507,7 +509,7 @@ def test_explain_output_gradients__source_is_a_number():
 # check_natgrad with the noise variance at GPflow's lower bound; the monitor's gamma
 
 
-@pytest.mark.parametrize("kind", ["svgp", "vgp"])
+@pytest.mark.parametrize("kind", [pytest.param("svgp", marks=pytest.mark.slow), "vgp"])
 def test_check_natgrad__noise_variance_at_gpflows_lower_bound_does_not_raise(kind):
     """softplus saturates: the likelihood's variance is exactly 1e-6, the bound; the SGPR/GPR oracles must still build."""
     import gpflow
@@ -569,7 +571,7 @@ def test_check_gradients__check_table_says_why_its_error_differs_from_the_blocks
     assert "the block's largest absolute error" in check.detail  # the check says why the numbers differ
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])
 def test_check_natgrad__gaussian_built_with_scale_skips_the_conjugate_checks_with_a_reason(mode):
     # GPflow's Gaussian(scale=...) has variance None (its noise may be a function of X): the conjugate checks
     # are skipped with the reason (not a raw AttributeError); the rest run.

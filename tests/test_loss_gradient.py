@@ -63,7 +63,7 @@ def test_off_gaussian__keeps_gaussians_values_but_not_its_gradient():
     assert keeps_gaussian_maths(m_off.likelihood) and not keeps_gaussian_maths(gpflow.likelihoods.StudentT())
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])
 def test_loss_gradient__wrong_custom_gradient_fails_as_wrong_gradient(mode):
     m, data = _svgp(OffGaussian(variance=0.1))
     before = _snapshot(m)
@@ -80,7 +80,7 @@ def test_loss_gradient__wrong_custom_gradient_fails_as_wrong_gradient(mode):
         assert r.check("conjugate_optimality").status == "fail"
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])
 def test_loss_gradient__correct_model_passes(mode):
     m, data = _svgp(gpflow.likelihoods.Gaussian(variance=0.1))
     r = check_natgrad(m, data, mode=mode, progress=False)
@@ -88,6 +88,7 @@ def test_loss_gradient__correct_model_passes(mode):
     assert r.causes == ()
 
 
+@pytest.mark.slow
 def test_loss_gradient__bernoulli_vgp_passes():
     rng = np.random.RandomState(0)
     X = rng.rand(8, 1)
@@ -155,7 +156,7 @@ def _svgp_with_priors(whiten):
     return m, (X, Y)
 
 
-@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("whiten", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_fast_take__losses_at_the_probes_and_after_gpflows_step_are_the_models_own(whiten):
     # The compiled evaluator computes GPflow's update, the loss after it and the loss at the probe points in one
     # graph whose parameters are read once. Oracles: the model's own training_loss, eagerly, on a deep copy with

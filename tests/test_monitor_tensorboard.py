@@ -37,6 +37,7 @@ def _read_events(log_dir: Path) -> list[tuple[str, int]]:
     ]
 
 
+@pytest.mark.slow
 def test_monitor__writes_guard_and_check_scalars_for_tensorboard_once_per_tag_and_step(tmp_path):
     model, data = make_model("svgp", "bernoulli", num_inducing=10, num_data=50)  # GPflow's step at γ = 5 raises
     gpflow.set_trainable(model.q_mu, False)

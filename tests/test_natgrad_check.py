@@ -114,8 +114,12 @@ def _loss_at_eta(model, data, eta1: np.ndarray, eta2: np.ndarray) -> float:
     return float(_loss(copy_, data).numpy())
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
-@pytest.mark.parametrize("name,likelihood,L", [("svgp", "gaussian", 1), ("svgp", "bernoulli", 2), pytest.param("vgp", "bernoulli", 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name,likelihood,L,mode",
+    [("svgp", "gaussian", 1, "fast"), ("svgp", "bernoulli", 2, "full"),
+     *(pytest.param(*case, marks=pytest.mark.slow)
+       for case in [("svgp", "gaussian", 1, "full"), ("svgp", "bernoulli", 2, "fast"), ("vgp", "bernoulli", 1, "full"), ("vgp", "bernoulli", 1, "fast")])],
+)
 def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likelihood, L, mode):
     model, data = make_model(name, likelihood, num_inducing=4, num_latent=L, num_data=6, seed=3)
     d = _data_arg(name, data)
@@ -158,7 +162,7 @@ def test_fisher_identity__fails_for_a_wrong_dL_deta(mode):
     assert bad.max_abs_error > bad.tolerance
 
 
-@pytest.mark.parametrize("name", ["svgp", "vgp"])
+@pytest.mark.parametrize("name", ["svgp", pytest.param("vgp", marks=pytest.mark.slow)])
 def test_xi_forward_mode__matches_finite_differences_of_naturals_to_xi(name):
     """(∂ξ/∂θ)·∇ηL for XiSqrtMeanVar (ξ(θ) = natural_to_meanvarsqrt) by central differences in numpy."""
     model, data = make_model(name, "bernoulli", num_inducing=4, num_data=5, seed=2)
@@ -189,7 +193,7 @@ def test_xi_forward_mode__matches_finite_differences_of_naturals_to_xi(name):
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("whiten", [True, False], ids=["whiten", "no-whiten"])
+@pytest.mark.parametrize("whiten", [pytest.param(True, marks=pytest.mark.slow), False], ids=["whiten", "no-whiten"])
 @pytest.mark.parametrize("L", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_conjugate_optimality__svgp_reaches_sgpr_bound(whiten, L):
     model, data = make_model("svgp", "gaussian", num_inducing=6, num_latent=L, num_data=15, whiten=whiten, seed=5)
@@ -243,7 +247,7 @@ def test_conjugate_optimality__skipped_for_minibatch_and_non_gaussian():
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])  # full: docs/natgrad-checks.md's first example
 def test_step_health__bernoulli_too_large_gamma_is_reported_not_crashed(mode):
     model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
     before = _snapshot(model)
@@ -321,6 +325,7 @@ def test_gradient_mapping__scale_transform_on_q_mu_warns_with_the_right_error():
     assert report.check("reproduction").passed  # natgrad-diag reproduces GPflow, mistake included
 
 
+@pytest.mark.slow
 def test_gradient_mapping__softplus_diagonal_on_q_sqrt_is_flagged_with_the_right_error():
     model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=10)
     X, Y = (tf.constant(a) for a in data)
@@ -356,6 +361,7 @@ def test_gradient_mapping__default_transforms_are_exact():
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_float32__svgp_checks_pass_with_scaled_tolerances():
     model, data = make_model("svgp", "gaussian", num_inducing=6, num_data=15, dtype="float32")
     before = _snapshot(model)
@@ -470,6 +476,7 @@ def test_inputs__bad_model_data_and_gamma_are_named():
         nc.check_natgrad(gpr)
 
 
+@pytest.mark.slow
 def test_assert_natgrad__raises_on_failure_and_returns_report_on_success():
     model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=20)
     assert nc.assert_natgrad(model, data, gamma=0.5, mode="fast").passed
@@ -487,6 +494,7 @@ def test_assert_natgrad_step_matches_gpflow__passes_and_leaves_model_alone():
     assert check.passed and check.max_abs_error <= 1e-10
 
 
+@pytest.mark.slow
 def test_cli__check_json_has_checks_and_exit_codes(capsys):
     from natgrad_diag.cli.app import main
 
@@ -500,6 +508,7 @@ def test_cli__check_json_has_checks_and_exit_codes(capsys):
     assert not [c for c in out["checks"] if c["name"] == "step_health"][0]["passed"]
 
 
+@pytest.mark.slow
 def test_cli__check_natgrad_cli_vgp_meanvar():
     r = check_natgrad_cli(model="vgp", likelihood="bernoulli", num_data=10, xi="meanvar", gamma=0.2, num_latent=2)
     assert r.model_name == "VGP" and r.xi_transform == "XiSqrtMeanVar" and r.num_latent == 2 and r.passed

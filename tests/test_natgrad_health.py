@@ -99,6 +99,7 @@ def test_suggested_gamma__is_a_local_minimum_of_gpflows_losses_on_the_grid():
     assert report.to_dict()["gamma_losses"][f"{s_:g}"] == report.gamma_losses[s_]
 
 
+@pytest.mark.slow
 def test_check_natgrad__xisqrtmeanvar_gamma_1_states_each_failure_with_its_check_and_step():
     """``natgrad-diag check --xi meanvar`` (the CLI's demo SVGP, γ = 1). Oracle: GPflow's own optimizer on a copy,
     whose first step is finite with a negative q_sqrt diagonal and whose NaN (GPflow refuses to assign it) comes steps

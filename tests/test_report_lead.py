@@ -222,6 +222,7 @@ def test_timeline__of_a_real_monitor_and_its_html_fragment():
     assert "; gamma now 0.5." in fragment
 
 
+@pytest.mark.slow
 def test_timeline_lead__of_a_real_run_starts_at_the_loss_before_training_and_counts_the_rollback():
     """Step 0 lowers the loss and is checked (a check and a guard record at step 0); at step 1 γ = 10 leaves the cone
     and is rolled back. Oracles: the model's training loss before and after training, GPflow's own γ = 10 step on a

@@ -141,6 +141,7 @@ def test_767_state__kappas_are_those_of_the_matrices():
     assert dict(r.numbers)["cancellation λmin(S_new)/λmin(S)"] == pytest.approx(ev_new[0] / 1e-6, rel=1e-8)
 
 
+@pytest.mark.slow
 def test_767_state__three_consecutive_calls_give_identical_statuses_and_numbers():
     m = small_q_sqrt_vgp(0)
     before = [v.numpy().copy() for v in m.variables]
@@ -164,6 +165,7 @@ def test_767_state__fast_mode_calls_give_identical_statuses():
 # --- the jitter cause: a duplicated inducing point makes Kuu singular ---------------------------------------
 
 
+@pytest.mark.slow
 def test_duplicated_inducing_point__adds_the_jitter_cause_and_distinct_points_do_not(svgp_1e4_report):
     # Closed-form oracle: with two equal rows of Z, Kuu is singular, so λmin(Kuu + jitter·I) is the jitter itself.
     X, Y, Z = _setup()
@@ -409,6 +411,7 @@ def test_convergence__xisqrtmeanvar_gamma_01_approaches_the_same_optimum_and_rep
     assert float(walk.elbo(data)) == pytest.approx(sgpr, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_convergence__xisqrtmeanvar_gamma_01_diverging_is_a_fail_named_step_too_long():
     from gpflow.optimizers import XiSqrtMeanVar
 
@@ -423,7 +426,7 @@ def test_convergence__xisqrtmeanvar_gamma_01_diverging_is_a_fail_named_step_too_
             opt.minimize(lambda: walk.training_loss(data), [(walk.q_mu, walk.q_sqrt)])
 
 
-@pytest.mark.parametrize("mode", ["fast", "full"])
+@pytest.mark.parametrize("mode", ["fast", pytest.param("full", marks=pytest.mark.slow)])
 def test_tiny_q_sqrt_vgp__gpflows_failing_step_is_judged_not_the_closed_forms(mode):
     """VGP with q_sqrt = 1e-6·I: GPflow's step at γ = 1 raises while the closed form survives. Both modes judge
     GPflow's step (step_health fails), name gpflow_precision, not wrong_gradient, and the suggested γ trains for the
