@@ -175,6 +175,7 @@ def test_cli__every_help_fits_80_columns(command):
         (["outer", "--x", "1,nan"], r"Argument: +x\n"),
         (["check", "--num-inducing", "100000"], r"Argument: +num_inducing\n"),
         (["check", "--model", "vgp", "--num-data", "5000"], r"Argument: +--num-data\n"),
+        (["check", "--model", "vgp", "--no-whiten"], r"a VGP has no inducing points and no whitening(.|\n)*Argument: +--whiten\n"),
         (["check", "--num-latent", "100000"], r"Argument: +--num-latent\n"),
         (["gradcheck", "--num-inducing", "100000", "--mode", "fast"], r"Argument: +--num-inducing\n"),
         (["gradcheck", "--num-inducing", "3000"], "pass --mode fast"),
@@ -194,6 +195,22 @@ def test_cli__bad_input_is_refused_before_tensorflow_loads(argv, named):
     assert re.search(named, r.stderr) and "Traceback" not in r.stderr
     assert not re.search(r"\| +tensorflow$", r.stderr, re.M), "TensorFlow was imported before the arguments were checked"
     assert seconds < 3, seconds
+
+
+@pytest.mark.parametrize(
+    ("argv", "num_inducing", "whiten"),
+    [([], 10, True), (["--num-inducing", "4", "--no-whiten"], 4, False), (["--model", "vgp", "--num-data", "7"], 10, True)],
+)
+def test_cli__check_fills_the_svgp_defaults_that_a_vgp_refuses(argv, num_inducing, whiten):
+    from natgrad_diag.cli.app import _preflight, build_parser
+
+    args = build_parser().parse_args(["check", *argv])
+    _preflight(args)
+    assert (args.num_inducing, args.whiten) == (num_inducing, whiten)
+    both = build_parser().parse_args(["check", "--model", "vgp", "--num-inducing", "4", "--whiten"])
+    with pytest.raises(nd.InputError, match=r"Argument: --num-inducing, --whiten\n +Expected: neither with --model vgp\n +Got: +--num-inducing 4, --whiten True\n"):
+        _preflight(both)
+
 
 
 def test_cli__closed_stdout_is_one_line_and_exit_2():

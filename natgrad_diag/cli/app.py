@@ -133,13 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="natural-gradient checks on a small GPflow SVGP or VGP model")
     p.add_argument("--model", choices=MODELS, default="svgp", help="the demo GPflow model")
     p.add_argument("--likelihood", choices=LIKELIHOODS, default="gaussian", help="the demo model's likelihood")
-    p.add_argument("--num-inducing", type=_positive_int, default=10, metavar="M", help="inducing points M")
+    p.add_argument("--num-inducing", type=_positive_int, default=None, metavar="M", help="the SVGP's inducing points M (default: 10)")
     p.add_argument("--num-latent", type=_positive_int, default=1, metavar="L", help="latent GPs L")
     p.add_argument("--num-data", type=_positive_int, default=50, metavar="N", help="data points N")
     p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform: nat (XiNat) or meanvar (XiSqrtMeanVar)")
     p.add_argument("--gamma", type=_positive_float, default=1.0, help="the natural-gradient step length γ")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="float dtype of the model")
-    p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=True, help="SVGP whitening")
+    p.add_argument("--whiten", action=argparse.BooleanOptionalAction, default=None, help="the SVGP's whitening (default: on)")
     p.add_argument("--mode", choices=("auto", "full", "fast"), default="auto", help="full: explicit Jacobians; fast: matrix-free; auto: full when small")
     p.add_argument("--seed", type=_seed, default=0, help="random seed of the demo data and point")
     p.add_argument("--gamma-steps", type=_gamma_steps, default=5, metavar="K", help="steps that judge each γ")
@@ -284,6 +284,7 @@ def _preflight(args: argparse.Namespace) -> None:
 
         validate_x(args.x)
     elif args.command == "check":
+        _svgp_options(args)
         check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
                            itemsize=8 if args.dtype == "float64" else 4)  # fmt: skip
         check_model_work(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
@@ -296,6 +297,19 @@ def _preflight(args: argparse.Namespace) -> None:
         from natgrad_diag.bench.runner import validate_sizes
 
         validate_sizes(args.sizes)
+
+
+def _svgp_options(args: argparse.Namespace) -> None:
+    """InputError for an SVGP-only option with ``--model vgp`` (a VGP's q(u) is over the N data points: no inducing
+    points, no whitening); otherwise the SVGP's defaults, M = 10 and whitened."""
+    from natgrad_diag._validate import input_error
+
+    given = {flag: value for flag, value in (("--num-inducing", args.num_inducing), ("--whiten", args.whiten)) if value is not None}
+    if args.model == "vgp" and given:
+        raise input_error("a VGP has no inducing points and no whitening: its q(u) is over the N data points.",
+                          ", ".join(given), "neither with --model vgp", ", ".join(f"{k} {v}" for k, v in given.items()),
+                          "leave them out (--num-data sets the VGP's size) or check --model svgp.")  # fmt: skip
+    args.num_inducing, args.whiten = args.num_inducing or 10, True if args.whiten is None else args.whiten
 
 
 def _check_report_folder(path: str) -> None:
