@@ -72,6 +72,16 @@ def test_check_natgrad__var_list_with_data_and_a_failing_pair():
     assert not report.passed and not r.check("step_health").passed
     assert r.suggested_gamma is not None and r.suggested_gamma < 5.0
     assert r.check("reproduction").passed  # GPflow's update fails too, or agrees
+    assert r.loss_before == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)  # the data were used
+    # the oracle: GPflow's optimizer at gamma = 5 breaks a copy of the pair (raises or gives non-finite values)
+    import gpflow
+
+    copy_ = gpflow.utilities.deepcopy(model)
+    try:
+        NaturalGradient(5.0).minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+        assert not np.all(np.isfinite(copy_.q_sqrt.numpy()))
+    except tf.errors.InvalidArgumentError:
+        pass
 
 
 def test_check_natgrad__var_list_must_hold_parameter_pairs():
