@@ -113,6 +113,14 @@ def test_guard__raise_names_the_cause_and_a_gamma_and_leaves_q_as_the_step_left_
     assert "training step 7 (gamma = 0.1) failed: the step raised InvalidArgumentError" in text
     assert "To fix: use gamma = 0.03" in text
     assert natgrad.gamma == 0.1 and not monitor.guard_records[0].rolled_back
+    oracle, _ = _natgrad_only(multiclass_svgp())  # GPflow's own raising step, unguarded: q(u) as it leaves it
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _natgrad_step(NaturalGradient(0.1), oracle, data)
+    assert same_bits(_q_values(oracle), _q_values(model))
+    oracle, _ = _natgrad_only(multiclass_svgp())  # the oracle for the γ named: GPflow's own step at 0.03 trains
+    start = float(oracle.training_loss(data).numpy())
+    _natgrad_step(NaturalGradient(0.03), oracle, data)
+    assert float(oracle.training_loss(data).numpy()) < start
 
 
 def test_guard__warn_warns_and_lets_the_error_through():

@@ -45,6 +45,8 @@ def _snapshot(m):
 
 def test_directions__are_unit_and_lower_triangular_and_seeded():
     a, b = random_directions(4, 2, 3), random_directions(4, 2, 3)
+    assert len(a) == len(b) == 3 and all(m.shape == (4, 2) and s.shape == (2, 4, 4) for m, s in a)
+    assert not np.array_equal(a[0][0], random_directions(4, 2, 3, seed=1)[0][0])  # the seed is used
     for (m1, s1), (m2, s2) in zip(a, b):
         assert np.array_equal(m1, m2) and np.array_equal(s1, s2)
         assert np.all(np.triu(s1, 1) == 0)
@@ -168,7 +170,7 @@ def test_fast_take__losses_at_the_probes_and_after_gpflows_step_are_the_models_o
         ev = evaluator(ctx, compiled=True)
         points = probes(ev)
         taken = ev.take(points)
-    assert len(points) == 2 * ev.loss_directions == len(taken.losses)
+    assert len(points) == 2 * ev.loss_directions == len(taken.losses) > 0
     for (q_mu, q_sqrt), loss in zip(points, taken.losses):
         other = gpflow.utilities.deepcopy(m)
         other.q_mu.assign(q_mu)
