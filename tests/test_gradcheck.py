@@ -319,9 +319,9 @@ def test_check_gradients__unknown_structure_message() -> None:
 def test_check_gradients__bad_arguments_are_named() -> None:
     with pytest.raises(ShapeMismatchError, match=r"structure for x0[\s\S]*\[..., M, M\][\s\S]*\[2, 3\]"):
         nd.check_gradients(tf.sin, [np.ones((2, 3))], structure="symmetric")
-    with pytest.raises(InputError, match="mode"):
+    with pytest.raises(InputError, match=r"unknown mode 'slow'[\s\S]*Argument: mode\n"):
         nd.check_gradients(tf.sin, [np.ones(3)], mode="slow")
-    with pytest.raises(InputError, match="eps"):
+    with pytest.raises(InputError, match=r"Argument: eps\n"):
         nd.check_gradients(tf.sin, [np.ones(3)], eps=-1.0)
     with pytest.raises(InputError, match="structure has 2 entries for 1 input"):
         nd.check_gradients(tf.sin, [np.ones(3)], structure=["general", "general"])
@@ -335,7 +335,7 @@ def test_check_gradients__bad_arguments_are_named() -> None:
         nd.check_gradients(lambda x: tf.reshape(x, [5]), [np.ones(3)])
     with pytest.raises(NonFiniteError, match="returned NaN or Inf in output y0"):
         nd.check_gradients(tf.linalg.cholesky, [-np.eye(2)])  # not positive definite: NaN on CPU
-    with pytest.raises(InputError, match="num_directions"):
+    with pytest.raises(InputError, match=r"Argument: num_directions\n"):
         nd.check_gradients(tf.sin, [np.ones(3)], mode="fast", num_directions=0)
     with pytest.raises(InputError, match=r"structure names unknown input\(s\) \['eta3'\]"):
         nd.check_gradients(ng.expectation_to_meanvarsqrt, gpflow_points(2, 1, 0)["expectation"], structure={"eta3": "symmetric"})
