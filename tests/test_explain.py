@@ -126,6 +126,12 @@ def test_explain__random_scenario_L3__checks_hold(xi):
     e = nd.explain_output_gradients((p_mu, p_sqrt, *g), xi_transform=xi, gamma=0.1)
     assert e.passed, str(e)
     assert e.trace.xi_transform == type(xi).__name__
+    # claim (a) re-derived: the explicit closed-form Jacobian contracted by hand with the trace's seed
+    t = e.trace
+    J = natgrad_map_jacobian(t.eta1, t.eta2)
+    jtv = np.concatenate([t.dL_dmean.ravel(), t.dL_dvarsqrt.ravel()]) @ J.matrix
+    np.testing.assert_allclose(t.dL_deta1.ravel(), jtv[: t.eta1.size], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(e.mean_path + e.varsqrt_path, t.dL_deta1, rtol=0, atol=1e-12)
 
 
 def test_explain__a_failed_claim_is_reported_not_raised():

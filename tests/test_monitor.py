@@ -82,6 +82,9 @@ def test_monitor__inside_gpflow_monitor_group_with_a_data_callable():
         monitor(step)
     assert [r.step for r in task.records] == [0, 3, 6]
     assert all(r.passed for r in task.records)
+    # the data callable was evaluated: the last record (step 6, the last step) judged the model's own loss on that data
+    assert task.records[-1].loss == pytest.approx(float(model.training_loss(data).numpy()), rel=1e-12)
+    assert task.records[0].loss > task.records[-1].loss
 
 
 def test_monitor__records_a_failing_step_and_can_raise():

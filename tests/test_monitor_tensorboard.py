@@ -66,7 +66,9 @@ def test_monitor__writes_guard_and_check_scalars_for_tensorboard_once_per_tag_an
     # tf.summary.scalar stores float32: compare to float32 rounding
     assert np.allclose([v for _, v in scalars["natgrad/loss_before"]], [r.loss_before for r in records], rtol=1e-6, atol=0)
     assert np.allclose([v for _, v in scalars["natgrad/check/loss_before"]], [c.loss for c in checks], rtol=1e-6, atol=0)
-    assert [s for s, _ in scalars["natgrad/check/reproduction_error"]] == [0, 1, 2]
+    assert [s for s, _ in scalars["natgrad/check/reproduction_error"]] == [c.step for c in checks] == [0, 1, 2]
+    assert np.allclose([v for _, v in scalars["natgrad/check/reproduction_error"]], [c.reproduction_error for c in checks],
+                       rtol=1e-6, atol=0)  # fmt: skip
     assert scalars["natgrad/check/suggested_gamma"] == [(c.step, pytest.approx(c.suggested_gamma, rel=1e-7)) for c in checks]
 
 

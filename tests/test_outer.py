@@ -74,7 +74,7 @@ def test_outer_example__random_x_against_closed_forms(x):
     np.testing.assert_allclose(r.gradient_ones_seed, 2 * xn.sum() * np.ones(len(x)), rtol=1e-12, atol=1e-12 * scale)
     np.testing.assert_allclose(r.jacobian_array, hand_jacobian(xn), rtol=0, atol=1e-12 * scale)
     np.testing.assert_allclose(r.chain_one_step, 4 * xn * np.sum(xn**2), rtol=1e-12, atol=1e-12 * scale)
-    np.testing.assert_allclose(r.chain_two_step, r.chain_one_step, rtol=1e-12, atol=1e-12 * scale)
+    np.testing.assert_allclose(r.chain_two_step, 4 * xn * np.sum(xn**2), rtol=1e-12, atol=1e-12 * scale)
     assert r.passed, [str(c) for c in r.checks if not c.passed]
 
 
@@ -188,7 +188,18 @@ def test_outer_cli__json_and_exit_codes(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["gradient_ones_seed"] == [10.0, 10.0]
     assert d["jacobian_shape"] == [2, 2, 2]
-    assert all(c["passed"] for c in d["checks"])
+    assert d["chain_one_step"] == d["chain_two_step"] == [104.0, 156.0]  # 4·x·Σx² = 4·13·(2, 3)
+    from natgrad_diag.torch_bridge import torch_available
+
+    torch_names = ("torch_ones_seed_agrees", "torch_jacobian_agrees", "torch_chain_agrees", "torch_rejects_wrong_seed")
+    assert d["torch"]["available"] is torch_available()
+    assert [(c["name"], c["passed"]) for c in d["checks"]] == [
+        (name, True) for name in (
+            "ones_seed_is_2_sum_x", "default_seed_is_ones", "jacobian_closed_form", "contraction_equals_gradient",
+            "chain_two_steps_equal_one", "chain_closed_form", "wrong_seed_caught", "broadcast_seed_caught",
+            *(torch_names if torch_available() else ()),
+        )
+    ]  # fmt: skip
     assert main(["outer", "--x", "1,nan"]) == 2
     err = capsys.readouterr().err
     assert "natgrad-diag outer: Non-finite values. x contains 1 NaN" in err

@@ -310,6 +310,11 @@ def test_write_report__a_name_near_255_bytes_is_written_with_its_pictures(tmp_pa
         links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (tmp_path / name).read_text(encoding="utf-8"))
         assert links == [f"{stem}-jacobian.png", f"{stem}-eta1.png", f"{stem}-checks.png"]
         assert sorted(written.images) == sorted(tmp_path / link for link in links)
+        assert all((tmp_path / link).read_bytes().startswith(PNG_SIGNATURE) for link in links)
+    else:  # the pictures are embedded
+        parsed = _Parsed((tmp_path / name).read_text(encoding="utf-8"))
+        assert parsed.errors == [] and len(parsed.images) == 3
+        assert all(img["alt"] and _decode_png(img["src"]).ndim == 3 for img in parsed.images)
 
 
 def test_to_markdown__tables_keep_their_columns_and_escape_pipes():
@@ -522,7 +527,15 @@ def test_cli__json_and_markdown_report(tmp_path, monkeypatch, capsys):
     assert cli.main(["check", "--json", "--report", str(tmp_path / "r.md")]) == 1
     out, err = capsys.readouterr()
     assert json.loads(out)["title"] == Demo().title
-    assert (tmp_path / "r.md").exists() and (tmp_path / "r-checks.png").exists()
+    assert [(c["name"], c["passed"]) for c in json.loads(out)["checks"]] == [
+        ("exact_match", True), ("large_gap", False), ("must_differ", True), ("structural", True)
+    ]
+    text = (tmp_path / "r.md").read_text(encoding="utf-8")
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text) == ["r-checks.png"]
+    assert (tmp_path / "r-checks.png").read_bytes().startswith(PNG_SIGNATURE)
+    for c in Demo().checks:
+        assert f"`{c.name}`" in text
+    assert "1.5" in text and r"\*4\*" in text  # the table's cells
 
 
 # --------------------------------------------------------------------------------------------------
