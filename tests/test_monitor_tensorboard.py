@@ -66,6 +66,12 @@ def test_monitor__writes_guard_and_check_scalars_for_tensorboard_once_per_tag_an
     # tf.summary.scalar stores float32: compare to float32 rounding
     assert np.allclose([v for _, v in scalars["natgrad/loss_before"]], [r.loss_before for r in records], rtol=1e-6, atol=0)
     assert np.allclose([v for _, v in scalars["natgrad/check/loss_before"]], [c.loss for c in checks], rtol=1e-6, atol=0)
+    # loss_after: written where it is finite (None is not written): the rolled-back step's, then the healthy ones'
+    after = [(r.step, r.loss_after) for r in records if r.loss_after is not None]
+    assert len(after) == 3 and [s for s, _ in scalars["natgrad/loss_after"]] == [s for s, _ in after] == [0, 1, 2]
+    assert np.allclose([v for _, v in scalars["natgrad/loss_after"]], [v for _, v in after], rtol=1e-6, atol=0)
+    checked = [(c.step, c.loss_after) for c in checks if c.loss_after is not None]
+    assert checked and scalars["natgrad/check/loss_after"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in checked]
     assert [s for s, _ in scalars["natgrad/check/reproduction_error"]] == [c.step for c in checks] == [0, 1, 2]
     assert np.allclose([v for _, v in scalars["natgrad/check/reproduction_error"]], [c.reproduction_error for c in checks],
                        rtol=1e-6, atol=0)  # fmt: skip
