@@ -22,7 +22,7 @@ from natgrad_diag._validate import input_error, require_int
 from natgrad_diag.checks.evaluator import dtype_context, float_dtype
 from natgrad_diag.typing import Array
 
-__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model"]
+__all__ = ["DemoModel", "LIKELIHOODS", "MODELS", "dtype_context", "make_data", "make_model", "svgp_options"]
 
 #: Likelihood names understood by :func:`make_model` and ``natgrad-diag check --likelihood``.
 LIKELIHOODS = ("gaussian", "bernoulli", "poisson", "studentt")
@@ -43,6 +43,27 @@ def _count(value: Any, name: str) -> int:
         raise input_error(f"{name} must be an integer ≥ 1.", name, "an int ≥ 1", repr(value),
                           f"pass {name} as a positive integer.")
     return int(value)
+
+
+def svgp_options(model: str, num_inducing: int | None = None, whiten: bool | None = None, *, flags: bool = False) -> tuple[int, bool]:
+    """(M, whiten) of a demo ``model``: an SVGP's defaults, M = 10 inducing points, whitened, where not given.
+
+    Raises:
+        InputError: either is given with ``model="vgp"``, whose q(u) is over its N data points (no inducing points,
+            no whitening); the arguments are named as command-line options with ``flags``.
+
+    Examples:
+        >>> svgp_options("svgp", whiten=False)
+        (10, False)
+    """
+    given = {name: value for name, value in (("num_inducing", num_inducing), ("whiten", whiten)) if value is not None}
+    if str(model).lower() == "vgp" and given:
+        show = (lambda name: "--" + name.replace("_", "-")) if flags else str
+        raise input_error("a VGP has no inducing points and no whitening: its q(u) is over the N data points.",
+                          ", ".join(map(show, given)), f"neither with {'--model vgp' if flags else 'model=vgp'}",
+                          ", ".join(f"{show(k)}{' ' if flags else '='}{v}" for k, v in given.items()),
+                          f"leave them out ({show('num_data')} sets the VGP's size) or check an SVGP.")  # fmt: skip
+    return (10 if num_inducing is None else num_inducing), (True if whiten is None else whiten)
 
 
 def _seed(value: Any) -> int:
@@ -175,13 +196,13 @@ def _likelihood(name: str) -> Any:
 
 
 def make_model(
-    model: str = "svgp", likelihood: str = "gaussian", *, num_inducing: int = 10, num_latent: int = 1,
-    num_data: int = 50, whiten: bool = True, q_diag: bool = False, dtype: Any = "float64", seed: int = 0,
+    model: str = "svgp", likelihood: str = "gaussian", *, num_inducing: int | None = None, num_latent: int = 1,
+    num_data: int = 50, whiten: bool | None = None, q_diag: bool = False, dtype: Any = "float64", seed: int = 0,
 ) -> DemoModel:
     """A seeded SVGP or VGP on :func:`make_data`, with a non-trivial q(u) so a step does something.
 
     SVGP: a squared-exponential kernel shared by the L latent GPs, M = ``num_inducing`` inducing points spread over
-    the inputs, full batch, ``whiten`` as given, seeded q_mu [M, L] and q_sqrt [L, M, M] (lower-triangular,
+    the inputs, full batch, ``whiten`` (:func:`svgp_options`: 10, whitened, by default), seeded q_mu [M, L] and q_sqrt [L, M, M] (lower-triangular,
     positive diagonal), or a diagonal q_sqrt [M, L] with ``q_diag`` (which natural gradients do not support).
     VGP: the same kernel and likelihood, q_mu [N, L] and q_sqrt [L, N, N] seeded the same way (M = N).
     Parameters and data are built in ``dtype`` ("float64" or "float32").
@@ -190,10 +211,11 @@ def make_model(
         A :class:`DemoModel`; ``model, data = make_model(...)`` works.
 
     Raises:
-        InputError: an unknown name or a non-positive count.
+        InputError: an unknown name, a non-positive count, or ``num_inducing`` or ``whiten`` with a VGP.
         MemoryLimitError: the model would need more than half of this machine's memory.
     """
     name, lik = _choice(model, MODELS, "model"), _choice(likelihood, LIKELIHOODS, "likelihood")
+    num_inducing, whiten = svgp_options(name, num_inducing, whiten)
     M, L, N = _count(num_inducing, "num_inducing"), _count(num_latent, "num_latent"), _count(num_data, "num_data")
     dt, seed = float_dtype(dtype), _seed(seed)
     check_model_memory(name, M=M, N=N, L=L, itemsize=np.dtype(dt).itemsize)

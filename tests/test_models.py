@@ -26,8 +26,9 @@ def test_make_data__is_seeded_and_matches_the_likelihood(likelihood):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", ["svgp", "vgp"])
 def test_make_model__shapes_dtype_and_determinism(name, dtype):
-    model, data = make_model(name, "gaussian", num_inducing=7, num_latent=3, num_data=12, dtype=dtype, seed=1)
-    again, _ = make_model(name, "gaussian", num_inducing=7, num_latent=3, num_data=12, dtype=dtype, seed=1)
+    size = {"num_inducing": 7} if name == "svgp" else {}  # a VGP's q(u) is over its N = 12 data points
+    model, data = make_model(name, "gaussian", **size, num_latent=3, num_data=12, dtype=dtype, seed=1)
+    again, _ = make_model(name, "gaussian", **size, num_latent=3, num_data=12, dtype=dtype, seed=1)
     M = 7 if name == "svgp" else 12
     assert model.q_mu.shape == (M, 3) and model.q_sqrt.shape == (3, M, M)
     assert model.q_mu.dtype == np.dtype(dtype) and data[0].dtype == np.dtype(dtype)
@@ -50,6 +51,8 @@ def test_make_model__whiten_and_q_diag_are_passed_to_gpflow():
     model, _ = make_model("svgp", "bernoulli", whiten=False, q_diag=True, num_inducing=4)
     assert isinstance(model, gpflow.models.SVGP) and not model.whiten
     assert model.q_sqrt.shape == (4, 1)
+    default = make_model("svgp", num_data=12).model  # svgp_options' defaults: M = 10, whitened
+    assert (default.inducing_variable.Z.shape[0], default.whiten) == (10, True)
 
 
 def test_dtype_context__restores_gpflows_default_float():
@@ -67,6 +70,8 @@ def test_dtype_context__restores_gpflows_default_float():
         ({"num_inducing": 0}, "num_inducing must be an integer"),
         ({"num_latent": 1.5}, "num_latent must be an integer"),
         ({"dtype": "float16"}, "dtype must be float64 or float32"),
+        ({"model": "VGP", "num_inducing": 4}, r"a VGP has no inducing points(.|\n)*Argument: num_inducing\n(.|\n)*Got: +num_inducing=4\n"),
+        ({"model": "vgp", "whiten": False}, r"Argument: whiten\n +Expected: neither with model=vgp\n +Got: +whiten=False\n"),
     ],
 )
 def test_make_model__bad_arguments_are_named(kwargs, match):

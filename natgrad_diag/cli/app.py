@@ -275,7 +275,7 @@ def _interrupted(error: BaseException | None) -> bool:
 
 def _preflight(args: argparse.Namespace) -> None:
     """The argument checks that need no TensorFlow, so that a bad value is refused before it loads."""
-    from natgrad_diag.demo import check_model_memory, check_model_work
+    from natgrad_diag.demo import check_model_memory, check_model_work, svgp_options
 
     if args.report:
         _check_report_folder(args.report)
@@ -284,10 +284,9 @@ def _preflight(args: argparse.Namespace) -> None:
 
         validate_x(args.x)
     elif args.command == "check":
-        _svgp_options(args)
-        check_model_memory(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
-                           itemsize=8 if args.dtype == "float64" else 4)  # fmt: skip
-        check_model_work(args.model, M=args.num_inducing, N=args.num_data, L=args.num_latent,
+        M = svgp_options(args.model, args.num_inducing, args.whiten, flags=True)[0]
+        check_model_memory(args.model, M=M, N=args.num_data, L=args.num_latent, itemsize=8 if args.dtype == "float64" else 4)
+        check_model_work(args.model, M=M, N=args.num_data, L=args.num_latent,
                          gamma_steps=args.gamma_steps, max_minutes=args.max_minutes)  # fmt: skip
     elif args.command == "gradcheck":
         from natgrad_diag.cli.gradcheck import check_gradcheck_size
@@ -297,19 +296,6 @@ def _preflight(args: argparse.Namespace) -> None:
         from natgrad_diag.bench.runner import validate_sizes
 
         validate_sizes(args.sizes)
-
-
-def _svgp_options(args: argparse.Namespace) -> None:
-    """InputError for an SVGP-only option with ``--model vgp`` (a VGP's q(u) is over the N data points: no inducing
-    points, no whitening); otherwise the SVGP's defaults, M = 10 and whitened."""
-    from natgrad_diag._validate import input_error
-
-    given = {flag: value for flag, value in (("--num-inducing", args.num_inducing), ("--whiten", args.whiten)) if value is not None}
-    if args.model == "vgp" and given:
-        raise input_error("a VGP has no inducing points and no whitening: its q(u) is over the N data points.",
-                          ", ".join(given), "neither with --model vgp", ", ".join(f"{k} {v}" for k, v in given.items()),
-                          "leave them out (--num-data sets the VGP's size) or check --model svgp.")  # fmt: skip
-    args.num_inducing, args.whiten = args.num_inducing or 10, True if args.whiten is None else args.whiten
 
 
 def _check_report_folder(path: str) -> None:

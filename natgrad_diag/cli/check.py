@@ -9,7 +9,7 @@ from typing import Any
 from natgrad_diag._validate import input_error
 from natgrad_diag.checks.api import check_natgrad
 from natgrad_diag.checks.report import NatGradReport
-from natgrad_diag.demo import check_model_work, make_model
+from natgrad_diag.demo import check_model_work, make_model, svgp_options
 from natgrad_diag.exceptions import error_line
 
 __all__ = ["check_natgrad_cli", "load_optimizer"]
@@ -43,8 +43,8 @@ def load_optimizer(spec: str, gamma: float, xi_transform: Any) -> Any:
 
 
 def check_natgrad_cli(
-    *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int = 10, num_latent: int = 1,
-    num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool = True,
+    *, model: str = "svgp", likelihood: str = "gaussian", num_inducing: int | None = None, num_latent: int = 1,
+    num_data: int = 50, xi: str = "nat", gamma: float = 1.0, dtype: str = "float64", whiten: bool | None = None,
     mode: str = "auto", seed: int = 0, gamma_steps: int = 5, optimizer: str | None = None, max_minutes: float = 0.0,
 ) -> NatGradReport:  # fmt: skip
     """``natgrad-diag check`` (docs/cli.md): check a seeded demo model (:func:`natgrad_diag.demo.make_model`);
@@ -55,7 +55,8 @@ def check_natgrad_cli(
     if xi not in ("nat", "meanvar"):
         raise input_error("xi must be 'nat' or 'meanvar'.", "--xi", "nat | meanvar", repr(xi),
                           "pass --xi nat (GPflow's default) or --xi meanvar.")
-    check_model_work(model, M=num_inducing, N=num_data, L=num_latent, gamma_steps=gamma_steps, max_minutes=max_minutes)
+    M = svgp_options(model, num_inducing, whiten)[0]  # refuses them with a VGP, before the estimate
+    check_model_work(model, M=M, N=num_data, L=num_latent, gamma_steps=gamma_steps, max_minutes=max_minutes)
     demo = make_model(model, likelihood, num_inducing=num_inducing, num_latent=num_latent, num_data=num_data,
                       whiten=whiten, dtype=dtype, seed=seed)  # fmt: skip
     data = demo.data if demo.name == "svgp" else None
