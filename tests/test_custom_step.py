@@ -72,7 +72,8 @@ def gpflow_like(mistake: str = ""):
 
 
 def _model(kind: str, L: int):
-    model, data = make_model(kind, "gaussian", num_inducing=4, num_data=4 if kind == "vgp" else 6, num_latent=L)
+    size = {"num_data": 4} if kind == "vgp" else {"num_inducing": 4, "num_data": 6}  # a VGP's M is its N
+    model, data = make_model(kind, "gaussian", **size, num_latent=L)
     return model, (data if kind == "svgp" else None)
 
 
