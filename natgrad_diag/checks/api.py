@@ -1,19 +1,10 @@
 """Natural-gradient checks on a real GPflow SVGP or VGP model, without touching it.
 
-For q(u) = N(m, S), m = q_mu [M, L], S = L_S L_Sᵀ with L_S = q_sqrt [L, M, M], the natural parameters
-are θ = (S⁻¹m, −½S⁻¹) and the expectation parameters η = (m, S + m mᵀ). GPflow's step (equation [10] of
-Salimbeni, Eleftheriadis and Hensman, "Natural Gradients in Practice", AISTATS 2018) is
-
-    ξ_new = ξ − γ · (∂ξ/∂θ) · ∂L/∂η,
-
-and it is a natural-gradient step because of the Fisher identity for exponential families: the Fisher
-information in θ is F = ∂η/∂θ = ∂²A/∂θ² (A the log-partition), so
-
-    F⁻¹ · ∇θL = F⁻¹ · Fᵀ · ∇ηL = ∇ηL                        (F symmetric).
-
-:func:`check_natgrad` runs the checks of :data:`STAGES` (one oracle module each, whose docstring has its maths and
-sources) on one evaluator (:mod:`natgrad_diag.checks.evaluator`), eager in full mode and compiled in fast mode,
-chosen once from the mode here.
+GPflow's step (equation [10] of Salimbeni, Eleftheriadis and Hensman, AISTATS 2018; the maths in
+:mod:`natgrad_diag.step`) is a natural-gradient step because of the Fisher identity for exponential families,
+F⁻¹·∇θL = ∇ηL with F = ∂η/∂θ (:mod:`natgrad_diag.checks.fisher`). :func:`check_natgrad` runs the checks of
+:data:`STAGES` (one oracle module each, whose docstring has its maths and sources) on one evaluator
+(:mod:`natgrad_diag.checks.evaluator`), eager in full mode and compiled in fast mode, chosen once from the mode here.
 
 References:
     Salimbeni, Eleftheriadis, Hensman (2018), Natural Gradients in Practice: Non-Conjugate Variational

@@ -10,6 +10,7 @@ and κ(F) (measured or estimated).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from natgrad_diag.report.records import Check, format_number
 from natgrad_diag.step.lapack import one_blas_thread
-from natgrad_diag.tolerance import default_tolerance, eps, rounding_bound
+from natgrad_diag.tolerance import default_tolerance, eps, rounding_bound, validate_tolerance
 from natgrad_diag.typing import Array
 
 __all__ = ["Before", "Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "ROUNDING_FACTOR", "Tolerances", "before_step", "bounded_check", "factor_extremes", "finite", "fisher_condition_estimate", "kappa", "kappa_eta", "maxabs", "measure_conditioning", "natgrad_bound", "natgrad_tolerances", "new_extremes", "scale", "with_overrides"]
@@ -26,11 +27,7 @@ __all__ = ["Before", "Bound", "Conditioning", "FISHER_WIDENING", "MEANINGFUL", "
 def maxabs(a: Any) -> float:
     """max |a| as a float: 0 for an empty array, inf when anything is not finite."""
     a = np.asarray(a, dtype=np.float64)
-    if a.size == 0:
-        return 0.0
-    if not np.all(np.isfinite(a)):
-        return float("inf")
-    return float(np.max(np.abs(a)))
+    return float(np.max(np.abs(a), initial=0.0)) if np.all(np.isfinite(a)) else float("inf")
 
 
 def scale(arrays: Sequence[Any]) -> float:
@@ -213,8 +210,6 @@ def before_step(model: Any, q_mu: Array, q_sqrt: Array) -> Before:
     """κ(Kuu) (``model`` None: not measured), λ(S) from its factor (:func:`factor_extremes`, in a second thread: LAPACK
     releases the GIL), κ_η and the κ(F) estimate; the eigenvalue solves run in one BLAS thread, so the numbers do not
     depend on the split. Needs nothing from the step: a check computes it while the gradients are taken."""
-    from concurrent.futures import ThreadPoolExecutor
-
     q_mu, q_sqrt = np.asarray(q_mu, np.float64), np.asarray(q_sqrt, np.float64)
     with one_blas_thread(), ThreadPoolExecutor(1) as pool:
         before = pool.submit(factor_extremes, q_sqrt)
@@ -234,8 +229,7 @@ def new_extremes(new_q_sqrt: Array | None) -> tuple[Array | None, Array | None]:
 
 
 def measure_conditioning(model: Any, q_mu: Array, q_sqrt: Array, new_q_sqrt: Array | None) -> Conditioning:
-    """κ(S), κ(S_new), the cancellation, κ(Kuu) (``model`` None: not measured) and an estimate of κ(F):
-    :func:`before_step`, then :func:`new_extremes` of the step's factor."""
+    """The :class:`Conditioning` of a step: :func:`before_step`, then :func:`new_extremes` of the step's factor."""
     return before_step(model, q_mu, q_sqrt).after(new_extremes(new_q_sqrt))
 
 
@@ -292,8 +286,6 @@ def natgrad_tolerances(dtype: Any) -> Tolerances:
 def with_overrides(base: Tolerances, **overrides: float | None) -> Tolerances:
     """``base`` with every override that is not None, each a finite number ≥ 0 (an :class:`InputError` naming it
     otherwise: ``atol=inf`` would pass every check, a negative or NaN one fail a correct model)."""
-    from natgrad_diag.tolerance import validate_tolerance
-
     values = {k: (getattr(base, k) if v is None else validate_tolerance(k, v)) for k, v in overrides.items()}
     return Tolerances(**{**base.__dict__, **values})
 
@@ -358,8 +350,7 @@ def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str =
 
     The detail carries the bound's parts, and for "warn" the precision a verdict would need.
     """
-    within = bool(err <= bound.total)
-    status = "fail" if not within else ("warn" if bound.inconclusive else "pass")
+    status = "fail" if not err <= bound.total else ("warn" if bound.inconclusive else "pass")
     parts = [detail] if detail else []
     parts += [bound.describe()] + ([bound.needed()] if status == "warn" else [])
     return Check(name=name, claim=claim, status=status, max_abs_error=float(err), tolerance=bound.total, detail="; ".join(parts))

@@ -149,7 +149,6 @@ def _reference(ctx: Context) -> tuple[float, str, str, tuple[tuple[str, float], 
         elif c == 1.0:
             name, claim = "SGPR bound", "after one full-batch XiNat step with γ = 1, SVGP's ELBO equals SGPR's bound (Titsias 2009) for the same kernel, Z and noise"
         else:
-            assert m.num_data is not None  # c = 1 when it is None
             name, claim = "batch-scaled SGPR bound", (
                 f"after one XiNat step with γ = 1 on this batch (model.num_data = {int(m.num_data)}, {N} rows), SVGP's batch-scaled "
                 f"ELBO equals the batch's optimum: SGPR's bound with noise σ²·{N}/{int(m.num_data)} plus a constant"

@@ -1,15 +1,10 @@
 """What the checks compute on a model, eagerly (full mode) or compiled (fast mode): the evaluator.
 
-For q(u) = N(m, S), m = q_mu [M, L], S = L_S L_Sᵀ, L_S = q_sqrt [L, M, M], an evaluator computes without changing
-the model: the training loss and its gradients (GPflow's tape); natgrad-diag's step ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η
-(equation [10] of Salimbeni, Eleftheriadis and Hensman, AISTATS 2018); GPflow's own update (through
-:mod:`natgrad_diag._gpflow`) and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the
-Fisher matrix) and (∂ξ/∂θ)·∇ηL by forward mode; the loss after k steps with one γ, hyperparameters held fixed.
-
-:class:`Evaluator` (full mode) runs it eagerly, natgrad-diag's step being ``natgrad_trace(..., compiled=False)``
-(GPflow's lines as written) against GPflow's eager update: like with like. :class:`CompiledEvaluator` (fast mode)
-calls ``tf.function`` pieces cached per model in :mod:`natgrad_diag._compile`, natgrad-diag's step by the code
-:func:`~natgrad_diag.step.backend.step_backend` picks. Each makes one scratch copy of the model; the checks no other.
+Without changing the model, an evaluator computes the training loss and its gradients (GPflow's tape); natgrad-diag's
+step (equation [10], maths in :mod:`natgrad_diag.step`); GPflow's own update (through :mod:`natgrad_diag._gpflow`)
+and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the Fisher matrix) and
+(∂ξ/∂θ)·∇ηL by forward mode; the loss after k steps with one γ, hyperparameters held fixed. Each evaluator makes one
+scratch copy of the model; the checks no other.
 """
 
 from __future__ import annotations
@@ -72,8 +67,7 @@ def dtype_context(dtype: Any) -> Iterator[None]:
     """GPflow's config with ``default_float`` set to ``dtype`` inside the block, restored afterwards."""
     import gpflow
 
-    cfg = dataclasses.replace(gpflow.config.config(), float=float_dtype(dtype))
-    with gpflow.config.as_context(cfg):
+    with gpflow.config.as_context(dataclasses.replace(gpflow.config.config(), float=float_dtype(dtype))):
         yield
 
 
@@ -194,8 +188,7 @@ def step_from_gradients(q_mu: Any, q_sqrt: Any, loss: Any, g_mu: Any, g_sq: Any)
 
 
 def traced(step: Step, q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any, ctx: Context, *, compiled: bool | None) -> Step:
-    """``step`` with natgrad-diag's step by :func:`natgrad_diag.natgrad_trace` (``compiled`` as it takes it), or
-    with why it failed."""
+    """``step`` with natgrad-diag's step by :func:`natgrad_diag.natgrad_trace`, or with why it failed."""
     import tensorflow as tf
 
     if not step.gradients_finite:  # the finite_gradients check reports it (natgrad_trace would refuse the input)
@@ -598,10 +591,8 @@ class _Pieces:
             return dict(loss=value, g_mu=g_mu, g_sq=g_sq, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=d_mean, dL_dvarsqrt=d_varsqrt)
 
         def ours(q_mu: Any, q_sqrt: Any, d_mean: Any, d_varsqrt: Any, gamma: Any) -> dict[str, Any]:
-            if closed is not None:
-                out = natgrad_tensors_closed_form(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi, closed)
-            else:
-                out = natgrad_tensors(q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
+            args = (q_mu, q_sqrt, d_mean, d_varsqrt, gamma, xi)
+            out = natgrad_tensors(*args) if closed is None else natgrad_tensors_closed_form(*args, closed)
             return {k: out[k] for k in _KEEP}
 
         def gpflow_update(data: Any, g_mu: Any, g_sq: Any, gamma: Any, points: Any) -> dict[str, Any]:
@@ -646,7 +637,8 @@ class _Pieces:
 
 
 class CompiledEvaluator(Evaluator):
-    """The same computations by compiled pieces cached per model (fast mode).
+    """The same computations by ``tf.function`` pieces cached per model in :mod:`natgrad_diag._compile` (fast mode),
+    natgrad-diag's step by the code :func:`~natgrad_diag.step.backend.step_backend` picks.
 
     The k-step trials run in one ``tf.while_loop`` traced once per model (γ and k are tensors; a Python loop pays a
     call and a host read per step: 40–42 ms per γ against 35–40 ms at M = 200, N = 400, k = 5); when an op raises

@@ -2,9 +2,8 @@
 
 A verdict about a step length must hold over the steps that follow, so γ is judged by k = ``gamma_steps`` steps
 (default 5) from the current q(u), hyperparameters held fixed, by GPflow's own update (the thing being checked). It
-fails at the first step that raises, leaves the valid set (q_sqrt lower-triangular with a positive diagonal, S
-positive definite, everything finite) or raises the loss by more than one evaluation of it resolves (:func:`rounding`;
-for a stochastic loss, its measured :func:`noise`).
+fails at the first step that raises, leaves the valid set (:func:`health`) or raises the loss by more than one
+evaluation of it resolves (:func:`rounding`; for a stochastic loss, its measured :func:`noise`).
 
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
@@ -32,10 +31,8 @@ GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
 
 
 def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tuple[bool, str, dict[str, float]]:
-    """Is the new q(u) usable: finite, q_sqrt [L, M, M] lower-triangular with a positive diagonal, S = q_sqrt q_sqrtᵀ PD.
-
-    Returns:
-        (healthy, why not, further numbers).
+    """(healthy, why not, further numbers): is the new q(u) usable, i.e. finite, q_sqrt [L, M, M] lower-triangular with
+    a positive diagonal and S = q_sqrt q_sqrtᵀ PD?
 
     Examples:
         >>> ok, why, nums = health(np.zeros((2, 1)), np.eye(2)[None], np.float64)

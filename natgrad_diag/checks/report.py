@@ -31,9 +31,8 @@ class GammaTrial:
 
 @dataclass(frozen=True)
 class HealthResult:
-    """What the ``step_health`` stage found beside its check, for the report: the loss after the step (None if it is
-    unhealthy), the suggested γ (None if no γ tried is healthy and lowers the loss), the trials, why the step is
-    unhealthy ("" when it is healthy)."""
+    """What the ``step_health`` stage found beside its check: the report's ``loss_after``, ``suggested_gamma``,
+    ``gamma_trials`` and ``step_error`` (see :class:`NatGradReport`)."""
 
     loss_after: float | None
     suggested: float | None

@@ -38,11 +38,9 @@ def differences(got: tuple[Array, Array], want: tuple[Array, Array]) -> str:
 def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditioning) -> Check:
     """|ours − GPflow's| ≤ rounding + atol + rtol·s for the new q_mu [M, L] and q_sqrt [L, M, M], s = max|GPflow's|.
 
-    The evaluator says how the two were computed (``ev.compares``): both eager in full mode (natgrad-diag's record
-    follows GPflow's lines), or natgrad-diag's closed form by LAPACK (:mod:`natgrad_diag.step.lapack`, where it
-    applies) against GPflow's compiled step in fast mode. They differ only in rounding, which GPflow's route amplifies
-    by κ_η·κ(S_new)·cancellation: the rounding term is 100·ε·that·s (:func:`step_bound`). When either step fails,
-    the check passes only if both fail (they must agree on whether γ is too long).
+    The two steps (computed as ``ev.compares`` says) differ only in rounding, which GPflow's route amplifies by
+    κ_η·κ(S_new)·cancellation: the rounding term is 100·ε·that·s (:func:`step_bound`). When either step fails, the
+    check passes only if both fail (they must agree on whether γ is too long).
     """
     ctx = ev.ctx
     if step.new_q_mu is None or step.new_q_sqrt is None or step.error or gp.q_mu is None or gp.q_sqrt is None:
