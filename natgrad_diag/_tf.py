@@ -6,6 +6,7 @@ TensorFlow 2.21 writes 7-9 lines to file descriptor 2 on import and device initi
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -40,8 +41,6 @@ def import_tensorflow_quietly(*, force: bool = False) -> None:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-    import logging
-
     tf_logger = logging.getLogger("tensorflow")
     if tf_logger.level == logging.NOTSET:
         tf_logger.setLevel(logging.ERROR)

@@ -47,8 +47,6 @@ def param_parts(x: Any, name: str) -> ParamParts:
 
     if isinstance(x, gpflow.Parameter):
         return ParamParts(tf.convert_to_tensor(x), x.transform, tuple(x.unconstrained_variable.shape.as_list()))
-    if isinstance(x, tf.Variable):
-        return ParamParts(tf.convert_to_tensor(x), None, tuple(x.shape.as_list()))
     t = converted(lambda: tf.convert_to_tensor(x), f"{name} could not be converted to a tensor.", name,
                   "a gpflow.Parameter, tf.Variable, tensor or array", type(x).__name__,
                   f"pass {name} as a gpflow.Parameter (as in a GPflow model) or a float64 array.")
@@ -100,10 +98,9 @@ def require_int(
                           repr(value), remedy or f"pass {name} ≤ {maximum}.")  # fmt: skip
     if minimum is None:
         detail, default_expected, example = f"{name} must be an integer.", "an int", 0
-    elif minimum == 1:
-        detail, default_expected, example = f"{name} must be a positive integer.", "an int ≥ 1", 4
     else:
-        detail, default_expected, example = f"{name} must be an integer ≥ {minimum}.", f"an int ≥ {minimum}", max(minimum, 4)
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        detail, default_expected, example = f"{name} must be {what}.", f"an int ≥ {minimum}", max(minimum, 4)
     raise input_error(detail, name, expected or default_expected, repr(value), remedy or f"pass e.g. {name}={example}.")
 
 
@@ -328,10 +325,8 @@ def as_float_tensor(x: Any, name: str) -> Any:
 
 
 def output_labels(outputs: Any) -> tuple[str, ...] | None:
-    """Labels of a dict's flattened leaves, in ``tf.nest.flatten``'s order; ``None`` for other structures.
-
-    A flat dict gives its keys (``{10: a, 2: b}`` → ``("2", "10")``, tf.nest's numeric order); a nested one
-    gives paths (``{"z": (a, b), "w": [c]}`` → ``("w/0", "z/0", "z/1")``).
+    """Labels of a dict's flattened leaves (its keys, or paths in a nested one), in ``tf.nest.flatten``'s order;
+    ``None`` for other structures.
 
     Examples:
         >>> output_labels({10: 1.0, 2: 2.0, 9: 3.0})

@@ -19,9 +19,8 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
 
     A drop-in replacement (same constructor, same ``minimize``, eagerly and inside ``tf.function``) whose
     :meth:`apply_natgrad` takes one Cholesky and one triangular solve for ``XiNat``, two triangular products for
-    ``XiSqrtMeanVar``, instead of GPflow's autodiff through three Choleskys; GPflow's own update runs where
-    :func:`~natgrad_diag.step.backend.step_backend` finds no closed form. The new parameters equal GPflow's to
-    ε·κ(S) relative (GPflow's path inverts S).
+    ``XiSqrtMeanVar``, instead of GPflow's autodiff through three Choleskys (same result to ε·κ(S) relative);
+    GPflow's own update runs where :func:`~natgrad_diag.step.backend.step_backend` finds no closed form.
 
     Examples:
         >>> import gpflow, numpy as np, tensorflow as tf

@@ -277,8 +277,7 @@ def _natgrad_trace_compiled(
     (mu_in, t_mu), (sq_in, t_sq), (g_mu, t_gmu), (g_sq, t_gsq) = parts
     if any(t is None for t in (mu_in, sq_in, g_mu, g_sq)) or t_gmu is not None or t_gsq is not None:
         return None  # unusual, or a gradient that is a Parameter
-    tensors = (mu_in, sq_in, g_mu, g_sq)
-    dtype = mu_in.dtype
+    tensors, dtype = (mu_in, sq_in, g_mu, g_sq), mu_in.dtype
     if not dtype.is_floating or any(t.dtype != dtype for t in tensors):
         return None
     shapes = [tuple(t.shape.as_list()) for t in tensors]
@@ -310,10 +309,8 @@ def _natgrad_trace_compiled(
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
     except Exception:  # noqa: BLE001 - the eager reference path re-raises what is genuine
         return None  # a shape the step cannot trace, or a failed Cholesky: the eager path says which
-    if not bool(out.pop("inputs_ok")):
-        return None
     mu_shape, sq_shape = tuple(out["q_mu"].shape), tuple(out["q_sqrt"].shape)
-    if len(mu_shape) != 2 or sq_shape != (mu_shape[1], mu_shape[0], mu_shape[0]):
+    if not bool(out.pop("inputs_ok")) or len(mu_shape) != 2 or sq_shape != (mu_shape[1], mu_shape[0], mu_shape[0]):
         return None
     return _record(out, g, xi)
 
@@ -346,8 +343,7 @@ def natgrad_trace(
 
     Nothing is assigned: the parameters are bit-identical afterwards. The paths (module docstring) give the same
     numbers to rounding, ε·κ(S). The eager reference runs the user's lines as written, ``dtheta_deta`` as the literal
-    ``tape.gradient(meanvarsqrt, [eta1, eta2])``; a ``tf.function`` is traced once per (shapes, dtype, ξ transform,
-    parameter transforms), from the second call with that key.
+    ``tape.gradient(meanvarsqrt, [eta1, eta2])``; one ``tf.function`` per (shapes, dtype, ξ, parameter transforms).
 
     Args:
         q_mu, q_sqrt: [M, L], [L, M, M], ``gpflow.Parameter``s (q_sqrt usually ``triangular()``); a tf.Variable,
@@ -374,8 +370,7 @@ def natgrad_trace(
         (5, 1)
     """
     _precheck(q_mu, q_sqrt)
-    xi = resolve_xi_transform(xi_transform)
-    g = _validate_gamma(gamma)
+    xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     if compiled is not False:
         result = _natgrad_trace_compiled(q_mu, q_sqrt, q_mu_grad, q_sqrt_grad, g, xi, build=bool(compiled))
         if result is not None:
