@@ -3,7 +3,8 @@
 Chosen by what a report has: a heatmap of a :class:`~natgrad_diag.BlockJacobian` (for GPflow's map (mean,
 varsqrt) = (η₁, chol(η₂ − η₁η₁ᵀ)) the varsqrt–eta1 block is why ``dL/deta1 ≠ dtheta_deta1 * dL/dmean``); per
 element of η₁, dL/dη₁ = Jᵀ·v against the naive (Jᵀ·1)⊙v; the loss after k steps against γ; a training timeline;
-each check's error against its tolerance. The ``*_data`` functions need no matplotlib.
+each check's error against its tolerance. Each ``plot_*`` returns a ``matplotlib.figure.Figure`` and raises
+MissingExtraError without matplotlib; the ``*_data`` functions (what each draws) need no matplotlib.
 """
 
 from __future__ import annotations
@@ -130,8 +131,7 @@ def heatmap_data(jacobian: Any) -> HeatmapData:
 
 def plot_jacobian_heatmap(jacobian: Any) -> Any:
     """A heatmap of a :class:`~natgrad_diag.BlockJacobian` with block boundaries and labels, colours symmetric about
-    zero (white = 0), a block of zeros (mean–eta2 for GPflow's map) marked "all 0": a ``matplotlib.figure.Figure`` on
-    an Agg canvas. Raises MissingExtraError without matplotlib, InputError for anything but a BlockJacobian."""
+    zero (white = 0), a block of zeros (mean–eta2 for GPflow's map) marked "all 0"; InputError for anything else."""
     data = heatmap_data(jacobian)
     R, C = data.matrix.shape
     side = min(9.0, max(5.0, 0.12 * max(R, C) + 3.0))
@@ -206,10 +206,9 @@ def eta1_comparison_data(report: Any) -> Eta1Comparison:
 
 
 def plot_eta1_comparison(report: Any, *, max_charts: int = 24) -> Any:
-    """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁
-    (the VJP) = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal: a
-    ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError when ``report`` is not an
-    explanation or ``max_charts`` < 1."""
+    """One bar chart per element of η₁ (at most ``max_charts``; the title says how many there are): dL/dη₁ (the VJP)
+    = mean path + varsqrt path, and the naive product (Jᵀ·1)⊙v, right only when J is diagonal; InputError when
+    ``report`` is not an explanation or ``max_charts`` < 1."""
     data = eta1_comparison_data(report)
     max_charts = require_int(max_charts, "max_charts", minimum=1, remedy="pass e.g. max_charts=24.")
     n = min(len(data.labels), max_charts)
@@ -251,8 +250,7 @@ def check_errors_data(report: Any) -> tuple[CheckError, ...]:
 
 def plot_check_errors(report: Any) -> Any:
     """Each numeric check's max abs error (a bar, green when it passes) against its tolerance (a black tick), on a
-    log scale, errors of exactly 0 at the left edge: a ``matplotlib.figure.Figure``. Raises MissingExtraError without
-    matplotlib, InputError when the report has no check with both an error and a tolerance."""
+    log scale, errors of exactly 0 at the left edge; InputError when no check has both an error and a tolerance."""
     rows = check_errors_data(report)
     if not rows:
         raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
@@ -314,8 +312,7 @@ def gamma_curve_data(report: Any) -> GammaCurve:
 def plot_gamma_losses(report: Any) -> Any:
     """The training loss after k natural-gradient steps against γ (log axis): a line through the healthy trials, the
     failed ones as red × at the top edge labelled with the step that failed, the suggestion ringed, the γ checked
-    dashed, the loss before any step dotted: a ``matplotlib.figure.Figure``. Raises MissingExtraError without
-    matplotlib, InputError without trials."""
+    dashed, the loss before any step dotted; InputError without trials."""
     data = gamma_curve_data(report)
     fig = _new_figure(7.0, 3.8)
     ax = fig.add_subplot()
@@ -395,9 +392,9 @@ def timeline_data(monitor: Any) -> TimelineData:
 
 
 def plot_training_timeline(monitor: Any) -> Any:
-    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks as red ×
-    and failed guarded steps as red ▼ at the top edge, rollbacks as red dashed lines through both panels: a
-    ``matplotlib.figure.Figure``. Raises MissingExtraError without matplotlib, InputError for anything but a monitor."""
+    """The loss (top) and γ (bottom, a step plot on a log axis) over the training steps: failed checks as red × and
+    failed guarded steps as red ▼ at the top edge, rollbacks as red dashed lines through both panels; InputError for
+    anything but a monitor."""
     data = timeline_data(monitor)
     fig = _new_figure(8.0, 5.0)
     loss_ax, gamma_ax = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))

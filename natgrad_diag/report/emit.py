@@ -21,14 +21,11 @@ def emit(
 ) -> WrittenReport | None:  # fmt: skip
     """Print ``report`` to ``stream`` (stdout): tables (``plain``: no colour or borders; colour only on a terminal) or,
     ``as_json``, ``report.to_dict()``; then write ``report_path`` (``.html`` or ``.md``) if given and return the
-    :class:`WrittenReport`. A file that cannot be written is reported on stderr and ``None`` returned,
-    not raised: the command prints its report, then exits 1 even when every check holds.
-    """
+    :class:`WrittenReport`. A file that cannot be written is reported on stderr and ``None`` returned, not raised: the
+    command prints its report, then exits 1 even when every check holds."""
     stream = sys.stdout if stream is None else stream
-    if as_json:
-        stream.write(json.dumps(to_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n")
-    else:
-        stream.write(render_on(report, stream, plain=plain))
+    stream.write(json.dumps(to_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n" if as_json
+                 else render_on(report, stream, plain=plain))
     stream.flush()
     if report_path is None:
         return None

@@ -19,7 +19,6 @@ from natgrad_diag._validate import input_error
 
 __all__ = ["REPORT_FORMATS", "WrittenReport", "report_format", "write_report"]
 
-#: File extension -> report format.
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown"}
 
 

@@ -30,8 +30,7 @@ def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def to_markdown(report: Any, *, image_names: Sequence[str] = (), pictures: Sequence[Any] = (), note: str = "") -> str:
     """The report as Markdown (GitHub flavour): headings, paragraphs, pipe tables, the checks; ``pictures``
     (:class:`~natgrad_diag.pictures.Picture`) linked by their relative ``image_names`` with their captions, or ``note``
-    where they would be (e.g. that matplotlib is missing).
-    """
+    where they would be (e.g. that matplotlib is missing)."""
     links = dict(zip((p.name for p in pictures), image_names))
     draw: dict[str, Any] = {
         "h1": lambda t: f"# {_md(t)}", "h2": lambda t: f"## {_md(t)}", "verdict": lambda t: f"Verdict: **{t}**",

@@ -33,7 +33,6 @@ def format_number(value: float | None, digits: int = 4) -> str:
     return f"{value:.{max(digits - 2, 1)}e}"
 
 
-#: Width of plain-text output.
 TEXT_WIDTH = 80
 
 

@@ -19,7 +19,6 @@ from natgrad_diag.typing import Array
 
 __all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "require_step", "set_gamma"]
 
-#: What the guard does with a failed step.
 ON_FAILURE = ("warn", "raise", "rollback")
 
 #: Healthy guarded steps in a row after which the guard searches γ again and raises it to a larger suggestion.
