@@ -1,4 +1,2 @@
-"""Automatic differentiation with checked seeds: checked_gradient, vjp and the explicit block Jacobian.
-
-Internal: the public names are re-exported by :mod:`natgrad_diag`.
-"""
+"""Automatic differentiation with checked seeds (checked_gradient, vjp) and the explicit block Jacobian. Internal:
+:mod:`natgrad_diag` re-exports the public names."""

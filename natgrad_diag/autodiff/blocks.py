@@ -299,8 +299,7 @@ class BlockJacobian:
         return cast(Array, self._general(self.compact[r : r + 1])[0])
 
     def __str__(self) -> str:
-        rows, cols = self.shape
-        lines = [f"BlockJacobian {rows} × {cols} ({self.dtype})"]
+        lines = [f"BlockJacobian {self.shape[0]} × {self.shape[1]} ({self.dtype})"]
         if any(self.symmetric or ()):
             lines[0] += f", stored as {self.compact.shape[0]} × {self.compact.shape[1]} (vech columns for symmetric inputs)"
         for i, (on, os_) in enumerate(zip(self.output_names, self.output_shapes)):

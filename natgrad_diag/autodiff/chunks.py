@@ -42,9 +42,8 @@ def run_chunks(
     chunked = out.T if forward else out  # a chunk fills rows of this view (in forward mode, columns of out)
     for start in range(0, len(chunked), chunk):
         stop = min(start + chunk, len(chunked))
-        view = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: stop - start]  # no copy: straight into out
-        chunked[start:stop] = view
-        del view  # the chunk's tensor goes before the next one is computed
+        # straight into out; the chunk's tensor, held by no name, goes before the next one is computed
+        chunked[start:stop] = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: stop - start]
     return out
 
 
@@ -90,8 +89,7 @@ def _chunk_body(
                 ys = flat_outputs(fn(*inputs))
             return tf.concat([tf.reshape(acc.jvp(y, unconnected_gradients=zero), [-1]) for y in ys], axis=-1)
 
-        tangents = _basis(chunk, dtype, start, stored_sizes, in_shapes, layouts)
-        return _batched(one, tangents, sum(out_sizes), dtype)
+        return _batched(one, _basis(chunk, dtype, start, stored_sizes, in_shapes, layouts), sum(out_sizes), dtype)
 
     def reverse_chunk(inputs: list[Any], start: Any) -> Any:
         with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
@@ -107,9 +105,8 @@ def _chunk_body(
         if all(v is None for v in layouts):
             return rows
         # stored column k of a vech input = Σ of the general entries (a, b), (b, a) mapping to k
-        parts = tf.split(rows, in_sizes, axis=1)
         return tf.concat([p if v is None else tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(p), v[0], v[2]))
-                          for p, v in zip(parts, layouts)], axis=-1)
+                          for p, v in zip(tf.split(rows, in_sizes, axis=1), layouts)], axis=-1)
 
     def body(*args: Any) -> Any:
         note_trace(TRACE_KIND)

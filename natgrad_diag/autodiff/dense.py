@@ -59,8 +59,7 @@ def jacobian(
             most 64 rows, compiled otherwise and from the second call.
 
     Returns:
-        A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` has shape
-        ``output_shapes[i] + input_shapes[j]``).
+        A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` one block, see there).
 
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
@@ -140,13 +139,11 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
     """The outputs' shapes and dict keys: from an earlier call with ``key``, else one forward pass
     on a tape (kept for the small-Jacobian path's VJPs)."""
     meta = recall(key) if compiled is not False else None
-    if meta is not None and meta[0] is fn:
-        _, out_shapes, dict_keys = meta
-        return _Probe(out_shapes, dict_keys)
+    if meta is not None and meta[0] is fn:  # remembered as (fn, out_shapes, dict_keys)
+        return _Probe(*meta[1:])
     tape, outputs, ys = _forward_pass(fn, xs)
-    dict_keys = output_labels(outputs)  # tf.nest's order: the rows' order
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    return _Probe(out_shapes, dict_keys, tape=tape, ys=ys)
+    return _Probe(out_shapes, output_labels(outputs), tape=tape, ys=ys)  # labels in tf.nest's order: the rows'
 
 
 def _compiled_path(
@@ -170,8 +167,7 @@ def _compiled_path(
     forward = mode == "forward" or (mode == "auto" and any(sym) and cols < rows)
     n_chunked, n_other = (cols, rows) if forward else (rows, cols)
     itemsize = xs[0].dtype.size
-    chunk = int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize))
-    chunk = min(chunk, n_chunked)
+    chunk = min(int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize)), n_chunked)
     try:
         return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols)
     except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from natgrad_diag._validate import require_max_bytes
 from natgrad_diag.exceptions import MemoryLimitError
 
 __all__ = ["DEFAULT_MAX_BYTES", "AllocationLimitError", "auto_chunk", "check_memory", "jacobian_nbytes", "memory_limit"]
@@ -59,8 +60,6 @@ def check_memory(
     Examples:
         >>> check_memory(1024, 2048, "a small Jacobian")  # under the limit: nothing happens
     """
-    from natgrad_diag._validate import require_max_bytes
-
     max_bytes = require_max_bytes(max_bytes)  # a negative limit would print "a limit of −9.54e-07 MiB"
     if nbytes > max_bytes:
         error = MemoryLimitError if title is None else AllocationLimitError

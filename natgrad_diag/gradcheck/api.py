@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_callable, require_int, require_max_bytes
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, memory_limit
-from natgrad_diag.gradcheck.fast import MAX_DIRECTIONS, WHY_MAX_DIRECTIONS, directions_nbytes, fast_rows
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag.gradcheck.fast import MAX_DIRECTIONS, WHY_MAX_DIRECTIONS, fast_rows
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, cotangent_arrays, to_arrays
 from natgrad_diag.gradcheck.report import GradientCheckReport, GradientCheckRow
@@ -88,12 +88,7 @@ def check_gradients(
     prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
     cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
     # torch's _slow_gradcheck / _fast_gradcheck, against central differences (independent of TensorFlow's gradients)
-    if mode == "fast":
-        check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
-                     argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
-        rows = fast_rows(prob, num_directions, seed, cots)
-    else:
-        rows = full_rows(prob)
+    rows = fast_rows(prob, num_directions, seed, cots) if mode == "fast" else full_rows(prob)
     rows = sorted(rows, key=lambda r: (r.output_index, r.input_index))
     return GradientCheckReport(
         function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,

@@ -10,6 +10,7 @@ import numpy as np
 
 from natgrad_diag import _compile
 from natgrad_diag._validate import flat_outputs
+from natgrad_diag.autodiff.memory import check_memory, memory_limit
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, compare
 from natgrad_diag.gradcheck.report import GradientCheckRow
@@ -43,6 +44,8 @@ def directions_nbytes(prob: Problem, num_directions: int) -> int:
 
 def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Array] | None) -> list[GradientCheckRow]:
     """One row per block from k random (u, v) pairs; a failing block is re-run in full mode to name the entry."""
+    check_memory(directions_nbytes(prob, num_directions), memory_limit(), "", title="Fast mode's random directions",
+                 argument="num_directions", remedy="pass fewer num_directions (4 is the default).")  # fmt: skip
     rng = np.random.default_rng(seed)
     us = [[random_direction(rng, x.shape, st, prob.dtype, part=p) for p in _parts(x, st) for _ in range(num_directions)]
           for x, st in zip(prob.x, prob.structures)]  # fmt: skip
@@ -119,8 +122,7 @@ class _Engine:
                 if not on:
                     num.append(tf.zeros([len(vs)], xs[0].dtype))
                     continue
-                plus = self._outputs([xp[j] if k == j else x for k, x in enumerate(xs)])
-                minus = self._outputs([xm[j] if k == j else x for k, x in enumerate(xs)])
+                plus, minus = (self._outputs([xd[j] if k == j else x for k, x in enumerate(xs)]) for xd in (xp, xm))
                 num.append(tf.stack([tf.reduce_sum(v * (a - b)) for v, a, b in zip(vs, plus, minus)]))
                 finite += [tf.reduce_all(tf.math.is_finite(t)) for t in plus + minus]
             return tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
@@ -203,8 +205,7 @@ def _forward_at_worst(
         for (j, k), outs in todo.items():
             t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
             vals = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()
-            for i in outs:
-                m.forward[i, j, k] = vals[i]
+            m.forward[outs, j, k] = vals[outs]
     except Exception as e:  # noqa: BLE001 - forward mode is information only
         return f"forward mode unavailable ({type(e).__name__})."
     return ""
@@ -239,10 +240,9 @@ def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
     n_coords = len(coordinates(prob.x[j].shape, prob.structures[j]))
     need = 2 * prob.y[i].size * prob.x[j].size * prob.dtype.itemsize
     if n_coords > _RERUN_MAX_COORDS or need > prob.max_bytes:
-        return dataclasses.replace(row, note=_join(row.note, (
-            f"block too large to re-run in full mode ({n_coords} coordinates); run check_gradients on a smaller "
-            "instance with mode='full' to name the entry."
-        )))  # fmt: skip
+        too_large = (f"block too large to re-run in full mode ({n_coords} coordinates); run check_gradients on a "
+                     "smaller instance with mode='full' to name the entry.")
+        return dataclasses.replace(row, note=_join(row.note, too_large))
     full = full_rows(prob, only=(i, j))[0]
     failed_dir = f"fast mode failed ({row.worst_entry}: error {row.worst_abs_error:.3g} > {row.worst_tolerance:.3g})"
     if full.passed:  # every coordinate agrees: the stronger check wins, the direction was finite-difference error

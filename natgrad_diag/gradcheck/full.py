@@ -27,8 +27,7 @@ def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any)
     differentiates the forward computation and ignores the custom gradient.
     """
     # below float64 eagerly, one tape.gradient per row: pfor crashes on a float32 Cholesky gradient (chunks._batched)
-    compiled = None if inputs[0].dtype == np.float64 else False
-    return jacobian(fn, inputs, mode="reverse", compiled=compiled, **kwargs)
+    return jacobian(fn, inputs, mode="reverse", compiled=None if inputs[0].dtype == np.float64 else False, **kwargs)
 
 
 def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[GradientCheckRow]:
@@ -70,8 +69,7 @@ def _numerical_columns(prob: Problem, j: int, coords: Coords, advance: Callable[
 def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords) -> Array:
     """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
     flat = block.reshape(-1, int(np.prod(in_shape)))
-    cols = [sum(flat[:, int(np.ravel_multi_index(idx, in_shape))] for idx in c) for c in coords]
-    return np.stack(cols, axis=1)
+    return np.stack([sum(flat[:, int(np.ravel_multi_index(idx, in_shape))] for idx in c) for c in coords], axis=1)
 
 
 def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[[int, int], Array]:

@@ -24,8 +24,7 @@ def to_arrays(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Arra
     values, names = split_inputs(inputs, input_names, remedy="pass the point to check at, e.g. [eta1, eta2].")
     arrays = []
     for k, (name, v) in enumerate(zip(names, values)):
-        # numbers and lists become float64 (GPflow's default float), as in every function of the package
-        a = np.array(as_float_tensor(v, f"inputs[{k}] ({name})").numpy(), copy=True)
+        a = np.array(as_float_tensor(v, f"inputs[{k}] ({name})").numpy(), copy=True)  # numbers, lists: float64
         if a.size == 0:
             raise input_error(
                 f"input {name} has no entries (shape {shape_str(a.shape)}): there is no derivative to check.",

@@ -111,20 +111,17 @@ class GradientCheckReport(Report):
 
     def sections(self) -> tuple[Section, ...]:
         fast = self.mode == "fast"
-        how = (
-            "central differences for every input coordinate (within its structure) against the explicit Jacobian"
-            if not fast
-            else f"{self.num_directions} random unit direction pair(s) (u, v) per block: ⟨v, (f(x+εu) − f(x−εu))/2ε⟩ "
-            "against ⟨Jᵀ·v, u⟩ from reverse mode; no dense Jacobian"
-        )
+        how = (f"{self.num_directions} random unit direction pair(s) (u, v) per block: ⟨v, (f(x+εu) − f(x−εu))/2ε⟩ "
+               "against ⟨Jᵀ·v, u⟩ from reverse mode; no dense Jacobian" if fast else
+               "central differences for every input coordinate (within its structure) against the explicit Jacobian")
+        inputs = ", ".join(f"{n} {shape_str(s)} {st}"
+                           for n, s, st in zip(self.input_names, self.input_shapes, self.structures))
+        outputs = ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes))
         settings = (
             f"Mode {self.mode}: {how}.\n"
             f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
             f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical|.\n"
-            "Inputs: "
-            + ", ".join(f"{n} {shape_str(s)} {st}" for n, s, st in zip(self.input_names, self.input_shapes, self.structures))
-            + ".\n"
-            "Outputs: " + ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes)) + "."
+            f"Inputs: {inputs}.\nOutputs: {outputs}."
         )
         if fast:
             settings += f"\nSeed {self.seed}" + ("; v = the given cotangents. " if self.cotangents_given else ". ") + _FORWARD_NOTE
@@ -132,12 +129,10 @@ class GradientCheckReport(Report):
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
         columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()),
                    "abs err", "rel err")  # fmt: skip
-        rows = tuple(
-            ("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r), format_number(r.numerical),
-             format_number(r.analytical), *((format_number(r.forward),) if fast else ()),
-             format_number(r.max_abs_error), format_number(r.max_rel_error))
-            for r in self.rows
-        )  # fmt: skip
+        rows = tuple(("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r),
+                      *map(format_number, (r.numerical, r.analytical, *((r.forward,) if fast else ()),
+                                           r.max_abs_error, r.max_rel_error)))
+                     for r in self.rows)  # fmt: skip
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
         return (
