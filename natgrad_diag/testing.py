@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag._validate import as_float_tensor, flat_outputs, require_callable, require_finite, require_max_bytes
+from natgrad_diag._validate import require_output_dtypes, split_inputs
+from natgrad_diag.autodiff.blocks import element_labels
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes
+from natgrad_diag.exceptions import JacobianMismatchError
 from natgrad_diag.gradcheck.api import assert_gradients
+from natgrad_diag.gradcheck.full import reverse_jacobian
+from natgrad_diag.gradcheck.problem import compare, cotangent_arrays
+from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
 if TYPE_CHECKING:  # imported on first use (it needs GPflow) by __getattr__
@@ -62,13 +69,6 @@ def assert_vjp_matches_jacobian(
     __tracebackhide__ = True
     import tensorflow as tf
 
-    from natgrad_diag._validate import as_float_tensor, flat_outputs, require_callable, require_finite
-    from natgrad_diag._validate import require_max_bytes, require_output_dtypes, split_inputs
-    from natgrad_diag.autodiff.memory import check_memory, jacobian_nbytes
-    from natgrad_diag.gradcheck.full import reverse_jacobian
-    from natgrad_diag.gradcheck.problem import cotangent_arrays
-    from natgrad_diag.tolerance import resolve
-
     require_callable(fn)
     max_bytes = require_max_bytes(max_bytes)
     values, names = split_inputs(inputs, input_names)
@@ -95,10 +95,6 @@ def assert_vjp_matches_jacobian(
 
 def _raise_on_mismatch(j: int, name: str, got: Array, want: Array, *, rtol: float, atol: float) -> None:
     """Raise JacobianMismatchError naming the worst entry when some |got − want| > atol + rtol·|want|."""
-    from natgrad_diag.autodiff.blocks import element_labels
-    from natgrad_diag.exceptions import JacobianMismatchError
-    from natgrad_diag.gradcheck.problem import compare
-
     c = compare(got, want, rtol=rtol, atol=atol)
     if c.passed:
         return

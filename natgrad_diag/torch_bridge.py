@@ -10,12 +10,15 @@ References: ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian`` (
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from natgrad_diag._validate import flat_outputs
+from natgrad_diag.autodiff.seeded import vjp
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
 from natgrad_diag.typing import Array
@@ -29,8 +32,6 @@ INSTALL_HINT = ("a CPU build: pip install torch --index-url https://download.pyt
 
 def torch_available() -> bool:
     """True when PyTorch can be imported (without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec("torch") is not None
 
 
@@ -124,9 +125,6 @@ def compare_with_tensorflow(
         OutputGradientsError, RuntimeError: a cotangent does not match TensorFlow's output (natgrad-diag's check) or
             torch's (torch's own).
     """
-    from natgrad_diag._validate import flat_outputs
-    from natgrad_diag.autodiff.seeded import vjp
-
     t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
     f_out = flat_outputs(f_out, "tf_fn")

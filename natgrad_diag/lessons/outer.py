@@ -17,6 +17,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from natgrad_diag.progress import progress_bar
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, matrix_table, status_of, to_jsonable
 from natgrad_diag.tolerance import validate_tolerance
+from natgrad_diag.torch_bridge import INSTALL_HINT, torch_outer
 from natgrad_diag.typing import Array, FloatArray
 
 __all__ = ["DEFAULT_X", "MAX_LENGTH", "OuterExample", "outer_example", "validate_x"]
@@ -211,31 +213,29 @@ def _computed(xn: FloatArray) -> dict[str, Any]:
         z = y**2
         s = tf.sin(xt)
     dL_dy = checked_gradient(tape, z, y, tf.ones_like(z))
+    wide = tf.ones([n, 1], tf.float64)  # broadcast against sin(x) [n] by plain tape.gradient
+
+    def refusal(target: Any, seed: Any) -> str:  # checked_gradient's message for a wrong seed, "" if it took it
+        try:
+            checked_gradient(tape, target, xt, seed)
+        except OutputGradientsError as e:
+            return str(e)
+        return ""
+
     f: dict[str, Any] = dict(
         x=xn, y=y.numpy(), gradient_ones_seed=checked_gradient(tape, y, xt, tf.ones_like(y)).numpy(),
         default_seed_gradient=tape.gradient(y, xt).numpy(), dL_dy=dL_dy.numpy(),
         chain_two_step=checked_gradient(tape, y, xt, dL_dy).numpy(),
-        chain_one_step=checked_gradient(tape, z, xt, tf.ones_like(z)).numpy(),
-        wrong_seed_error="", broadcast_seed_error="", tensorflow_broadcast_shape=None,
+        chain_one_step=checked_gradient(tape, z, xt, tf.ones_like(z)).numpy(), tensorflow_broadcast_shape=None,
+        wrong_seed_error=refusal(y, tf.ones_like(xt)), broadcast_seed_error=refusal(s, wide),
     )  # fmt: skip
-    try:
-        checked_gradient(tape, y, xt, tf.ones_like(xt))
-    except OutputGradientsError as e:
-        f["wrong_seed_error"] = str(e)
     try:
         raw = tape.gradient(y, xt, output_gradients=tf.ones_like(xt))
         f["tensorflow_wrong_seed"] = f"no error: returned a \"gradient\" of shape {shape_str(raw.shape)}"
     except (tf.errors.OpError, ValueError, TypeError) as e:
         f["tensorflow_wrong_seed"] = error_line(e, with_type=True)
-    wide = tf.ones([n, 1], tf.float64)  # broadcast against sin(x) [n] by plain tape.gradient
-    try:
-        checked_gradient(tape, s, xt, wide)
-    except OutputGradientsError as e:
-        f["broadcast_seed_error"] = str(e)
-    try:
+    with contextlib.suppress(tf.errors.OpError, ValueError, TypeError):
         f["tensorflow_broadcast_shape"] = tuple(int(d) for d in tape.gradient(s, xt, output_gradients=wide).shape)
-    except (tf.errors.OpError, ValueError, TypeError):
-        pass
     J_block = jacobian(lambda a: a[:, None] * a[None, :], [xt], input_names=("x",), output_names=("y",))
     eye = np.eye(n)
     f.update(
@@ -302,9 +302,7 @@ def _vec(a: Array) -> str:
 
 def validate_x(x: Any) -> Array:
     """x as a new float64 array [n] (the default when None); InputError unless 1 ≤ n ≤ 64 finite, |x_i| ≤ 1e76."""
-    if x is None:
-        return np.array(DEFAULT_X, dtype=np.float64)
-    a: Array = converted(lambda: np.array(x, dtype=np.float64),  # a copy: the caller's x is never touched
+    a: Array = converted(lambda: np.array(DEFAULT_X if x is None else x, np.float64),  # a copy: x is never touched
                          "x must be a list of numbers.", "x", "a 1-D sequence of floats, e.g. [1, 2, 3, 4]", repr(x)[:80],
                          "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.")
     if a.ndim != 1:
@@ -356,8 +354,6 @@ def outer_example(x: Sequence[float] | Array | None = None, *, rtol: float = 1e-
         advance()
         t, status = None, "skipped (use_torch=False)"
         if use_torch is not False:
-            from natgrad_diag.torch_bridge import INSTALL_HINT, torch_outer
-
             try:
                 t = torch_outer(xn)
                 status = f"torch {t.torch_version}"

@@ -1,9 +1,8 @@
 """PyTorch's seed rules for every ``tf.GradientTape.gradient`` call: a context, a pytest plugin and a script runner.
 
-Public: ``strict_gradients`` (also ``natgrad_diag.strict_gradients``), ``StrictGradients``,
-``StrictGradientsWarning`` and ``Violation`` from here; the pytest plugin (``pytest --strict-gradients``,
-the ``strict_gradients`` marker and fixture) and ``python -m natgrad_diag.strict SCRIPT``. The modules
-``context``, ``rules``, ``callsite`` and ``runner`` are internal. Importing this package imports no TensorFlow.
+Public: ``__all__`` (``strict_gradients`` is also ``natgrad_diag.strict_gradients``), the pytest plugin (``pytest
+--strict-gradients``, the ``strict_gradients`` marker and fixture) and ``python -m natgrad_diag.strict SCRIPT``. The
+modules ``context``, ``rules``, ``callsite`` and ``runner`` are internal. Importing this package imports no TensorFlow.
 """
 
 import importlib

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import linecache
@@ -64,17 +65,16 @@ def call_site(caller: FrameType | None) -> CallSite:
     if frame is None:
         return CallSite("<unknown>", 0, "", "")
     module = str(frame.f_globals.get("__name__", ""))
-    if "__autograph_generated_file" in frame.f_code.co_filename:  # AutoGraph's code for a ``tf.function`` body
-        origin = _autograph_origin(frame)
-        if origin is not None:
-            return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)
+    origin = _autograph_origin(frame)
+    if origin is not None:
+        return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)
     return CallSite(frame.f_code.co_filename, frame.f_lineno or 0, _call_text(frame), module)
 
 
 def _autograph_origin(frame: FrameType) -> Any:
-    """The OriginInfo (user's file, line, source) of the current line of AutoGraph-generated code, or None."""
+    """The OriginInfo (user's file, line, source) of the current line of AutoGraph's tf.function code, else None."""
     outer = frame.f_back
-    if outer is None:
+    if outer is None or "__autograph_generated_file" not in frame.f_code.co_filename:
         return None
     from tensorflow.python.autograph.pyct import origin_info
 
@@ -87,13 +87,11 @@ def _autograph_origin(frame: FrameType) -> Any:
 def _without_comment(origin: Any) -> str:
     """The user's source line of an AutoGraph OriginInfo, without its trailing comment."""
     text = str(origin.source_code_line)
-    try:
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):  # a line that opens a bracket it does not close
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
             if token.type == tokenize.COMMENT:
                 text = text[: token.start[1]]
                 break
-    except (tokenize.TokenError, SyntaxError):  # a line that opens a bracket it does not close
-        pass
     return text.strip()
 
 
@@ -107,8 +105,7 @@ def _call_text(frame: FrameType) -> str:
         start, end, col, end_col = frame.f_lineno, frame.f_lineno, None, None
     if start is None:
         return ""
-    end = end or start
-    lines = [linecache.getline(code.co_filename, n, frame.f_globals) for n in range(start, end + 1)]
+    lines = [linecache.getline(code.co_filename, n, frame.f_globals) for n in range(start, (end or start) + 1)]
     if not any(lines):
         return ""
     if col is not None and end_col is not None:  # UTF-8 byte offsets: col in the first line, end_col in the last

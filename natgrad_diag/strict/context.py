@@ -67,15 +67,29 @@ class StrictGradients(contextlib.ContextDecorator):
         return f"strict_gradients(action={self.action!r}, allow_implicit_sum={self.allow_implicit_sum})"
 
     def __enter__(self) -> StrictGradients:  # noqa: PYI034  # not meant to be subclassed
-        _install()
+        import tensorflow as tf
+
+        with _Patch.lock:
+            if _Patch.count == 0:
+                _Patch.original = tf.GradientTape.__dict__["gradient"]
+                _Patch.wrapper = _make_wrapper(_Patch.original)
+                tf.GradientTape.gradient = _Patch.wrapper
+            _Patch.count += 1
         _local.stack.append(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        import tensorflow as tf
+
         stack = _local.stack
         if self in stack:  # the innermost entry of this context
             del stack[len(stack) - 1 - stack[::-1].index(self)]
-        _uninstall()
+        with _Patch.lock:
+            _Patch.count -= 1
+            if _Patch.count == 0:
+                if tf.GradientTape.__dict__.get("gradient") is _Patch.wrapper:  # else someone else's patch: leave it
+                    tf.GradientTape.gradient = _Patch.original
+                _Patch.original = _Patch.wrapper = None
 
     def _recreate_cm(self) -> StrictGradients:
         # as a decorator: a fresh context per call, so recursion and threads do not share one
@@ -134,16 +148,13 @@ def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False)
         >>> import tensorflow as tf
         >>> import natgrad_diag as nd
         >>> x = tf.constant([1.0, 2.0, 3.0, 4.0], tf.float64)
+        >>> with tf.GradientTape(persistent=True) as tape:
+        ...     tape.watch(x)
+        ...     y = x[:, None] * x[None, :]
         >>> with nd.strict_gradients():
-        ...     with tf.GradientTape() as tape:
-        ...         tape.watch(x)
-        ...         y = x[:, None] * x[None, :]
         ...     tape.gradient(y, x, output_gradients=tf.ones_like(y)).numpy()
         array([20., 20., 20., 20.])
         >>> with nd.strict_gradients():
-        ...     with tf.GradientTape() as tape:
-        ...         tape.watch(x)
-        ...         y = x[:, None] * x[None, :]
         ...     tape.gradient(y, x)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -152,28 +163,6 @@ def strict_gradients(action: Any = "raise", *, allow_implicit_sum: bool = False)
     if callable(action):
         return StrictGradients()(action)
     return StrictGradients(action, allow_implicit_sum=allow_implicit_sum)
-
-
-def _install() -> None:
-    import tensorflow as tf
-
-    with _Patch.lock:
-        if _Patch.count == 0:
-            _Patch.original = tf.GradientTape.__dict__["gradient"]
-            _Patch.wrapper = _make_wrapper(_Patch.original)
-            tf.GradientTape.gradient = _Patch.wrapper
-        _Patch.count += 1
-
-
-def _uninstall() -> None:
-    import tensorflow as tf
-
-    with _Patch.lock:
-        _Patch.count -= 1
-        if _Patch.count == 0:
-            if tf.GradientTape.__dict__.get("gradient") is _Patch.wrapper:  # else someone patched over us: leave theirs
-                tf.GradientTape.gradient = _Patch.original
-            _Patch.original = _Patch.wrapper = None
 
 
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -36,14 +36,13 @@ def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
     marker = item.get_closest_marker(MARKER)
     if marker is None and not item.config.getoption("strict_gradients"):
         return contextlib.nullcontext()
+    from natgrad_diag._validate import input_error
     from natgrad_diag.strict.context import StrictGradients
 
     args, kwargs = ((), {}) if marker is None else (marker.args, marker.kwargs)
     try:
         inspect.signature(StrictGradients).bind(*args, **kwargs)
     except TypeError as e:
-        from natgrad_diag._validate import input_error
-
         raise input_error(f"@pytest.mark.{MARKER} got arguments it does not take ({e}).", f"@pytest.mark.{MARKER}",
                           "(action='raise' or 'warn', *, allow_implicit_sum=False)", f"args {args}, kwargs {kwargs}",
                           f"pass strict_gradients()'s arguments, e.g. @pytest.mark.{MARKER}(action='warn').") from None  # fmt: skip

@@ -39,13 +39,9 @@ class StrictGradientsWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Violation:
-    """One ``tape.gradient`` call that broke a rule: which rule, where, and the error that says so.
-
-    Attributes:
-        rule: :data:`IMPLICIT_SUM` or :data:`SEED_MISMATCH`.
-        site: the user's line that made the call.
-        error: the :class:`~natgrad_diag.exceptions.OutputGradientsError` raised (or warned) for it.
-    """
+    """One ``tape.gradient`` call that broke a ``rule`` (:data:`IMPLICIT_SUM` or :data:`SEED_MISMATCH`), the ``site``
+    (the user's line) that made it, and the :class:`~natgrad_diag.exceptions.OutputGradientsError` ``error`` raised (or
+    warned) for it."""
 
     rule: str
     site: CallSite
@@ -65,18 +61,13 @@ def check_call(target: Any, output_gradients: Any, *, allow_implicit_sum: bool,
     targets = tf.nest.flatten(target)
     if not targets or not all(hasattr(t, "shape") and hasattr(t, "dtype") for t in targets):
         return None
-    if output_gradients is None:
-        seeds: list[Any] = [None] * len(targets)
-    else:
-        seeds = tf.nest.flatten(output_gradients)
-        try:
-            validate_seeds(seeds, targets)
-        except OutputGradientsError as e:
-            return _locate(SEED_MISMATCH, e, site())
-    if allow_implicit_sum:
-        return None
+    seeds = [None] * len(targets) if output_gradients is None else tf.nest.flatten(output_gradients)
+    try:
+        validate_seeds(seeds, targets)  # all None (no seeds given) always passes
+    except OutputGradientsError as e:
+        return _locate(SEED_MISMATCH, e, site())
     unseeded = [i for i, (s, t) in enumerate(zip(seeds, targets)) if s is None and _summed(t)]
-    if not unseeded:
+    if allow_implicit_sum or not unseeded:
         return None
     return _locate(IMPLICIT_SUM, _implicit_sum_error(unseeded, targets, all_none=output_gradients is None), site())
 
@@ -128,21 +119,15 @@ def _implicit_sum_error(unseeded: Sequence[int], targets: Sequence[Any], *, all_
     detail = (f"{TORCH_IMPLICIT_MESSAGE}: {who} and no seed, so TensorFlow would seed every element with 1 and return "
               f"the gradient of {what}.")
     if all_none:
-        context: list[tuple[str, object]] = [
-            ("Argument", "output_gradients"),
-            ("Expected", "one seed per target, of its shape: "
-                         + ", ".join(f"target[{i}] {_shape_str(t)}" for i, t in enumerate(targets))),
-            ("Actual", "None (a seed of ones for every target)"),
-        ]
+        argument, actual = "output_gradients", "None (a seed of ones for every target)"
+        expected = "one seed per target, of its shape: " + ", ".join(
+            f"target[{i}] {_shape_str(t)}" for i, t in enumerate(targets))
     else:
-        context = [
-            ("Argument", ", ".join(f"output_gradients[{i}]" for i in unseeded)),
-            ("Expected", ", ".join(f"a seed of shape {_shape_str(targets[i])} (target[{i}]'s shape)"
-                                   for i in unseeded)),
-            ("Actual", "None"),
-        ]
+        argument, actual = ", ".join(f"output_gradients[{i}]" for i in unseeded), "None"
+        expected = ", ".join(f"a seed of shape {_shape_str(targets[i])} (target[{i}]'s shape)" for i in unseeded)
     remedy = ("pass output_gradients with one seed of each target's shape (dL/dtarget: the result is then Jᵀ·v, the "
               "chain rule), or differentiate tf.reduce_sum(target) if the gradient of the sum is what you mean.")
+    context = [("Argument", argument), ("Expected", expected), ("Actual", actual)]
     return OutputGradientsError(detail, context=context, remedy=remedy)
 
 

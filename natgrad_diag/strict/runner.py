@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TextIO
 
+from natgrad_diag._tf import import_tensorflow_quietly
 from natgrad_diag.strict.context import StrictGradients
 from natgrad_diag.strict.rules import StrictGradientsWarning, Violation
 
@@ -43,8 +44,6 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     if kind == "module" and not _module_exists(name):
         print(f"{prog}: no module named {name!r} (run from the folder that holds it, or install it)", file=out)
         return EXIT_USAGE
-    from natgrad_diag._tf import import_tensorflow_quietly
-
     import_tensorflow_quietly()  # TensorFlow's start-up lines stay off stderr unless TF_CPP_MIN_LOG_LEVEL=0
     strict = StrictGradients("warn")
     saved_argv, saved_path = sys.argv[:], sys.path[:]
