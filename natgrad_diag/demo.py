@@ -207,9 +207,6 @@ def make_model(
     VGP: the same kernel and likelihood, q_mu [N, L] and q_sqrt [L, N, N] seeded the same way (M = N).
     Parameters and data are built in ``dtype`` ("float64" or "float32").
 
-    Returns:
-        A :class:`DemoModel`; ``model, data = make_model(...)`` works.
-
     Raises:
         InputError: an unknown name, a non-positive count, or ``num_inducing`` or ``whiten`` with a VGP.
         MemoryLimitError: the model would need more than half of this machine's memory.

@@ -1,8 +1,5 @@
-"""``NatGradCallback``, the Keras callback that guards every training batch (see :mod:`natgrad_diag.training.keras`).
-
-The public import path: ``from natgrad_diag.keras import NatGradCallback``. Importing this module imports neither
-TensorFlow nor Keras; the class is built on first access.
-"""
+"""``from natgrad_diag.keras import NatGradCallback``: the Keras callback that guards every training batch (see
+:mod:`natgrad_diag.training.keras`). Importing this module imports neither TensorFlow nor Keras."""
 
 from natgrad_diag.training.keras import __getattr__  # noqa: F401 (builds NatGradCallback on first access)
 

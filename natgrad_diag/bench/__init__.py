@@ -1,4 +1,1 @@
-"""The benchmark behind natgrad-diag bench: ratios against GPflow and TensorFlow, from one run.
-
-Internal: run it as ``natgrad-diag bench`` or ``python scripts/bench.py``.
-"""
+"""Internal: ``natgrad-diag bench`` (or ``python scripts/bench.py``), ratios against GPflow and TensorFlow, one run."""

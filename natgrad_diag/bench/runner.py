@@ -79,9 +79,8 @@ ROWS = (bench_trace, bench_threads, bench_jacobian, bench_vech, bench_memory, be
 
 
 def run_bench(sizes: Sequence[int] | None = None, repeats: int = 5, quick: bool = False, progress: bool = True) -> BenchReport:
-    """Time natgrad-diag against TensorFlow and GPflow in one run: each measurement warms up ours and the baseline,
-    then alternates ``repeats`` timed calls of each; ratio = the medians' ours / baseline. Targets are reported, never
-    enforced. A comparison that raises gets a row saying so.
+    """Time natgrad-diag against TensorFlow and GPflow in one run, each measurement by ``timing.compare``. Targets are
+    reported, never enforced. A comparison that raises gets a row saying so.
 
     Args:
         sizes: M for the ``natgrad_trace`` rows (default 50, 200, 1000; ``quick``: 10, 30); the others are fixed.

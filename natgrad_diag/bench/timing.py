@@ -67,8 +67,7 @@ def compare(ours: Callable[[], Any], base: Callable[[], Any], repeats: int, *, w
 def make_row(group: str, what: str, M: int | None, ours: float | None, base_name: str, base: float | None,
              target: float | None, *, higher_is_better: bool = False, note: str = "", unit: str = "s",
              applies: bool = True) -> BenchRow:  # fmt: skip
-    """The row with ratio ours / baseline (baseline / ours when ``higher_is_better``) and its verdict; ``target=None``
-    is a reference row (shown, not judged); ``applies=False`` a target meant for the full sizes ("n/a at this size")."""
+    """The :class:`BenchRow` of a comparison, with its ratio, its target as text (``None``: a reference row) and verdict."""
     ratio = None if ours is None or base is None or ours <= 0 or base <= 0 else (base / ours if higher_is_better else ours / base)
     meets = ((ratio >= target if higher_is_better else ratio <= target)
              if ratio is not None and target is not None and applies else None)  # fmt: skip

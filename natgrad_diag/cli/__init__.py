@@ -1,7 +1,4 @@
-"""The command line: natgrad-diag and its sub-commands (argument parsing and glue only).
-
-Internal: the ``natgrad-diag`` command is the interface.
-"""
+"""Internal: the ``natgrad-diag`` command line and its sub-commands (argument parsing and glue only)."""
 
 from natgrad_diag.cli.app import main
 

@@ -1,7 +1,6 @@
 """The ``natgrad-diag`` command: ``explain`` (the default), ``outer``, ``check``, ``gradcheck``, ``bench`` and ``strict``.
 
-Exit codes: 0 when every check holds, 1 when one fails, 2 for bad usage or bad input.
-Only argparse is imported at start-up; each command imports what it needs when it runs.
+Exit codes: see :func:`main`. Only argparse is imported at start-up; each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -183,23 +182,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> Any:
-    command = args.command
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "plain", "report")}
-    if command == "explain":
+    if args.command == "explain":
         from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
         from natgrad_diag.lessons.explain import explain_output_gradients
 
         return explain_output_gradients(gamma=args.gamma, xi_transform=XiNat() if args.xi == "nat" else XiSqrtMeanVar())
-    if command == "outer":
+    if args.command == "outer":
         from natgrad_diag.lessons.outer import outer_example
 
         return outer_example(args.x)
-    if command == "check":
+    if args.command == "check":
         from natgrad_diag.cli.check import check_natgrad_cli
 
         return check_natgrad_cli(**options)
-    if command == "gradcheck":
+    if args.command == "gradcheck":
         from natgrad_diag.cli.gradcheck import gradcheck_cli
 
         return gradcheck_cli(**options)
@@ -249,8 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # their methods so, also while TensorFlow imports) as unhandled for good, and under `python -m` then
             # ends the process by SIGINT whatever it returns; a clean exec() clears the mark, so the exit code is 130
             exec("None")  # noqa: S102
-        print(f"natgrad-diag {command}: interrupted (Ctrl-C)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _fail([], command, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
 
 
 _CTRL_C: list[int] = []

@@ -1,8 +1,7 @@
 """The command's streams: ASCII where a stream cannot encode the reports' symbols, a closed stdout or stderr.
 
-Reports write ξ, Σ, ≠, γ, −, Jᵀ·1; a stream whose encoding (``PYTHONIOENCODING=ascii``, ``latin-1``, a C locale
-on old systems) lacks a character gets a spelled-out form instead (``xi``, ``Sigma``, ``!=``, ``gamma``, ``-``,
-``J^T*1``) from the error handler registered here, never a UnicodeEncodeError.
+A stream whose encoding (``PYTHONIOENCODING=ascii``, ``latin-1``, a C locale on old systems) lacks a character
+of a report (ξ, ≠, Jᵀ·1) gets :func:`ascii_form`'s spelling from the error handler here, not a UnicodeEncodeError.
 """
 
 from __future__ import annotations
