@@ -225,7 +225,8 @@ def natgrad_tensors_closed_form(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsq
     eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
     dL_deta1, dL_deta2 = expectation_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
     dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, _positive_diagonal(q_sqrt))
-    nat_dL_xi1, nat_dL_xi2 = natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, xi)
+    # for XiNat (ξ = θ) the natural gradient in ξ is ∂L/∂η itself: not computed a second time when eager
+    nat_dL_xi1, nat_dL_xi2 = (dL_deta1, dL_deta2) if xi == "nat" else natural_gradient_xi(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, xi)
     xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
     new_q_mu, new_q_sqrt = natgrad_step_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
     return dict(
