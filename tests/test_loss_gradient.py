@@ -3,6 +3,8 @@ wrong_gradient in full and fast mode, a correct model passes, the model is untou
 
 from __future__ import annotations
 
+import dataclasses
+
 import gpflow
 import numpy as np
 import pytest
@@ -220,3 +222,20 @@ def test_loss_gradient_stage__without_the_runs_probes_computes_them_and_still_fa
         cond = measure_conditioning(m, *ev.q_arrays, taken.step.new_q_sqrt)
         check = loss_gradient.stage(Run(ev, taken.step, taken.gp, cond, lambda *a: None)).checks[0]
     assert check.status == "fail" and check.max_abs_error > check.tolerance > 0
+
+
+def test_loss_gradient_stage__a_nan_in_the_analytic_gradient_fails_it():
+    # A NaN directional derivative makes every ratio NaN, and a NaN never compares greater: it must fail, not pass
+    # with the initial "error 0 ≤ bound 0" of no direction judged.
+    from natgrad_diag.checks import loss_gradient
+    from natgrad_diag.checks.bounds import measure_conditioning
+    from natgrad_diag.checks.evaluator import Run
+
+    m, data = _svgp(gpflow.likelihoods.Gaussian(variance=0.1))
+    with _checking(m, data, 0.1, None, {}) as ctx:
+        ev = evaluator(ctx, compiled=False)
+        taken = ev.take()
+        cond = measure_conditioning(m, *ev.q_arrays, taken.step.new_q_sqrt)
+        nan_step = dataclasses.replace(taken.step, dL_dmean=np.full_like(np.asarray(taken.step.dL_dmean), np.nan))
+        check = loss_gradient.stage(Run(ev, nan_step, taken.gp, cond, lambda *a: None)).checks[0]
+    assert check.status == "fail" and check.max_abs_error == np.inf

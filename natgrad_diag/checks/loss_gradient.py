@@ -75,11 +75,12 @@ def stage(run: Run) -> Outcome:
         # along the displacement the two losses saw, (q + h·d) − (q − h·d) = 2h·d up to the dtype's rounding
         analytic = float(np.sum(g_m * (up_m - down_m.astype(np.float64))) + np.sum(g_S * (up_S - down_S.astype(np.float64)))) / (2.0 * h)
         bound = rounding + tol.rtol * max(abs(analytic), abs(fd), typical) + tol.atol  # truncation: relative to s
-        ratio = abs(fd - analytic) / bound if np.isfinite(fd) else np.inf
+        ratio = abs(fd - analytic) / bound
+        ratio = ratio if np.isfinite(ratio) else np.inf  # NaN on either side fails (a NaN ratio never beats worst)
         if ratio > worst[0]:
             worst = (ratio, i, analytic, fd, bound)
     _, i, analytic, fd, bound = worst
-    err = abs(fd - analytic) if np.isfinite(fd) else float("inf")
+    err = abs(fd - analytic) if np.isfinite(fd - analytic) else float("inf")
     if err > bound and noise(ev, step):  # a difference of two noisy losses over 2h: σ̂/h ≈ 10⁵·σ̂ in float64
         return Outcome(skipped=(("loss_gradient", (
             f"the loss is stochastic (standard deviation {format_number(ev.noise)} over {NOISE_SAMPLES} evaluations at "
