@@ -244,10 +244,10 @@ def test_gpflows_private_names__are_used_in_one_module():
     assert {n: u for n, u in users.items() if u and n != "natgrad_diag._gpflow"} == {}
 
 
-#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py. The goal is 13,000;
-#: this is where the package stands with every feature kept. Lower it as pieces merge; a feature that needs more
-#: lines makes room first.
-MAX_PACKAGE_LINES = 13_552
+#: The package's size budget: every feature in at most this many lines of natgrad_diag/**/*.py. The issue's goal is
+#: 13,000; this is where the package stands with every feature kept after a module-by-module reading for lines that
+#: say a thing twice. Lower it as pieces merge; a feature that needs more lines makes room first.
+MAX_PACKAGE_LINES = 13_417
 
 
 def test_package__stays_within_its_line_budget():
