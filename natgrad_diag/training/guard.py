@@ -226,8 +226,9 @@ class StepGuard:
         return [s if s is not None and s < g else lower_gamma(g) for s, g in zip(suggested, self.gammas)], report.loss_before
 
     def _raised(self) -> list[float] | None:
-        """After :data:`RAISE_AFTER` healthy steps in a row below the first guarded γ: each γ raised to the suggestion
-        of a search from the current γ, capped at its first guarded value; None when none rises."""
+        """After :data:`RAISE_AFTER` healthy steps in a row below the cap: each γ raised to the suggestion of a search
+        from the current γ, capped at its first guarded value and below every γ that failed (a raise is a verdict that
+        γ trains, and one batch's k steps cannot outweigh a step that failed at it); None when none rises."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
         if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
@@ -248,6 +249,9 @@ class StepGuard:
         if not cause and self.verify:
             cause = self._verified()
         rolled_back, gammas = bool(cause) and m.on_failure == "rollback", None
+        if cause:  # γ is never raised back to one that failed (:meth:`_raised`)
+            for opt, g in zip(self.optimizers, self.gammas):
+                m._gamma_cap[id(opt)] = min(m._gamma_cap[id(opt)], lower_gamma(g))
         if rolled_back:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):
                 var.assign(value)
