@@ -54,10 +54,12 @@ def param_parts(x: Any, name: str) -> ParamParts:
 
 
 def input_error(
-    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[NatGradDiagError] = InputError, label: str = "Got"
+    detail: str, argument: str, expected: str, got: object, remedy: str, *, kind: type[NatGradDiagError] = InputError,
+    label: str | None = None,
 ) -> NatGradDiagError:
     """An :class:`InputError` (or ``kind``) with the usual context: the argument, what was expected and what was got
-    (labelled ``label``: "Actual" for a shape)."""
+    (labelled ``label``; by default "Actual" for a ShapeMismatchError, whose got is a shape, else "Got")."""
+    label = label or ("Actual" if issubclass(kind, ShapeMismatchError) else "Got")
     return kind(detail, context=[("Argument", argument), ("Expected", expected), (label, got)], remedy=remedy)
 
 
@@ -163,7 +165,7 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> None:
     if len(mu_shape) != 2:
         raise input_error("q_mu must be a matrix [M, L].", "q_mu", "[M, L]", shape_str(mu_shape),
                           "pass q_mu with one column per latent GP, e.g. q_mu[:, None] for a single GP.",
-                          kind=ShapeMismatchError, label="Actual")
+                          kind=ShapeMismatchError)
     M, L = mu_shape
     if len(sq_shape) == 2:
         raise input_error("q_sqrt is diagonal ([M, L], q_diag=True); GPflow's NaturalGradient supports only the full "
@@ -172,7 +174,7 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> None:
     if sq_shape != (L, M, M):
         raise input_error("q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).", "q_sqrt",
                           f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})", shape_str(sq_shape),
-                          "pass the q_mu and q_sqrt of the same variational distribution.", kind=ShapeMismatchError, label="Actual")
+                          "pass the q_mu and q_sqrt of the same variational distribution.", kind=ShapeMismatchError)
     require_float(q_mu.value, "q_mu")
     require_same_dtype(q_sqrt.value, q_mu.value, "q_sqrt", "q_mu")
     require_finite(q_mu.value, "q_mu")
@@ -202,7 +204,7 @@ def validate_grad(grad: Any, part: ParamParts, name: str, param_name: str) -> An
     if tuple(int(d) for d in g.shape) != tuple(part.unconstrained_shape):
         raise input_error(f"{name} must have the shape of {where}.", name, shape_str(part.unconstrained_shape),
                           shape_str(g.shape), f"pass tape.gradient(loss, {where}); GPflow's step expects gradients in "
-                          "unconstrained space.", kind=ShapeMismatchError, label="Actual")
+                          "unconstrained space.", kind=ShapeMismatchError)
     require_finite(g, name)
     return g
 
@@ -508,18 +510,18 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
             raise input_error(f"{name}'s {part} must be a non-empty matrix {dims}.", arg,
                               f"{dims} with N ≥ 1 and at least one column", shape_str(a.shape),
                               f"reshape {part} to {dims}, e.g. {part}[:, None] for one column; the check needs at "
-                              "least one data point.", kind=ShapeMismatchError, label="Actual")
+                              "least one data point.", kind=ShapeMismatchError)
     if X.shape[0] != Y.shape[0]:
         raise input_error(f"{name}'s X and Y must have the same number of rows N.", name,
                           "X [N, D] and Y [N, P] with one N", f"X {shape_str(X.shape)}, Y {shape_str(Y.shape)}",
-                          "pass X and Y of the same data points.", kind=ShapeMismatchError, label="Actual")
+                          "pass X and Y of the same data points.", kind=ShapeMismatchError)
     Z = getattr(getattr(model, "inducing_variable", None), "Z", None)
     D = int(Z.shape[-1]) if Z is not None and len(Z.shape) == 2 else None
     if D is not None and X.shape[1] != D:
         raise input_error(f"{name}'s X has {X.shape[1]} input dimension(s) but the model has {D}.", f"{name}[0] (X)",
                           f"[N, {D}] (D from the model's inducing points)", shape_str(X.shape),
                           "pass the X the model was built for (its inducing points Z [M, D] fix D).",
-                          kind=ShapeMismatchError, label="Actual")
+                          kind=ShapeMismatchError)
     L, likelihood = getattr(model, "num_latent_gps", None), getattr(model, "likelihood", None)
     switched = isinstance(likelihood, gpflow.likelihoods.SwitchedLikelihood)  # Y's last column picks the likelihood
     multi = isinstance(likelihood, (gpflow.likelihoods.MultiClass, gpflow.likelihoods.Softmax))
@@ -533,7 +535,7 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     if P is not None and Y.shape[1] != P:
         raise input_error(f"{name}'s Y has {Y.shape[1]} column(s) but {has}.", f"{name}[1] (Y)", f"[N, {P}]" + (
             " (the last column picks the likelihood)" if switched else ""), shape_str(Y.shape), f"pass {fix} (GPflow "
-            "would broadcast the others silently or fail inside its loss).", kind=ShapeMismatchError, label="Actual")
+            "would broadcast the others silently or fail inside its loss).", kind=ShapeMismatchError)
     for k, a in enumerate((X, Y)):
         require_finite(a, f"{name}[{k}] ({'XY'[k]})")
     labels = isinstance(likelihood, gpflow.likelihoods.Softmax)  # tf.nn.sparse_softmax_cross_entropy_with_logits

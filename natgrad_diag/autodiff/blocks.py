@@ -247,7 +247,7 @@ class BlockJacobian:
         if len(vectors) != len(shapes):
             raise input_error(f"{argument} needs one array per {side}.", argument,
                               f"{len(shapes)} array(s): " + ", ".join(map(shape_str, shapes)), f"{len(vectors)} array(s)",
-                              f"pass a list with one array per {side}, in order.", kind=ShapeMismatchError, label="Actual")
+                              f"pass a list with one array per {side}, in order.", kind=ShapeMismatchError)
         out = []
         for k, (v, s) in enumerate(zip(vectors, shapes)):
             a = np.asarray(v, dtype=self.dtype)
@@ -255,7 +255,7 @@ class BlockJacobian:
                 raise input_error(f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of "
                                   f"{shape_str(s)}.", f"{argument}[{k}]", shape_str(s), shape_str(a.shape),
                                   f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
-                                  kind=ShapeMismatchError, label="Actual")
+                                  kind=ShapeMismatchError)
             require_finite(a, f"{argument}[{k}]")  # a NaN or Inf gives NaN products; nd.vjp refuses it too
             out.append(a)
         return out

@@ -216,5 +216,5 @@ def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], 
         if flag and (len(s) < 2 or s[-1] != s[-2]):
             raise input_error(f"input {n!r} is marked symmetric but is not a (batch of) square matrices.", "symmetric",
                               f"{n} of shape [..., M, M]", shape_str(s), f"mark only square-matrix inputs as symmetric "
-                              f"(symmetric=False for {n}).", kind=ShapeMismatchError, label="Actual")
+                              f"(symmetric=False for {n}).", kind=ShapeMismatchError)
     return flags

@@ -185,7 +185,7 @@ def refuse_swapped(pairs: list[Pair]) -> None:
             raise input_error(f"var_list[{i}] holds (q_sqrt, q_mu): the pair is swapped.", f"var_list[{i}]",
                               "(q_mu [M, L], q_sqrt [L, M, M])", f"shapes {list(mu)} then {list(sq)}",
                               "pass each pair as NaturalGradient.minimize takes it: (q_mu, q_sqrt), q_mu first.",
-                              kind=ShapeMismatchError, label="Actual")  # fmt: skip
+                              kind=ShapeMismatchError)  # fmt: skip
 
 
 def _scalar_loss(value: Any) -> Any:

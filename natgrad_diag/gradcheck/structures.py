@@ -70,7 +70,7 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
             raise input_error(f"structure {st!r} needs square matrices in the last two axes of {name}.",
                               f"structure for {name}", "[..., M, M]", shape_str(a.shape),
                               f"use structure 'general' for {name}, or pass the matrix input it was meant for.",
-                              kind=ShapeMismatchError, label="Actual")
+                              kind=ShapeMismatchError)
     return result
 
 

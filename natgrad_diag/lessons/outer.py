@@ -307,11 +307,11 @@ def validate_x(x: Any) -> Array:
                          "pass x as numbers, e.g. outer_example([1, 2, 3, 4]) or natgrad-diag outer --x 1,2,3,4.")
     if a.ndim != 1:
         raise input_error("x must be a vector.", "x", "[n]", shape_str(a.shape),
-                          "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError, label="Actual")
+                          "pass a flat list of numbers, e.g. [1, 2, 3, 4].", kind=ShapeMismatchError)
     if not 1 <= a.shape[0] <= MAX_LENGTH:
         raise input_error(f"x must have between 1 and {MAX_LENGTH} entries (the explicit Jacobian has n³ entries).", "x",
                           f"[n] with 1 ≤ n ≤ {MAX_LENGTH}", shape_str(a.shape),
-                          "pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.", kind=ShapeMismatchError, label="Actual")
+                          "pass a short x, e.g. [1, 2, 3, 4]; the lesson does not depend on n.", kind=ShapeMismatchError)
     if not np.all(np.isfinite(a)):
         raise input_error(f"x contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).", "x",
                           "finite numbers", _vec(a),

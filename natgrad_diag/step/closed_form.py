@@ -86,17 +86,16 @@ def _inputs(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> list[Any
         bad, want, got = ("q_mu", "[M, L]", qm) if qm.rank != 2 else ("q_sqrt", "[L, M, M]", qs)
         raise input_error(f"{bad} has the wrong rank.", bad, want, shape_str(got), "pass q_mu [M, L] and the "
                           "full-covariance q_sqrt [L, M, M] (q_diag=True has no natural gradient).",
-                          kind=ShapeMismatchError, label="Actual")
+                          kind=ShapeMismatchError)
     want_qs = [qm[1], qm[0], qm[0]]
     if not qs.is_compatible_with(want_qs):
         raise input_error("q_sqrt does not match q_mu.", "q_sqrt", f"[L, M, M] = {shape_str(want_qs)}", shape_str(qs),
-                          "pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).", kind=ShapeMismatchError,
-                          label="Actual")
+                          "pass the q_mu [M, L] and q_sqrt [L, M, M] of the same q(u).", kind=ShapeMismatchError)
     for name, value, like, want in (("dL_dmean", dL_dmean, "q_mu", qm), ("dL_dvarsqrt", dL_dvarsqrt, "q_sqrt", qs)):
         if not value.shape.is_compatible_with(want):
             raise input_error(f"{name} must have the shape of {like}.", name, shape_str(want), shape_str(value.shape),
                               f"pass the gradient with respect to the constrained {like} (GPflow's _to_constrained "
-                              "of the tape's gradient).", kind=ShapeMismatchError, label="Actual")
+                              "of the tape's gradient).", kind=ShapeMismatchError)
     for name, value in (("q_sqrt", q_sqrt), ("dL_dmean", dL_dmean), ("dL_dvarsqrt", dL_dvarsqrt)):
         if value.dtype != q_mu.dtype:
             raise input_error(f"{name} must have the dtype of q_mu.", name, q_mu.dtype.name, value.dtype.name,

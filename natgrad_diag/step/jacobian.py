@@ -28,13 +28,12 @@ def _validated(eta1: Any, eta2: Any) -> tuple[Array, Array, list[Array]]:
     for name, arr, want in (("eta1", e1, "[M, L]"), ("eta2", e2, "[L, M, M]")):
         if arr.ndim != len(want.split(",")):
             raise input_error(f"{name} has the wrong rank.", name, want, shape_str(arr.shape), "pass eta1 = q_mu "
-                              "[M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].", kind=ShapeMismatchError,
-                              label="Actual")
+                              "[M, L] and eta2 = S + q_mu q_muᵀ per latent GP, [L, M, M].", kind=ShapeMismatchError)
     M, L = e1.shape
     if e2.shape != (L, M, M):
         raise input_error("eta2 does not match eta1.", "eta2", f"[L, M, M] = [{L}, {M}, {M}] (from eta1 [M, L] = "
                           f"[{M}, {L}])", shape_str(e2.shape), "pass the eta1 [M, L] and eta2 [L, M, M] of the same "
-                          "q(u) (note GPflow's [M, L] / [L, M, M] order).", kind=ShapeMismatchError, label="Actual")
+                          "q(u) (note GPflow's [M, L] / [L, M, M] order).", kind=ShapeMismatchError)
     floats = (np.float32, np.float64)
     if e1.dtype in floats and e2.dtype in floats and e1.dtype != e2.dtype:
         raise input_error("eta2 has another dtype than eta1.", "eta2", f"{e1.dtype} (like eta1)", str(e2.dtype),

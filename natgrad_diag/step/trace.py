@@ -130,7 +130,7 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
             raise input_error(f"{name} is empty (M = 0 inducing points or L = 0 latent GPs): there is no step to "
                               "trace.", name, f"{dims} with M ≥ 1 and L ≥ 1", shape_str(shape), "pass the q_mu and "
                               "q_sqrt of a model with at least one inducing point and one latent GP.",
-                              kind=ShapeMismatchError, label="Actual")
+                              kind=ShapeMismatchError)
     if isinstance(q_sqrt, gpflow.Parameter) and is_lower_triangular_transform(q_sqrt.transform):
         return
     try:

@@ -227,8 +227,7 @@ class StepGuard:
 
     def _raised(self) -> list[float] | None:
         """After :data:`RAISE_AFTER` healthy steps in a row below the cap: each γ raised to the suggestion of a search
-        from the current γ, capped at its first guarded value and below every γ that failed (a raise is a verdict that
-        γ trains, and one batch's k steps cannot outweigh a step that failed at it); None when none rises."""
+        from the current γ, capped at its first guarded value and below every γ that failed; None when none rises."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
         if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
