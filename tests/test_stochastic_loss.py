@@ -108,6 +108,7 @@ def test_custom_step__stochastic_loss_passes_gpflows_step_and_names_a_mistake():
     assert not wrong.check("custom_step").passed and "the mistake 'default_seed'" in wrong.check("custom_step").detail
 
 
+@pytest.mark.slow  # the docs' var_list example runs this form in the default suite
 def test_var_list_form__stochastic_loss_is_healthy():
     model, data = _softmax()
     report = nd.check_natgrad(lambda: model.training_loss(data), var_list=[(model.q_mu, model.q_sqrt)], gamma=1.0, progress=False)
