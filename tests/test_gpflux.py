@@ -18,7 +18,7 @@ from gpflow.keras import tf_keras
 from gpflow.optimizers import NaturalGradient
 
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag import NatGradMonitor, check_natgrad
+from natgrad_diag import InputError, NatGradMonitor, check_natgrad
 
 
 def _deep_gp(layers: int, num_data: int = 20, num_inducing: int = 4):
@@ -81,6 +81,23 @@ def test_gpflux__deep_gp_step_matches_natural_gradient(layers):
             for _ in range(4):
                 NaturalGradient(0.5).minimize(loss, pairs)
 
+
+def test_gpflux__check_natgrad_takes_a_deep_gp_itself():
+    # a researcher passes the DeepGP as they pass an SVGP: its GPLayers' pairs are checked with −ELBO as the loss,
+    # named as the model holds them; the oracle is GPflow's own NaturalGradient on the model afterwards
+    model, data = _deep_gp(1)
+    layer = model.f_layers[0]
+    model.elbo(data)  # Keras builds the layers' variables at the first call
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    report = check_natgrad(model, data, gamma=0.5, mode="fast", progress=False)
+    assert same_bits(before, [v.numpy() for v in model.trainable_variables])
+    assert report.passed and [(r.num_inducing, r.num_latent) for r in report.pairs] == [(4, 1)]
+    assert "pair 0 (model.f_layers[0].q_mu, model.f_layers[0].q_sqrt): PASS" in str(report)
+    NaturalGradient(0.5).minimize(lambda: -model.elbo(data), [(layer.q_mu, layer.q_sqrt)])
+    np.testing.assert_allclose(report.pairs[0].new_q_mu, layer.q_mu.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(report.pairs[0].new_q_sqrt, layer.q_sqrt.numpy(), rtol=0, atol=1e-10)
+    with pytest.raises(InputError, match=r"DeepGP's ELBO needs the data(.|\n)*Argument: data(.|\n)*Got:      None"):
+        check_natgrad(model)
 
 def test_gpflux__guard_rolls_back_a_deep_gp_layer():
     model, data = _deep_gp(1)

@@ -137,7 +137,8 @@ def check_natgrad(
     M·L = :data:`AUTO_CONJUGATE_MAX_ML`).
 
     Args:
-        model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M].
+        model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M]; or a
+            GPflux DeepGP, checked in the var_list form on its GPLayers' pairs with −ELBO on ``data`` as the loss.
         data: (X [N, D], Y [N, P]) for SVGP (the full batch for the conjugate checks); None for VGP.
         gamma, xi_transform: the step length γ > 0 to check; a ``gpflow.optimizers.XiTransform`` (None: ``XiNat()``).
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".
@@ -184,10 +185,17 @@ def check_natgrad(
         require_bool(fisher, "fisher")
     if optimizer is not None:
         optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
+    named = None  # a GPflux DeepGP: the var_list form on its GPLayers' pairs, named as the model holds them
+    if var_list is None and not hasattr(model, "q_mu") and getattr(model, "f_layers", None):
+        if data is None:
+            raise input_error("a GPflux DeepGP's ELBO needs the data.", "data", "(X [N, D], Y [N, P])", "None",
+                              "pass the training data: check_natgrad(deep_gp, (X, Y)).")
+        named, deep_gp = variational_pairs(model), model
+        var_list, model = [(p[1], p[3]) for p in named], lambda batch: -deep_gp.elbo(batch)
     with _ONE_CHECK_AT_A_TIME:
         if var_list is not None:  # any loss and any (q_mu, q_sqrt) pairs: natgrad_diag.checks.pairs
             return check_pairs(model, var_list, data=data, gamma=gamma, xi_transform=xi_transform, mode=mode, rtol=rtol, atol=atol, gamma_steps=k,
-                               gamma_search=require_bool(gamma_search, "gamma_search"), optimizer=optimizer)
+                               gamma_search=require_bool(gamma_search, "gamma_search"), optimizer=optimizer, named=named)
         overrides = dict(rtol=rtol, atol=atol, fisher_rtol=fisher_rtol, conjugate_rtol=conjugate_rtol)
         with _checking(model, data, gamma, xi_transform, overrides) as ctx:
             resolved = resolve_mode(mode, [(ctx.M, ctx.L)])

@@ -206,7 +206,7 @@ def _scalar_loss(value: Any) -> Any:
 def check_pairs(
     loss_fn: Any, var_list: Any, *, data: Any = None, gamma: float = 1.0, xi_transform: Any = None,
     mode: str = "auto", rtol: float | None = None, atol: float | None = None, gamma_steps: int = 5, gamma_search: bool = True,
-    optimizer: Any = None,
+    optimizer: Any = None, named: list[Pair] | None = None,
 ) -> NatGradReport:  # fmt: skip
     """The checks of :mod:`natgrad_diag.checks.pairs` on every (q_mu [M, L], q_sqrt [L, M, M]) pair.
 
@@ -216,6 +216,7 @@ def check_pairs(
         mode: the report's mode ("auto": full when M·L ≤ 50 for every pair); every pair is checked eagerly.
         gamma, xi_transform, rtol, atol, gamma_steps, gamma_search: as :func:`natgrad_diag.check_natgrad` takes them.
         optimizer: the user's optimizer (already wrapped), stepped on each pair alone for ``custom_step``; or None.
+        named: var_list's pairs as :func:`variational_pairs` names them for a model (a GPflux DeepGP's layers).
 
     Returns:
         A :class:`NatGradReport` whose ``pairs`` are the pairs' reports; the parameters are bit-identical afterwards.
@@ -236,7 +237,7 @@ def check_pairs(
             "[(q_mu, q_sqrt), ...] with at least one pair", "[]",
             "pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
         )
-    pairs = variational_pairs(var_list=var_list)
+    pairs = named or variational_pairs(var_list=var_list)
     refuse_swapped(pairs)
     default_xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     xis = [resolve_xi_transform(item[2]) if len(item) > 2 else default_xi for item in var_list]

@@ -178,7 +178,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def _report(self, data: Any, gamma: float, search: bool) -> Any:
         kw: dict[str, Any] = {} if self.gamma_steps is None else {"gamma_steps": self.gamma_steps}
         kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
-        if self.var_list is None and self.loss_fn is None and hasattr(self.model, "q_mu"):
+        if self.var_list is None and self.loss_fn is None:  # an SVGP, a VGP or a GPflux DeepGP
             return check_natgrad(self.model, data, **kw)
         pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self._pairs]
         return check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, **kw)
