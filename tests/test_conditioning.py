@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from natgrad_diag.step.closed_form import natgrad_step_closed_form
@@ -77,3 +77,61 @@ def test_step_condition__bounds_gpflows_error_on_the_767_state_and_kappa_S_alone
     without_eta = cond.kappa_S * cond.kappa_S_new * cond.cancellation
     assert err_gp > rounding_bound("float64", condition=without_eta, scale=scale)  # the old model was too small
     assert err_ours < 1e-3 * err_gp  # the closed form does not take that route
+
+
+
+def _fisher_vech(q_mu, q_sqrt):
+    """F = ∂η'/∂θ by TensorFlow's Jacobian of GPflow's natural_to_expectation, θ = (θ₁, vech θ₂) and η' = (η₁,
+    dual-vech η₂) (diagonal, twice the strict lower triangle), the coordinates of the explicit Fisher check; one
+    block [n, n] per latent GP (F is block-diagonal)."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_expectation
+
+    M = q_sqrt.shape[1]
+    rows, cols = np.tril_indices(M)
+    idx, weights = np.stack([rows, cols], 1), np.where(rows == cols, 1.0, 2.0)
+    blocks = []
+    for mu, sq in zip(q_mu.T, q_sqrt):
+        nat1, nat2 = meanvarsqrt_to_natural(tf.constant(mu[:, None]), tf.constant(sq[None]))
+        theta = tf.concat([nat1[:, 0], tf.gather_nd(nat2[0], idx)], axis=0)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(theta)
+            low = tf.scatter_nd(idx, theta[M:], [M, M])
+            full = low + tf.transpose(low) - tf.linalg.diag(tf.linalg.diag_part(low))
+            eta1, eta2 = natural_to_expectation(theta[:M, None], full[None])
+            out = tf.concat([eta1[:, 0], tf.gather_nd(eta2[0], idx) * weights], axis=0)
+        blocks.append(tape.jacobian(out, theta, experimental_use_pfor=False).numpy())
+    return blocks
+
+
+@pytest.mark.slow  # 60 explicit Jacobians by TensorFlow (~1 s each)
+@settings(max_examples=60, deadline=None)
+@given(M=st.integers(1, 4), L=st.integers(1, 2), seed=st.integers(0, 2**31 - 1), mean_scale=st.floats(-2.0, 2.0),
+       diag_scale=st.floats(-3.0, 1.0), spread=st.floats(0.0, 2.0))
+def test_fisher_condition_estimate__bounds_the_condition_of_the_explicit_fisher_matrix(M, L, seed, mean_scale, diag_scale, spread):
+    # the oracle: TensorFlow's Jacobian of GPflow's natural_to_expectation, its condition over all L blocks together
+    from natgrad_diag.checks.bounds import fisher_condition_estimate
+
+    rng = np.random.default_rng(seed)
+    q_mu = 10.0**mean_scale * rng.normal(size=(M, L))
+    diag = 10.0 ** (diag_scale + spread * rng.uniform(-1.0, 1.0, size=(L, M)))
+    q_sqrt = np.tril(0.3 * rng.normal(size=(L, M, M)) * diag[:, None, :], -1) + np.stack([np.diag(d) for d in diag])
+    eigs = np.concatenate([np.linalg.eigvalsh((F + F.T) / 2) for F in _fisher_vech(q_mu, q_sqrt)])
+    # eigvalsh is backward stable (each eigenvalue to ~n·ε·λmax, n ≤ 14) and F carries the rounding of its own
+    # evaluation: the measured condition means something while λmin is well above 1e4·ε·λmax
+    assume(eigs.min() > 1e4 * np.finfo(float).eps * eigs.max())
+    measured = eigs.max() / eigs.min()  # F is symmetric positive definite: its 2-norm condition number
+    assert measured <= fisher_condition_estimate(q_mu, q_sqrt) * (1 + 1e-3)
+
+
+def test_fisher_condition_estimate__is_within_a_small_factor_on_a_concentrated_posterior():
+    # a q(u) that much data has concentrated (κ(S) = 1e3, ‖m‖ = 5, λmin(S) = 1e-4): the bound stays within 2 orders
+    # of the explicit Fisher matrix's condition (the earlier estimate hi²/lo³ was about κ(S) looser, 1e6 here)
+    from natgrad_diag.checks.bounds import fisher_condition_estimate
+
+    q_mu = np.full((3, 1), 5.0 / np.sqrt(3.0))
+    q_sqrt = np.diag(np.sqrt([1e-4, 1e-2, 1e-1]))[None]
+    (F,) = _fisher_vech(q_mu, q_sqrt)
+    eigs = np.linalg.eigvalsh((F + F.T) / 2)
+    measured, bound = eigs.max() / eigs.min(), fisher_condition_estimate(q_mu, q_sqrt)
+    assert measured <= bound <= 100 * measured
