@@ -398,3 +398,19 @@ def test_guard_verify__catches_a_wrong_optimizer_in_a_training_loop(wrong):
         assert any("natural-gradient step at training step 0 failed" in str(w.message) for w in caught)
     with pytest.raises(InputError, match="verify must be True or False"):
         monitor.guard(0, opt, verify="yes")
+
+
+def test_custom_step__the_xi_a_training_loop_passes_in_var_list_is_the_one_checked():
+    # GPflow's NaturalGradient(γ) with XiSqrtMeanVar passed in var_list, as a training loop does: xi_transform names
+    # that ξ and wins over the optimizer's own XiNat (it was silently replaced by it). The oracle: GPflow's own step
+    # with the same triple on a copy of the model.
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=30, seed=2)
+    opt, xi = gpflow.optimizers.NaturalGradient(0.3), XiSqrtMeanVar()
+    r = nd.check_natgrad(model, data, optimizer=opt, xi_transform=xi, gamma_search=False, gamma_steps=1, progress=False)
+    assert r.xi_transform == "XiSqrtMeanVar" and r.check("custom_step").status == "pass" and r.passed
+    copy = gpflow.utilities.deepcopy(model)
+    gpflow.optimizers.NaturalGradient(0.3).minimize(copy.training_loss_closure(data), [(copy.q_mu, copy.q_sqrt, XiSqrtMeanVar())])
+    np.testing.assert_allclose(r.new_q_mu, copy.q_mu.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(r.new_q_sqrt, copy.q_sqrt.numpy(), rtol=0, atol=1e-10)

@@ -506,3 +506,19 @@ def test_guard__minibatch_training_at_a_fragile_gamma_does_not_fail_again_and_ag
     first = records.index(failed[0])
     assert all(r.gamma_before < failed[0].gamma_before for r in records[first + 1:])
     assert float(model.elbo((X, Y))) > elbo_before + 100  # it trains: the full-data ELBO, GPflow's own
+
+
+def test_guard__verify_judges_the_xi_the_loop_passes_in_var_list():
+    # the loop passes XiSqrtMeanVar in var_list and tells the monitor: GPflow's own step is not a 'wrong_xi' mistake
+    # (it was, and with rollback the guard undid healthy steps and lowered γ); a step with XiNat still is one
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    model, data = _natgrad_only(make_model("svgp", "bernoulli", num_inducing=6, num_data=30, seed=2))
+    data = tuple(tf.constant(a) for a in data)
+    monitor = NatGradMonitor(model, data, gamma=0.3, xi_transform=XiSqrtMeanVar(), on_failure="raise")
+    natgrad, loss = NaturalGradient(0.3), model.training_loss_closure(data)
+    with monitor.guard(0, natgrad, verify=True):
+        natgrad.minimize(loss, [(model.q_mu, model.q_sqrt, XiSqrtMeanVar())])
+    assert monitor.guard_records[-1].passed
+    with pytest.raises(NatGradCheckError, match="wrong_xi"), monitor.guard(1, natgrad, verify=True):
+        natgrad.minimize(loss, [(model.q_mu, model.q_sqrt, XiNat())])

@@ -154,9 +154,10 @@ def check_natgrad(
         optimizer: your own natural-gradient optimizer (anything with ``minimize(loss_fn, var_list)``), or an update
             function with GPflow's ``(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)`` that assigns or returns
             (dL_deta1, dL_deta2): the ``custom_step`` check runs it once on a scratch copy and compares its step with
-            GPflow's at its γ and ξ (``optimizer.gamma``, ``optimizer.xi_transform``, which replace ``gamma`` and
-            ``xi_transform``), naming the mistake it matches (:mod:`natgrad_diag.checks.custom_step`). It is
-            bit-identical afterwards.
+            GPflow's at its γ (``optimizer.gamma`` replaces ``gamma``) and ξ (``xi_transform`` when given, passed
+            as ``minimize(loss, [(q_mu, q_sqrt, xi_transform)])`` as a training loop does; else
+            ``optimizer.xi_transform``), naming the mistake it matches (:mod:`natgrad_diag.checks.custom_step`). It
+            is bit-identical afterwards.
 
     Returns:
         A frozen :class:`NatGradReport`; ``report.passed`` is the verdict. Failed checks never raise. Calls from

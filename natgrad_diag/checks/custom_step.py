@@ -61,17 +61,19 @@ MISTAKES: dict[str, tuple[str, str]] = {
         "the gradients of the unconstrained variables used as dL/dmean, dL/dvarsqrt (no _to_constrained)",
         "map them first: dL_dmean = transform.forward(q_mu_grad), as GPflow's _to_constrained does.",
     ),
-    "wrong_xi": ("the other ξ's step (XiNat's maths with XiSqrtMeanVar, or the reverse)", "use xi_transform in both the forward map and the update."),
+    "wrong_xi": ("the other ξ's step (XiNat's maths with XiSqrtMeanVar, or the reverse)", "use xi_transform in both the "
+                 "forward map and the update; if your minimize call passes ξ in var_list, give the check (or the monitor) that ξ as xi_transform."),
     "transposed": ("q_sqrt assigned transposed (a triangular() parameter reads its entries in the lower triangle's order)", "assign the lower-triangular factor itself, not its transpose."),
 }
 
 
 def optimizer_settings(optimizer: Any, gamma: Any, xi_transform: Any) -> tuple[Any, Any]:
-    """(γ, ξ) of ``optimizer`` (its ``gamma``: float, tensor or tf.Variable; its ``xi_transform``), each falling back
-    to the given one where the optimizer has none."""
+    """(γ, ξ) of ``optimizer``: its ``gamma`` (float, tensor or tf.Variable), else ``gamma``; ``xi_transform`` when
+    given (the ξ a training loop passes in var_list, ``minimize(loss, [(q_mu, q_sqrt, xi)])``, which overrides the
+    optimizer's own as GPflow's NaturalGradient takes it), else the optimizer's ``xi_transform``."""
     g = getattr(optimizer, "gamma", None)
     g = gamma if g is None else float(g.numpy()) if hasattr(g, "numpy") else g
-    return g, getattr(optimizer, "xi_transform", None) or xi_transform
+    return g, xi_transform or getattr(optimizer, "xi_transform", None)
 
 
 def _function_arity(fn: Any) -> int:
@@ -204,15 +206,16 @@ class Applied:
     changed: tuple[str, ...] = ()
 
 
-def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any]) -> Applied:
-    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once, the optimizer preserved, and which of ``others`` (name ->
-    tf.Variable) it changed, read before the optimizer is put back. The caller restores every variable."""
+def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any], xi: Any) -> Applied:
+    """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once (``[(q_mu, q_sqrt, xi)]`` when the optimizer has another
+    ``xi_transform``), the optimizer preserved, and which of ``others`` (name -> tf.Variable) it changed, read before
+    the optimizer is put back. The caller restores every variable."""
     import tensorflow as tf
 
     before = {n: np.array(v.numpy(), copy=True) for n, v in others.items()}
     with preserved(optimizer):
         try:
-            optimizer.minimize(loss, [(q_mu, q_sqrt)])
+            optimizer.minimize(loss, [(q_mu, q_sqrt) if xi is getattr(optimizer, "xi_transform", xi) else (q_mu, q_sqrt, xi)])
         except NatGradDiagError:
             raise
         except Exception as e:
@@ -408,7 +411,7 @@ def stage(run: Run) -> Outcome:
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
         loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if stochastic else lambda: ev.ctx.loss(scratch)
         with restored(list(own.values())):
-            applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own})
+            applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own}, ev.ctx.xi)
         ev.sync()
     else:  # the var_list form: the pair itself (a PairEvaluator)
         pev: Any = ev
@@ -418,6 +421,6 @@ def stage(run: Run) -> Outcome:
         pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
         others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
         with restored([*others.values(), *pair]):
-            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if stochastic else pev.loss, q_mu, q_sqrt, others)
+            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if stochastic else pev.loss, q_mu, q_sqrt, others, ev.ctx.xi)
     before = (q_mu.numpy(), q_sqrt.numpy())
     return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))

@@ -184,7 +184,8 @@ class StepGuard:
         else the mistake :func:`~natgrad_diag.checks.pairs.verify_step` matches from the snapshot. When the block also
         moved other variables (an Adam step in it), the step is judged with them as they were before the block (the
         natural-gradient step first) and, when that fails, as the block left them (it last), where they end."""
-        m, pairs = self.monitor, [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self.pairs]
+        m = self.monitor  # the monitor's ξ, when given, is the one the training loop passes in var_list
+        pairs = [(q_mu, q_sqrt, *([m.xi_transform] if m.xi_transform is not None else [])) for _, q_mu, _, q_sqrt in self.pairs]
         moved = [(v, before, v.numpy()) for v, before in self.others if v.numpy().tobytes() != before.tobytes()]
 
         def judged(state: int) -> list[Any]:
