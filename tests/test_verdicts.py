@@ -228,6 +228,7 @@ def test_inconclusive__an_uninformative_bound_is_warn_not_pass_and_says_what_pre
 
 
 
+@pytest.mark.slow  # 7 s; test_conditioning's concentrated state checks the bound itself in the default run
 def test_conjugate__a_posterior_concentrated_by_data_gets_a_verdict_in_fast_mode():
     # after one γ = 1 step an SVGP (M = 60: auto runs fast mode) sits at SGPR's optimum, q(u) concentrated by 1000
     # points: λmin(S) ~ 1e-5, ‖m‖ ~ 20. The rigorous bound on κ(F) leaves the conjugate checks' rounding term below
