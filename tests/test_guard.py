@@ -522,3 +522,36 @@ def test_guard__verify_judges_the_xi_the_loop_passes_in_var_list():
     assert monitor.guard_records[-1].passed
     with pytest.raises(NatGradCheckError, match="wrong_xi"), monitor.guard(1, natgrad, verify=True):
         natgrad.minimize(loss, [(model.q_mu, model.q_sqrt, XiNat())])
+
+
+@pytest.mark.slow  # a γ search and GPflow's steps at two γ (6 s)
+def test_guard__a_monitor_without_xi_searches_with_the_optimizers():
+    # NaturalGradient(γ, xi_transform=XiSqrtMeanVar()) under a monitor given no ξ: the search after the failed first
+    # step measured XiNat's steps (which suggested 1, so γ only went one grid value down per rollback: 3 rollbacks). The
+    # oracle: GPflow's own optimizer on copies, at the γ the guard set and at the one XiNat's search left (0.3)
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    model, data = _natgrad_only(make_model("svgp", "gaussian"))
+    data = tuple(tf.constant(a) for a in data)
+    monitor = NatGradMonitor(model, data, gamma=0.5, on_failure="rollback")
+    opt = NaturalGradient(tf.Variable(0.5, dtype=tf.float64), xi_transform=XiSqrtMeanVar())
+    with monitor.guard(0, opt):
+        opt.minimize(model.training_loss_closure(data), [(model.q_mu, model.q_sqrt)])
+    gamma = float(opt.gamma.numpy())
+    assert monitor.rollbacks == 1 and monitor.xi_transform is opt.xi_transform and gamma < lower_gamma(0.5)
+
+    def losses(g):  # GPflow's five steps with ξ = XiSqrtMeanVar on a copy: the losses, None once one raises
+        copy = gpflow.utilities.deepcopy(model)
+        step, out = NaturalGradient(g, xi_transform=XiSqrtMeanVar()), [float(copy.training_loss(data))]
+        for _ in range(5):
+            try:
+                step.minimize(copy.training_loss_closure(data), [(copy.q_mu, copy.q_sqrt)])
+            except tf.errors.InvalidArgumentError:
+                return out + [None]
+            out.append(float(copy.training_loss(data)))
+        return out
+
+    held = losses(gamma)
+    assert all(b is not None and b < a for a, b in zip(held, held[1:]))  # every step at the guard's γ lowers the loss
+    broke = losses(lower_gamma(0.5))
+    assert None in broke or max(broke) > 1e3 * broke[0]  # XiNat's fallback γ blows up within five steps

@@ -140,6 +140,8 @@ class StepGuard:
         self.loss_before = last[1] if last is not None and last[0] is self.data and last[1] is not None else m.loss_value(self.data)
         self.gammas = [read_gamma(o) for o in self.optimizers]
         self.gamma_before = self.gammas[0]
+        if m.xi_transform is None:  # not given: the optimizer's, for the searches and checks (as γ follows its γ)
+            m.xi_transform = getattr(self.optimizer, "xi_transform", None)
         for opt, g in zip(self.optimizers, self.gammas):
             m._gamma_cap.setdefault(id(opt), g)
         return self
