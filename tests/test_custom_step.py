@@ -400,6 +400,7 @@ def test_guard_verify__catches_a_wrong_optimizer_in_a_training_loop(wrong):
         monitor.guard(0, opt, verify="yes")
 
 
+@pytest.mark.slow  # the default run's margin; CI's slow stage runs it
 def test_custom_step__the_xi_a_training_loop_passes_in_var_list_is_the_one_checked():
     # GPflow's NaturalGradient(γ) with XiSqrtMeanVar passed in var_list, as a training loop does: xi_transform names
     # that ξ and wins over the optimizer's own XiNat (it was silently replaced by it). The oracle: GPflow's own step

@@ -82,6 +82,7 @@ def test_gpflux__deep_gp_step_matches_natural_gradient(layers):
                 NaturalGradient(0.5).minimize(loss, pairs)
 
 
+@pytest.mark.slow  # the default run's margin; CI's slow stage runs it
 def test_gpflux__check_natgrad_takes_a_deep_gp_itself():
     # a researcher passes the DeepGP as they pass an SVGP: its GPLayers' pairs are checked with −ELBO as the loss,
     # named as the model holds them; the oracle is GPflow's own NaturalGradient on the model afterwards
