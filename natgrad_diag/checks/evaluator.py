@@ -26,7 +26,7 @@ from natgrad_diag._gpflow import natgrad_apply_gradients, read_once, to_constrai
 from natgrad_diag._validate import input_error
 from natgrad_diag.checks.bounds import Conditioning, Tolerances, finite
 from natgrad_diag.exceptions import SingularCovarianceError, StepFailedError, error_line
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, loss_rose
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form, natgrad_tensors_closed_form
 from natgrad_diag.step.lapack import natgrad_record_lapack
@@ -366,7 +366,7 @@ def _verdict(out: dict[str, Any], j: int, k: int, healthy: Healthy, losses: list
     loss = float(out["loss"])
     losses = [*losses, loss]
     if loss > before + rise[j > 1]:
-        return tuple(losses), at + f"the loss rose from {format_number(before)} to {format_number(loss)}", j
+        return tuple(losses), at + loss_rose(before, loss), j
     if j < k and not out["g_ok"]:
         return tuple(losses), f"step {j + 1} of {k}: the gradient of the loss before it is not finite", j + 1
     return tuple(losses), "", None

@@ -21,7 +21,7 @@ import numpy as np
 from natgrad_diag.checks.bounds import finite, maxabs
 from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, Trial
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
-from natgrad_diag.report.records import Check, format_number, status_of
+from natgrad_diag.report.records import Check, format_number, loss_rose, status_of
 from natgrad_diag.typing import Array
 
 __all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "sigmas", "spread", "stage"]
@@ -228,7 +228,7 @@ def stage(run: Run) -> Outcome:
         if after > step.loss + rounding(step.loss, ctx.np_dtype, sigmas(ev)[0]):
             noise(ev, step)  # is the rise the loss's noise?
         rose = after > step.loss + rounding(step.loss, ctx.np_dtype, sigmas(ev)[0])
-        why = f"the loss rose from {format_number(step.loss)} to {format_number(after)}" if rose else ""
+        why = loss_rose(step.loss, after) if rose else ""
         own = GammaTrial(ctx.gamma, not why, None if why else after, why or "lowers the loss", 1, (after,), 1 if why else None)
     else:
         own = _trial(ev, ctx.gamma, step, own=True)

@@ -26,7 +26,7 @@ from natgrad_diag.checks.evaluator import (
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError, error_line
-from natgrad_diag.report.records import Check, format_number
+from natgrad_diag.report.records import Check, format_number, loss_rose
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
@@ -287,7 +287,7 @@ def _joint_trial(loss: Callable[[], Any], var_list: list[Any], variables: list[A
                 return at + "the loss after it is not finite", losses
             rise = health.rounding(before, dtype)
             if after > before + rise and after > before + health.rounding(before, dtype, health.spread(lambda: finite_loss(loss), after, dtype)):
-                return f"{at}the loss rose from {format_number(before)} to {format_number(after)}", losses
+                return at + loss_rose(before, after), losses
             losses.append(before := after)
     return "", losses
 

@@ -33,6 +33,20 @@ def format_number(value: float | None, digits: int = 4) -> str:
     return f"{value:.{max(digits - 2, 1)}e}"
 
 
+def loss_rose(before: float, after: float) -> str:
+    """"the loss rose from ``before`` to ``after``", each with enough significant digits (at least 4) to show the
+    rise to two: 4 digits would print a rise of 0.02 on 820.93 as "from 820.9 to 821".
+
+    Example:
+        >>> loss_rose(820.9344, 820.9563), loss_rose(1.0, 2.5)
+        ('the loss rose from 820.9344 to 820.9563', 'the loss rose from 1 to 2.5')
+    """
+    rise, scale = abs(after - before), max(abs(before), abs(after))
+    digits = 4 if not rise or not math.isfinite(rise) else min(17, max(4, math.ceil(math.log10(scale / rise)) + 2))
+    shown = [format_number(v, digits + (not 1e-3 <= abs(v) < 1e5)) for v in (before, after)]  # scientific: 1 digit less
+    return f"the loss rose from {shown[0]} to {shown[1]}"
+
+
 TEXT_WIDTH = 80
 
 

@@ -13,7 +13,7 @@ from natgrad_diag._validate import input_error, require_bool, require_int
 from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.checks.pairs import verify_step
 from natgrad_diag.exceptions import NatGradCheckError, error_line
-from natgrad_diag.report.records import format_number
+from natgrad_diag.report.records import format_number, loss_rose
 from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.typing import Array
 
@@ -177,7 +177,7 @@ class StepGuard:
             allowed = self.monitor.loss_increase * max(abs(before), 1.0)
             if loss_after - before > allowed:
                 ratio = f" (×{format_number(loss_after / before)})" if before > 0 else ""
-                return (f"the loss rose from {format_number(before)} to {format_number(loss_after)}{ratio}, more than "
+                return (f"{loss_rose(before, loss_after)}{ratio}, more than "
                         f"loss_increase · max(|loss|, 1) = {format_number(allowed)}"), loss_after
         return "", loss_after
 
