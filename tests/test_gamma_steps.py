@@ -355,7 +355,7 @@ def _sklearn_svgp(name: str, likelihood):
 @pytest.mark.parametrize(
     ("name", "likelihood", "gamma"),
     [
-        pytest.param("breast_cancer", gpflow.likelihoods.Bernoulli, 5.0, id="bernoulli-gamma-5"),
+        pytest.param("breast_cancer", gpflow.likelihoods.Bernoulli, 5.0, id="bernoulli-gamma-5", marks=pytest.mark.slow),  # 6 s
         pytest.param("diabetes", gpflow.likelihoods.StudentT, 3.0, id="studentt-gamma-3", marks=pytest.mark.slow),
         pytest.param("diabetes", gpflow.likelihoods.Gaussian, 2.5, id="gaussian-gamma-2.5", marks=pytest.mark.slow),
     ],

@@ -343,8 +343,9 @@ def test_guard__minibatches_of_two_sizes_and_data_changed_in_place_give_gpflows_
         assert monitor.guard_records[-1].loss_after == pytest.approx(expected, rel=1e-12), step
 
 
-@pytest.mark.parametrize("wrong", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gpflow", "default_seed"])
-@pytest.mark.parametrize("natgrad_first", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["natgrad_then_adam", "adam_then_natgrad"])
+@pytest.mark.slow  # 6 s each; test_custom_step's test_guard_verify__catches_a_wrong_optimizer_* runs verify by default
+@pytest.mark.parametrize("wrong", [False, True], ids=["gpflow", "default_seed"])
+@pytest.mark.parametrize("natgrad_first", [True, False], ids=["natgrad_then_adam", "adam_then_natgrad"])
 def test_guard_verify__an_adam_step_in_the_block_is_accounted_for(natgrad_first, wrong):
     """docs/training.md's loop runs NaturalGradient and Adam in one compiled step inside the guard. verify=True judges
     the natural-gradient step with the hyperparameters it saw: GPflow's own optimizer passes every step, in either

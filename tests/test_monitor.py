@@ -72,6 +72,7 @@ def test_monitor__the_periodic_check_judges_the_loss_fn_the_guard_judges():
     assert abs(monitor.records[0].loss - float(model.training_loss(data).numpy())) > 1.0
 
 
+@pytest.mark.slow  # 6 s: three periodic checks inside GPflow's Monitor
 def test_monitor__inside_gpflow_monitor_group_with_a_data_callable():
     model, data = _setup("bernoulli")
     task = NatGradMonitor(model, lambda: data, gamma=0.3)

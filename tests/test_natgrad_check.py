@@ -309,6 +309,7 @@ def test_step_health__full_mode_suggests_the_measured_gamma_with_the_lowest_loss
     assert g == min(held, key=lambda gamma: (held[gamma], gamma))
 
 
+@pytest.mark.slow  # 6 s in full mode
 def test_step_health__meanvar_negative_diagonal_is_unhealthy():
     model, data = make_model("svgp", "gaussian", num_inducing=6, num_data=12)
     report = nc.check_natgrad(model, data, gamma=1.0, xi_transform=XiSqrtMeanVar(), mode="full")

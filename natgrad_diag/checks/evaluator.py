@@ -3,7 +3,7 @@
 Without changing the model, an evaluator computes the training loss and its gradients (GPflow's tape); natgrad-diag's
 step (equation [10], maths in :mod:`natgrad_diag.step`); GPflow's own update (through :mod:`natgrad_diag._gpflow`)
 and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the Fisher matrix) and
-(∂ξ/∂θ)·∇ηL by forward mode; the loss after k steps with one γ, hyperparameters held fixed. Each evaluator makes one
+(∂ξ/∂θ)·∇ηL by forward mode; ∇ηL at any θ; the loss after k steps with one γ, hyperparameters held fixed. Each evaluator makes one
 scratch copy of the model; the checks no other.
 """
 
@@ -35,7 +35,7 @@ from natgrad_diag.typing import Array
 
 __all__ = [
     "CompiledEvaluator", "Context", "Evaluator", "GpflowStep", "Healthy", "Point", "Rise", "Run", "Step", "Taken", "dtype_context", "evaluator",
-    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "raised", "resolve_mode", "step_from_gradients",
+    "finite_loss", "float_dtype", "gpflow_update", "gradients", "loss_and_grads", "nat_gradient_at", "raised", "resolve_mode", "step_from_gradients",
     "stepwise", "traced", "trial_steps", "Trial",
 ]  # fmt: skip
 
@@ -234,6 +234,23 @@ def gpflow_update(ctx: Context, g_mu: Any, g_sq: Any, q_mu: Any, q_sqrt: Any, lo
     return _gpflow_step(mu, sq, finite_loss(loss) if finite(mu, sq) else None)
 
 
+def nat_gradient_at(q_mu: Any, q_sqrt: Any, loss: Callable[[], Any], theta1: Any, theta2: Any) -> tuple[Any, ...]:
+    """∇ηL [M, L], [L, M, M] (GPflow's dL/deta, XiNat's natural gradient) and η at the natural parameters θ: q(u) =
+    natural_to_meanvarsqrt(θ) assigned to the parameters ``q_mu``, ``q_sqrt``, ``loss()``'s gradient mapped as GPflow's
+    step maps it (the vector-Jacobian product of expectation_to_meanvarsqrt)."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, natural_to_expectation, natural_to_meanvarsqrt
+
+    for param, value in zip((q_mu, q_sqrt), natural_to_meanvarsqrt(theta1, theta2)):
+        _assign(param, value)
+    _, (g_mu, g_sq) = gradients(loss, [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
+    eta = list(natural_to_expectation(theta1, theta2))
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(eta)
+        meanvarsqrt = list(expectation_to_meanvarsqrt(*eta))
+    return (*tape.gradient(meanvarsqrt, eta, output_gradients=list(_constrained(q_mu, q_sqrt, g_mu, g_sq))), *eta)
+
+
 def finite_loss(loss: Callable[[], Any]) -> float | None:
     """``float(loss())``, or None when it is not finite or cannot be evaluated."""
     import tensorflow as tf
@@ -422,6 +439,8 @@ class Evaluator:
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
         self.noise: float | None = None  # the loss's σ̂ (the larger of noise_at), once checks.health.noise measured it
         self.noise_at = (0.0, 0.0)  # σ̂ at the current q(u) and where the step lands
+        self.stability: Any = None  # checks.health.Stability, once the step_health stage estimated it
+        self.reached: dict[float, Point] = {}  # γ → the q(u) its healthy trial's k steps reached
 
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:
@@ -520,6 +539,22 @@ class Evaluator:
         j1, j2 = acc.jvp([x1, x2], unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return j1.numpy(), j2.numpy()
 
+    def nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Array, ...]:
+        """(∇η₁L, ∇η₂L, η₁, η₂) at the natural parameters θ on the scratch copy (:func:`nat_gradient_at`), its other
+        variables as they are (:meth:`sync` first)."""
+        return tuple(np.asarray(t) for t in self._nat_gradient_at(theta1, theta2))
+
+    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
+        return tuple(self._nat_gradient_compiled(theta1, theta2))
+
+    @functools.cached_property
+    def _nat_gradient_compiled(self) -> Callable[[Array, Array], Any]:
+        """:func:`nat_gradient_at` on the scratch copy, compiled in both modes: the stability estimate's 10-30
+        gradients feed a power iteration, not a check of their values, and cost 60 ms each eagerly at M = 8, 3 ms
+        compiled."""
+        s = self.scratch
+        return _compile.function(lambda theta1, theta2: nat_gradient_at(s.q_mu, s.q_sqrt, lambda: self.ctx.loss(s), theta1, theta2))
+
     def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
         """The scratch copy at the model's q(u), then after each of ``steps`` eager steps with ``gamma`` and ``xi``
         (``natgrad_trace``); raises StepFailedError or InvalidArgumentError when a step fails."""
@@ -542,7 +577,14 @@ class Evaluator:
         self.sync()
         dtype = self.ctx.model.q_mu.dtype
         args = (self.data, tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
-        return self._trial(args, k, healthy, before, rise, own)
+        return self.keep_reached(gamma, self._trial(args, k, healthy, before, rise, own), self.scratch.q_mu, self.scratch.q_sqrt)
+
+    def keep_reached(self, gamma: float, trial: Trial, q_mu: Any, q_sqrt: Any) -> Trial:
+        """``trial``; when all its steps held, the q(u) they reached (the parameters ``q_mu``, ``q_sqrt``) kept in
+        :attr:`reached`."""
+        if not trial[1]:
+            self.reached[gamma] = (q_mu.numpy(), q_sqrt.numpy())
+        return trial
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise, own: bool) -> Trial:
         return stepwise(self._trial_steps[own], args, k, healthy, before, rise)
@@ -632,8 +674,12 @@ class _Pieces:
             _compile.note_trace("gamma_steps_replay")
             return steps[own](data, g_mu, g_sq, gamma)
 
-        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single)
-        self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single = (_compile.function(f) for f in pieces)
+        def nat_grad(data: Any, theta1: Any, theta2: Any) -> tuple[Any, ...]:
+            return nat_gradient_at(scratch.q_mu, scratch.q_sqrt, lambda: loss(data), theta1, theta2)
+
+        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single, nat_grad)
+        (self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single,
+         self.nat_grad) = (_compile.function(f) for f in pieces)
 
 
 class CompiledEvaluator(Evaluator):
@@ -704,6 +750,9 @@ class CompiledEvaluator(Evaluator):
 
     def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
         return finite_loss(lambda: Evaluator._loss_at(self, q_mu, q_sqrt))
+
+    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
+        return tuple(self.pieces.nat_grad(self.data, theta1, theta2))
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise, own: bool) -> Trial:
         import tensorflow as tf

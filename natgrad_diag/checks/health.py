@@ -8,23 +8,47 @@ evaluation of it resolves (:func:`rounding`; for a stochastic loss, its measured
 The suggestion searches a log grid around γ, above and below it (:data:`GAMMA_GRID` and γ itself), by bracketing:
 from γ upwards while the loss after k steps keeps falling beyond a tie, else downwards; from a failing γ downwards
 to the first healthy γ and on while the loss keeps falling.
+
+**Stability.** GPflow's XiNat step is θ ← θ − γ·∇ηL(θ) (θ natural, η expectation parameters). Its Jacobian is
+I − γA with A = ∂(∇ηL)/∂θ = H·F, H = ∂²L/∂η² and F = ∂η/∂θ the Fisher matrix (positive definite). A's eigenvalues are
+those of the symmetric F^½·H·F^½, so real; near a fixed point a perturbation along the eigenvector of λ is multiplied by
+1 − γλ at every step, and the iteration cannot converge to it when γ·λmax > 2, however well the first k steps went:
+a perturbation of rounding size takes many steps to show (a trained MultiClass SVGP has λmax = 2.80, and GPflow's
+optimizer with γ = 1 lowered the loss for 23 steps and blew up at step 27). This is the condition 0 < γλ < 2 of
+gradient descent on a quadratic (J. Nocedal, S. Wright, Numerical Optimization, 2nd ed., 2006, ch. 3). A Gaussian
+likelihood gives A = I (E_q log p(y|f) is linear in η): one γ = 1 step to the optimum, and γ < 2. At a fixed point
+the linearised step of another ξ (XiSqrtMeanVar) is similar to I − γA, with the same eigenvalues.
+
+A is local: far from the optimum it changes as q(u) moves (a Student-t SVGP has λ = 37 at its prior and 1.27 at its
+optimum, and γ = 0.3 trains from the prior), so the verdict uses λ only where it is steady: estimated at the current
+q(u) and where the best trial's k steps lead, the two within :data:`STEADY`.
+
+λ is estimated by power iteration on A, each A·v and F·v by central differences of ∇ηL and η along v (two gradient
+evaluations), as the generalised Rayleigh quotient ρ(v) = ⟨Fv, Av⟩/⟨Fv, v⟩ = wᵀ(F^½HF^½)w/wᵀw (w = F^½v), which
+never exceeds λmax. So γ·(ρ − error) > 2 shows the instability (error: the differences' truncation, estimated from
+the step h against 2h); a γ below it may still be unstable, and the trials judge it as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from natgrad_diag.checks.bounds import finite, maxabs
-from natgrad_diag.checks.evaluator import Context, Evaluator, Run, Step, Trial
+from natgrad_diag.checks.evaluator import Context, Evaluator, Point, Run, Step, Trial
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, loss_rose, status_of
 from natgrad_diag.typing import Array
 
-__all__ = ["GAMMA_GRID", "NOISE_SAMPLES", "best_gamma", "health", "noise", "rounding", "search", "sigmas", "spread", "stage"]
+__all__ = [
+    "GAMMA_GRID", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "Stability", "best_gamma", "estimate_stability", "health",
+    "judge_stability", "noise", "rayleigh_bound", "rounding", "search", "sigmas", "spread", "stage",
+]  # fmt: skip
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
 GAMMA_GRID = (10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
@@ -160,6 +184,21 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
 
 
+def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> bool:
+    """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`), λ
+    estimated once per evaluator; True when one was failed."""
+    if ev.stability is None:
+        reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
+        if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
+            return False
+        best = min(reached, key=lambda t: t.loss or 0.0).gamma
+        ev.stability = estimate_stability(ev, ev.reached[best], max(t.gamma for t in reached))
+    judged = {g: judge_stability(t, ev.stability) for g, t in measured.items()}
+    changed = any(judged[g] is not t for g, t in measured.items())
+    measured.update(judged)
+    return changed
+
+
 def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
     """The suggested γ (:func:`best_gamma`) and every trial measured, by bracketing on :data:`GAMMA_GRID` and γ
     (module docstring); ``own`` is γ's trial; ``proven``: natgrad-diag's closed form takes the other γ's steps (cheaper;
@@ -188,6 +227,9 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
             walk(i0, -1, own)
     else:
         walk(i0, -1, None)
+    if _unstable(ev, measured):  # the stable γ are below the smallest unstable one
+        walk(grid.index(min(g for g, t in measured.items() if t.reason.startswith("unstable"))), -1, None)
+        _unstable(ev, measured)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
     return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1], keep=own.gamma), trials
 
@@ -233,7 +275,114 @@ def stage(run: Run) -> Outcome:
     else:
         own = _trial(ev, ctx.gamma, step, own=True)
     proven = any(c.name == "reproduction" and c.passed for c in run.earlier)
-    suggested, trials = search(ev, step, own, proven) if ctx.search else (own.gamma if own.healthy else None, (own,))
+    if ctx.search:
+        suggested, trials = search(ev, step, own, proven)
+        own = next(t for t in trials if t.gamma == ctx.gamma)
+    else:
+        _unstable(ev, alone := {ctx.gamma: own})
+        own = alone[ctx.gamma]
+        suggested, trials = own.gamma if own.healthy else None, (own,)
     check = _health_check(ctx, step, ev.noise_at, own, suggested, trials)
+    nums.update(ev.stability.numbers() if ev.stability is not None else {})
     result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)
+
+
+# --- stability -----------------------------------------------------------------------------------------------
+
+
+#: Power iterations at most; they stop earlier when ρ changes by less than 1% (a lower bound at any point).
+MAX_ITERATIONS = 30
+
+
+#: How far λ may change between the current q(u) and where the trials lead for the linearisation to decide.
+STEADY = 0.1
+
+
+@dataclass(frozen=True)
+class Stability:
+    """ρ ≤ λmax of ∂(∇ηL)/∂θ at the current q(u) (``start``) and where the best trial's steps led (``end``), each
+    with its finite-difference error; ``lam``, the one the verdict uses (the smaller), is None when they differ by
+    more than :data:`STEADY` (the curvature still changes: the trials are not near the optimum where the
+    linearisation decides) or one could not be estimated; ``why`` says why."""
+
+    lam: float | None
+    start: float | None = None
+    end: float | None = None
+    error: float = 0.0
+    why: str = ""
+
+    def numbers(self) -> dict[str, float]:
+        """The report's "Further numbers" rows."""
+        rows = {"λ ≤ λmax of ∂(∇ηL)/∂θ here": self.start, "λ ≤ λmax where the best γ's steps lead": self.end}
+        return {k: v for k, v in rows.items() if v is not None}
+
+
+def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability:
+    """λ where the best trial's steps led (``reached``) and, unless ``gamma`` (the largest γ that held) is stable by
+    it, at the model's q(u) (:func:`rayleigh_bound`, started from the first's vector), and the λ the verdict uses."""
+    end, e1, why, v = rayleigh_bound(ev, *reached)
+    if end is None or gamma * (end - e1) <= 2:  # no γ that held can fail: the second estimate is not needed
+        return Stability(None, None, end, why=why or f"γ = {gamma:g} and below are stable by λ here")
+    start, e0, why, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
+    if start is None:
+        return Stability(None, start, end, why=why)
+    if abs(start - end) > STEADY * max(abs(start), abs(end)):
+        return Stability(None, start, end, why=f"λ changes from {start:.4g} to {end:.4g} over the trial's steps")
+    return Stability(min(start, end), start, end, max(e0, e1))
+
+
+def rayleigh_bound(ev: Evaluator, q_mu: Array, q_sqrt: Array, *, start: list[Array] | None = None) -> tuple[float | None, float, str, list[Array]]:
+    """(ρ, its error, "", the last vector) at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), the scratch copy's other
+    variables the model's, power iteration from ``start`` or a seeded random vector (the same answer on every call),
+    until ρ changes by less than 1% or :data:`MAX_ITERATIONS`; (None, 0, why, []) for a loss whose gradient two
+    evaluations disagree on (a stochastic loss) or where a perturbed θ cannot be evaluated."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    theta = [np.asarray(t) for t in meanvarsqrt_to_natural(tf.constant(q_mu), tf.constant(q_sqrt))]
+    # θ₂ = −S⁻¹/2: a perturbation of norm h moves its eigenvalue nearest zero, −1/(2λmax(S)), by h at most
+    h = float(np.finfo(q_mu.dtype).eps) ** (1 / 3) / (2 * max(float(np.linalg.norm(q_sqrt, 2, axis=(-2, -1)).max()) ** 2, 1e-300))
+    ev.sync()
+    try:
+        first, again = ev.nat_gradient_at(*theta), ev.nat_gradient_at(*theta)
+        if not all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(first, again)):
+            return None, 0.0, "the gradient of the loss differs between two evaluations (a stochastic loss)", []
+        rng = np.random.default_rng(0)
+        v = start or [rng.standard_normal(t.shape) for t in theta]
+        rho = prev = np.nan
+        for k in range(1, MAX_ITERATIONS + 1):
+            v = [v[0], (v[1] + np.swapaxes(v[1], -1, -2)) / 2]
+            norm = np.sqrt(sum(float(np.sum(x**2)) for x in v))
+            v = [x / norm for x in v]
+            rho, av = _rayleigh(ev, theta, v, h)
+            if not np.isfinite(rho) or abs(rho - prev) <= 1e-2 * abs(rho) or k == MAX_ITERATIONS:
+                break
+            prev, v = rho, av
+        rho2, _ = _rayleigh(ev, theta, v, 2 * h)  # the same v
+    except Exception as e:  # noqa: BLE001 - a Cholesky of a perturbed θ or the user's loss failing: no estimate
+        return None, 0.0, f"a perturbed q(u) could not be evaluated ({type(e).__name__})", []
+    if not (np.isfinite(rho) and np.isfinite(rho2)):
+        return None, 0.0, "the finite differences were not finite", []
+    return rho, abs(rho2 - rho) / 3, "", v
+
+
+def _rayleigh(ev: Evaluator, theta: list[Array], v: list[Array], h: float) -> tuple[float, list[Array]]:
+    """ρ(v) = ⟨Fv, Av⟩/⟨Fv, v⟩ and A·v (its second block symmetrised), both by central differences with step h."""
+    plus = ev.nat_gradient_at(*(t + h * x for t, x in zip(theta, v)))
+    minus = ev.nat_gradient_at(*(t - h * x for t, x in zip(theta, v)))
+    d = [(p - m) / (2 * h) for p, m in zip(plus, minus)]  # A·v (two blocks), then F·v (two blocks)
+    av = [d[0], (d[1] + np.swapaxes(d[1], -1, -2)) / 2]
+    fv = d[2:]
+    return float(sum(np.sum(f * a) for f, a in zip(fv, av)) / sum(np.sum(f * x) for f, x in zip(fv, v))), av
+
+
+def judge_stability(trial: GammaTrial, stability: Stability) -> GammaTrial:
+    """``trial`` failed as unstable when its k steps held but γ·(ρ − error) > 2 (module docstring)."""
+    lam = stability.lam
+    if not trial.healthy or lam is None or trial.gamma * (lam - stability.error) <= 2:
+        return trial
+    reason = (f"unstable: the {trial.steps} step{'s' if trial.steps > 1 else ''} held, but near here the step "
+              f"multiplies a perturbation by 1 − γλ ≤ {1 - trial.gamma * lam:.3g} at every step (λ ≥ {lam:.4g} is the "
+              f"largest eigenvalue of ∂(∇ηL)/∂θ), so training with it diverges later; stable γ < 2/λ ≤ {2 / lam:.3g}")
+    return dataclasses.replace(trial, healthy=False, loss=None, reason=reason)

@@ -21,7 +21,7 @@ from natgrad_diag.checks.custom_step import restored
 from natgrad_diag.checks.bounds import finite, measure_conditioning, natgrad_tolerances, with_overrides
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, GpflowStep, Healthy, Rise, Run, Step, finite_loss, gpflow_update, gradients, raised, resolve_mode,
-    step_from_gradients, Trial, traced, trial_steps,
+    nat_gradient_at, step_from_gradients, Trial, traced, trial_steps,
 )  # fmt: skip
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
@@ -141,7 +141,14 @@ class PairEvaluator(Evaluator):
         dtype = self.q_mu.dtype
         with restored(self.variables):
             args = ((), tf.constant(g_mu, dtype), tf.constant(g_sq, dtype), tf.constant(gamma, dtype))
-            return self._trial(args, k, healthy, before, rise, own)
+            return self.keep_reached(gamma, self._trial(args, k, healthy, before, rise, own), self.q_mu, self.q_sqrt)
+
+    def sync(self) -> None:
+        """Nothing: the pair itself is used, restored after each computation."""
+
+    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
+        with restored(self.variables):
+            return nat_gradient_at(self.q_mu, self.q_sqrt, self.loss, theta1, theta2)
 
 
 _SKIPPED = (

@@ -1,0 +1,162 @@
+"""The step's stability: ρ, the lower bound of λmax(∂(∇ηL)/∂θ) that natgrad_diag.checks.stability estimates, and the
+verdict it gives a γ whose k steps held.
+
+Oracles: the Jacobian of GPflow's own NaturalGradient step map, by central differences over the natural parameters
+(its eigenvalues are 1 − γλ); the conjugate case, where ∇ηL = θ − θ* exactly so A = I and λ = 1; and GPflow's own
+optimizer run for 40 steps on copies of a trained MultiClass SVGP.
+"""
+
+from __future__ import annotations
+
+import gpflow
+import numpy as np
+import pytest
+import tensorflow as tf
+from _user_models import same_bits, variables_of
+from gpflow.optimizers import NaturalGradient, XiNat
+from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
+
+from natgrad_diag import check_natgrad
+from natgrad_diag.checks import health as stability
+from natgrad_diag.checks.bounds import natgrad_tolerances
+from natgrad_diag.checks.evaluator import Context, dtype_context, evaluator
+from natgrad_diag.demo import make_model
+
+
+def _rho(model, data, mode):
+    with dtype_context(np.float64):
+        M, L = model.q_mu.shape
+        ctx = Context(model=model, data=tuple(tf.constant(a) for a in data), xi=XiNat(), gamma=1.0,
+                      tol=natgrad_tolerances(np.float64), np_dtype=np.float64, M=M, L=L)  # fmt: skip
+        ev = evaluator(ctx, compiled=mode == "fast")
+        return stability.rayleigh_bound(ev, model.q_mu.numpy(), model.q_sqrt.numpy())
+
+
+def _gpflow_step_eigenvalues(model, data):
+    """λ = 1 − eig(J), J the Jacobian of GPflow's γ = 1 step map θ ↦ θ' over the natural parameters (one latent GP):
+    θ₁ [M] and θ₂'s lower triangle, a symmetric perturbation for each off-diagonal entry; central differences."""
+    copy = gpflow.utilities.deepcopy(model)
+    loss = copy.training_loss_closure(data, compile=False)
+    theta = [t.numpy() for t in meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))]
+    M = theta[0].shape[0]
+    coords = [(1, i, 0) for i in range(M)] + [(2, i, j) for i in range(M) for j in range(i + 1)]
+
+    def step(t1, t2):
+        mu, sq = natural_to_meanvarsqrt(tf.constant(t1), tf.constant(t2))
+        copy.q_mu.assign(mu)
+        copy.q_sqrt.assign(sq)
+        NaturalGradient(1.0).minimize(loss, [(copy.q_mu, copy.q_sqrt)])
+        n1, n2 = (t.numpy() for t in meanvarsqrt_to_natural(tf.convert_to_tensor(copy.q_mu), tf.convert_to_tensor(copy.q_sqrt)))
+        return np.array([n1[i, 0] if b == 1 else n2[0, i, j] for b, i, j in coords])
+
+    h, columns = 1e-5, []
+    for b, i, j in coords:
+        out = []
+        for sign in (1, -1):
+            t1, t2 = theta[0].copy(), theta[1].copy()
+            if b == 1:
+                t1[i, 0] += sign * h
+            else:
+                t2[0, i, j] += sign * h
+                t2[0, j, i] = t2[0, i, j]
+            out.append(step(t1, t2))
+        columns.append((out[0] - out[1]) / (2 * h))
+    lam = np.linalg.eigvals(np.eye(len(coords)) - np.array(columns).T)
+    assert np.abs(lam.imag).max() < 1e-6  # real: similar to the symmetric F^½HF^½
+    return np.sort(lam.real)
+
+
+@pytest.mark.parametrize("mode", ["full", pytest.param("fast", marks=pytest.mark.slow)])
+def test_rayleigh_bound__below_and_near_the_largest_eigenvalue_of_gpflows_step_jacobian(mode):
+    # Oracle: GPflow's own step map. Its Jacobian's eigenvalues 1 − λ by central differences (h = 1e-5: truncation
+    # ~h²·|T'''| and rounding ~ε/h, both below 1e-6 here). ρ is a Rayleigh quotient of F^½HF^½, so never above λmax
+    # (beyond its finite-difference error); with λmax = 9.6 well apart from the next eigenvalue (6.1) on this Poisson
+    # SVGP at its prior, the power iteration's 1% stopping rule leaves ρ within 2% of it.
+    model, data = make_model("svgp", "poisson", num_inducing=4, num_data=20, seed=3)
+    before = variables_of(model)
+    rho, error, why, _ = _rho(model, data, mode)
+    assert same_bits(before, variables_of(model)) and not why
+    lam = _gpflow_step_eigenvalues(model, data)
+    assert lam[-1] > 1.5 * lam[-2]  # the state the comment describes
+    assert 0.98 * lam[-1] <= rho <= lam[-1] + error + 1e-6, (rho, lam[-1])
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_rayleigh_bound__is_one_for_a_gaussian_likelihood(mode):
+    # Oracle: the conjugate case in closed form. With a Gaussian likelihood E_q log p(y|f) is linear in η, so
+    # ∇ηL = θ − θ* and A = ∂(∇ηL)/∂θ = I: every vector is an eigenvector with λ = 1 (one γ = 1 step to the optimum).
+    model, data = make_model("svgp", "gaussian", num_inducing=5, num_data=30, seed=1)
+    rho, error, why, _ = _rho(model, data, mode)
+    assert not why and abs(rho - 1.0) <= 1e-6 + error, rho
+
+
+def test_rayleigh_bound__not_estimated_for_a_stochastic_loss():
+    # GPflow's Softmax estimates its variational expectations by Monte Carlo: two evaluations of the gradient differ,
+    # so finite differences of it say nothing.
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (30, 1))
+    Y = rng.integers(0, 3, (30, 1))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Softmax(3), X[:6].copy(), num_latent_gps=3)
+    rho, _, why, _ = _rho(model, (X, Y), "full")
+    assert rho is None and "stochastic" in why
+
+
+def _trained_multiclass():
+    """A MultiClass (RobustMax) SVGP with 3 latent GPs sharing a kernel and inducing points, trained by GPflow's
+    NaturalGradient (10 steps at γ = 0.01, then 110 at 0.3) until the loss changes by about 1e-3 per step."""
+    rng = np.random.default_rng(0)
+    N, C = 300, 3
+    X = rng.uniform(-3, 3, (N, 2))
+    f = np.stack([np.sin(X[:, 0]), np.cos(X[:, 1]), X[:, 0] * X[:, 1] / 3], 1)
+    Y = np.argmax(f + 0.3 * rng.standard_normal(f.shape), 1)[:, None].astype(np.float64)
+    kernel = gpflow.kernels.SharedIndependent(gpflow.kernels.SquaredExponential(), output_dim=C)
+    Z = gpflow.inducing_variables.SharedIndependentInducingVariables(gpflow.inducing_variables.InducingPoints(X[:20].copy()))
+    model = gpflow.models.SVGP(kernel, gpflow.likelihoods.MultiClass(C), Z, num_latent_gps=C, num_data=N)
+    data = (tf.constant(X), tf.constant(Y))
+    gamma = tf.Variable(0.01, dtype=tf.float64)
+    optimizer, loss = NaturalGradient(gamma), model.training_loss_closure(data)
+
+    @tf.function
+    def step():
+        optimizer.minimize(loss, [(model.q_mu, model.q_sqrt)])
+
+    for i in range(120):
+        gamma.assign(0.01 if i < 10 else 0.3)
+        step()
+    return model, data
+
+
+def _gpflow_losses(model, data, gamma, steps=40):
+    """The loss after each of ``steps`` steps of GPflow's optimizer with ``gamma`` on a copy; NaN from a failed one."""
+    copy = gpflow.utilities.deepcopy(model)
+    loss, optimizer = copy.training_loss_closure(data), NaturalGradient(gamma)
+    losses = [float(loss())]
+    for _ in range(steps):
+        try:
+            optimizer.minimize(loss, [(copy.q_mu, copy.q_sqrt)])
+        except tf.errors.InvalidArgumentError:
+            return losses + [np.nan]
+        losses.append(float(loss()))
+    return losses
+
+
+@pytest.mark.slow  # trains a MultiClass SVGP (6 s) and runs GPflow's optimizer for 80 steps
+def test_trained_multiclass__gamma_1_is_unstable_and_the_suggestion_trains_over_40_steps():
+    """γ = 1's five steps lower the loss, so the look-ahead alone passed it and suggested γ = 3; GPflow's optimizer
+    with γ = 1 blows up after about 25 steps (γ = 3 after 7). The check now fails γ = 1 as unstable and suggests a γ
+    that GPflow's optimizer trains with for 40 steps, never raising the loss."""
+    model, data = _trained_multiclass()
+    before = variables_of(model)
+    report = check_natgrad(model, data, gamma=1.0, progress=False)
+    assert same_bits(before, variables_of(model))
+    health = report.check("step_health")
+    assert health.status == "fail" and "gamma = 1 fails: unstable: the 5 steps held" in health.detail
+    lam = dict(report.numbers)["λ ≤ λmax where the best γ's steps lead"]
+    assert 2.0 < lam and report.suggested_gamma < 2 / lam
+
+    ones = _gpflow_losses(model, data, 1.0)
+    assert ones[5] < ones[0]  # the five steps the look-ahead saw did hold
+    assert np.isnan(ones[-1]) or max(ones) > ones[0] + 1.0  # ... and training with γ = 1 diverges
+    kept = _gpflow_losses(model, data, report.suggested_gamma)
+    rounding = 1e-8 * abs(kept[0])
+    assert all(b <= a + rounding for a, b in zip(kept, kept[1:])) and kept[-1] < kept[0]
