@@ -15,6 +15,7 @@ from gpflow.optimizers import NaturalGradient
 from natgrad_diag import NatGradMonitor, check_natgrad
 from natgrad_diag.demo import make_model
 from natgrad_diag.exceptions import InputError, NatGradCheckError, ShapeMismatchError, UnsupportedModelError
+from natgrad_diag.report.timeline import timeline_of
 from natgrad_diag.training.guard import lower_gamma
 from natgrad_diag.training.records import GuardRecord
 
@@ -557,3 +558,52 @@ def test_guard__a_monitor_without_xi_searches_with_the_optimizers():
     assert all(b is not None and b < a for a, b in zip(held, held[1:]))  # every step at the guard's γ lowers the loss
     broke = losses(lower_gamma(0.5))
     assert None in broke or max(broke) > 1e3 * broke[0]  # XiNat's fallback γ blows up within five steps
+
+
+@pytest.mark.parametrize("on_failure", ["rollback", "warn"])
+def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_rollback_mode(on_failure):
+    """A Student-t SVGP at γ = 1: the first step lowers the loss (121.7 → 86.4) and passes the guard; the periodic
+    check after it finds γ = 1's next step fails and suggests a γ. With rollback the monitor sets the optimizer's γ to it
+    at once, so the failing step is never taken (before, step 1 failed and was rolled back); "warn" leaves γ alone.
+    Oracle: GPflow's optimizer on copies of the model after step 0, at γ = 1 and at the γ set."""
+    model, data = make_model("svgp", "studentt", num_inducing=8, num_data=30, seed=1)
+    data = tuple(tf.constant(d) for d in data)
+    gpflow.set_trainable(model.q_mu, False)
+    gpflow.set_trainable(model.q_sqrt, False)
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    loss = model.training_loss_closure(data, compile=False)
+    monitor = NatGradMonitor(model, data, gamma=1.0, on_failure=on_failure, every=1)
+    with monitor.guard(0, natgrad):
+        natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
+    after_step_0 = gpflow.utilities.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "warn" mode's warning for the failed check
+        monitor(0)
+    record = monitor.records[0]
+    assert not record.step_healthy and record.suggested_gamma is not None and record.suggested_gamma < 1.0
+    if on_failure == "warn":
+        assert record.gamma_set is None and float(natgrad.gamma.numpy()) == monitor.gamma == 1.0
+        return
+    assert record.gamma_set == float(natgrad.gamma.numpy()) == monitor.gamma == record.suggested_gamma
+    assert f"gamma set to {record.gamma_set:g}" in str(record)
+    assert (0, "check failed", f"set to {record.gamma_set:g}") in [e[:3] for e in timeline_of(monitor).events()]
+    for i in range(1, 4):
+        with monitor.guard(i, natgrad):
+            natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
+    assert monitor.rollbacks == 0 and all(r.status == "ok" for r in monitor.guard_records)
+
+    def gpflow_losses(gamma, steps):
+        copy = gpflow.utilities.deepcopy(after_step_0)
+        closure = copy.training_loss_closure(data, compile=False)
+        losses = [float(closure())]
+        for _ in range(steps):
+            try:
+                NaturalGradient(gamma).minimize(closure, [(copy.q_mu, copy.q_sqrt)])
+            except tf.errors.InvalidArgumentError:
+                return losses + [np.nan]
+            losses.append(float(closure()))
+        return losses
+
+    assert np.isnan(gpflow_losses(1.0, 1)[-1])  # the step the monitor kept the loop from taking
+    kept = gpflow_losses(record.gamma_set, 5)
+    assert all(b < a for a, b in zip(kept, kept[1:]))

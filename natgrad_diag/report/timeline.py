@@ -77,8 +77,9 @@ class TrainingTimeline(Report):
 
     def events(self) -> list[tuple[int, str, str, str, str]]:
         """(step, what, gamma, loss, why) for each failed check, failed guarded step and rollback, by step."""
-        out = [(r.step, "check failed", "-" if r.suggested_gamma is None else f"suggested {r.suggested_gamma:g}",
-                _losses(r.loss, r.loss_after), r.detail) for r in self.records if not r.passed]  # fmt: skip
+        out = [(r.step, "check failed", f"set to {r.gamma_set:g}" if r.gamma_set is not None else "-" if r.suggested_gamma
+                is None else f"suggested {r.suggested_gamma:g}", _losses(r.loss, r.loss_after), r.detail)
+               for r in self.records if not r.passed]  # fmt: skip
         out += [(r.step, "rolled back" if r.rolled_back else "guard failed",
                  f"{r.gamma_before:g} → {r.gamma_after:g}" if r.gamma_after != r.gamma_before else f"{r.gamma_before:g}",
                  _losses(r.loss_before, r.loss_after), r.cause) for r in self.guard_records if r.status != "ok" or r.rolled_back]  # fmt: skip

@@ -17,7 +17,10 @@ from natgrad_diag.report.records import format_number, loss_rose
 from natgrad_diag.training.records import GuardRecord
 from natgrad_diag.typing import Array
 
-__all__ = ["ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_gamma", "qu_problem", "qu_valid", "read_gamma", "require_step", "set_gamma"]
+__all__ = [
+    "ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_after_check", "lower_gamma", "qu_problem", "qu_valid", "read_gamma",
+    "require_step", "set_gamma",
+]  # fmt: skip
 
 ON_FAILURE = ("warn", "raise", "rollback")
 
@@ -74,6 +77,30 @@ def set_gamma(optimizer: Any, gamma: float) -> bool:
         return False
     optimizer.gamma = gamma
     return True
+
+
+def _set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
+    """Each optimizer's γ set to its new value where it changed (a warning where compiled code keeps the old one)."""
+    for opt, before, after in zip(optimizers, old, new):
+        if after != before and set_gamma(opt, after):
+            warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
+
+
+def lower_after_check(monitor: Any, suggested: float) -> float | None:
+    """After a periodic check whose ``step_health`` failed, with ``on_failure="rollback"``: the γ of each optimizer the
+    monitor last guarded that is above ``suggested`` (the check's search measured it to train) set to it and capped
+    below the γ that failed, as after a failed step (the check took no step: nothing is rolled back). The γ set;
+    None when no optimizer was guarded yet or none was above it."""
+    optimizers = monitor._optimizers
+    old = [read_gamma(o) for o in optimizers]
+    if not any(g > suggested for g in old):
+        return None
+    for opt, g in zip(optimizers, old):
+        monitor._gamma_cap[id(opt)] = min(monitor._gamma_cap.get(id(opt), g), lower_gamma(g))
+    _set_gammas(optimizers, old, [min(g, suggested) for g in old])
+    monitor._healthy_run = 0
+    monitor.gamma = gamma = read_gamma(optimizers[0])
+    return gamma
 
 
 def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
@@ -144,6 +171,7 @@ class StepGuard:
             m.xi_transform = getattr(self.optimizer, "xi_transform", None)
         for opt, g in zip(self.optimizers, self.gammas):
             m._gamma_cap.setdefault(id(opt), g)
+        m._optimizers = self.optimizers  # the periodic check lowers their γ (lower_after_check)
         return self
 
     def _moved_since_last_exit(self) -> tuple[str, ...]:
@@ -260,9 +288,7 @@ class StepGuard:
             gammas, loss_after = self._searched()
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
-        for opt, old, new in zip(self.optimizers, self.gammas, gammas or ()):
-            if new != old and set_gamma(opt, new):
-                warnings.warn(_RETRACE.format(new=new, old=old), UserWarning, stacklevel=2)
+        _set_gammas(self.optimizers, self.gammas, gammas or ())
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
                              gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -14,7 +15,7 @@ from natgrad_diag import _compile
 from natgrad_diag._validate import input_error, require_bool, require_int, require_positive_float, validate_data, validate_model
 from natgrad_diag.checks.api import check_natgrad, validate_gamma_steps
 from natgrad_diag.exceptions import NatGradCheckError, error_line
-from natgrad_diag.training.guard import ON_FAILURE, StepGuard, qu_valid, require_step
+from natgrad_diag.training.guard import ON_FAILURE, StepGuard, lower_after_check, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
 from natgrad_diag.checks.pairs import refuse_swapped, trainable_note, variational_pairs
@@ -98,6 +99,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self._measure: Any = None  # the compiled validity and loss, built at first use
         self._last_loss: tuple[Any, float | None] | None = None  # (batch, loss) the last guarded step left
         self._gamma_cap: dict[int, float] = {}  # id(optimizer) -> its first guarded γ, lowered below each that failed
+        self._optimizers: list[Any] = []  # the optimizers the last guard guarded
         self._healthy_run = 0  # healthy guarded steps since γ last changed
         self._checks = 0  # periodic checks run so far
         self._suggestion: float | None = None
@@ -198,7 +200,10 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         step = int(self.current_step)
         if step % self.every:
             return
-        self.records.append(last := self.check(step))
+        last = self.check(step)
+        if self.on_failure == "rollback" and not last.step_healthy and last.suggested_gamma is not None:
+            last = dataclasses.replace(last, gamma_set=lower_after_check(self, last.suggested_gamma))
+        self.records.append(last)
         if self.log is not None:
             self.log.record(step, last)
         if self.raise_on_failure and not last.passed:

@@ -19,6 +19,8 @@ class NatGradRecord:
         suggested_gamma: the last γ search's suggestion (the monitor searches at its first check, every
             ``SEARCH_EVERY``-th, after a failed record, and a guard after a failed step); None when it had none.
         passed, detail: every check of the fast report held; the failed checks' details ("" when all passed).
+        gamma_set: with ``on_failure="rollback"``, the γ the monitor set on the guarded optimizer because
+            ``step_health`` failed (None: unchanged).
     """
 
     step: int
@@ -30,11 +32,13 @@ class NatGradRecord:
     suggested_gamma: float | None
     passed: bool
     detail: str = ""
+    gamma_set: float | None = None
 
     def __str__(self) -> str:
         err = "-" if self.reproduction_error is None else f"{self.reproduction_error:.2e}"
         return (f"step {self.step}: {'ok' if self.passed else 'FAILED'}; loss {self.loss!r} → {self.loss_after!r}; "
-                f"healthy={self.step_healthy}; reproduction error {err}" + (f"; {self.detail}" if self.detail else ""))
+                f"healthy={self.step_healthy}; reproduction error {err}" + (f"; {self.detail}" if self.detail else "")
+                + (f"; gamma set to {self.gamma_set:g}" if self.gamma_set is not None else ""))
 
 
 @dataclass(frozen=True)
