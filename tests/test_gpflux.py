@@ -54,7 +54,8 @@ def _seeded_loss(model, data):
     return loss
 
 
-@pytest.mark.parametrize("layers", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["one-layer", "two-layer"])
+@pytest.mark.slow  # 6 s; the guard and the Keras callback test GPflux in the default run
+@pytest.mark.parametrize("layers", [1, 2], ids=["one-layer", "two-layer"])
 def test_gpflux__deep_gp_step_matches_natural_gradient(layers):
     model, data = _deep_gp(layers)
     loss = _seeded_loss(model, data)

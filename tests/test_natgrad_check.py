@@ -121,9 +121,10 @@ def _loss_at_eta(model, data, eta1: np.ndarray, eta2: np.ndarray) -> float:
 
 @pytest.mark.parametrize(
     "name,likelihood,L,mode",
-    [("svgp", "gaussian", 1, "fast"), ("svgp", "bernoulli", 2, "full"),
+    [("svgp", "bernoulli", 2, "full"),
      *(pytest.param(*case, marks=pytest.mark.slow)
-       for case in [("svgp", "gaussian", 1, "full"), ("svgp", "bernoulli", 2, "fast"), ("vgp", "bernoulli", 1, "full"), ("vgp", "bernoulli", 1, "fast")])],
+       for case in [("svgp", "gaussian", 1, "fast"), ("svgp", "gaussian", 1, "full"), ("svgp", "bernoulli", 2, "fast"), ("vgp", "bernoulli", 1, "full"),
+                    ("vgp", "bernoulli", 1, "fast")])],
 )
 def test_fisher_identity__dL_deta_matches_finite_differences_in_eta(name, likelihood, L, mode):
     model, data = make_model(name, likelihood, **_size(name, 4), num_latent=L, num_data=6, seed=3)

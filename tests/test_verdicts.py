@@ -332,6 +332,7 @@ def test_auto_mode__n100_vgp_runs_the_conjugate_checks_in_seconds():
     assert elapsed < 60.0  # seconds, not the minutes of full mode (loaded machine: generous)
 
 
+@pytest.mark.slow  # 5 s; test_causes__minibatch_says_the_optimum_is_the_batchs keeps a minibatch check in the default run
 def test_minibatch__checked_against_the_batch_scaled_objective_with_gpflows_step():
     rng = np.random.RandomState(2)
     X = rng.rand(40, 1)
