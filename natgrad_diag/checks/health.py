@@ -16,8 +16,8 @@ those of the symmetric F^½·H·F^½, so real; near a fixed point a perturbation
 a perturbation of rounding size takes many steps to show (a trained MultiClass SVGP has λmax = 2.80, and GPflow's
 optimizer with γ = 1 lowered the loss for 23 steps and blew up at step 27). This is the condition 0 < γλ < 2 of
 gradient descent on a quadratic (J. Nocedal, S. Wright, Numerical Optimization, 2nd ed., 2006, ch. 3). A Gaussian
-likelihood gives A = I (E_q log p(y|f) is linear in η): one γ = 1 step to the optimum, and γ < 2. At a fixed point
-the linearised step of another ξ (XiSqrtMeanVar) is similar to I − γA, with the same eigenvalues.
+likelihood gives A = I (E_q log p(y|f) is linear in η): one γ = 1 step to the optimum, γ < 2, and no estimate. At a
+fixed point the linearised step of another ξ (XiSqrtMeanVar) is similar to I − γA, with the same eigenvalues.
 
 A is local: far from the optimum it changes as q(u) moves (a Student-t SVGP has λ = 37 at its prior and 1.27 at its
 optimum, and γ = 0.3 trains from the prior), so the verdict uses λ only where it is steady: estimated at the current
@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.checks.bounds import finite, maxabs
+from natgrad_diag.checks.conjugate import keeps_gaussian_maths
 from natgrad_diag.checks.evaluator import Context, Evaluator, Point, Run, Step, Trial
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, loss_rose, status_of
@@ -187,6 +188,8 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
 def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> bool:
     """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`), λ
     estimated once per evaluator; True when one was failed."""
+    if ev.stability is None and keeps_gaussian_maths(getattr(ev.ctx.model, "likelihood", None)):
+        ev.stability = Stability(1.0, why="a Gaussian likelihood: A = I, λ = 1 exactly")  # no estimate needed
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
