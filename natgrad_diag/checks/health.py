@@ -185,21 +185,20 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
 
 
-def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> bool:
+def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> float | None:
     """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`), λ
-    estimated once per evaluator; True when one was failed."""
+    estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and keeps_gaussian_maths(getattr(ev.ctx.model, "likelihood", None)):
         ev.stability = Stability(1.0, why="a Gaussian likelihood: A = I, λ = 1 exactly")  # no estimate needed
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
-            return False
+            return None
         best = min(reached, key=lambda t: t.loss or 0.0).gamma
         ev.stability = estimate_stability(ev, ev.reached[best], max(t.gamma for t in reached))
-    judged = {g: judge_stability(t, ev.stability) for g, t in measured.items()}
-    changed = any(judged[g] is not t for g, t in measured.items())
-    measured.update(judged)
-    return changed
+    failed = {g: judged for g, t in measured.items() if (judged := judge_stability(t, ev.stability)) is not t}
+    measured.update(failed)
+    return min(failed, default=None)
 
 
 def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
@@ -230,8 +229,8 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
             walk(i0, -1, own)
     else:
         walk(i0, -1, None)
-    if _unstable(ev, measured):  # the stable γ are below the smallest unstable one
-        walk(grid.index(min(g for g, t in measured.items() if t.reason.startswith("unstable"))), -1, None)
+    if (unstable := _unstable(ev, measured)) is not None:  # the stable γ are below the smallest unstable one
+        walk(grid.index(unstable), -1, None)
         _unstable(ev, measured)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
     return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1], keep=own.gamma), trials
