@@ -607,3 +607,42 @@ def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_r
     assert np.isnan(gpflow_losses(1.0, 1)[-1])  # the step the monitor kept the loop from taking
     kept = gpflow_losses(record.gamma_set, 5)
     assert all(b < a for a, b in zip(kept, kept[1:]))
+
+
+def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_measured_now():
+    """The check after a search judges γ alone. When that γ fails there, the record's suggestion must be measured on
+    the current q(u), not kept from the last search, which suggested the very γ that now fails (a Student-t SVGP whose
+    γ = 0.3 holds after a first step (the search there suggests 1); its likelihood scale then drops 0.1 → 0.03, as a hyperparameter step may move it, and
+    γ = 0.3's third step raises the loss 82.7 → 240). Before, the record kept the stale 1 and rollback mode set nothing.
+    Oracle: GPflow's optimizer on copies, at 0.3 and at the γ set."""
+    model, data = make_model("svgp", "studentt", num_inducing=8, num_data=30, seed=1)
+    model, data = _natgrad_only((model, tuple(tf.constant(d) for d in data)))
+    natgrad = NaturalGradient(tf.Variable(0.3, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=0.3, on_failure="rollback", every=1)
+    with monitor.guard(0, natgrad):
+        natgrad.minimize(model.training_loss_closure(data, compile=False), [(model.q_mu, model.q_sqrt)])
+    monitor(0)
+    assert monitor.records[0].passed and monitor.records[0].suggested_gamma >= 0.3
+    model.likelihood.scale.assign(0.03)
+    monitor(1)
+    record = monitor.records[1]
+    assert not record.step_healthy and "no γ searched" not in record.detail
+    assert record.suggested_gamma is not None and record.suggested_gamma < 0.3
+    assert record.gamma_set == record.suggested_gamma == float(natgrad.gamma.numpy())
+
+    def gpflow_losses(gamma):
+        copy = gpflow.utilities.deepcopy(model)
+        closure = copy.training_loss_closure(data, compile=False)
+        losses = [float(closure())]
+        for _ in range(5):
+            try:
+                NaturalGradient(gamma).minimize(closure, [(copy.q_mu, copy.q_sqrt)])
+            except tf.errors.InvalidArgumentError:
+                return losses + [np.nan]
+            losses.append(float(closure()))
+        return losses
+
+    failing = gpflow_losses(0.3)
+    assert not all(b < a for a, b in zip(failing, failing[1:]))  # γ = 0.3 fails here
+    kept = gpflow_losses(record.gamma_set)
+    assert all(b < a for a, b in zip(kept, kept[1:]))

@@ -23,8 +23,8 @@ from natgrad_diag.report.timeline import timeline_html
 
 __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
 
-#: The periodic check searches γ at its first call, every SEARCH_EVERY-th and after a failed record; between, it judges
-#: the checked γ alone (a fast check costs about one step then) and records the last search's suggestion.
+#: The periodic check searches γ at its first call, every SEARCH_EVERY-th, after a failed record and when γ fails;
+#: between, it judges the checked γ alone (a fast check costs about one step then) and keeps the last suggestion.
 SEARCH_EVERY = 10
 
 
@@ -220,14 +220,15 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         search = self._checks % SEARCH_EVERY == 0 or bool(self.records and not self.records[-1].passed)
         self._checks += 1
         report = self.search(data, self.gamma) if search else self._report(data, self.gamma, search=False)
+        healthy = all(c.passed for c in report.checks if c.name.endswith("step_health"))  # each pair's, and together
+        report = report if healthy or search else self.search(data, self.gamma)  # a failure's suggestion is of now
         reports = list(report.pairs) or [report]
         reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
         return NatGradRecord(
             step=step, loss=reports[0].loss_before, loss_after=reports[0].loss_after if len(reports) == 1 else None,
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
-            step_healthy=all(c.passed for c in report.checks if c.name.endswith("step_health")),  # each pair's, and together
-            suggested_gamma=self._suggestion, passed=report.passed,
+            step_healthy=healthy, suggested_gamma=self._suggestion, passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in report.checks if not c.passed),
         )
 
