@@ -646,3 +646,36 @@ def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_
     assert not all(b < a for a, b in zip(failing, failing[1:]))  # γ = 0.3 fails here
     kept = gpflow_losses(record.gamma_set)
     assert all(b < a for a, b in zip(kept, kept[1:]))
+
+
+def test_guard__a_q_sqrt_with_a_negative_diagonal_is_rolled_back_because_gpflows_xinat_step_breaks_there():
+    """q_sqrt·D, D = diag(±1), is the same q(u) (S unchanged), but GPflow's XiNat step takes q_sqrt for chol(S): from
+    the flipped factor its step at γ = 0.5 is NaN where the step from chol(S) lowers the loss. So the guard rolls back a
+    step that leaves a diagonal entry ≤ 0 and says which. Oracle: GPflow's optimizer from both factors."""
+    model, data = _natgrad_only(make_model("svgp", "gaussian", num_inducing=5, num_data=20, seed=0))
+    data = tuple(tf.constant(d) for d in data)
+    chol = np.linalg.cholesky(np.eye(5) + 0.1 * np.ones((5, 5)))[None]
+    flipped = chol @ np.diag([1.0, -1.0, 1.0, 1.0, -1.0])
+    np.testing.assert_allclose(flipped[0] @ flipped[0].T, chol[0] @ chol[0].T, rtol=0, atol=1e-15)
+
+    def gpflow_step(q_sqrt):
+        copy = gpflow.utilities.deepcopy(model)
+        copy.q_mu.assign(np.full((5, 1), 0.3))
+        copy.q_sqrt.assign(q_sqrt)
+        before = float(copy.training_loss(data))
+        try:
+            NaturalGradient(0.5).minimize(copy.training_loss_closure(data), [(copy.q_mu, copy.q_sqrt)])
+        except tf.errors.InvalidArgumentError:
+            return before, np.nan
+        return before, float(copy.training_loss(data))
+
+    (a, b), (c, d) = gpflow_step(chol), gpflow_step(flipped)
+    assert a == pytest.approx(c, rel=1e-12) and b < a and np.isnan(d)
+    monitor = NatGradMonitor(model, data, gamma=0.5, on_failure="rollback")
+    natgrad = NaturalGradient(tf.Variable(0.5, dtype=tf.float64))
+    saved = _q_values(model)
+    with monitor.guard(0, natgrad):
+        model.q_sqrt.assign(model.q_sqrt.numpy() @ np.diag([1.0, -1.0, 1.0, 1.0, -1.0]))
+    (record,) = monitor.guard_records
+    assert record.rolled_back and "model.q_sqrt has a non-positive diagonal entry model.q_sqrt[0, 1, 1]" in record.cause
+    assert same_bits(saved, _q_values(model))

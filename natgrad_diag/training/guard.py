@@ -114,8 +114,8 @@ def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
         diag = np.diagonal(q_sqrt.numpy(), axis1=-2, axis2=-1)
         if not np.all(diag > 0):
             l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
-            return (f"{sq_name} left the positive-definite cone: {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
-                    f"{format_number(float(diag[l_idx, m_idx]))} ≤ 0")
+            return (f"{sq_name} has a non-positive diagonal entry {sq_name}[{l_idx}, {m_idx}, {m_idx}] = "
+                    f"{format_number(float(diag[l_idx, m_idx]))} (GPflow's step takes it for chol(S))")
     return ""
 
 
