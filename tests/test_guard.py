@@ -560,7 +560,8 @@ def test_guard__a_monitor_without_xi_searches_with_the_optimizers():
     assert None in broke or max(broke) > 1e3 * broke[0]  # XiNat's fallback γ blows up within five steps
 
 
-@pytest.mark.parametrize("on_failure", ["rollback", "warn"])
+# rollback: 6.5 s, -m slow; the default run keeps the γ set by a failed check between searches (below)
+@pytest.mark.parametrize("on_failure", [pytest.param("rollback", marks=pytest.mark.slow), "warn"])
 def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_rollback_mode(on_failure):
     """A Student-t SVGP at γ = 1: the first step lowers the loss (121.7 → 86.4) and passes the guard; the periodic
     check after it finds γ = 1's next step fails and suggests a γ. With rollback the monitor sets the optimizer's γ to it
@@ -648,6 +649,7 @@ def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_
     assert all(b < a for a, b in zip(kept, kept[1:]))
 
 
+@pytest.mark.slow  # 5.5 s; test_gpflux's rollback of a flipped q_sqrt runs by default
 def test_guard__a_q_sqrt_with_a_negative_diagonal_is_rolled_back_because_gpflows_xinat_step_breaks_there():
     """q_sqrt·D, D = diag(±1), is the same q(u) (S unchanged), but GPflow's XiNat step takes q_sqrt for chol(S): from
     the flipped factor its step at γ = 0.5 is NaN where the step from chol(S) lowers the loss. So the guard rolls back a

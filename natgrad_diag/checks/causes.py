@@ -20,7 +20,7 @@ CAUSES = {
     "wrong_gradient": "wrong gradient: the step or the gradients that feed it disagree with an independent oracle",
     "ill_conditioning": "ill-conditioning: κ(S), κ(F) or κ(Kuu) is too large for the dtype",
     "jitter": "jitter: the jitter dominates Kuu's smallest eigenvalue",
-    "step_too_long": "step too long: the step leaves the positive-definite cone or raises the loss",
+    "step_too_long": "step too long: the step breaks q(u) or raises the loss, at once or in the steps after it",
     "float32_precision": "float32 precision: float64 would resolve this",
     "gpflow_precision": "GPflow's step loses precision here: its route through the expectation parameters amplifies rounding",
     "minibatch": "minibatch: the conjugate optimum is the batch's, not the full data's",
