@@ -20,8 +20,10 @@ likelihood gives A = I (E_q log p(y|f) is linear in η): one γ = 1 step to the 
 fixed point the linearised step of another ξ (XiSqrtMeanVar) is similar to I − γA, with the same eigenvalues.
 
 A is local: far from the optimum it changes as q(u) moves (a Student-t SVGP has λ = 37 at its prior and 1.27 at its
-optimum, and γ = 0.3 trains from the prior), so the verdict uses λ only where it is steady: estimated at the current
-q(u) and where the best trial's k steps lead, the two within :data:`STEADY`.
+optimum; γ = 0.3 trains from the prior), so λ is estimated at the current q(u) and where the best trial's k steps
+lead; γ fails when it exceeds 2/λ at both, unless λ falls by more than :data:`STEADY` between them (a transient the
+steps leave: 14 after one γ = 0.3 step from that prior). λ may rise: 9.1 here and 64 after γ = 0.3's 5 steps on a
+MultiClass SVGP in training, where GPflow's optimizer with 0.3 does not settle and with 0.1 converges.
 
 λ is estimated by power iteration on A, each A·v and F·v by central differences of ∇ηL and η along v (two gradient
 evaluations), as the generalised Rayleigh quotient ρ(v) = ⟨Fv, Av⟩/⟨Fv, v⟩ = wᵀ(F^½HF^½)w/wᵀw (w = F^½v), which
@@ -297,16 +299,15 @@ def stage(run: Run) -> Outcome:
 MAX_ITERATIONS = 30
 
 
-#: How far λ may change between the current q(u) and where the trials lead for the linearisation to decide.
+#: How far λ may fall from the current q(u) to where the trials lead for the linearisation to decide.
 STEADY = 0.1
 
 
 @dataclass(frozen=True)
 class Stability:
-    """ρ ≤ λmax of ∂(∇ηL)/∂θ at the current q(u) (``start``) and where the best trial's steps led (``end``), each
-    with its finite-difference error; ``lam``, the one the verdict uses (the smaller), is None when they differ by
-    more than :data:`STEADY` (the curvature still changes: the trials are not near the optimum where the
-    linearisation decides) or one could not be estimated; ``why`` says why."""
+    """ρ ≤ λmax of ∂(∇ηL)/∂θ at the current q(u) (``start``) and where the best trial's steps led (``end``), the larger
+    finite-difference error, and ``lam``, the smaller, which the verdict uses: None when one is not estimated, no γ that
+    held exceeds 2/λ at ``end`` or λ falls by more than :data:`STEADY` between them; ``why`` says why."""
 
     lam: float | None
     start: float | None = None
@@ -329,8 +330,8 @@ def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability
     start, e0, why, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
     if start is None:
         return Stability(None, start, end, why=why)
-    if abs(start - end) > STEADY * max(abs(start), abs(end)):
-        return Stability(None, start, end, why=f"λ changes from {start:.4g} to {end:.4g} over the trial's steps")
+    if end < (1 - STEADY) * start:
+        return Stability(None, start, end, why=f"λ falls from {start:.4g} to {end:.4g} over the trial's steps")
     return Stability(min(start, end), start, end, max(e0, e1))
 
 
