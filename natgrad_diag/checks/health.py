@@ -387,5 +387,6 @@ def judge_stability(trial: GammaTrial, stability: Stability) -> GammaTrial:
         return trial
     reason = (f"unstable: the {trial.steps} step{'s' if trial.steps > 1 else ''} held, but near here the step "
               f"multiplies a perturbation by 1 − γλ ≤ {1 - trial.gamma * lam:.3g} at every step (λ ≥ {lam:.4g} is the "
-              f"largest eigenvalue of ∂(∇ηL)/∂θ), so training with it diverges later; stable γ < 2/λ ≤ {2 / lam:.3g}")
+              f"largest eigenvalue of ∂(∇ηL)/∂θ), so training with it cannot settle: it oscillates or blows up later; "
+              f"stable γ < 2/λ ≤ {2 / lam:.3g}")
     return dataclasses.replace(trial, healthy=False, loss=None, reason=reason)
