@@ -8,7 +8,7 @@ import gpflow
 import numpy as np
 import pytest
 import tensorflow as tf
-from _user_models import branchy_copy, heteroskedastic_svgp, multiclass_svgp, same_bits, variables_of
+from _user_models import branchy_copy, gpflow_losses, heteroskedastic_svgp, multiclass_svgp, same_bits, variables_of
 from gpflow.keras import tf_keras
 from gpflow.optimizers import NaturalGradient
 
@@ -592,21 +592,8 @@ def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_r
         with monitor.guard(i, natgrad):
             natgrad.minimize(loss, [(model.q_mu, model.q_sqrt)])
     assert monitor.rollbacks == 0 and all(r.status == "ok" for r in monitor.guard_records)
-
-    def gpflow_losses(gamma, steps):
-        copy = gpflow.utilities.deepcopy(after_step_0)
-        closure = copy.training_loss_closure(data, compile=False)
-        losses = [float(closure())]
-        for _ in range(steps):
-            try:
-                NaturalGradient(gamma).minimize(closure, [(copy.q_mu, copy.q_sqrt)])
-            except tf.errors.InvalidArgumentError:
-                return losses + [np.nan]
-            losses.append(float(closure()))
-        return losses
-
-    assert np.isnan(gpflow_losses(1.0, 1)[-1])  # the step the monitor kept the loop from taking
-    kept = gpflow_losses(record.gamma_set, 5)
+    assert np.isnan(gpflow_losses(after_step_0, data, 1.0, 1)[-1])  # the step the monitor kept the loop from taking
+    kept = gpflow_losses(after_step_0, data, record.gamma_set, 5)
     assert all(b < a for a, b in zip(kept, kept[1:]))
 
 
@@ -630,22 +617,9 @@ def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_
     assert not record.step_healthy and "no γ searched" not in record.detail
     assert record.suggested_gamma is not None and record.suggested_gamma < 0.3
     assert record.gamma_set == record.suggested_gamma == float(natgrad.gamma.numpy())
-
-    def gpflow_losses(gamma):
-        copy = gpflow.utilities.deepcopy(model)
-        closure = copy.training_loss_closure(data, compile=False)
-        losses = [float(closure())]
-        for _ in range(5):
-            try:
-                NaturalGradient(gamma).minimize(closure, [(copy.q_mu, copy.q_sqrt)])
-            except tf.errors.InvalidArgumentError:
-                return losses + [np.nan]
-            losses.append(float(closure()))
-        return losses
-
-    failing = gpflow_losses(0.3)
+    failing = gpflow_losses(model, data, 0.3, 5)
     assert not all(b < a for a, b in zip(failing, failing[1:]))  # γ = 0.3 fails here
-    kept = gpflow_losses(record.gamma_set)
+    kept = gpflow_losses(model, data, record.gamma_set, 5)
     assert all(b < a for a, b in zip(kept, kept[1:]))
 
 

@@ -12,7 +12,7 @@ import gpflow
 import numpy as np
 import pytest
 import tensorflow as tf
-from _user_models import same_bits, variables_of
+from _user_models import gpflow_losses, same_bits, variables_of
 from gpflow.optimizers import NaturalGradient, XiNat
 from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
 
@@ -126,20 +126,6 @@ def _trained_multiclass():
     return model, data
 
 
-def _gpflow_losses(model, data, gamma, steps=40):
-    """The loss after each of ``steps`` steps of GPflow's optimizer with ``gamma`` on a copy; NaN from a failed one."""
-    copy = gpflow.utilities.deepcopy(model)
-    loss, optimizer = copy.training_loss_closure(data), NaturalGradient(gamma)
-    losses = [float(loss())]
-    for _ in range(steps):
-        try:
-            optimizer.minimize(loss, [(copy.q_mu, copy.q_sqrt)])
-        except tf.errors.InvalidArgumentError:
-            return losses + [np.nan]
-        losses.append(float(loss()))
-    return losses
-
-
 @pytest.mark.slow  # trains a MultiClass SVGP (6 s) and runs GPflow's optimizer for 80 steps
 def test_trained_multiclass__gamma_1_is_unstable_and_the_suggestion_trains_over_40_steps():
     """γ = 1's five steps lower the loss, so the look-ahead alone passed it and suggested γ = 3; GPflow's optimizer
@@ -154,10 +140,10 @@ def test_trained_multiclass__gamma_1_is_unstable_and_the_suggestion_trains_over_
     lam = dict(report.numbers)["λ ≤ λmax where the best γ's steps lead"]
     assert 2.0 < lam and report.suggested_gamma < 2 / lam
 
-    ones = _gpflow_losses(model, data, 1.0)
+    ones = gpflow_losses(model, data, 1.0, 40)
     assert ones[5] < ones[0]  # the five steps the look-ahead saw did hold
     assert np.isnan(ones[-1]) or max(ones) > ones[0] + 1.0  # ... and training with γ = 1 diverges
-    kept = _gpflow_losses(model, data, report.suggested_gamma)
+    kept = gpflow_losses(model, data, report.suggested_gamma, 40)
     rounding = 1e-8 * abs(kept[0])
     assert all(b <= a + rounding for a, b in zip(kept, kept[1:])) and kept[-1] < kept[0]
 
@@ -204,20 +190,7 @@ def test_multiclass_in_training__lambda_rising_along_the_steps_fails_the_gamma_t
     assert "gamma = 0.3 fails: unstable: the 5 steps held" in report.check("step_health").detail
     assert report.suggested_gamma is not None and report.suggested_gamma < 2 / here
 
-    def losses(gamma):
-        copy = gpflow.utilities.deepcopy(model)
-        loss, optimizer = copy.training_loss_closure(data, compile=False), NaturalGradient(gamma)
-        step = tf.function(lambda: optimizer.minimize(loss, [(copy.q_mu, copy.q_sqrt)]))
-        out = [float(loss())]
-        for _ in range(200):
-            try:
-                step()
-            except tf.errors.InvalidArgumentError:
-                return np.array(out + [np.nan])
-            out.append(float(loss()))
-        return np.array(out)
-
-    unsettled = losses(0.3)
+    unsettled = np.array(gpflow_losses(model, data, 0.3, 200, compiled=True))
     assert np.isnan(unsettled[-1]) or np.sum(np.diff(unsettled[-50:]) > 0) >= 5  # 0.3 never settles
-    kept = losses(report.suggested_gamma)
+    kept = np.array(gpflow_losses(model, data, report.suggested_gamma, 200, compiled=True))
     assert np.all(np.isfinite(kept)) and kept[-1] < kept[0] and not np.any(np.diff(kept[-50:]) > 1e-8 * abs(kept[-1]))
