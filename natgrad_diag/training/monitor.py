@@ -220,15 +220,16 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         search = self._checks % SEARCH_EVERY == 0 or bool(self.records and not self.records[-1].passed)
         self._checks += 1
         report = self.search(data, self.gamma) if search else self._report(data, self.gamma, search=False)
-        healthy = all(c.passed for c in report.checks if c.name.endswith("step_health"))  # each pair's, and together
-        report = report if healthy or search else self.search(data, self.gamma)  # a failure's suggestion is of now
+        if not search and not all(c.passed for c in report.checks if c.name.endswith("step_health")):
+            report = self.search(data, self.gamma)  # the suggestion a failure is met with is measured now
         reports = list(report.pairs) or [report]
         reps = [c for r in reports for c in r.checks if c.name == "reproduction"]
         return NatGradRecord(
             step=step, loss=reports[0].loss_before, loss_after=reports[0].loss_after if len(reports) == 1 else None,
             reproduction_error=max((c.max_abs_error for c in reps if c.max_abs_error is not None), default=None),
             reproduction_passed=bool(reps) and all(c.passed for c in reps),
-            step_healthy=healthy, suggested_gamma=self._suggestion, passed=report.passed,
+            step_healthy=all(c.passed for c in report.checks if c.name.endswith("step_health")),  # each pair's too
+            suggested_gamma=self._suggestion, passed=report.passed,
             detail="; ".join(f"{c.name}: {c.detail or c.claim}" for c in report.checks if not c.passed),
         )
 
