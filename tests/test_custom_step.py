@@ -89,7 +89,7 @@ def _values(model) -> list[bytes]:
 
 @pytest.mark.parametrize("xi", ["nat", "meanvar"])
 @pytest.mark.parametrize("L", [1, pytest.param(2, marks=pytest.mark.slow)])  # two latent GPs: every mistake again, with -m slow
-@pytest.mark.parametrize("kind", ["svgp", "vgp"])
+@pytest.mark.parametrize("kind", ["svgp", pytest.param("vgp", marks=pytest.mark.slow)])  # every mistake on a VGP: -m slow
 @pytest.mark.parametrize("mistake", MISTAKES)
 def test_custom_step__names_the_injected_mistake(mistake, kind, L, xi):
     model, data = _model(kind, L)

@@ -64,7 +64,8 @@ GRID = [
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])
-@pytest.mark.parametrize("name, M, L", GRID, ids=[f"{n}-M{M}-L{L}" for n, M, L in GRID])
+@pytest.mark.parametrize("name, M, L", [pytest.param(n, M, L, id=f"{n}-M{M}-L{L}", marks=[pytest.mark.slow] if i % 2 else [])
+                                        for i, (n, M, L) in enumerate(GRID)])  # each map's second size: -m slow
 def test_check_gradients__gpflow_maps_pass_with_inferred_structure(name: str, M: int, L: int, mode: str) -> None:
     point, structures, in_names, out_names = MAPS[name]
     fn = getattr(ng, name)
