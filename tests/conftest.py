@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# pytest runs two workers on two cores: one thread each for TensorFlow's and BLAS's pools, not two workers x two
+for _threads in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 import numpy as np
 import pytest

@@ -450,7 +450,6 @@ def test_guard__gamma_climbs_back_only_to_a_searched_gamma_never_above_the_first
     assert monitor.gamma == gamma == float(natgrad.gamma.numpy()) and max(r.gamma_after for r in records[1:]) < 5.0
     assert len(searches) >= 2  # the rollback's, and at least one after a healthy run
 
-@pytest.mark.slow  # 7.6 s; the cap is also held by the slow climb and minibatch-loop tests around it
 def test_guard__gamma_is_never_raised_back_to_one_that_failed():
     # On minibatches a γ can train for k steps on the batch a search sees and still fail on the next one; raising back
     # to it made training fail, roll back and search again every RAISE_AFTER steps (the slow minibatch test below).
