@@ -190,7 +190,7 @@ class _Stateful:
         self.gamma.assign(self.gamma * 0.5)
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "fast"])  # full: ~3 s more
 def test_check_natgrad__stateful_optimizer_is_bit_identical_afterwards(mode):
     model, data = _model("vgp", 1)
     opt = _Stateful()

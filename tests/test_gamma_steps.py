@@ -183,6 +183,7 @@ def test_gamma_steps_1__judges_the_first_step_only(studentt, oracle):
     assert own.healthy and own.losses == pytest.approx(oracle[1.0][0][:1], rel=RTOL)
 
 
+@pytest.mark.slow  # ~6 s; by default full (report_k) and fast (test_verdict__...[fast]) trials are each checked against GPflow's
 def test_fast_and_full__give_the_same_verdict_and_trials(studentt, report_k):
     model, data = studentt
     fast = check_natgrad(model, data, gamma=1.0, mode="fast", progress=False)
@@ -221,6 +222,7 @@ def test_var_list__each_pair_gets_its_own_suggestion(studentt, gaussian, oracle)
     assert same_bits(before, variables_of(m1) + variables_of(m2))
 
 
+@pytest.mark.slow  # ~6 s; test_natgrad_check's test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values runs by default
 def test_tracing__once_per_model_not_per_gamma_nor_per_call():
     """Fast mode's k steps run in one compiled while_loop per step kind (GPflow's for γ, natgrad-diag's for the
     search): traced once each per model, not per γ, k or call."""
@@ -245,6 +247,7 @@ def test_full_mode__takes_the_k_steps_eagerly():
     assert _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay") == before
 
 
+@pytest.mark.slow  # ~3 s; test_compile's test_for_model__a_deleted_model_frees_its_entries runs by default
 def test_compiled_trials__do_not_keep_the_model_alive():
     from natgrad_diag.checks.api import natgrad_tolerances
     from natgrad_diag.checks.evaluator import Context, evaluator

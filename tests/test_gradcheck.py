@@ -79,6 +79,7 @@ def test_check_gradients__gpflow_maps_pass_with_inferred_structure(name: str, M:
     assert (report.eps, report.rtol, report.atol) == (1e-6, 1e-5, 1e-7)
 
 
+@pytest.mark.slow  # ~5 s; every map's inferred-structure case above runs by default
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(
     name=st.sampled_from(sorted(MAPS)),

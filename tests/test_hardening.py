@@ -430,6 +430,7 @@ def test_check_natgrad__data_that_does_not_fit_the_model_is_refused_before_any_w
     assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, model.variables))
 
 
+@pytest.mark.slow  # ~5 s; the data checks above (a complex X refused) run by default
 def test_check_natgrad__fitting_data_of_another_real_dtype_is_cast_and_checked():
     from natgrad_diag import check_natgrad
 

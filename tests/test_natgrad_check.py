@@ -237,6 +237,7 @@ def test_conjugate_optimality__vgp_equals_gpr_with_jitter_and_reports_its_share(
     assert report.check("conjugate_fixed_point").passed
 
 
+@pytest.mark.slow  # ~6 s; test_verdicts' test_causes__minibatch_says_the_optimum_is_the_batchs runs by default
 def test_conjugate_optimality__skipped_for_minibatch_and_non_gaussian():
     model, data = make_model("svgp", "gaussian", num_inducing=4, num_data=20)
     half = (data[0][:10], data[1][:10])
@@ -286,6 +287,7 @@ def test_step_health__bernoulli_too_large_gamma_is_reported_not_crashed(mode):
     assert stepped.training_loss((X, Y)).numpy() < model.training_loss((X, Y)).numpy()
 
 
+@pytest.mark.slow  # ~5 s; test_gamma_steps' test_search__brackets_the_best_gamma_and_stops_there runs by default
 def test_step_health__full_mode_suggests_the_measured_gamma_with_the_lowest_loss():
     model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30)
     report = nc.check_natgrad(model, data, gamma=5.0, mode="full")
@@ -585,6 +587,7 @@ def test_fast_mode__compiled_cache_does_not_keep_the_model_alive():
     assert ref() is None and _compile.model_entries() <= before  # its entry went with it
 
 
+@pytest.mark.slow  # ~4 s; test_float32__vgp_cholesky_failure_is_reported runs by default
 def test_float32__a_failing_step_says_float32_and_suggests_a_gamma():
     model, data = make_model("svgp", "bernoulli", num_inducing=8, num_data=30, dtype="float32")
     before = _snapshot(model)
