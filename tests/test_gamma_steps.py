@@ -222,7 +222,7 @@ def test_var_list__each_pair_gets_its_own_suggestion(studentt, gaussian, oracle)
     assert same_bits(before, variables_of(m1) + variables_of(m2))
 
 
-@pytest.mark.slow  # ~6 s; test_natgrad_check's test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values runs by default
+@pytest.mark.slow  # ~6 s; by default test_natgrad_check's test_fast_mode__second_call_... asserts a second call traces nothing
 def test_tracing__once_per_model_not_per_gamma_nor_per_call():
     """Fast mode's k steps run in one compiled while_loop per step kind (GPflow's for γ, natgrad-diag's for the
     search): traced once each per model, not per γ, k or call."""

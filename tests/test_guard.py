@@ -597,7 +597,7 @@ def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_r
     assert all(b < a for a, b in zip(kept, kept[1:]))
 
 
-@pytest.mark.slow  # ~8 s; test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_rollback_mode runs by default
+@pytest.mark.slow  # ~8 s; the only test of the search between searches (CI runs it); the failed-check rollback test above runs by default
 def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_measured_now():
     """The check after a search judges γ alone. When that γ fails there, the record's suggestion must be measured on
     the current q(u), not kept from the last search, which suggested the very γ that now fails (a Student-t SVGP whose

@@ -237,7 +237,7 @@ def test_conjugate_optimality__vgp_equals_gpr_with_jitter_and_reports_its_share(
     assert report.check("conjugate_fixed_point").passed
 
 
-@pytest.mark.slow  # ~6 s; test_verdicts' test_causes__minibatch_says_the_optimum_is_the_batchs runs by default
+@pytest.mark.slow  # ~6 s; by default test_verdicts' minibatch test and test_fast_mode__second_call_... assert both skip reasons
 def test_conjugate_optimality__skipped_for_minibatch_and_non_gaussian():
     model, data = make_model("svgp", "gaussian", num_inducing=4, num_data=20)
     half = (data[0][:10], data[1][:10])
