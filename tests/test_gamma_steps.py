@@ -238,13 +238,31 @@ def test_tracing__once_per_model_not_per_gamma_nor_per_call():
     assert _compile.trace_count("gamma_steps") == before + 2
 
 
-@pytest.mark.slow
-def test_full_mode__takes_the_k_steps_eagerly():
-    demo = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=4)
-    before = _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay")
-    report = check_natgrad(demo.model, demo.data, gamma=1.0, mode="full", gamma_steps=2, progress=False)
-    assert len(report.gamma_trials) > 1
+class _CountingSVGP(gpflow.models.SVGP):
+    """An SVGP that counts how often its ``training_loss`` runs as Python: once per eager call, once per trace."""
+
+    calls = 0
+
+    def training_loss(self, *args, **kwargs):
+        type(self).calls += 1
+        return super().training_loss(*args, **kwargs)
+
+
+def test_full_mode__steps_eagerly_and_takes_the_losses_from_one_compiled_function():
+    """Full mode takes each trial step eagerly (no compiled k-step loop), and the losses and gradients on its scratch
+    copy come from one function traced once per check. The model's training_loss then runs as Python at most 6 times
+    however many steps are taken: the gradient at q(u), one trace of the losses, one of ∇ηL (the stability estimate)
+    and 3 eager losses of the noise test (a deterministic loss: one at q(u), two where the step lands). Evaluated
+    eagerly, each of the 13 steps of this search and each probe would be another (25 in all)."""
+    m, data = make_model("svgp", "studentt", num_inducing=4, num_data=10, seed=4)
+    model = _CountingSVGP(m.kernel, m.likelihood, m.inducing_variable, mean_function=m.mean_function, whiten=m.whiten,
+                          q_mu=m.q_mu.numpy(), q_sqrt=m.q_sqrt.numpy(), num_data=10)
+    before, _CountingSVGP.calls = _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay"), 0
+    report = check_natgrad(model, data, gamma=0.001, mode="full", gamma_steps=2, progress=False)
+    assert report.passed and sum(len(t.losses) for t in report.gamma_trials) >= 13
+    assert report.gamma_losses[report.suggested_gamma] == pytest.approx(_oracle(m, data, report.suggested_gamma, 2)[0][-1], rel=RTOL)
     assert _compile.trace_count("gamma_steps") + _compile.trace_count("gamma_steps_replay") == before
+    assert 3 <= _CountingSVGP.calls <= 6
 
 
 @pytest.mark.slow  # ~3 s; test_compile's test_for_model__a_deleted_model_frees_its_entries runs by default

@@ -131,10 +131,10 @@ def check_natgrad(
     The checks are those of :data:`STAGES`: ``reproduction`` (against ``gpflow.optimizers.NaturalGradient``),
     ``loss_gradient``, ``fisher_identity`` (F⁻¹·∇θL = ∇ηL, F = ∂η/∂θ), ``xi_forward_mode`` (ξ ≠ θ only),
     ``conjugate_optimality`` and ``conjugate_fixed_point`` (Gaussian likelihood), ``step_health`` with a suggested γ,
-    and ``gradient_mapping``. Full mode runs eagerly, forms explicit Jacobians (per latent GP, (M + M(M+1)/2)²
-    entries) and searches the whole γ grid; fast mode calls compiled pieces cached per model (a second call does not
-    retrace), checks the Fisher identity matrix-free and skips the conjugate checks (auto mode keeps them up to
-    M·L = :data:`AUTO_CONJUGATE_MAX_ML`).
+    and ``gradient_mapping``. Full mode runs eagerly (but for the losses on its scratch copy), forms explicit
+    Jacobians (per latent GP, (M + M(M+1)/2)² entries) and searches the whole γ grid; fast mode calls compiled pieces
+    cached per model (a second call does not retrace), checks the Fisher identity matrix-free and skips the conjugate
+    checks (auto mode keeps them up to M·L = :data:`AUTO_CONJUGATE_MAX_ML`).
 
     Args:
         model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M]; or a

@@ -330,11 +330,11 @@ def _assign(param: Any, value: Any) -> None:
     param.unconstrained_variable.assign(value if transform is None else transform.inverse(value))
 
 
-def trial_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> tuple[Callable[..., dict[str, Any]], ...]:
+def trial_steps(q_mu: Any, q_sqrt: Any, xi: Any, grads: Callable[[Any], Any]) -> tuple[Callable[..., dict[str, Any]], ...]:
     """(natgrad-diag's, GPflow's own) ``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``,
     ``q_sqrt`` (eager or traced) by the code :func:`~natgrad_diag.step.backend.step_backend` picks, or by a
-    ``NaturalGradient`` with a γ variable; returns the new q(u), ``loss(data)`` there, its gradient, and the health
-    flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
+    ``NaturalGradient`` with a γ variable; returns the new q(u), ``grads(data)`` there (the loss and its gradient, as
+    :func:`gradients` gives them), and the health flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
     import gpflow
     import tensorflow as tf
 
@@ -356,7 +356,7 @@ def trial_steps(q_mu: Any, q_sqrt: Any, xi: Any, loss: Callable[[Any], Any]) -> 
                 new_mu, new_sq = out["new_q_mu"], out["new_q_sqrt"]
             _assign(q_mu, new_mu)
             _assign(q_sqrt, new_sq)
-        value, (g_mu_new, g_sq_new) = gradients(lambda: loss(data), [q_mu.unconstrained_variable, q_sqrt.unconstrained_variable])
+        value, (g_mu_new, g_sq_new) = grads(data)
         return dict(
             new_q_mu=new_mu, new_q_sqrt=new_sq, loss=value, g_mu=g_mu_new, g_sq=g_sq_new,
             q_ok=_looks_healthy(new_mu, new_sq), loss_ok=_all_finite(value), g_ok=_all_finite(g_mu_new) & _all_finite(g_sq_new),
@@ -423,7 +423,7 @@ def stepwise(step: Callable[..., dict[str, Any]], args: tuple[Any, ...], k: int,
 
 
 class Evaluator:
-    """The checks' computations on ``ctx.model``, eagerly (full mode), on one scratch copy; the model is only read.
+    """The checks' computations, eager (full mode) but for its scratch copy's losses; ``ctx.model`` is only read.
 
     The oracles ask its capabilities, not the mode: ``explicit_jacobians`` (explicit F and ∂ξ/∂θ), ``loss_directions``
     (of the loss-gradient check), ``compares`` (how the reproduction's two steps were computed).
@@ -445,8 +445,13 @@ class Evaluator:
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:
         """The k-step trials' steps on the scratch copy, natgrad-diag's and GPflow's own (eager), made when needed."""
+        return trial_steps(self.scratch.q_mu, self.scratch.q_sqrt, self.ctx.xi, lambda data: self._scratch_grads())
+
+    @functools.cached_property
+    def _scratch_grads(self) -> Callable[[], Any]:
+        """The loss and its gradients on the scratch copy, compiled: 60 ms eagerly at M = 8, 2 ms after a 0.45 s trace."""
         s = self.scratch
-        return trial_steps(s.q_mu, s.q_sqrt, self.ctx.xi, lambda data: self.ctx.loss(s))
+        return _compile.function(lambda: gradients(lambda: self.ctx.loss(s), [s.q_mu.unconstrained_variable, s.q_sqrt.unconstrained_variable]))
 
     @property
     def data(self) -> Any:
@@ -483,22 +488,18 @@ class Evaluator:
         loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
         step = _closed(traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False), m, ctx)
         scratch = self.sync()
-        return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: ctx.loss(scratch))
+        return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: self._scratch_grads()[0])
 
-    def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
+    def loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = False) -> float | None:
         """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), other variables as the scratch copy holds
-        them; None if it is not finite or cannot be evaluated."""
-        return finite_loss(lambda: self._loss_at(q_mu, q_sqrt))
+        them; None if it is not finite or cannot be evaluated. ``eager``: each call of a stochastic loss draws new
+        samples (a compiled function with a global seed set may repeat its draws)."""
+        return finite_loss(lambda: self._loss_at(q_mu, q_sqrt, eager=eager))
 
-    def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
-        """:meth:`loss_at`, evaluated eagerly: each call of a stochastic loss draws new samples (a compiled function
-        with a global seed set may repeat its draws)."""
-        return self.loss_at(q_mu, q_sqrt)
-
-    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+    def _loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = False) -> Any:
         self.scratch.q_mu.assign(q_mu)
         self.scratch.q_sqrt.assign(q_sqrt)
-        return self.ctx.loss(self.scratch)
+        return self.ctx.loss(self.scratch) if eager else self._scratch_grads()[0]
 
     def fill_direction(self, step: Step) -> Step:
         """``step`` with ∂L/∂η computed when the step itself failed (the direction does not depend on γ): the
@@ -556,12 +557,12 @@ class Evaluator:
         return _compile.function(lambda theta1, theta2: nat_gradient_at(s.q_mu, s.q_sqrt, lambda: self.ctx.loss(s), theta1, theta2))
 
     def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
-        """The scratch copy at the model's q(u), then after each of ``steps`` eager steps with ``gamma`` and ``xi``
-        (``natgrad_trace``); raises StepFailedError or InvalidArgumentError when a step fails."""
+        """The scratch copy at the model's q(u), then after each of ``steps`` steps with ``gamma`` and ``xi`` (eager
+        ``natgrad_trace``); raises StepFailedError or InvalidArgumentError when a step fails."""
         scratch = self.sync()
         yield scratch
         for _ in range(steps):
-            _, g_mu, g_sq = loss_and_grads(scratch, self.ctx.data)
+            _, (g_mu, g_sq) = self._scratch_grads()
             t = natgrad_trace(scratch.q_mu, scratch.q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=xi, compiled=False)
             scratch.q_mu.assign(t.new_q_mu)
             scratch.q_sqrt.assign(t.new_q_sqrt)
@@ -651,7 +652,8 @@ class _Pieces:
             scratch.q_sqrt.assign(q_sqrt)
             return loss(data)
 
-        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, loss)
+        variables = [scratch.q_mu.unconstrained_variable, scratch.q_sqrt.unconstrained_variable]
+        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, lambda data: gradients(lambda: loss(data), variables))
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -745,11 +747,8 @@ class CompiledEvaluator(Evaluator):
         losses = tuple(float(x) if np.isfinite(x) else None for x in gp["losses"])
         return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses)
 
-    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
-        return self.pieces.loss_at(self.data, q_mu, q_sqrt)
-
-    def eager_loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
-        return finite_loss(lambda: Evaluator._loss_at(self, q_mu, q_sqrt))
+    def _loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = False) -> Any:
+        return Evaluator._loss_at(self, q_mu, q_sqrt, eager=True) if eager else self.pieces.loss_at(self.data, q_mu, q_sqrt)
 
     def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
         return tuple(self.pieces.nat_grad(self.data, theta1, theta2))

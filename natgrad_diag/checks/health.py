@@ -121,7 +121,7 @@ def noise(ev: Evaluator, step: Step) -> float:
         points: list[tuple[tuple[Array, Array], float | None]] = [(ev.q_arrays, step.loss)]
         if step.new_q_mu is not None and step.new_q_sqrt is not None:
             points.append(((step.new_q_mu, step.new_q_sqrt), None))
-        found = [spread(functools.partial(ev.eager_loss_at, *q), first, ev.ctx.np_dtype) for q, first in points]
+        found = [spread(functools.partial(ev.loss_at, *q, eager=True), first, ev.ctx.np_dtype) for q, first in points]
         ev.noise_at, ev.noise = (found[0], found[-1]), max(found)
     return ev.noise
 

@@ -118,7 +118,7 @@ class PairEvaluator(Evaluator):
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:
         """The trials' steps on the pair itself, natgrad-diag's and GPflow's own (eager)."""
-        return trial_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: self.loss())
+        return trial_steps(self.q_mu, self.q_sqrt, self.ctx.xi, lambda data: gradients(self.loss, self.variables))
 
     def _steps(self) -> tuple[Step, GpflowStep]:
         ctx, (g_mu, g_sq), q_mu, q_sqrt = self.ctx, self.grads, self.q_mu, self.q_sqrt
@@ -126,7 +126,7 @@ class PairEvaluator(Evaluator):
         with restored(self.variables):
             return step, gpflow_update(ctx, g_mu, g_sq, q_mu, q_sqrt, self.loss)
 
-    def loss_at(self, q_mu: Array, q_sqrt: Array) -> float | None:
+    def loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = True) -> float | None:  # your loss, eager
         def loss() -> Any:
             self.q_mu.assign(q_mu)
             self.q_sqrt.assign(q_sqrt)
