@@ -459,12 +459,13 @@ def test_fast_mode__second_call_reuses_compiled_graphs_and_sees_new_values():
     assert r1.loss_before != r2.loss_before
 
 
-@pytest.mark.slow
-def test_fast_mode__a_model_with_python_control_flow_on_a_tensor_is_checked_like_gpflows_step():
-    """The compiled pieces trace without AutoGraph (faster) and with it for such a model: same verdict, same step."""
+@pytest.mark.parametrize("mode", [pytest.param("fast", marks=pytest.mark.slow), "full"])  # fast: ~5 s; full is default
+def test_a_model_with_python_control_flow_on_a_tensor__is_checked_like_gpflows_step(mode):
+    """The compiled pieces (fast mode) and full mode's compiled losses on its scratch copy trace without AutoGraph
+    (faster) and with it for such a model: same verdict, same step."""
     plain, data = make_model("svgp", "gaussian", num_inducing=8, num_data=20)
     branchy = branchy_copy(plain)
-    report = nc.check_natgrad(branchy, data, gamma=0.2, mode="fast")
+    report = nc.check_natgrad(branchy, data, gamma=0.2, mode=mode)
     assert report.status == "pass", str(report)
     X, Y = (tf.constant(a) for a in data)
     oracle = _gpflow_step(plain, (X, Y), gamma=0.2, xi=XiNat())
