@@ -53,7 +53,7 @@ def _state_767(seed):
     m = gpflow.models.VGP((X, Y), gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Gaussian(variance=0.1))
     m.q_mu.assign(np.random.RandomState(seed).randn(4, 1))
     m.q_sqrt.assign(1e-3 * np.eye(4)[None])
-    _, g_mu, g_sq = loss_and_grads(m, None)
+    _, (g_mu, g_sq) = loss_and_grads(m, None)
     return m, to_constrained(g_mu, m.q_mu.transform).numpy(), to_constrained(g_sq, m.q_sqrt.transform).numpy()
 
 

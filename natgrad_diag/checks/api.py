@@ -349,7 +349,8 @@ def assert_natgrad_step_matches_gpflow(
                 step = dataclasses.replace(step, error="the loss or its gradient is not finite")
             check = reproduction.check_reproduction(ev, step, gp, measure_conditioning(model, *ev.q_arrays, step.new_q_sqrt))
         else:  # GPflow's step alone: the optimizer's is compared with it, natgrad-diag's is not needed
-            step = step_from_gradients(model.q_mu, model.q_sqrt, *loss_and_grads(model, ctx.data))
+            loss, (g_mu, g_sq) = loss_and_grads(model, ctx.data)
+            step = step_from_gradients(model.q_mu, model.q_sqrt, loss, g_mu, g_sq)
             scratch = ev.sync()
             gp = gpflow_update(ctx, step.g_mu, step.g_sq, scratch.q_mu, scratch.q_sqrt, lambda: float("nan"))  # no loss after it
             cond = measure_conditioning(model, *ev.q_arrays, gp.q_sqrt)

@@ -169,11 +169,10 @@ def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[
     return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
-def loss_and_grads(model: Any, data: Any) -> tuple[Any, Any, Any]:
-    """The training loss and its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (GPflow's tape)."""
+def loss_and_grads(model: Any, data: Any) -> tuple[Any, list[Any]]:
+    """(training loss, [g_mu, g_sq]): its gradients w.r.t. q_mu's and q_sqrt's unconstrained variables (one tape)."""
     variables = [model.q_mu.unconstrained_variable, model.q_sqrt.unconstrained_variable]
-    value, (g_mu, g_sq) = gradients(lambda: model.training_loss() if data is None else model.training_loss(data), variables)
-    return value, g_mu, g_sq
+    return gradients(lambda: model.training_loss() if data is None else model.training_loss(data), variables)
 
 
 def _constrained(q_mu: Any, q_sqrt: Any, g_mu: Any, g_sq: Any) -> tuple[Any, Any]:
@@ -334,7 +333,7 @@ def trial_steps(q_mu: Any, q_sqrt: Any, xi: Any, grads: Callable[[Any], Any]) ->
     """(natgrad-diag's, GPflow's own) ``step(data, g_mu, g_sq, gamma)``: one step of a k-step trial on ``q_mu``,
     ``q_sqrt`` (eager or traced) by the code :func:`~natgrad_diag.step.backend.step_backend` picks, or by a
     ``NaturalGradient`` with a γ variable; returns the new q(u), ``grads(data)`` there (the loss and its gradient, as
-    :func:`gradients` gives them), and the health flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
+    :func:`loss_and_grads` gives them), and the health flags q_ok (:func:`_looks_healthy`), loss_ok and g_ok."""
     import gpflow
     import tensorflow as tf
 
@@ -449,9 +448,8 @@ class Evaluator:
 
     @functools.cached_property
     def _scratch_grads(self) -> Callable[[], Any]:
-        """The loss and its gradients on the scratch copy, compiled: 60 ms eagerly at M = 8, 2 ms after a 0.45 s trace."""
-        s = self.scratch
-        return _compile.function(lambda: gradients(functools.partial(self.ctx.loss, s), [s.q_mu.unconstrained_variable, s.q_sqrt.unconstrained_variable]))
+        """:func:`loss_and_grads` on the scratch copy, compiled: 60 ms eagerly at M = 8, 2 ms after a 0.45 s trace."""
+        return _compile.function(lambda: loss_and_grads(self.scratch, self.ctx.data))
 
     @property
     def data(self) -> Any:
@@ -485,7 +483,7 @@ class Evaluator:
     def _steps(self) -> tuple[Step, GpflowStep]:
         """natgrad-diag's eager step on the model's q(u); GPflow's, same gradients, on the scratch copy."""
         ctx, m = self.ctx, self.ctx.model
-        loss, g_mu, g_sq = loss_and_grads(m, ctx.data)
+        loss, (g_mu, g_sq) = loss_and_grads(m, ctx.data)
         step = _closed(traced(step_from_gradients(m.q_mu, m.q_sqrt, loss, g_mu, g_sq), m.q_mu, m.q_sqrt, g_mu, g_sq, ctx, compiled=False), m, ctx)
         scratch = self.sync()
         return step, gpflow_update(ctx, g_mu, g_sq, scratch.q_mu, scratch.q_sqrt, lambda: self._scratch_grads()[0])
@@ -494,12 +492,17 @@ class Evaluator:
         """The training loss at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), other variables as the scratch copy holds
         them; None if it is not finite or cannot be evaluated. ``eager``: each call of a stochastic loss draws new
         samples (a compiled function with a global seed set may repeat its draws)."""
-        return finite_loss(lambda: self._loss_at(q_mu, q_sqrt, eager=eager))
+        return finite_loss(lambda: self.ctx.loss(self._at(q_mu, q_sqrt)) if eager else self._loss_at(q_mu, q_sqrt))
 
-    def _loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = False) -> Any:
+    def _at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        """The scratch copy, with q(u) = (q_mu, q_sqrt) assigned."""
         self.scratch.q_mu.assign(q_mu)
         self.scratch.q_sqrt.assign(q_sqrt)
-        return self.ctx.loss(self.scratch) if eager else self._scratch_grads()[0]
+        return self.scratch
+
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        self._at(q_mu, q_sqrt)
+        return self._scratch_grads()[0]
 
     def fill_direction(self, step: Step) -> Step:
         """``step`` with ∂L/∂η computed when the step itself failed (the direction does not depend on γ): the
@@ -564,9 +567,7 @@ class Evaluator:
         for _ in range(steps):
             _, (g_mu, g_sq) = self._scratch_grads()
             t = natgrad_trace(scratch.q_mu, scratch.q_sqrt, g_mu, g_sq, gamma=gamma, xi_transform=xi, compiled=False)
-            scratch.q_mu.assign(t.new_q_mu)
-            scratch.q_sqrt.assign(t.new_q_sqrt)
-            yield scratch
+            yield self._at(t.new_q_mu, t.new_q_sqrt)
 
     def trial(self, g_mu: Array, g_sq: Array, gamma: float, k: int, healthy: Healthy, before: float, rise: Rise, *, own: bool = False) -> Trial:
         """Up to k steps with ``gamma`` from the model's q(u), whose gradient is ``g_mu``, ``g_sq`` and loss ``before``
@@ -628,7 +629,7 @@ class _Pieces:
         def grads(data: Any) -> dict[str, Any]:
             m = model_ref()
             assert m is not None  # the pieces are reached through the live model
-            value, g_mu, g_sq = loss_and_grads(m, data if has_data else None)
+            value, (g_mu, g_sq) = loss_and_grads(m, data if has_data else None)
             d_mean, d_varsqrt = _constrained(m.q_mu, m.q_sqrt, g_mu, g_sq)
             q_mu, q_sqrt = tf.convert_to_tensor(m.q_mu), tf.convert_to_tensor(m.q_sqrt)
             return dict(loss=value, g_mu=g_mu, g_sq=g_sq, q_mu=q_mu, q_sqrt=q_sqrt, dL_dmean=d_mean, dL_dvarsqrt=d_varsqrt)
@@ -652,8 +653,7 @@ class _Pieces:
             scratch.q_sqrt.assign(q_sqrt)
             return loss(data)
 
-        variables = [scratch.q_mu.unconstrained_variable, scratch.q_sqrt.unconstrained_variable]
-        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, lambda data: gradients(lambda: loss(data), variables))
+        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, lambda data: loss_and_grads(scratch, data if has_data else None))
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -747,8 +747,8 @@ class CompiledEvaluator(Evaluator):
         losses = tuple(float(x) if np.isfinite(x) else None for x in gp["losses"])
         return Taken(step, _gpflow_step(gp["q_mu"], gp["q_sqrt"], float(gp["loss_after"])), losses)
 
-    def _loss_at(self, q_mu: Array, q_sqrt: Array, *, eager: bool = False) -> Any:
-        return Evaluator._loss_at(self, q_mu, q_sqrt, eager=True) if eager else self.pieces.loss_at(self.data, q_mu, q_sqrt)
+    def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
+        return self.pieces.loss_at(self.data, q_mu, q_sqrt)
 
     def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
         return tuple(self.pieces.nat_grad(self.data, theta1, theta2))
