@@ -161,15 +161,9 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
 
 @dataclass(frozen=True)
 class Eta1Comparison:
-    """What :func:`plot_eta1_comparison` draws, one entry per element of η₁ (flattened [M, L]).
-
-    Attributes:
-        labels: ``("eta1[0,0]", "eta1[1,0]", ...)``.
-        vjp: dL/dη₁ = Jᵀ·v, what ``output_gradients`` returns.
-        naive: (Jᵀ·1) ⊙ v = ``dtheta_deta1 * dL_dmean``.
-        mean_path: (∂mean/∂η₁)ᵀ·dL/dmean.
-        varsqrt_path: (∂varsqrt/∂η₁)ᵀ·dL/dvarsqrt; ``mean_path + varsqrt_path = vjp``.
-    """
+    """What :func:`plot_eta1_comparison` draws, one entry per element of η₁ (flattened [M, L]): ``labels``
+    (``"eta1[0,0]"``, ...), ``vjp`` = dL/dη₁ = Jᵀ·v (what ``output_gradients`` returns) = ``mean_path + varsqrt_path``,
+    and ``naive``, ``mean_path``, ``varsqrt_path``: :class:`~natgrad_diag.Explanation`'s ``naive_product`` and paths."""
 
     labels: tuple[str, ...]
     vjp: Array

@@ -53,11 +53,9 @@ class TorchOuter:
     """``y = torch.outer(x, x)`` differentiated by ``torch.autograd.grad`` in float64 (n = len(x)).
 
     Attributes:
-        x: [n], the point.
-        gradient_ones_seed: [n], ``grad(y, x, grad_outputs=ones_like(y))`` (= 2·sum(x)).
-        jacobian: [n, n, n], ``torch.autograd.functional.jacobian``: J[j, k, i] = ∂y_jk/∂x_i.
-        dL_dy, chain_two_step, chain_one_step: the chain z = y²: ``grad(z, y, ones)`` = 2y [n, n], then
-            ``grad(y, x, dL_dy)`` [n], and ``grad(z, x, ones)`` [n].
+        x, gradient_ones_seed, jacobian, dL_dy, chain_two_step, chain_one_step: :class:`~natgrad_diag.OuterExample`'s
+            numbers of these names, by ``torch.autograd.grad`` (``jacobian``: [n, n, n], J[j, k, i] = ∂y_jk/∂x_i, by
+            ``torch.autograd.functional.jacobian``).
         wrong_seed_error: torch's own message for ``grad_outputs=ones_like(x)`` ("" if torch accepted it).
         torch_version: ``torch.__version__``.
     """

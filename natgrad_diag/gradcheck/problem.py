@@ -112,11 +112,8 @@ class Comparison:
     """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana| (rtol scales each
     entry's own |analytical|: stricter than :mod:`natgrad_diag.tolerance`'s block rule, atol + rtol·max|want|).
 
-    Attributes:
-        worst: the flat index of the largest error relative to its tolerance; ``worst_abs_error``,
-            ``worst_tolerance``: the error and its bound there.
-        max_abs_error, max_rel_error: max |num − ana|, and max |num − ana| / |ana| over entries with |ana| > atol.
-        passed: every entry within its bound.
+    ``worst`` is the flat index of the largest error relative to its tolerance; the other fields are
+    :class:`~natgrad_diag.gradcheck.report.GradientCheckRow`'s of these names.
     """
 
     worst: int
