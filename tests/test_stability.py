@@ -32,9 +32,10 @@ def _rho(model, data, mode):
         return stability.rayleigh_bound(ev, model.q_mu.numpy(), model.q_sqrt.numpy())
 
 
-def _gpflow_step_eigenvalues(model, data):
-    """λ = 1 − eig(J), J the Jacobian of GPflow's γ = 1 step map θ ↦ θ' over the natural parameters (one latent GP):
-    θ₁ [M] and θ₂'s lower triangle, a symmetric perturbation for each off-diagonal entry; central differences."""
+def _gpflow_step_eigenvalues(model, data, gamma=1.0):
+    """λ = (1 − eig(J))/γ, J the Jacobian of GPflow's step map θ ↦ θ' with ``gamma`` over the natural parameters (one
+    latent GP): θ₁ [M] and θ₂'s lower triangle, a symmetric perturbation for each off-diagonal entry; central
+    differences."""
     copy = gpflow.utilities.deepcopy(model)
     loss = copy.training_loss_closure(data, compile=False)
     theta = [t.numpy() for t in meanvarsqrt_to_natural(tf.convert_to_tensor(model.q_mu), tf.convert_to_tensor(model.q_sqrt))]
@@ -45,7 +46,7 @@ def _gpflow_step_eigenvalues(model, data):
         mu, sq = natural_to_meanvarsqrt(tf.constant(t1), tf.constant(t2))
         copy.q_mu.assign(mu)
         copy.q_sqrt.assign(sq)
-        NaturalGradient(1.0).minimize(loss, [(copy.q_mu, copy.q_sqrt)])
+        NaturalGradient(gamma).minimize(loss, [(copy.q_mu, copy.q_sqrt)])
         n1, n2 = (t.numpy() for t in meanvarsqrt_to_natural(tf.convert_to_tensor(copy.q_mu), tf.convert_to_tensor(copy.q_sqrt)))
         return np.array([n1[i, 0] if b == 1 else n2[0, i, j] for b, i, j in coords])
 
@@ -61,7 +62,7 @@ def _gpflow_step_eigenvalues(model, data):
                 t2[0, j, i] = t2[0, i, j]
             out.append(step(t1, t2))
         columns.append((out[0] - out[1]) / (2 * h))
-    lam = np.linalg.eigvals(np.eye(len(coords)) - np.array(columns).T)
+    lam = np.linalg.eigvals(np.eye(len(coords)) - np.array(columns).T) / gamma
     assert np.abs(lam.imag).max() < 1e-6  # real: similar to the symmetric F^½HF^½
     return np.sort(lam.real)
 
@@ -79,6 +80,26 @@ def test_rayleigh_bound__below_and_near_the_largest_eigenvalue_of_gpflows_step_j
     lam = _gpflow_step_eigenvalues(model, data)
     assert lam[-1] > 1.5 * lam[-2]  # the state the comment describes
     assert 0.98 * lam[-1] <= rho <= lam[-1] + error + 1e-6, (rho, lam[-1])
+
+
+def test_rayleigh_bound__finds_the_largest_eigenvalue_when_a_negative_one_dominates():
+    # A Student-t SVGP (scale 0.03, ν = 3) with every third y an outlier by ±6, its q(u) far from the data: the loss is
+    # not convex in η there, A has eigenvalues down to −4.2 and λmax = 1.75. Power iteration on A converges to the one
+    # of largest magnitude, so it gave ρ ≈ −4 (a bound on λmax that bounds nothing); on A − ρI, whose largest
+    # eigenvalue is λmax − ρ, it finds λmax. Oracle: GPflow's own step map with γ = 0.01 (1 − γλ; central
+    # differences with h = 1e-5, error about 1e-9 after dividing by γ), where γ = 1's perturbed steps fail.
+    rng = np.random.default_rng(1)
+    X = np.sort(rng.uniform(0, 10, (30, 1)), 0)
+    Y = np.sin(X) + 0.05 * rng.standard_normal((30, 1))
+    Y[::3] += rng.choice([-6.0, 6.0], size=(10, 1))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=1.5), gpflow.likelihoods.StudentT(scale=0.03, df=3.0),
+                               np.linspace(0.5, 9.5, 4)[:, None], num_data=30)  # fmt: skip
+    model.q_mu.assign(2.0 * np.random.default_rng(5).standard_normal((4, 1)))
+    model.q_sqrt.assign(0.3 * np.eye(4)[None])
+    lam = _gpflow_step_eigenvalues(model, (X, Y), gamma=0.01)
+    assert lam[0] < -2 * lam[-1] < 0  # the state the comment describes
+    rho, error, why, _ = _rho(model, (X, Y), "full")
+    assert not why and 0.9 * lam[-1] <= rho <= lam[-1] + error + 1e-6, (rho, lam)
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])

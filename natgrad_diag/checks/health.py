@@ -27,7 +27,9 @@ MultiClass SVGP in training, where GPflow's optimizer with 0.3 does not settle a
 
 λ is estimated by power iteration on A, each A·v and F·v by central differences of ∇ηL and η along v (two gradient
 evaluations), as the generalised Rayleigh quotient ρ(v) = ⟨Fv, Av⟩/⟨Fv, v⟩ = wᵀ(F^½HF^½)w/wᵀw (w = F^½v), which
-never exceeds λmax. So γ·(ρ − error) > 2 shows the instability (error: the differences' truncation, estimated from
+never exceeds λmax; when the eigenvalue of largest magnitude is negative (a loss not convex in η: a Student-t
+likelihood with outliers), the iteration finds it instead, so it runs again on A − ρI, whose largest eigenvalue is
+λmax − ρ. So γ·(ρ − error) > 2 shows the instability (error: the differences' truncation, estimated from
 the step h against 2h); a γ below it may still be unstable, and the trials judge it as before.
 """
 
@@ -337,8 +339,8 @@ def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability
 
 def rayleigh_bound(ev: Evaluator, q_mu: Array, q_sqrt: Array, *, start: list[Array] | None = None) -> tuple[float | None, float, str, list[Array]]:
     """(ρ, its error, "", the last vector) at q(u) = (q_mu [M, L], q_sqrt [L, M, M]), the scratch copy's other
-    variables the model's, power iteration from ``start`` or a seeded random vector (the same answer on every call),
-    until ρ changes by less than 1% or :data:`MAX_ITERATIONS`; (None, 0, why, []) for a loss whose gradient two
+    variables the model's, by :func:`_power` from ``start`` or a seeded random vector (the same answer on every call),
+    shifted when ρ < 0 (module docstring); (None, 0, why, []) for a loss whose gradient two
     evaluations disagree on (a stochastic loss) or where a perturbed θ cannot be evaluated."""
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
@@ -352,22 +354,30 @@ def rayleigh_bound(ev: Evaluator, q_mu: Array, q_sqrt: Array, *, start: list[Arr
         if not all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(first, again)):
             return None, 0.0, "the gradient of the loss differs between two evaluations (a stochastic loss)", []
         rng = np.random.default_rng(0)
-        v = start or [rng.standard_normal(t.shape) for t in theta]
-        rho = prev = np.nan
-        for k in range(1, MAX_ITERATIONS + 1):
-            v = [v[0], (v[1] + np.swapaxes(v[1], -1, -2)) / 2]
-            norm = np.sqrt(sum(float(np.sum(x**2)) for x in v))
-            v = [x / norm for x in v]
-            rho, av = _rayleigh(ev, theta, v, h)
-            if not np.isfinite(rho) or abs(rho - prev) <= 1e-2 * abs(rho) or k == MAX_ITERATIONS:
-                break
-            prev, v = rho, av
+        rho, v = _power(ev, theta, start or [rng.standard_normal(t.shape) for t in theta], h)
+        if rho < 0:  # λ of largest magnitude is negative: λmax − ρ is the largest of A − ρI's (shifted) eigenvalues
+            rho, v = _power(ev, theta, [rng.standard_normal(t.shape) for t in theta], h, shift=rho)
         rho2, _ = _rayleigh(ev, theta, v, 2 * h)  # the same v
     except Exception as e:  # noqa: BLE001 - a Cholesky of a perturbed θ or the user's loss failing: no estimate
         return None, 0.0, f"a perturbed q(u) could not be evaluated ({type(e).__name__})", []
     if not (np.isfinite(rho) and np.isfinite(rho2)):
         return None, 0.0, "the finite differences were not finite", []
     return rho, abs(rho2 - rho) / 3, "", v
+
+
+def _power(ev: Evaluator, theta: list[Array], v: list[Array], h: float, shift: float = 0.0) -> tuple[float, list[Array]]:
+    """(ρ, the last vector) of power iteration on A − shift·I from ``v`` (its eigenvalues λ − shift, its eigenvectors
+    A's), until ρ changes by less than 1% or :data:`MAX_ITERATIONS`."""
+    rho = prev = np.nan
+    for k in range(1, MAX_ITERATIONS + 1):
+        v = [v[0], (v[1] + np.swapaxes(v[1], -1, -2)) / 2]
+        norm = np.sqrt(sum(float(np.sum(x**2)) for x in v))
+        v = [x / norm for x in v]
+        rho, av = _rayleigh(ev, theta, v, h)
+        if not np.isfinite(rho) or abs(rho - prev) <= 1e-2 * abs(rho) or k == MAX_ITERATIONS:
+            break
+        prev, v = rho, [a - shift * x for a, x in zip(av, v)]
+    return rho, v
 
 
 def _rayleigh(ev: Evaluator, theta: list[Array], v: list[Array], h: float) -> tuple[float, list[Array]]:
