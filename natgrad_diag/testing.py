@@ -15,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from natgrad_diag._validate import as_float_tensor, flat_outputs, require_callable, require_finite, require_max_bytes
-from natgrad_diag._validate import require_output_dtypes, split_inputs
+from natgrad_diag._validate import require_callable, require_max_bytes
 from natgrad_diag.autodiff.blocks import element_labels
-from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory, jacobian_nbytes
+from natgrad_diag.autodiff.dense import forward_pass
+from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
 from natgrad_diag.exceptions import JacobianMismatchError
 from natgrad_diag.gradcheck.api import assert_gradients
 from natgrad_diag.gradcheck.full import reverse_jacobian
-from natgrad_diag.gradcheck.problem import compare, cotangent_arrays
+from natgrad_diag.gradcheck.problem import compare, cotangent_arrays, to_arrays
 from natgrad_diag.tolerance import resolve
 from natgrad_diag.typing import Array
 
@@ -71,23 +69,15 @@ def assert_vjp_matches_jacobian(
 
     require_callable(fn)
     max_bytes = require_max_bytes(max_bytes)
-    values, names = split_inputs(inputs, input_names)
-    points = [np.array(as_float_tensor(v, f"inputs[{k}] ({n})").numpy(), copy=True)
-              for k, (n, v) in enumerate(zip(names, values))]  # fmt: skip
-    for n, x in zip(names, points):
-        require_finite(x, n)
+    points, names = to_arrays(inputs, input_names)
     # two exact routes, only rounding between them (the "exact" kind); a bad rtol/atol: an InputError before any work
     tol = resolve(points[0].dtype, "exact", rtol=rtol, atol=atol)
     xs = [tf.constant(x) for x in points]
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch(xs)
-        ys = flat_outputs(fn(*xs))
-    require_output_dtypes(ys, xs[0].dtype)
+    tape, _, ys = forward_pass(fn, xs)
     vs = cotangent_arrays(cotangents, ys)
-    nbytes = jacobian_nbytes([tuple(y.shape) for y in ys], [x.shape for x in points], ys[0].dtype.size)
-    check_memory(nbytes, max_bytes, "assert_vjp_matches_jacobian")
-    got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # jacobian refuses, before allocating, a Jacobian over max_bytes: so before the VJP too
     want = reverse_jacobian(fn, points, input_names=names, output_names=output_names, max_bytes=max_bytes).vjp(vs)
+    got = tape.gradient(ys, xs, output_gradients=[tf.constant(v) for v in vs], unconnected_gradients=tf.UnconnectedGradients.ZERO)
     for j, (g, w) in enumerate(zip(got, want)):
         _raise_on_mismatch(j, names[j], g.numpy(), w, rtol=tol.rtol, atol=tol.atol)
     return tuple(g.numpy() for g in got)

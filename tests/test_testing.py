@@ -17,7 +17,7 @@ from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 import natgrad_diag
 from natgrad_diag import testing
 from natgrad_diag.gradcheck import api as gradcheck
-from natgrad_diag.exceptions import JacobianMismatchError, OutputGradientsError
+from natgrad_diag.exceptions import InputError, JacobianMismatchError, OutputGradientsError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gradient-checks.md"
@@ -117,6 +117,12 @@ def test_assert_vjp_matches_jacobian__gradient_not_linear_in_dy_fails() -> None:
 def test_assert_vjp_matches_jacobian__bad_cotangent_is_named() -> None:
     with pytest.raises(OutputGradientsError, match=r"cotangents\[0\] has a shape of \[2\] and output\[0\] has a shape of \[3\]"):
         testing.assert_vjp_matches_jacobian(tf.sin, [np.ones(3)], [np.ones(2)])
+
+
+def test_assert_vjp_matches_jacobian__an_empty_input_is_refused_not_passed() -> None:
+    # with no entries there is nothing to compare: a pass would be one that could not have failed
+    with pytest.raises(InputError, match=r"input x0 has no entries \(shape \[0\]\): there is no derivative to check"):
+        testing.assert_vjp_matches_jacobian(tf.sin, [np.zeros(0)], [np.zeros(0)])
 
 
 # ------------------------------------------------------------------------------------------------

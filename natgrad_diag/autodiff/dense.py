@@ -52,7 +52,7 @@ def jacobian(
             or paths such as ``"z/0"`` for nested ones, in ``tf.nest.flatten``'s order).
         max_bytes: refuse, before any Jacobian is allocated, when the stored Jacobian would be larger.
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
-        chunk_size: rows (columns) per chunk; default about 1/32 of the Jacobian, 4-16 MiB, ≥ 128.
+        chunk_size: rows (columns) per chunk; default :func:`~natgrad_diag.autodiff.memory.auto_chunk`'s budget.
         mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer columns than
             rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
         compiled: ``True``: compiled chunks; ``False``: eagerly; ``None`` (default): eager for a first call with at
@@ -123,7 +123,7 @@ def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[An
     return xs, names
 
 
-def _forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
+def forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
     """fn(*xs) on a persistent tape watching xs: (tape, outputs as returned, flattened outputs)."""
     import tensorflow as tf
 
@@ -141,7 +141,7 @@ def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool |
     meta = recall(key) if compiled is not False else None
     if meta is not None and meta[0] is fn:  # remembered as (fn, out_shapes, dict_keys)
         return _Probe(*meta[1:])
-    tape, outputs, ys = _forward_pass(fn, xs)
+    tape, outputs, ys = forward_pass(fn, xs)
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
     return _Probe(out_shapes, output_labels(outputs), tape=tape, ys=ys)  # labels in tf.nest's order: the rows'
 
@@ -180,7 +180,7 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
 
     tape, ys = probe.tape, probe.ys
     if tape is None:
-        tape, _, ys = _forward_pass(fn, xs)
+        tape, _, ys = forward_pass(fn, xs)
     assert ys is not None  # the probe's or the forward pass's outputs
     zero = tf.UnconnectedGradients.ZERO
     layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]

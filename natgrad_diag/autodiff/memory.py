@@ -15,8 +15,7 @@ __all__ = ["DEFAULT_MAX_BYTES", "AllocationLimitError", "auto_chunk", "check_mem
 #: Default limit for a dense Jacobian: 2 GiB.
 DEFAULT_MAX_BYTES = 2 * 1024**3
 
-#: One chunk's result: 1/32 of the Jacobian, 4-16 MiB, at least 128 rows (columns; fewer and the per-call overhead
-#: dominates). pfor holds up to ~8 intermediates of a chunk's size, so the peak stays near 1.25× the Jacobian.
+#: One chunk's result: the budget of :func:`auto_chunk`.
 _CHUNK_FRACTION, _CHUNK_BYTES_MIN, _CHUNK_BYTES_MAX, _CHUNK_MIN = 32, 4 * 1024**2, 16 * 1024**2, 128
 
 
@@ -73,7 +72,8 @@ def check_memory(
 
 def auto_chunk(n_chunked: int, n_other: int, itemsize: int, total_bytes: int) -> int:
     """Rows (reverse mode) or columns (forward mode) per chunk, of ``n_chunked``, each ``n_other`` long, of a Jacobian
-    of ``total_bytes``: about 1/32 of it, 4-16 MiB, ≥ 128, made equal so that the last chunk wastes little.
+    of ``total_bytes``: about 1/32 of it, 4-16 MiB, ≥ 128 (fewer and the per-call overhead dominates; pfor holds up to
+    ~8 intermediates of a chunk's size, so the peak stays near 1.25× the Jacobian), made equal: the last wastes little.
 
     Examples:
         >>> auto_chunk(1000, 10, 8, 80_000)  # a small Jacobian: one chunk
