@@ -1,10 +1,8 @@
 """The error bounds of the natural-gradient checks: condition numbers measured on the model, the tolerances read from
 the package's one policy (:mod:`natgrad_diag.tolerance`), and the array helpers they use.
 
-Every check's bound is c·ε·κ·scale plus the policy's floor: a backward-stable computation with condition number κ
-carries a forward error of order ε·κ relative to the scale of its result (Higham, *Accuracy and Stability of
-Numerical Algorithms*, 2nd ed., §1.6, §7.1, §10.1). The condition numbers are κ(S) before and after the step, κ(Kuu)
-and κ(F) (measured or estimated).
+Every check's bound is c·ε·κ·scale plus the policy's floor (:func:`natgrad_diag.tolerance.rounding_bound`; Higham 2002,
+§7.1, §10.1). The condition numbers are κ(S) before and after the step, κ(Kuu) and κ(F) (measured or estimated).
 """
 
 from __future__ import annotations
@@ -146,9 +144,8 @@ class Conditioning:
     def step_condition(self) -> float:
         """κ_η·κ(S_new)·cancellation: the amplification of rounding in GPflow's new q_mu, q_sqrt.
 
-        GPflow's step recovers S with relative error ε·κ_η ≥ ε·κ(S) (:attr:`kappa_eta`), which ∂L/∂η and θ =
-        (S⁻¹m, −½S⁻¹) inherit; θ_new = θ − γ·∂L/∂η loses the factor ``cancellation``; inverting θ₂_new back to S_new
-        and q_sqrt_new amplifies by κ(S_new) (GPflow's #767 state, q_sqrt = 1e-3·I, ‖m‖ ≈ 1: κ_η ≈ 10⁶, κ(S) = 1).
+        :attr:`kappa_eta` (≥ κ(S)) in GPflow's S, so in ∂L/∂η and θ; ``cancellation`` in θ_new = θ − γ·∂L/∂η; κ(S_new)
+        inverting θ₂_new to S_new and q_sqrt_new (GPflow's #767 state, q_sqrt = 1e-3·I, ‖m‖ ≈ 1: κ_η ≈ 10⁶, κ(S) = 1).
         """
         return max(self.kappa_S, self.kappa_eta or 0.0) * (self.kappa_S_new or 1.0) * self.cancellation
 

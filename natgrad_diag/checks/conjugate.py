@@ -248,9 +248,8 @@ def _naturals(model: Any) -> tuple[Array, float]:
 def _check_convergence(ev: Evaluator, cond: Conditioning, *, steps: int = CONVERGENCE_STEPS) -> Outcome:
     """``steps`` steps with the user's γ and ξ on the scratch copy, their distance to θ* (one XiNat γ = 1 step).
 
-    Each distance is known to δ = 100·ε·(κ(F) + κ_η)·max_k ‖θ_k‖, κ_η the worst (λmax(S) + ‖m‖²)/λmin(S) over θ*
-    and the θ_k visited: GPflow's step recovers S = η₂ − η₁η₁ᵀ, losing κ_η digits when ‖m‖² ≫ λ(S) (as the
-    ``reproduction`` bound). XiNat with 0 < γ < 2 away from θ* (d_0 > δ): every ratio d_{k+1}/d_k equals |1 − γ|
+    Each distance is known to δ = 100·ε·(κ(F) + κ_η)·max_k ‖θ_k‖, κ_η the worst :attr:`Conditioning.kappa_eta` of θ* and
+    the θ_k (as ``reproduction``). XiNat with 0 < γ < 2 away from θ* (d_0 > δ): every ratio d_{k+1}/d_k equals |1 − γ|
     within δ/min_k d_{k+1} + rtol. Otherwise every step shrinks the distance or ends within δ of θ* (a q(u) already at
     θ* is converged); XiNat with |1 − γ| ≥ 1 never contracts and fails. The observed rate (d_k/d_0)^(1/k) is reported.
     """

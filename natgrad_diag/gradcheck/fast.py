@@ -154,9 +154,8 @@ def _engine(prob: Problem, compiled: bool) -> _Engine:
 def _measure(
     prob: Problem, us: list[list[Array]], vs: list[list[Array]], atols: list[float], *, compiled: bool
 ) -> _Measured:
-    """⟨Jᵀ·v, u⟩ (one call for every VJP: f once, n_out VJPs per direction), ⟨v, D_u y⟩ by central differences
-    (2 f per input and direction), then forward mode at each block's worst direction. Compiled: ArithmeticError when
-    fn is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
+    """:class:`_Engine`'s quantities, then forward mode at each block's worst direction. Compiled: ArithmeticError
+    when fn is not finite at a point; eager, the differences are :meth:`Problem.central`'s, which name such a point."""
     import tensorflow as tf
 
     from natgrad_diag.progress import progress_bar

@@ -148,10 +148,8 @@ def natgrad_record_lapack(
     """``natgrad_tensors_closed_form``'s record by LAPACK, one latent GP at a time.
 
     Args:
-        q_mu, dL_dmean: [M, L], m and ∂L/∂m.
-        q_sqrt: [L, M, M], L_S with zeros above the diagonal (natgrad_trace checks it); a negative diagonal is fine.
-        dL_dvarsqrt: [L, M, M], G = ∂L/∂L_S (its upper triangle does not enter, as in GPflow).
-        gamma, xi: the step length γ; ``"nat"`` (XiNat) or ``"sqrtmeanvar"`` (XiSqrtMeanVar).
+        q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi: as for :func:`.closed_form.natgrad_step_closed_form` (arrays, a
+            float γ); q_sqrt zero above the diagonal (natgrad_trace checks it), a negative diagonal fine.
         full: ``False`` leaves out η, Jᵀ·1 and ξ (the fast check needs only ∂L/∂η, the natural gradient, the step).
         one_thread: ``False`` runs the kernels at the BLAS library's own thread count (the benchmark's comparison).
 

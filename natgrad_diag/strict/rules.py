@@ -1,10 +1,9 @@
 """The per-call rule: does one ``tape.gradient(target, sources, output_gradients)`` break PyTorch's seed rules?
 
-``torch.autograd.grad`` refuses an output of more than one element without ``grad_outputs`` (TensorFlow returns
-Jᵀ·1, the gradient of the output's sum) and a ``grad_outputs[i]`` not exactly of ``outputs[i]``'s shape
-(TensorFlow broadcasts it or fails deep inside). The seed checks are :func:`natgrad_diag._validate.validate_seeds`,
-as in :func:`~natgrad_diag.checked_gradient`; this module adds the no-seed rule and the call site, from static
-shapes, and for a target whose element count is unknown while tracing, an assertion run with the graph.
+The rules are stated at :func:`~natgrad_diag.strict.context.strict_gradients` (a seed of the wrong shape TensorFlow
+broadcasts or fails on deep inside). The seed checks are :func:`natgrad_diag._validate.validate_seeds`, as in
+:func:`~natgrad_diag.checked_gradient`; this module adds the no-seed rule and the call site (from static shapes;
+:func:`run_time_check` for an element count unknown while tracing).
 
 References:
     PyTorch, ``torch.autograd.grad`` and ``_make_grads`` (torch/autograd/__init__.py).
