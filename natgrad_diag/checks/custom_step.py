@@ -3,9 +3,8 @@
 The user's optimizer (GPflow's ``minimize(loss_fn, var_list)``, or an update function wrapped by :func:`as_optimizer`)
 runs once on a scratch copy; its new q(u) must equal what ``gpflow.optimizers.NaturalGradient`` assigns at the same γ
 and ξ, to the ``reproduction`` bound. Else the mistake of :data:`MISTAKES` (tabled in docs/natgrad-checks.md) it
-matches to rounding is named, each computed independently from the same gradients with GPflow's step
-ξ_new = ξ − γ·(∂ξ/∂θ)·∂L/∂η (Salimbeni et al. 2018, equation [10]), ∂L/∂η = Jᵀ·v, v = (∂L/∂m, ∂L/∂L_S) and J the
-Jacobian of (m, L_S) w.r.t. η. A mistake that gives GPflow's step here (γ = 1 for the γ mistakes) is not named.
+matches to rounding is named, each computed independently from the same gradients with GPflow's step (maths in
+:mod:`natgrad_diag.step`). A mistake that gives GPflow's step here (γ = 1 for the γ mistakes) is not named.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
 from natgrad_diag.exceptions import NatGradDiagError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
+from natgrad_diag.step import trace
 from natgrad_diag.typing import Array
 
 __all__ = ["MISTAKES", "as_optimizer", "optimizer_settings", "restored", "stage", "who"]
@@ -236,30 +236,15 @@ def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, othe
 
 
 def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: Any, xi: Any) -> tuple[Any, Any]:
-    """GPflow's step from a given ∂L/∂η on: nat_dL_xi = (∂ξ/∂θ)·∂L/∂η (GPflow's double backward pass; ∂L/∂η itself
-    for XiNat), ξ_new = ξ − γ·nat_dL_xi, back to (q_mu [M, L], q_sqrt [L, M, M]) by ``xi.xi_to_meanvarsqrt``."""
+    """GPflow's new (q_mu [M, L], q_sqrt [L, M, M]) by :func:`natgrad_diag.step.trace.step_from_eta`, every input
+    (arrays, tensors, a Python float γ) made a tensor of q_mu's dtype."""
     import tensorflow as tf
-    from gpflow.optimizers import XiNat
-    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
 
     q_mu, q_sqrt = tf.convert_to_tensor(q_mu), tf.convert_to_tensor(q_sqrt)
     d1, d2 = (tf.cast(tf.convert_to_tensor(d), q_mu.dtype) for d in (dL_deta1, dL_deta2))
-    if isinstance(xi, XiNat):
-        n1, n2 = d1, d2
-    else:
-        nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
-        dummy = tf.ones_like(nat1), tf.ones_like(nat2)
-        with tf.GradientTape(watch_accessed_variables=False) as forward:
-            forward.watch(dummy)
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
-                tape.watch([nat1, nat2])
-                x1, x2 = xi.naturals_to_xi(nat1, nat2)
-            dummy_grads = tape.gradient([x1, x2], [nat1, nat2], output_gradients=dummy)
-        n1, n2 = forward.gradient(dummy_grads, dummy, output_gradients=[d1, d2])
     g = tf.cast(tf.convert_to_tensor(gamma, dtype_hint=q_mu.dtype), q_mu.dtype)  # a Python float stays float64
-    xi1, xi2 = xi.meanvarsqrt_to_xi(q_mu, q_sqrt)
-    new_mu, new_sq = xi.xi_to_meanvarsqrt(xi1 - g * n1, xi2 - g * n2)
-    return new_mu, new_sq
+    out = trace.step_from_eta(q_mu, q_sqrt, d1, d2, g, xi)
+    return out["new_q_mu"], out["new_q_sqrt"]
 
 
 def mistaken_steps(

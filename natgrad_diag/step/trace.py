@@ -22,7 +22,7 @@ from natgrad_diag.step.closed_form import default_seed_gradient, natgrad_tensors
 from natgrad_diag.step.lapack import natgrad_record_lapack
 from natgrad_diag.typing import Array, FloatArray
 
-__all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform"]
+__all__ = ["NatGradTrace", "constrained_arrays", "natgrad_tensors", "natgrad_trace", "resolve_xi_transform", "step_from_eta"]
 
 
 @dataclass(frozen=True)
@@ -153,45 +153,54 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
 def natgrad_tensors(
     q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, gamma: Any, xi_transform: Any, *, default_seed: str = "tape"
 ) -> dict[str, Any]:
-    """GPflow's ``_natgrad_apply_gradients`` line by line on constrained tensors, recorded; no checks (tf.function-able).
+    """GPflow's ``_natgrad_apply_gradients`` on constrained tensors, recorded; no checks (tf.function-able): its lines
+    to ∂L/∂η, then :func:`step_from_eta` (the same operations, the ξ double backward pass on a tape of its own).
 
     Also records the default-seed gradient ``dtheta_deta = tape.gradient(meanvarsqrt, [eta1, eta2])``
     (``default_seed="tape"``, the user's line) or the same by :func:`default_seed_gradient` (``"closed_form"``).
     """
     import tensorflow as tf
-    from gpflow.optimizers import XiNat
-    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation, meanvarsqrt_to_natural
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
 
-    is_nat = isinstance(xi_transform, XiNat)
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
         tape.watch([q_mu, q_sqrt])
         eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
         meanvarsqrt = expectation_to_meanvarsqrt(eta1, eta2)
-        if not is_nat:
-            nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
-            xi1_nat, xi2_nat = xi_transform.naturals_to_xi(nat1, nat2)
-            dummy_tensors = tf.ones_like(xi1_nat), tf.ones_like(xi2_nat)
-            with tf.GradientTape(watch_accessed_variables=False) as forward_tape:
-                forward_tape.watch(dummy_tensors)
-                dummy_gradients = tape.gradient([xi1_nat, xi2_nat], [nat1, nat2], output_gradients=dummy_tensors)
     dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt])
     if default_seed == "closed_form":
         dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, meanvarsqrt[1])
     else:
         dtheta_deta1, dtheta_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2])
-    if not is_nat:
-        nat_dL_xi1, nat_dL_xi2 = forward_tape.gradient(dummy_gradients, dummy_tensors, output_gradients=[dL_deta1, dL_deta2])
-    else:
-        nat_dL_xi1, nat_dL_xi2 = dL_deta1, dL_deta2
     del tape
-    xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
-    xi1_new = xi1 - gamma * nat_dL_xi1
-    xi2_new = xi2 - gamma * nat_dL_xi2
-    new_q_mu, new_q_sqrt = xi_transform.xi_to_meanvarsqrt(xi1_new, xi2_new)
     return dict(
         eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2, dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
-        xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2, new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt,
+        **step_from_eta(q_mu, q_sqrt, dL_deta1, dL_deta2, gamma, xi_transform),
     )  # fmt: skip
+
+
+def step_from_eta(q_mu: Any, q_sqrt: Any, dL_deta1: Any, dL_deta2: Any, gamma: Any, xi_transform: Any) -> dict[str, Any]:
+    """GPflow's step from ∂L/∂η on (tensors of one dtype): nat_dL_xi = (∂ξ/∂θ)·∂L/∂η (∂L/∂η itself for XiNat, else
+    GPflow's double backward pass through ``naturals_to_xi`` with a dummy of ones), ξ_new = ξ − γ·nat_dL_xi mapped back
+    by ``xi_to_meanvarsqrt``: ``{xi1, xi2, nat_dL_xi1, nat_dL_xi2, new_q_mu [M, L], new_q_sqrt [L, M, M]}``."""
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    if isinstance(xi_transform, XiNat):
+        nat_dL_xi1, nat_dL_xi2 = dL_deta1, dL_deta2
+    else:
+        nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch([nat1, nat2])
+            xi1_nat, xi2_nat = xi_transform.naturals_to_xi(nat1, nat2)
+        dummy_tensors = tf.ones_like(xi1_nat), tf.ones_like(xi2_nat)
+        with tf.GradientTape(watch_accessed_variables=False) as forward_tape:
+            forward_tape.watch(dummy_tensors)
+            dummy_gradients = tape.gradient([xi1_nat, xi2_nat], [nat1, nat2], output_gradients=dummy_tensors)
+        nat_dL_xi1, nat_dL_xi2 = forward_tape.gradient(dummy_gradients, dummy_tensors, output_gradients=[dL_deta1, dL_deta2])
+    xi1, xi2 = xi_transform.meanvarsqrt_to_xi(q_mu, q_sqrt)
+    new_q_mu, new_q_sqrt = xi_transform.xi_to_meanvarsqrt(xi1 - gamma * nat_dL_xi1, xi2 - gamma * nat_dL_xi2)
+    return dict(xi1=xi1, xi2=xi2, nat_dL_xi1=nat_dL_xi1, nat_dL_xi2=nat_dL_xi2, new_q_mu=new_q_mu, new_q_sqrt=new_q_sqrt)
 
 
 def _transform_key(transform: Any) -> Any:
