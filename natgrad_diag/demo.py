@@ -39,10 +39,7 @@ def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
 
 
 def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise input_error(f"{name} must be an integer ≥ 1.", name, "an int ≥ 1", repr(value),
-                          f"pass {name} as a positive integer.")
-    return int(value)
+    return require_int(value, name, minimum=1, remedy=f"pass {name} as a positive integer.")
 
 
 def svgp_options(model: str, num_inducing: int | None = None, whiten: bool | None = None, *, flags: bool = False) -> tuple[int, bool]:

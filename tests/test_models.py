@@ -67,8 +67,8 @@ def test_dtype_context__restores_gpflows_default_float():
     [
         ({"model": "gpr"}, "model must be one of svgp, vgp"),
         ({"likelihood": "laplace"}, "likelihood must be one of"),
-        ({"num_inducing": 0}, "num_inducing must be an integer"),
-        ({"num_latent": 1.5}, "num_latent must be an integer"),
+        ({"num_inducing": 0}, "num_inducing must be a positive integer"),
+        ({"num_latent": 1.5}, "num_latent must be a positive integer"),
         ({"dtype": "float16"}, "dtype must be float64 or float32"),
         ({"model": "VGP", "num_inducing": 4}, r"a VGP has no inducing points(.|\n)*Argument: num_inducing\n(.|\n)*Got: +num_inducing=4\n"),
         ({"model": "vgp", "whiten": False}, r"Argument: whiten\n +Expected: neither with model=vgp\n +Got: +whiten=False\n"),

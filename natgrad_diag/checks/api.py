@@ -26,13 +26,13 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, require_bool, validate_data, validate_model
 from natgrad_diag.checks import conjugate, custom_step, fisher, health, loss_gradient, mapping, reproduction, xi_forward
-from natgrad_diag.checks.bounds import Conditioning, Tolerances, before_step, measure_conditioning, natgrad_tolerances, new_extremes, with_overrides
+from natgrad_diag.checks.bounds import Conditioning, Tolerances, before_step, measure_conditioning, natgrad_tolerances, new_extremes
 from natgrad_diag.checks.causes import FIX, diagnose
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, Point, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
 )  # fmt: skip
 from natgrad_diag.checks.health import GAMMA_GRID
-from natgrad_diag.checks.pairs import check_pairs, trainable_note, variational_pairs
+from natgrad_diag.checks.pairs import check_pairs, pair_context, trainable_note, variational_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag.exceptions import NatGradCheckError
 from natgrad_diag.progress import progress_bar
@@ -213,12 +213,9 @@ def _checking(model: Any, data: Any, gamma: Any, xi_transform: Any, overrides: d
     """The validated :class:`Context` of a check of ``model``, inside GPflow's config for the model's dtype."""
     validate_model(model)
     xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
-    np_dtype = np.dtype(model.q_mu.dtype.as_numpy_dtype)
-    tol = with_overrides(natgrad_tolerances(np_dtype), **overrides)
-    with dtype_context(np_dtype):
-        tf_data = validate_data(model, data, np_dtype)
-        M, L = int(model.q_mu.shape[0]), int(model.q_mu.shape[1])
-        yield Context(model=model, data=tf_data, xi=xi, gamma=g, tol=tol, np_dtype=np_dtype, M=M, L=L)
+    ctx = pair_context(model.q_mu, xi, g, overrides)  # the tolerances are validated before the data
+    with dtype_context(ctx.np_dtype):
+        yield dataclasses.replace(ctx, model=model, data=validate_data(model, data, ctx.np_dtype))
 
 
 def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport:

@@ -90,10 +90,10 @@ def trainable_note(pairs: list[Pair]) -> str:
     )
 
 
-def pair_context(q_mu: Any, xi: Any, gamma: float, rtol: float | None, atol: float | None, **options: Any) -> Context:
-    """The context of one pair's checks: its dtype's tolerances with the overrides, M and L from q_mu [M, L]."""
+def pair_context(q_mu: Any, xi: Any, gamma: float, overrides: dict[str, float | None], **options: Any) -> Context:
+    """The context of one q(u)'s checks (no model or data): q_mu's dtype's tolerances with ``overrides``, M and L."""
     np_dtype = np.dtype(q_mu.dtype.as_numpy_dtype)
-    tol = with_overrides(natgrad_tolerances(np_dtype), rtol=rtol, atol=atol)
+    tol = with_overrides(natgrad_tolerances(np_dtype), **overrides)
     M, L = (int(n) for n in q_mu.shape)
     return Context(model=None, data=None, xi=xi, gamma=gamma, tol=tol, np_dtype=np_dtype, M=M, L=L, **options)
 
@@ -256,7 +256,7 @@ def check_pairs(
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):
             options = dict(gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)
-            ctx = pair_context(pair[1], xi, g, rtol, atol, **options)
+            ctx = pair_context(pair[1], xi, g, dict(rtol=rtol, atol=atol), **options)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     if len(pairs) == 1:
@@ -347,7 +347,7 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
             v.assign(b)
         loss, grads = gradients(loss_fn, variables)
         for i, (q_mu, q_sqrt, *xi) in enumerate(var_list):
-            ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), rtol, atol)
+            ctx = pair_context(q_mu, (xi or [None])[0] or default_xi or XiNat(), float(gamma), dict(rtol=rtol, atol=atol))
             start = (q_mu.numpy(), q_sqrt.numpy())
             step = step_from_gradients(q_mu, q_sqrt, loss, grads[2 * i], grads[2 * i + 1])
             with restored(variables[2 * i:2 * i + 2]):
