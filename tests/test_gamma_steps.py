@@ -174,13 +174,16 @@ def test_search__a_gaussian_likelihood_gets_gamma_1_from_any_start(gaussian, gam
     assert report.passed == (failed is None)
 
 
-def test_gamma_steps_1__judges_the_first_step_only(studentt, oracle):
+def test_gamma_steps_1__judges_the_first_step_and_looks_ahead_where_lambda_says_unstable(studentt, oracle):
+    # γ = 1's first step lowers the loss; it is the second that fails (the oracle). One step alone passed γ = 1; where
+    # it leads λ = 14 > 2/γ, so the check takes 4 steps of it and finds that failure.
     model, data = studentt
     report = check_natgrad(model, data, gamma=1.0, mode="full", gamma_steps=1, progress=False)
-    assert report.passed  # γ = 1's first step lowers the loss; it is the second that fails
     assert all(t.steps == 1 for t in report.gamma_trials)
     own = next(t for t in report.gamma_trials if t.gamma == 1.0)
-    assert own.healthy and own.losses == pytest.approx(oracle[1.0][0][:1], rel=RTOL)
+    assert oracle[1.0][1] == 2 and not report.passed and own.failed_step is None
+    assert own.reason.startswith("unstable: the step held, but 4 steps did not (step 2 of 4: ")
+    assert not own.healthy and own.losses == pytest.approx(oracle[1.0][0][:1], rel=RTOL)
 
 
 @pytest.mark.slow  # ~6 s; by default full (report_k) and fast (test_verdict__...[fast]) trials are each checked against GPflow's

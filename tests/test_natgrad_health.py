@@ -75,9 +75,10 @@ def test_best_gamma__lowest_loss_wins_and_ties_go_to_the_smaller_gamma():
 @pytest.mark.slow
 def test_suggested_gamma__is_a_local_minimum_of_gpflows_losses_on_the_grid():
     """Heteroskedastic notebook model, one step per γ: every γ the search measured has GPflow's loss after its step,
-    the suggestion is the lowest of them (ties to the smaller γ), and its grid neighbours are no better by GPflow's
-    optimizer (the search stopped at a bracket)."""
-    from _user_models import gpflow_loss_after, heteroskedastic_svgp, same_bits, variables_of
+    but for those λ finds unstable whose 4 steps by GPflow's optimizer break or end above the start (γ = 3: NaN at step
+    2; γ = 1: 409 → 115 → 5746), the suggestion is the lowest of them (ties to the smaller γ), and its grid neighbours
+    are no better by GPflow's optimizer (the search stopped at a bracket)."""
+    from _user_models import gpflow_loss_after, gpflow_losses, heteroskedastic_svgp, same_bits, variables_of
 
     from natgrad_diag import check_natgrad
 
@@ -87,6 +88,10 @@ def test_suggested_gamma__is_a_local_minimum_of_gpflows_losses_on_the_grid():
     assert same_bits(before, variables_of(model))
     oracle = {g: gpflow_loss_after(model, data, g) for g in GAMMA_GRID}
     for g, loss in report.gamma_losses.items():
+        if next(t for t in report.gamma_trials if t.gamma == g).reason.startswith("unstable: the step held, but 4 steps did not"):
+            four = gpflow_losses(model, data, g, 4)
+            assert loss is None and oracle[g] is not None and (np.isnan(four[-1]) or max(four) > four[0]), g
+            continue
         # |ours − GPflow's|: both evaluate the same loss at steps equal to 1e-10 (the reproduction bound), and the
         # loss's derivative times 1e-10 is far below 1e-6 relative
         assert (loss is None) == (oracle[g] is None or oracle[g] > report.loss_before), g

@@ -83,23 +83,50 @@ def test_rayleigh_bound__below_and_near_the_largest_eigenvalue_of_gpflows_step_j
 
 
 def test_rayleigh_bound__finds_the_largest_eigenvalue_when_a_negative_one_dominates():
-    # A Student-t SVGP (scale 0.03, ν = 3) with every third y an outlier by ±6, its q(u) far from the data: the loss is
-    # not convex in η there, A has eigenvalues down to −4.2 and λmax = 1.75. Power iteration on A converges to the one
-    # of largest magnitude, so it gave ρ ≈ −4 (a bound on λmax that bounds nothing); on A − ρI, whose largest
+    # A Student-t SVGP with outliers (scale 0.03), its q(u) far from the data: the loss is not convex in η there, A
+    # has eigenvalues down to −4.2 and λmax = 1.75. Power iteration on A converges to the one of largest magnitude,
+    # so it gave ρ ≈ −4 (a bound on λmax that bounds nothing); on A − ρI, whose largest
     # eigenvalue is λmax − ρ, it finds λmax. Oracle: GPflow's own step map with γ = 0.01 (1 − γλ; central
     # differences with h = 1e-5, error about 1e-9 after dividing by γ), where γ = 1's perturbed steps fail.
-    rng = np.random.default_rng(1)
-    X = np.sort(rng.uniform(0, 10, (30, 1)), 0)
-    Y = np.sin(X) + 0.05 * rng.standard_normal((30, 1))
-    Y[::3] += rng.choice([-6.0, 6.0], size=(10, 1))
-    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=1.5), gpflow.likelihoods.StudentT(scale=0.03, df=3.0),
-                               np.linspace(0.5, 9.5, 4)[:, None], num_data=30)  # fmt: skip
-    model.q_mu.assign(2.0 * np.random.default_rng(5).standard_normal((4, 1)))
-    model.q_sqrt.assign(0.3 * np.eye(4)[None])
-    lam = _gpflow_step_eigenvalues(model, (X, Y), gamma=0.01)
+    model, data = _outlier_studentt(M=4, N=30, scale=0.03)
+    lam = _gpflow_step_eigenvalues(model, data, gamma=0.01)
     assert lam[0] < -2 * lam[-1] < 0  # the state the comment describes
-    rho, error, why, _ = _rho(model, (X, Y), "full")
+    rho, error, why, _ = _rho(model, data, "full")
     assert not why and 0.9 * lam[-1] <= rho <= lam[-1] + error + 1e-6, (rho, lam)
+
+
+def _outlier_studentt(M=6, N=40, scale=0.01, seed=1):
+    """A Student-t SVGP (ν = 3) with every third y an outlier by ±6 and q(u) = N(2·z, 0.09·I), z standard normal:
+    the loss is not convex in η, and λ changes by two orders of magnitude over a few steps."""
+    rng = np.random.default_rng(seed)
+    X = np.sort(rng.uniform(0, 10, (N, 1)), 0)
+    Y = np.sin(X) + 0.05 * rng.standard_normal((N, 1))
+    Y[::3] += rng.choice([-6.0, 6.0], size=(len(Y[::3]), 1))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(lengthscales=1.5), gpflow.likelihoods.StudentT(scale=scale, df=3.0),
+                               np.linspace(0.5, 9.5, M)[:, None], num_data=N)  # fmt: skip
+    model.q_mu.assign(2.0 * np.random.default_rng(5).standard_normal((M, 1)))
+    model.q_sqrt.assign(0.3 * np.eye(M)[None])
+    return model, (X, Y)
+
+
+@pytest.mark.slow  # two full checks with their γ searches (30 s each on 2 busy cores), GPflow's optimizer for 420 steps
+def test_look_ahead__fails_the_gamma_whose_steps_lead_where_lambda_says_unstable_and_passes_the_one_that_trains():
+    """γ = 0.07's five steps lower the loss, and λ is 1 here, so the stability rule (the smaller λ decides) passed it
+    and suggested it; where its steps lead λ = 164 > 2/γ, and GPflow's optimizer with it is above the starting loss at
+    step 11 and NaN at step 14. The check now looks 20 steps ahead there and fails it. γ = 0.04 leads to λ = 372 as
+    well but trains: its 20 steps hold and it passes. Oracle: GPflow's optimizer for 200 steps on copies."""
+    model, data = _outlier_studentt()
+    before = variables_of(model)
+    fast = check_natgrad(model, data, gamma=0.07, progress=False)
+    assert same_bits(before, variables_of(model))
+    assert not fast.passed and "gamma = 0.07 fails: unstable: the 5 steps held, but 20 steps did not (step 11 of 20: the loss is above" in fast.check("step_health").detail
+    blown = gpflow_losses(model, data, 0.07, 20)
+    assert blown[5] < blown[0] and (np.isnan(blown[-1]) or max(blown) > blown[0])  # 5 steps hold, 20 do not
+    slow = check_natgrad(model, data, gamma=0.04, progress=False)
+    assert slow.passed
+    for gamma in (0.04, fast.suggested_gamma):
+        kept = np.array(gpflow_losses(model, data, gamma, 200, compiled=True))
+        assert np.all(np.isfinite(kept)) and kept.max() <= kept[0] and kept[-1] < kept[0] - 200, gamma  # trains: 629 → 355
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])

@@ -440,6 +440,7 @@ class Evaluator:
         self.noise_at = (0.0, 0.0)  # σ̂ at the current q(u) and where the step lands
         self.stability: Any = None  # checks.health.Stability, once the step_health stage estimated it
         self.reached: dict[float, Point] = {}  # γ → the q(u) its healthy trial's k steps reached
+        self.looked: dict[float, str] = {}  # γ → why its longer look-ahead failed ("": it held) (checks.health)
 
     @functools.cached_property
     def _trial_steps(self) -> tuple[Callable[..., dict[str, Any]], ...]:

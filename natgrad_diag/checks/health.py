@@ -31,6 +31,10 @@ never exceeds λmax; when the eigenvalue of largest magnitude is negative (a los
 likelihood with outliers), the iteration finds it instead, so it runs again on A − ρI, whose largest eigenvalue is
 λmax − ρ. So γ·(ρ − error) > 2 shows the instability (error: the differences' truncation, estimated from
 the step h against 2h); a γ below it may still be unstable, and the trials judge it as before.
+
+When λ where the steps lead exceeds 2/γ but λ here does not (λ falling by more than :data:`STEADY`, or rising from
+below 2/γ), the linearisation cannot decide, so γ is tried for :data:`LOOK_AHEAD`·k steps, and fails when they break
+or leave the loss above where it started (docs/natgrad-checks.md: a Student-t SVGP with outliers, NaN at step 14).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from natgrad_diag.report.records import Check, format_number, loss_rose, status_
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "GAMMA_GRID", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "Stability", "best_gamma", "estimate_stability", "health",
+    "GAMMA_GRID", "LOOK_AHEAD", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "Stability", "best_gamma", "estimate_stability", "health",
     "judge_stability", "noise", "rayleigh_bound", "rounding", "search", "sigmas", "spread", "stage",
 ]  # fmt: skip
 
@@ -189,8 +193,8 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> Gam
     return GammaTrial(gamma, True, losses[-1], "lowers the loss" if losses[-1] < step.loss else "keeps the loss", k, losses)
 
 
-def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> float | None:
-    """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`), λ
+def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, proven: bool) -> float | None:
+    """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`, else :func:`_look_ahead`), λ
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and keeps_gaussian_maths(getattr(ev.ctx.model, "likelihood", None)):
         ev.stability = Stability(1.0, why="a Gaussian likelihood: A = I, λ = 1 exactly")  # no estimate needed
@@ -200,9 +204,30 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial]) -> float | None:
             return None
         best = min(reached, key=lambda t: t.loss or 0.0).gamma
         ev.stability = estimate_stability(ev, ev.reached[best], max(t.gamma for t in reached))
-    failed = {g: judged for g, t in measured.items() if (judged := judge_stability(t, ev.stability)) is not t}
+    judged = {g: _look_ahead(ev, judge_stability(t, ev.stability), step, own=g == ev.ctx.gamma or not proven) for g, t in measured.items()}
+    failed = {g: t for g, t in judged.items() if t is not measured[g]}
     measured.update(failed)
     return min(failed, default=None)
+
+
+def _look_ahead(ev: Evaluator, trial: GammaTrial, step: Step, *, own: bool) -> GammaTrial:
+    """``trial``, failed when λ where its steps lead exceeds 2/γ (:func:`judge_stability` could not decide) and
+    :data:`LOOK_AHEAD`·k steps of γ break or leave the loss above where it started (module docstring)."""
+    st, k = ev.stability, trial.steps
+    if not trial.healthy or st.end is None or trial.gamma * (st.end - st.error) <= 2:
+        return trial
+    if trial.gamma not in ev.looked:
+        healthy = functools.partial(lambda mu, sq, dtype: health(mu, sq, dtype)[:2], dtype=ev.ctx.np_dtype)
+        losses, why, _ = ev.trial(step.g_mu, step.g_sq, trial.gamma, LOOK_AHEAD * k, healthy, step.loss, (np.inf, np.inf), own=own)
+        top = step.loss + rounding(step.loss, ev.ctx.np_dtype, sigmas(ev)[0])
+        j = next((j for j, loss in enumerate(losses, 1) if loss > top), None)
+        ev.looked[trial.gamma] = (f"step {j} of {LOOK_AHEAD * k}: the loss is above where it started ({format_number(step.loss)} → "
+                                  f"{format_number(losses[j - 1])})" if j else why)
+    if not (why := ev.looked[trial.gamma]):
+        return trial
+    reason = (f"unstable: {f'the {k} steps' if k > 1 else 'the step'} held, but {LOOK_AHEAD * k} steps did not ({why}); where they lead "
+              f"λ ≥ {st.end:.4g} (the largest eigenvalue of ∂(∇ηL)/∂θ) exceeds 2/γ = {2 / trial.gamma:.3g}")
+    return dataclasses.replace(trial, healthy=False, loss=None, reason=reason)
 
 
 def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[float | None, tuple[GammaTrial, ...]]:
@@ -233,9 +258,9 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
             walk(i0, -1, own)
     else:
         walk(i0, -1, None)
-    if (unstable := _unstable(ev, measured)) is not None:  # the stable γ are below the smallest unstable one
+    if (unstable := _unstable(ev, measured, step, proven)) is not None:  # the stable γ are below the smallest unstable one
         walk(grid.index(unstable), -1, None)
-        _unstable(ev, measured)
+        _unstable(ev, measured, step, proven)
     trials = tuple(measured[g] for g in sorted(measured, reverse=True))
     return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1], keep=own.gamma), trials
 
@@ -285,7 +310,7 @@ def stage(run: Run) -> Outcome:
         suggested, trials = search(ev, step, own, proven)
         own = next(t for t in trials if t.gamma == ctx.gamma)
     else:
-        _unstable(ev, alone := {ctx.gamma: own})
+        _unstable(ev, alone := {ctx.gamma: own}, step, proven)
         own = alone[ctx.gamma]
         suggested, trials = own.gamma if own.healthy else None, (own,)
     check = _health_check(ctx, step, ev.noise_at, own, suggested, trials)
@@ -300,6 +325,9 @@ def stage(run: Run) -> Outcome:
 #: Power iterations at most; they stop earlier when ρ changes by less than 1% (a lower bound at any point).
 MAX_ITERATIONS = 30
 
+
+#: A γ whose k steps held but which λ where they lead finds unstable is tried for this many times k steps.
+LOOK_AHEAD = 4
 
 #: How far λ may fall from the current q(u) to where the trials lead for the linearisation to decide.
 STEADY = 0.1
@@ -328,7 +356,7 @@ def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability
     it, at the model's q(u) (:func:`rayleigh_bound`, started from the first's vector), and the λ the verdict uses."""
     end, e1, why, v = rayleigh_bound(ev, *reached)
     if end is None or gamma * (end - e1) <= 2:  # no γ that held can fail: the second estimate is not needed
-        return Stability(None, None, end, why=why or f"γ = {gamma:g} and below are stable by λ here")
+        return Stability(None, None, end, e1, why=why or f"γ = {gamma:g} and below are stable by λ here")
     start, e0, why, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
     if start is None:
         return Stability(None, start, end, why=why)
