@@ -432,16 +432,16 @@ def split_inputs(inputs: Any, input_names: Sequence[str] | None, *, remedy: str 
     return values, names_of(input_names, len(values), "inputs")
 
 
-def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn") -> Any:
-    """``fn(*xs)``; an error inside it becomes an :class:`InputError` naming ``fn`` and the inputs' shapes."""
+def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn", *, at: str = "", remedy: str = "") -> Any:
+    """``fn(*xs)``; an error inside it: an :class:`InputError` naming ``fn``, its inputs' shapes, ``at`` and ``remedy``."""
     try:
         return fn(*xs)
     except NatGradDiagError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
         inputs = ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs)
-        raise InputError(f"{name}(*inputs) raised an error.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
-                         remedy=f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e
+        raise InputError(f"{name}(*inputs) raised an error{at}.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
+                         remedy=remedy or f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e
 
 
 def validate_model(model: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import (
-    as_float_tensor, flat_outputs, input_error, names_of, output_labels, require_finite, require_output_dtypes,
+    as_float_tensor, call_fn, flat_outputs, input_error, names_of, output_labels, require_finite, require_output_dtypes,
     require_same_dtype, seed_array, shape_str, split_inputs, validate_seeds,
 )  # fmt: skip
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
@@ -57,15 +57,8 @@ class Problem:
         self.fn, self.x, self.names, self.structures, self.max_bytes = fn, arrays, names, structures, max_bytes
         self.eps, self.rtol, self.atol = float(tol.eps or 0.0), tol.rtol, tol.atol
         self.dtype = arrays[0].dtype
-        try:
-            outputs = fn(*[tf.constant(a) for a in arrays])
-        except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
-            raise InputError(
-                "fn(*inputs) raised an error at the given point.",
-                context=[("Argument", "fn"), ("Inputs", ", ".join(shape_str(a.shape) for a in arrays)), ("Error", error_line(e, with_type=True))],
-                remedy="call fn(*inputs) yourself to see the error; check the inputs' shapes and that the point is valid "
-                "(e.g. positive definite).",
-            ) from e
+        outputs = call_fn(fn, [tf.constant(a) for a in arrays], at=" at the given point", remedy="call fn(*inputs) yourself to "
+                          "see the error; check the inputs' shapes and that the point is valid (e.g. positive definite).")
         flat = flat_outputs(outputs)  # float tensors of the inputs' dtype (float16, float32 or float64)
         require_output_dtypes(flat, self.dtype.name)
         self.y = [np.asarray(y.numpy()) for y in flat]
