@@ -3,8 +3,8 @@
 Without changing the model, an evaluator computes the training loss and its gradients (GPflow's tape); natgrad-diag's
 step (equation [10], maths in :mod:`natgrad_diag.step`); GPflow's own update (through :mod:`natgrad_diag._gpflow`)
 and the loss after it; the loss at any q(u); F·∇ηL and ∇θL matrix-free (F = ∂η/∂θ the Fisher matrix) and
-(∂ξ/∂θ)·∇ηL by forward mode; ∇ηL at any θ; the loss after k steps with one γ, hyperparameters held fixed. Each evaluator makes one
-scratch copy of the model; the checks no other.
+(∂ξ/∂θ)·∇ηL by forward mode; ∇ηL at any θ; the loss after k steps with one γ, hyperparameters held fixed. Each model has one
+scratch copy, cached with the compiled pieces; the checks make no other.
 """
 
 from __future__ import annotations
@@ -432,9 +432,8 @@ class Evaluator:
     loss_directions = 3
     compares = "natgrad-diag's closed form against GPflow's update, both eager"
 
-    def __init__(self, ctx: Context, scratch: Any = None) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.scratch = scratch if scratch is not None or ctx.model is None else scratch_copy(ctx.model)
         self._fisher: Callable[..., dict[str, Any]] = fisher_products
         self.noise: float | None = None  # the loss's σ̂ (the larger of noise_at), once checks.health.noise measured it
         self.noise_at = (0.0, 0.0)  # σ̂ at the current q(u) and where the step lands
@@ -448,9 +447,28 @@ class Evaluator:
         return trial_steps(self.scratch.q_mu, self.scratch.q_sqrt, self.ctx.xi, lambda data: self._scratch_grads())
 
     @functools.cached_property
-    def _scratch_grads(self) -> Callable[[], Any]:
+    def pieces(self) -> _Pieces:
+        """The model's compiled pieces and its scratch copy for this ξ and data signature, cached weakly per model in
+        :mod:`natgrad_diag._compile` (checking a model again traces nothing), the copy's variables set to the model's."""
+        model, xi = self.ctx.model, self.ctx.xi
+        # the graphs capture the model's variables: a replaced Parameter needs new pieces
+        key = (
+            "checks", type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0,
+            self.ctx.data is not None, tuple(id(v) for v in model.variables),
+        )  # fmt: skip
+        pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, self.ctx.data is not None))
+        for src, dst in zip(model.variables, pieces.scratch.variables):
+            dst.assign(src)
+        return pieces
+
+    @property
+    def scratch(self) -> Any:
+        """The model's scratch copy (:attr:`pieces`); None in the var_list form, which has no model."""
+        return None if self.ctx.model is None else self.pieces.scratch
+
+    def _scratch_grads(self) -> tuple[Any, list[Any]]:
         """:func:`loss_and_grads` on the scratch copy, compiled: 60 ms eagerly at M = 8, 2 ms after a 0.45 s trace."""
-        return _compile.function(lambda: loss_and_grads(self.scratch, self.ctx.data))
+        return self.pieces.scratch_grads(self.data)
 
     @property
     def data(self) -> Any:
@@ -550,15 +568,8 @@ class Evaluator:
         return tuple(np.asarray(t) for t in self._nat_gradient_at(theta1, theta2))
 
     def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
-        return tuple(self._nat_gradient_compiled(theta1, theta2))
-
-    @functools.cached_property
-    def _nat_gradient_compiled(self) -> Callable[[Array, Array], Any]:
-        """:func:`nat_gradient_at` on the scratch copy, compiled in both modes: the stability estimate's 10-30
-        gradients feed a power iteration, not a check of their values, and cost 60 ms each eagerly at M = 8, 3 ms
-        compiled."""
-        s = self.scratch
-        return _compile.function(lambda theta1, theta2: nat_gradient_at(s.q_mu, s.q_sqrt, lambda: self.ctx.loss(s), theta1, theta2))
+        """Compiled in both modes: the power iteration's 10-30 gradients (not checked values) cost 60 ms each eagerly."""
+        return tuple(self.pieces.nat_grad(self.data, theta1, theta2))
 
     def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
         """The scratch copy at the model's q(u), then after each of ``steps`` steps with ``gamma`` and ``xi`` (eager
@@ -627,6 +638,10 @@ class _Pieces:
         def loss(data: Any) -> Any:
             return scratch.training_loss(data) if has_data else scratch.training_loss()
 
+        def scratch_grads(data: Any) -> tuple[Any, list[Any]]:
+            _compile.note_trace("scratch_grads")  # each trace (and each eager one-step trial of fast mode)
+            return loss_and_grads(scratch, data if has_data else None)
+
         def grads(data: Any) -> dict[str, Any]:
             m = model_ref()
             assert m is not None  # the pieces are reached through the live model
@@ -654,7 +669,7 @@ class _Pieces:
             scratch.q_sqrt.assign(q_sqrt)
             return loss(data)
 
-        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, lambda data: loss_and_grads(scratch, data if has_data else None))
+        self.steps = steps = trial_steps(scratch.q_mu, scratch.q_sqrt, xi, scratch_grads)
 
         def k_steps(data: Any, g_mu: Any, g_sq: Any, gamma: Any, k: Any, before: Any, rise: Any, own: bool) -> dict[str, Any]:
             _compile.note_trace("gamma_steps")  # runs once per trace, not per call
@@ -680,9 +695,9 @@ class _Pieces:
         def nat_grad(data: Any, theta1: Any, theta2: Any) -> tuple[Any, ...]:
             return nat_gradient_at(scratch.q_mu, scratch.q_sqrt, lambda: loss(data), theta1, theta2)
 
-        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single, nat_grad)
+        pieces = (grads, ours, gpflow_update, loss_at, fisher_products, k_steps, single, nat_grad, scratch_grads)
         (self.grads, self.ours, self.gpflow, self.loss_at, self.fisher, self.k_steps, self.single,
-         self.nat_grad) = (_compile.function(f) for f in pieces)
+         self.nat_grad, self.scratch_grads) = (_compile.function(f) for f in pieces)
 
 
 class CompiledEvaluator(Evaluator):
@@ -699,14 +714,7 @@ class CompiledEvaluator(Evaluator):
     compares = "both compiled"
 
     def __init__(self, ctx: Context) -> None:
-        model, xi = ctx.model, ctx.xi
-        # the graphs capture the model's variables: a replaced Parameter needs new pieces
-        key = (
-            "checks", type(xi).__name__, id(xi) if type(xi).__module__ != "gpflow.optimizers.natgrad" else 0,
-            ctx.data is not None, tuple(id(v) for v in model.variables),
-        )  # fmt: skip
-        self.pieces: _Pieces = _compile.for_model(model, key, lambda: _Pieces(model, xi, ctx.data is not None))
-        super().__init__(ctx, self.pieces.scratch)
+        super().__init__(ctx)
         self._fisher = self.pieces.fisher
 
     def take(self, points: Sequence[Point] = (), on_step: Callable[[Step], Any] | None = None) -> Taken:
@@ -750,9 +758,6 @@ class CompiledEvaluator(Evaluator):
 
     def _loss_at(self, q_mu: Array, q_sqrt: Array) -> Any:
         return self.pieces.loss_at(self.data, q_mu, q_sqrt)
-
-    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
-        return tuple(self.pieces.nat_grad(self.data, theta1, theta2))
 
     def _trial(self, args: tuple[Any, ...], k: int, healthy: Healthy, before: float, rise: Rise, own: bool) -> Trial:
         import tensorflow as tf

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from natgrad_diag._compile import compiled
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.checks.bounds import bounded_check, maxabs, natgrad_bound, scale
 from natgrad_diag.checks.evaluator import Evaluator, Run, Step
@@ -56,7 +57,8 @@ def _vech(M: int) -> tuple[Array, Array, Array]:
 
 
 def _of_vech(fn: Callable[..., Any], M: int, dual_vech_out: bool) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """``fn`` of (θ₁ [M, L], vech θ₂ [L, M(M+1)/2]), its second output as dual-vech η₂ when ``dual_vech_out``."""
+    """``fn`` of (θ₁ [M, L], vech θ₂ [L, M(M+1)/2]), its second output as dual-vech η₂ when ``dual_vech_out``: one
+    function per arguments, from :mod:`natgrad_diag._compile`'s cache, so each check reuses its Jacobian's trace."""
     import tensorflow as tf
 
     full, lower, weights = _vech(M)
@@ -67,7 +69,7 @@ def _of_vech(fn: Callable[..., Any], M: int, dual_vech_out: bool) -> Callable[[A
             out2 = tf.gather(tf.reshape(out2, [-1, M * M]), lower, axis=1) * tf.constant(weights, out2.dtype)
         return out1, out2
 
-    return of_vech
+    return compiled(("of_vech", fn, M, dual_vech_out), lambda: of_vech)
 
 
 def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]) -> Outcome:
