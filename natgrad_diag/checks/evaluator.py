@@ -466,7 +466,7 @@ class Evaluator:
         """The model's scratch copy (:attr:`pieces`); None in the var_list form, which has no model."""
         return None if self.ctx.model is None else self.pieces.scratch
 
-    def _scratch_grads(self) -> tuple[Any, list[Any]]:
+    def _scratch_grads(self) -> Any:
         """:func:`loss_and_grads` on the scratch copy, compiled: 60 ms eagerly at M = 8, 2 ms after a 0.45 s trace."""
         return self.pieces.scratch_grads(self.data)
 

@@ -56,7 +56,7 @@ def _vech(M: int) -> tuple[Array, Array, Array]:
     return pos.ravel(), rows * M + cols, np.where(rows == cols, 1.0, 2.0)
 
 
-def _of_vech(fn: Callable[..., Any], M: int, dual_vech_out: bool) -> Callable[[Any, Any], tuple[Any, Any]]:
+def _of_vech(fn: Callable[..., Any], M: int, dual_vech_out: bool) -> Any:
     """``fn`` of (θ₁ [M, L], vech θ₂ [L, M(M+1)/2]), its second output as dual-vech η₂ when ``dual_vech_out``: one
     function per arguments, from :mod:`natgrad_diag._compile`'s cache, so each check reuses its Jacobian's trace."""
     import tensorflow as tf
