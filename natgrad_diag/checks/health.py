@@ -176,13 +176,14 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, no
     return keep if kept is not None and kept <= best[1] + tie else best[0]
 
 
-def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False) -> GammaTrial:
-    """γ measured by up to k = ``gamma_steps`` steps from the current q(u) (the evaluator's
-    :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`), stopped at the first failing step."""
-    k, dtype = ev.ctx.gamma_steps, ev.ctx.np_dtype
+def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False, k: int = 0, rises: bool = True) -> GammaTrial:
+    """γ measured by up to k = ``gamma_steps`` (or ``k``) steps from the current q(u) (the evaluator's
+    :meth:`~natgrad_diag.checks.evaluator.Evaluator.trial`), stopped at the first failing step; a rise of the loss
+    fails a step unless ``rises=False``."""
+    k, dtype = k or ev.ctx.gamma_steps, ev.ctx.np_dtype
 
     def run() -> Trial:
-        rise = (rounding(step.loss, dtype, sigmas(ev)[0]), rounding(step.loss, dtype, sigmas(ev)[1]))
+        rise = (rounding(step.loss, dtype, sigmas(ev)[0]), rounding(step.loss, dtype, sigmas(ev)[1])) if rises else (np.inf, np.inf)
         return ev.trial(step.g_mu, step.g_sq, gamma, k, lambda mu, sq: health(mu, sq, dtype)[:2], step.loss, rise, own=own)
 
     losses, why, failed = run()
@@ -217,12 +218,11 @@ def _look_ahead(ev: Evaluator, trial: GammaTrial, step: Step, *, own: bool) -> G
     if not trial.healthy or st.end is None or trial.gamma * (st.end - st.error) <= 2:
         return trial
     if trial.gamma not in ev.looked:
-        healthy = functools.partial(lambda mu, sq, dtype: health(mu, sq, dtype)[:2], dtype=ev.ctx.np_dtype)
-        losses, why, _ = ev.trial(step.g_mu, step.g_sq, trial.gamma, LOOK_AHEAD * k, healthy, step.loss, (np.inf, np.inf), own=own)
+        far = _trial(ev, trial.gamma, step, own=own, k=LOOK_AHEAD * k, rises=False)
         top = step.loss + rounding(step.loss, ev.ctx.np_dtype, sigmas(ev)[0])
-        j = next((j for j, loss in enumerate(losses, 1) if loss > top), None)
+        j = next((j for j, loss in enumerate(far.losses, 1) if loss > top), None)
         ev.looked[trial.gamma] = (f"step {j} of {LOOK_AHEAD * k}: the loss is above where it started ({format_number(step.loss)} → "
-                                  f"{format_number(losses[j - 1])})" if j else why)
+                                  f"{format_number(far.losses[j - 1])})" if j else "" if far.healthy else far.reason)
     if not (why := ev.looked[trial.gamma]):
         return trial
     reason = (f"unstable: {f'the {k} steps' if k > 1 else 'the step'} held, but {LOOK_AHEAD * k} steps did not ({why}); where they lead "
