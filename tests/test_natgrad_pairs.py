@@ -82,6 +82,14 @@ def test_check_natgrad__var_list_with_data_and_a_failing_pair():
         assert not np.all(np.isfinite(copy_.q_sqrt.numpy()))
     except tf.errors.InvalidArgumentError:
         pass
+    # one pair: the report's suggestion is the pair's, and GPflow's optimizer trains a copy with it
+    assert report.suggested_gamma == r.suggested_gamma and report.pair_suggestions() == [r.suggested_gamma]
+    copy_ = gpflow.utilities.deepcopy(model)
+    losses = [float(copy_.training_loss(data))]
+    for _ in range(20):
+        NaturalGradient(report.suggested_gamma).minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt)])
+        losses.append(float(copy_.training_loss(data)))
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
 def test_check_natgrad__var_list_must_hold_parameter_pairs():

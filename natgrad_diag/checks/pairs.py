@@ -259,8 +259,8 @@ def check_pairs(
             ctx = pair_context(pair[1], xi, g, dict(rtol=rtol, atol=atol), **options)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
-    if len(pairs) == 1:
-        return NatGradReport.of_pairs(tuple(reports), resolved)
+    if len(pairs) == 1:  # nothing to step together: the pair's suggestion is the γ to train the var_list with
+        return NatGradReport.of_pairs(tuple(reports), resolved, suggested=reports[0].suggested_gamma)
     together = [(q_mu, q_sqrt, xi) for (_, q_mu, _, q_sqrt), xi in zip(pairs, xis)]
     joint, suggested = _joint_health(loss, together, variables, g, gamma_steps, gamma_search)
     return NatGradReport.of_pairs(tuple(reports), resolved, joint=joint, suggested=suggested)

@@ -110,8 +110,8 @@ class NatGradReport(Report):
 
     @classmethod
     def of_pairs(cls, reports: tuple[NatGradReport, ...], mode: str, joint: Check | None = None, suggested: float | None = None) -> NatGradReport:
-        """The var_list form's report: ``reports[i]`` is pair i's; the checks are theirs, named "pair i: name", then
-        ``joint`` (``joint_step_health``, the pairs stepped together); ``suggested``: the γ the pairs hold together."""
+        """The var_list form's report: ``reports[i]`` is pair i's; its checks, named "pair i: name", then ``joint``
+        (``joint_step_health``: the pairs stepped together); ``suggested``: the γ they hold together, or the one pair's."""
         first = reports[0]
         return cls(
             model_name="var_list", likelihood="loss_fn", num_inducing=first.num_inducing, num_latent=first.num_latent,
