@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -116,3 +118,46 @@ def test_var_list__a_gradient_not_finite_before_any_step_is_one_failed_check_nam
     assert same_bits(before, [v.numpy() for v in model.trainable_variables])
     with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):  # the oracle: GPflow's own step cannot be taken
         NaturalGradient(0.1).minimize(loss, [(model.q_mu, model.q_sqrt)])
+
+
+@pytest.mark.parametrize("connected", ["neither", "q_mu only"])
+def test_var_list__a_loss_that_does_not_depend_on_a_pair_is_refused_naming_it(connected):
+    """GPflow's own optimizer cannot step a parameter the loss does not depend on (its gradient is None); the check
+    used to read the missing gradient as zero and pass. Oracle: GPflow's NaturalGradient.minimize raises."""
+    from natgrad_diag.demo import make_model
+    from natgrad_diag.exceptions import UnconnectedGradientError
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=12, seed=1)
+    other, _ = make_model("svgp", "bernoulli", num_inducing=4, num_data=12, seed=2)
+    loss = other.training_loss_closure(data)  # the other model's loss: a copy-paste slip
+    if connected == "q_mu only":
+        loss = lambda: other.training_loss(data) + tf.reduce_sum(model.q_mu**2)  # noqa: E731
+    before = [v.numpy() for v in model.variables]
+    unused = "var_list[0][0]" if connected == "neither" else "var_list[0][1]"
+    with pytest.raises(UnconnectedGradientError, match=rf"loss_fn does not depend on {re.escape(unused)}") as raised:
+        check_natgrad(loss, var_list=[(model.q_mu, model.q_sqrt)], progress=False)
+    assert "pass the loss of the model that holds the pair" in str(raised.value)
+    assert same_bits(before, [v.numpy() for v in model.variables])
+    with pytest.raises(ValueError):
+        NaturalGradient(0.5).minimize(loss, [(model.q_mu, model.q_sqrt)])
+
+
+def test_var_list__a_pair_listed_twice_is_refused_as_gpflow_would_step_it_twice():
+    """Oracle: GPflow's minimize with the pair listed twice moves q_mu elsewhere than with it listed once."""
+    import gpflow
+
+    from natgrad_diag import NatGradMonitor
+    from natgrad_diag.demo import make_model
+    from natgrad_diag.exceptions import InputError
+
+    model, data = make_model("svgp", "bernoulli", num_inducing=4, num_data=12, seed=1)
+    loss = model.training_loss_closure(data)
+    for var_list in ([(model.q_mu, model.q_sqrt)] * 2, [(model.q_mu, model.q_sqrt), (model.q_mu, gpflow.Parameter(model.q_sqrt.numpy()))]):
+        with pytest.raises(InputError, match=r"var_list\[1\]\[0\] is var_list\[0\]\[0\] again: NaturalGradient.minimize would step it twice"):
+            check_natgrad(loss, var_list=var_list, progress=False)
+    with pytest.raises(InputError, match=r"var_list\[1\]\[0\] is var_list\[0\]\[0\] again"):
+        NatGradMonitor(model, data, var_list=[(model.q_mu, model.q_sqrt)] * 2)
+    once, twice = gpflow.utilities.deepcopy(model), gpflow.utilities.deepcopy(model)
+    NaturalGradient(0.5).minimize(once.training_loss_closure(data), [(once.q_mu, once.q_sqrt)])
+    NaturalGradient(0.5).minimize(twice.training_loss_closure(data), [(twice.q_mu, twice.q_sqrt)] * 2)
+    assert np.abs(once.q_mu.numpy() - twice.q_mu.numpy()).max() > 1e-3

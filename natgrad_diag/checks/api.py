@@ -166,7 +166,8 @@ def check_natgrad(
     Raises:
         UnsupportedModelError: not an SVGP/VGP-like model, or q_diag=True.
         InputError: bad data, gamma, mode, xi_transform, gamma_steps or optimizer (no ``minimize``, a function of
-            other arguments, or one that raises anything but TensorFlow's numerical errors).
+            other arguments, or one that raises anything but TensorFlow's numerical errors); a pair listed twice.
+        UnconnectedGradientError: in the var_list form, a loss that does not depend on a pair's q_mu or q_sqrt.
 
     Warns:
         UserWarning: q_mu or q_sqrt has a transform for which GPflow's gradient mapping is wrong.

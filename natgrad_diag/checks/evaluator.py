@@ -159,14 +159,15 @@ class Run:
 # --- the maths on tensors (eager, or inside a tf.function) ------------------------------------------------------
 
 
-def gradients(loss: Callable[[], Any], variables: list[Any]) -> tuple[Any, list[Any]]:
-    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero if unconnected)."""
+def gradients(loss: Callable[[], Any], variables: list[Any], unconnected: str = "zero") -> tuple[Any, list[Any]]:
+    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero, or None with
+    ``unconnected="none"``, where unconnected)."""
     import tensorflow as tf
 
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(variables)
         value = loss()
-    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return value, tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients(unconnected))
 
 
 def loss_and_grads(model: Any, data: Any) -> tuple[Any, list[Any]]:

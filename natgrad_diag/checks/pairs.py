@@ -25,12 +25,12 @@ from natgrad_diag.checks.evaluator import (
 )  # fmt: skip
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag._validate import dtype_name, input_error, shape_str
-from natgrad_diag.exceptions import ShapeMismatchError, UnsupportedModelError, error_line
+from natgrad_diag.exceptions import ShapeMismatchError, UnconnectedGradientError, UnsupportedModelError, error_line
 from natgrad_diag.report.records import Check, format_number, loss_rose
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
-__all__ = ["Pair", "PairEvaluator", "check_pairs", "refuse_swapped", "trainable_note", "variational_pairs", "verify_step"]
+__all__ = ["Pair", "PairEvaluator", "check_pairs", "refuse_misplaced", "trainable_note", "variational_pairs", "verify_step"]
 
 
 #: (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M]); the names are Python expressions for the user.
@@ -184,15 +184,23 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     )  # fmt: skip
 
 
-def refuse_swapped(pairs: list[Pair]) -> None:
-    """A pair given as (q_sqrt [L, M, M], q_mu [M, L]) is refused as swapped (other shapes: ``validate_q``'s errors)."""
-    for i, (_, q_mu, _, q_sqrt) in enumerate(pairs):
+def refuse_misplaced(pairs: list[Pair]) -> None:
+    """A pair given as (q_sqrt [L, M, M], q_mu [M, L]) is refused as swapped (other shapes: ``validate_q``'s errors),
+    and a parameter in two pairs as repeated: ``NaturalGradient.minimize`` would step it twice in one call."""
+    seen: dict[int, str] = {}
+    for i, (mu_name, q_mu, sq_name, q_sqrt) in enumerate(pairs):
         mu, sq = tuple(q_mu.shape), tuple(q_sqrt.shape)
         if len(sq) == 2 and mu == (sq[1], sq[0], sq[0]):
             raise input_error(f"var_list[{i}] holds (q_sqrt, q_mu): the pair is swapped.", f"var_list[{i}]",
                               "(q_mu [M, L], q_sqrt [L, M, M])", f"shapes {list(mu)} then {list(sq)}",
                               "pass each pair as NaturalGradient.minimize takes it: (q_mu, q_sqrt), q_mu first.",
                               kind=ShapeMismatchError)  # fmt: skip
+        for name, p in ((mu_name, q_mu), (sq_name, q_sqrt)):
+            if id(p) in seen:
+                raise input_error(f"{name} is {seen[id(p)]} again: NaturalGradient.minimize would step it twice in one call.",
+                                  name, "each q_mu and q_sqrt in one pair only", f"the parameter of {seen[id(p)]}",
+                                  "list each (q_mu, q_sqrt) pair once.")  # fmt: skip
+            seen[id(p)] = name
 
 
 def _scalar_loss(value: Any) -> Any:
@@ -245,14 +253,20 @@ def check_pairs(
             "pass the pairs your NaturalGradient.minimize call takes: var_list=[(model.q_mu, model.q_sqrt)].",
         )
     pairs = named or variational_pairs(var_list=var_list)
-    refuse_swapped(pairs)
+    refuse_misplaced(pairs)
     default_xi, g = resolve_xi_transform(xi_transform), _validate_gamma(gamma)
     xis = [resolve_xi_transform(item[2]) if len(item) > 2 else default_xi for item in var_list]
     loss = (lambda: loss_fn(data)) if data is not None else loss_fn
     resolved = resolve_mode(mode, [(int(p[1].shape[0]), int(p[1].shape[1])) for p in pairs])
     variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
     with restored(variables):
-        value, grads = gradients(lambda: _scalar_loss(loss()), variables)
+        value, grads = gradients(lambda: _scalar_loss(loss()), variables, unconnected="none")
+        for name, grad in zip((n for p in pairs for n in (p[0], p[2])), grads):
+            if grad is None:
+                raise input_error(f"loss_fn does not depend on {name}: GPflow's NaturalGradient.minimize has no gradient to step it with.",
+                                  name, "a parameter loss_fn's value is computed from", "no path from it to the loss",
+                                  "pass the loss of the model that holds the pair, or leave the pair out of var_list.",
+                                  kind=UnconnectedGradientError)  # fmt: skip
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):
             options = dict(gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)

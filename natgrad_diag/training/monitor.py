@@ -18,7 +18,7 @@ from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.training.guard import ON_FAILURE, StepGuard, lower_after_check, qu_valid, require_step
 from natgrad_diag.training.tensorboard import ScalarLog
 from natgrad_diag.training.records import GuardRecord, NatGradRecord
-from natgrad_diag.checks.pairs import refuse_swapped, trainable_note, variational_pairs
+from natgrad_diag.checks.pairs import refuse_misplaced, trainable_note, variational_pairs
 from natgrad_diag.report.timeline import timeline_html
 
 __all__ = ["SEARCH_EVERY", "NatGradMonitor"]
@@ -82,7 +82,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.gamma = require_positive_float(gamma, "gamma")
         self.raise_on_failure = require_bool(raise_on_failure, "raise_on_failure") or on_failure == "raise"
         self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
-        refuse_swapped(self._pairs)
+        refuse_misplaced(self._pairs)
         if var_list is None and hasattr(model, "q_mu"):  # the model form: what check_natgrad refuses is refused now
             validate_model(model)
             if loss_fn is None and not callable(data):  # its loss takes these data: checked and cast once
