@@ -435,6 +435,16 @@ def test_vjp__outer_and_the_chain_two_steps_equal_one():
     np.testing.assert_allclose(one_step.numpy(), closed, rtol=RTOL, atol=1e-10)
 
 
+def test_vjp__one_tensor_passed_as_two_primals_is_two_inputs():
+    # Oracle: the partial derivatives by hand. f(x, y) = 2x + y² at x = y = (1, 2) with one seed v: ∂f/∂x = 2v,
+    # ∂f/∂y = 2y·v. Passing the same tf.Tensor twice used to give both primals ∂/∂x + ∂/∂y.
+    tf = _tf()
+    t, v = tf.constant([1.0, 2.0], tf.float64), np.array([0.5, -1.0])
+    _, (gx, gy) = vjp(lambda x, y: 2.0 * x + y**2, [t, t], v)
+    np.testing.assert_array_equal(gx.numpy(), 2.0 * v)
+    np.testing.assert_array_equal(gy.numpy(), 2.0 * np.array([1.0, 2.0]) * v)
+
+
 def test_vjp__wrong_cotangent_shape_message():
     with pytest.raises(OutputGradientsError) as info:
         vjp(lambda x: x[:, None] * x[None, :], np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4))

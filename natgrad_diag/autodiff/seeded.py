@@ -217,7 +217,7 @@ def _to_primal(x: Any, k: int) -> Any:
         raise input_error(f"primals[{k}] is {t.dtype.name}: a vector-Jacobian product needs a floating-point input.", f"primals[{k}]",
                           "float64 (or float32)", t.dtype.name,
                           f"cast it first, e.g. tf.cast(primals[{k}], tf.float64).", kind=DTypeMismatchError)
-    return t
+    return tf.identity(t)  # its own tensor: one tensor passed as two primals is two inputs, each with its gradient
 
 
 @raised_as_is
