@@ -244,6 +244,16 @@ def test_cli__report_folder_that_cannot_hold_it_is_refused_before_the_run(path, 
     assert re.search(rf"Got: +{re.escape(repr(path))}; making a file in /proc[^:]*: \w+Error: \w", err), err
 
 
+def test_cli__report_path_that_is_a_folder_is_refused_before_the_run(tmp_path, monkeypatch, capsys):
+    """A Markdown report's pictures would be written beside it before the folder in the way made the write fail."""
+    monkeypatch.setattr("natgrad_diag.cli.app._run", lambda args: pytest.fail("the command must not run"))
+    (tmp_path / "out.md").mkdir()
+    assert main(["outer", "--plain", "--report", str(tmp_path / "out.md")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("natgrad-diag outer: Invalid input. the --report path is a folder.\n"), err
+    assert "To fix: name the report file" in err and [p.name for p in tmp_path.iterdir()] == ["out.md"]
+
+
 def test_cli__report_folder_lost_during_the_run_gives_the_write_error_block_and_exit_1(tmp_path, monkeypatch, capsys):
     """The folder passes the check up front, then a file takes its place while the command runs: the result, then
     docs/reports.md's "Could not write the report. ... Path: ... To fix:" block, and exit 1."""

@@ -420,22 +420,26 @@ def test_write_report__replaces_an_existing_report_keeping_its_mode(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o640
 
 
-@pytest.mark.parametrize("where", ["inside_a_file", "missing_directory", "a_directory"])
+@pytest.mark.parametrize("where", ["inside_a_file", "missing_directory", "a_directory", "a_markdown_directory"])
 def test_write_report__unwritable_path_is_a_clear_error(tmp_path, where):
+    """Nothing is written, not even the pictures a Markdown report puts beside it."""
     (tmp_path / "file.txt").write_text("x", encoding="utf-8")
     (tmp_path / "dir.html").mkdir()
     path = {
         "inside_a_file": tmp_path / "file.txt" / "r.html",
         "missing_directory": tmp_path / "no" / "such" / "r.html",
         "a_directory": tmp_path / "dir.html",
+        "a_markdown_directory": tmp_path / "dir.html" / "r.md",
     }[where]
+    if where == "a_markdown_directory":
+        path.mkdir()
     with pytest.raises(ReportWriteError) as info:
         files_mod.write_report(Demo(), path)
     message = str(info.value)
     assert message.startswith("Could not write the report.")
     assert f"Path:     {path}\n" in message and "Argument: path" in message and "To fix:" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.html", "file.txt"]
-    assert list((tmp_path / "dir.html").iterdir()) == []
+    assert [p.name for p in (tmp_path / "dir.html").iterdir()] == (["r.md"] if where == "a_markdown_directory" else [])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,16 +493,15 @@ def test_cli_explain__report_html_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize("report", [Demo(), None], ids=["failing-report", "passing-report"])
 def test_cli__unwritable_report_prints_result_error_and_exits_1(tmp_path, monkeypatch, capsys, report):
-    """The report's path is a folder, so the write fails after the run: the result, the error, and exit 1 (never 0)."""
+    """A folder takes the report's path during the run, so the write fails after it: the result, the error, and exit 1
+    (never 0)."""
 
     @dataclass(frozen=True)
     class Passing(Demo):
         checks: tuple[Check, ...] = (Check("exact_match", "the two routes agree", True, 0.0, 1e-12),)
 
-    report = report or Passing()
-    monkeypatch.setattr(cli, "_run", lambda args: report)
-    path = tmp_path / "r.html"
-    path.mkdir()
+    report, path = report or Passing(), tmp_path / "r.html"
+    monkeypatch.setattr(cli, "_run", lambda args: (path.mkdir(), report)[1])
     assert cli.main(["outer", "--plain", "--report", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "exact_match" in out and "Verdict:" in out

@@ -305,6 +305,9 @@ def _check_report_folder(path: str) -> None:
     folder = existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
+    if os.path.isdir(path):
+        raise input_error("the --report path is a folder.", "--report", "a file path (missing folders are created)",
+                          f"{path!r}, a folder", "name the report file, e.g. --report report.html.")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -71,6 +72,8 @@ def _write_all(files: list[tuple[Path, bytes]]) -> None:
     staged: list[Path] = []
     try:
         for path, data in files:
+            if path.is_dir():  # os.replace would fail only after the files before it had replaced theirs
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
             fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{_short(path.name)}.", suffix=".tmp")
             staged.append(Path(name))
             with os.fdopen(fd, "wb") as f:
