@@ -439,8 +439,8 @@ def call_fn(fn: Any, xs: Sequence[Any], name: str = "fn", *, at: str = "", remed
     except NatGradDiagError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the user's function is reported the same way
-        inputs = ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs)
-        raise InputError(f"{name}(*inputs) raised an error{at}.", context=[("Argument", name), ("Inputs", inputs), ("Error", error_line(e, with_type=True))],
+        inputs = [("Inputs", ", ".join(f"{shape_str(x)} {dtype_name(x)}" for x in xs))] if xs else []
+        raise InputError(f"{name}({'*inputs' if xs else ''}) raised an error{at}.", context=[("Argument", name), *inputs, ("Error", error_line(e, with_type=True))],
                          remedy=remedy or f"call {name} on these inputs yourself to see the error; check how many inputs it takes and their shapes.") from e
 
 

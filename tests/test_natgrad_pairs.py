@@ -161,3 +161,16 @@ def test_var_list__a_pair_listed_twice_is_refused_as_gpflow_would_step_it_twice(
     NaturalGradient(0.5).minimize(once.training_loss_closure(data), [(once.q_mu, once.q_sqrt)])
     NaturalGradient(0.5).minimize(twice.training_loss_closure(data), [(twice.q_mu, twice.q_sqrt)] * 2)
     assert np.abs(once.q_mu.numpy() - twice.q_mu.numpy()).max() > 1e-3
+
+
+def test_var_list__a_loss_that_raises_is_an_input_error_naming_loss_fn():
+    from natgrad_diag.demo import make_model
+    from natgrad_diag.exceptions import InputError
+
+    model, (X, Y) = make_model("svgp", "bernoulli", num_inducing=4, num_data=12, seed=1)
+    pairs = [(model.q_mu, model.q_sqrt)]
+    with pytest.raises(InputError, match=r"loss_fn\(\) raised an error\.") as raised:
+        check_natgrad(lambda: model.training_loss(X), var_list=pairs, progress=False)  # X alone: not the data tuple
+    assert re.search(r"Error: +\w*Error", str(raised.value)) and "To fix: call loss_fn yourself" in str(raised.value)
+    with pytest.raises(InputError, match=r"loss_fn\(\) raised an error on data\.\n.*\n +Error: +ZeroDivisionError"):
+        check_natgrad(lambda data: 1 / 0, var_list=pairs, data=(X, Y), progress=False)

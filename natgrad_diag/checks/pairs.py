@@ -24,7 +24,7 @@ from natgrad_diag.checks.evaluator import (
     nat_gradient_at, step_from_gradients, Trial, traced, trial_steps,
 )  # fmt: skip
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
-from natgrad_diag._validate import dtype_name, input_error, shape_str
+from natgrad_diag._validate import call_fn, dtype_name, input_error, shape_str
 from natgrad_diag.exceptions import ShapeMismatchError, UnconnectedGradientError, UnsupportedModelError, error_line
 from natgrad_diag.report.records import Check, format_number, loss_rose
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
@@ -260,7 +260,8 @@ def check_pairs(
     resolved = resolve_mode(mode, [(int(p[1].shape[0]), int(p[1].shape[1])) for p in pairs])
     variables = [v for _, q_mu, _, q_sqrt in pairs for v in (q_mu.unconstrained_variable, q_sqrt.unconstrained_variable)]
     with restored(variables):
-        value, grads = gradients(lambda: _scalar_loss(loss()), variables, unconnected="none")
+        remedy = "call loss_fn yourself to see the error; it must return the training loss of the pairs' model."
+        value, grads = gradients(lambda: _scalar_loss(call_fn(loss, [], "loss_fn", at=" on data" * (data is not None), remedy=remedy)), variables, unconnected="none")
         for name, grad in zip((n for p in pairs for n in (p[0], p[2])), grads):
             if grad is None:
                 raise input_error(f"loss_fn does not depend on {name}: GPflow's NaturalGradient.minimize has no gradient to step it with.",
