@@ -177,3 +177,5 @@ def test_natgrad_map_jacobian__not_positive_definite_or_mixed_dtypes_are_refused
     np.testing.assert_array_equal(natgrad_map_jacobian(f32, e2).matrix, natgrad_map_jacobian(f32, e2.astype(np.float32)).matrix)
     with pytest.raises(DTypeMismatchError, match=r"eta1 is not real numbers(.|\n)*complex128"):
         natgrad_map_jacobian(e1 + 0j, e2)
+    with pytest.raises(InputError, match=r"symmetric must be True or False(.|\n)*Got: +'no'"):  # a truthy string
+        natgrad_map_jacobian(e1, e2, symmetric="no")

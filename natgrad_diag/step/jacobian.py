@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import input_error, require_finite, shape_str
+from natgrad_diag._validate import input_error, require_bool, require_finite, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, check_memory
@@ -154,7 +154,8 @@ def natgrad_map_jacobian(
         ShapeMismatchError: eta1 is not [M, L] or eta2 is not [L, M, M] with eta1's M and L.
         DTypeMismatchError: eta1 and eta2 are floats of different dtypes.
         NonFiniteError: eta1 or eta2 holds NaN or Inf.
-        InputError: eta2 is not symmetric (beyond the rounding of forming it), or an unknown ``method``.
+        InputError: eta2 is not symmetric (beyond the rounding of forming it), an unknown ``method``, or a
+            ``symmetric`` that is not a bool.
         SingularCovarianceError: η₂ − η₁η₁ᵀ is not positive definite for some latent GP.
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
 
@@ -173,11 +174,12 @@ def natgrad_map_jacobian(
         raise input_error("unknown method.", "method", "'closed_form' or 'autodiff'", repr(method),
                           "pass method='closed_form' (default) or method='autodiff' (TensorFlow's tape).")
     e1, e2, chols = _validated(eta1, eta2)
+    symmetric = require_bool(symmetric, "symmetric")
     if method == "closed_form":
-        return _natgrad_map_closed_form(e1, chols, symmetric=bool(symmetric), max_bytes=max_bytes)
+        return _natgrad_map_closed_form(e1, chols, symmetric=symmetric, max_bytes=max_bytes)
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
 
     return jacobian(  # one function object, so the compiled Jacobian is cached
         expectation_to_meanvarsqrt, [e1, e2], input_names=("eta1", "eta2"), output_names=("mean", "varsqrt"),
-        max_bytes=max_bytes, symmetric=(False, bool(symmetric)), chunk_size=chunk_size,
+        max_bytes=max_bytes, symmetric=(False, symmetric), chunk_size=chunk_size,
     )
