@@ -163,6 +163,20 @@ def test_767_state__fast_mode_calls_give_identical_statuses():
     assert runs[0].status != "fail"
 
 
+@pytest.mark.parametrize("likelihood, M, seed", [("poisson", 6, 0), ("studentt", 5, 3)], ids=["fisher", "xi"])
+def test_repeated_full_checks__give_the_same_report_number_for_number(likelihood, M, seed):
+    """The explicit Jacobians of the Fisher and ξ checks ran eagerly on a first call and compiled from the second, so
+    cond(F), max |F − Fᵀ| or the errors changed in their last digits between two calls on an unchanged model (seen on
+    these two models, when no earlier test in the process had compiled those Jacobians)."""
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", likelihood, num_inducing=M, num_data=20, seed=seed)
+    kw = dict(mode="full", xi_transform=gpflow.optimizers.XiSqrtMeanVar(), gamma=0.5, gamma_steps=1, gamma_search=False, progress=False)
+    first, second = (check_natgrad(model, data, **kw).to_dict() for _ in range(2))
+    assert first == second
+    assert [c["name"] for c in first["checks"]][2:4] == ["fisher_identity", "xi_forward_mode"]
+
+
 # --- the jitter cause: a duplicated inducing point makes Kuu singular ---------------------------------------
 
 
