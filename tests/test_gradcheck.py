@@ -269,6 +269,17 @@ def test_check_gradients__fast_mode_uses_the_given_cotangents() -> None:
     assert not nd.check_gradients(_wrong_second_row, [x], mode="fast").passed  # random v sees it
 
 
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_function_that_draws_random_numbers_is_refused_not_blamed_on_its_gradient(mode) -> None:
+    """x + 1e-3·noise has the exact gradient I, but its central differences are noise/eps: the check reported a wrong
+    gradient (numerical 1221 against 0). Two calls at the point now tell it apart from a function; the noise-free
+    function passes."""
+    x = np.array([0.5, -1.25, 2.0])
+    with pytest.raises(InputError, match=r"fn\(\*inputs\) gives different values at the same point(.|\n)*Argument: fn"):
+        nd.check_gradients(lambda a: a + 1e-3 * tf.random.normal(a.shape, dtype=a.dtype), [x], mode=mode)
+    assert nd.check_gradients(lambda a: a + 1e-3 * tf.random.stateless_normal(a.shape, [1, 2], dtype=a.dtype), [x], mode=mode).passed
+
+
 def test_check_gradients__inputs_are_left_bit_identical() -> None:
     eta1, eta2 = gpflow_points(3, 2, seed=4)["expectation"]
     v1 = tf.Variable(eta1)

@@ -54,7 +54,8 @@ def check_gradients(
         A frozen :class:`GradientCheckReport` with one :class:`GradientCheckRow` per (output, input) block.
 
     Raises:
-        InputError (and subclasses): bad arguments, or fn fails or returns NaN/Inf at a point it is evaluated at.
+        InputError (and subclasses): bad arguments; fn fails or returns NaN/Inf at a point it is evaluated at, or
+            gives two values at the given point (a random function, whose differences are noise).
         MemoryLimitError: full mode would exceed ``max_bytes`` (use ``mode="fast"``), or fast mode's directions half of
             this machine's memory.
 

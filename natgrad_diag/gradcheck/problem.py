@@ -13,7 +13,7 @@ from natgrad_diag._validate import (
     require_same_dtype, seed_array, shape_str, split_inputs, validate_seeds,
 )  # fmt: skip
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
-from natgrad_diag.tolerance import Tolerance
+from natgrad_diag.tolerance import Tolerance, rounding_bound
 from natgrad_diag.typing import Array
 
 __all__ = ["Comparison", "Problem", "compare", "cotangent_arrays", "to_arrays"]
@@ -71,6 +71,13 @@ class Problem:
                     context=[("Argument", "inputs"), ("Output", f"{name} {shape_str(y.shape)}")],
                     remedy="check the point: GPflow's maps need a positive-definite η₂ − η₁η₁ᵀ (or −θ₂).",
                 )
+        # finite differences need a function: a second call may differ by the rounding of one evaluation, no more
+        moved = max(float(np.max(np.abs(y - np.asarray(z)), initial=0.0)) for y, z in zip(self.y, flat_outputs(fn(*[tf.constant(a) for a in arrays]))))
+        scale = max(float(np.max(np.abs(y), initial=0.0)) for y in self.y)
+        if not moved <= rounding_bound(self.dtype, condition=1.0, scale=scale):
+            raise input_error("fn(*inputs) gives different values at the same point (it draws random numbers?).", "fn",
+                              "a function of the inputs (two calls within 100·ε·max|fn|)", f"two calls {moved:.3g} apart",
+                              "fix its randomness (tf.random.stateless_* with a fixed seed), or check the deterministic part.")
 
     def central(self, j: int, direction: Array, what: str) -> list[Array]:
         """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; a failure or NaN/Inf: InputError."""
