@@ -134,6 +134,26 @@ def test_explain__random_scenario_L3__checks_hold(xi):
     np.testing.assert_allclose(e.mean_path + e.varsqrt_path, t.dL_deta1, rtol=0, atol=1e-12)
 
 
+def test_explain__at_gpflows_initial_q_mu_of_zero_the_naive_product_is_right_and_the_lesson_says_so():
+    """q_mu = 0, q_sqrt = I (an SVGP as GPflow creates it): eta1 = 0, where chol(eta2 − eta1·eta1ᵀ) is flat in eta1, so
+    dL/deta1 = dL/dmean and the naive product is right. The claim that it differs failed there (a false alarm on a
+    fresh model). Oracle: the closed-form Jacobian's ∂varsqrt/∂eta1 block, and Jᵀ·v contracted by hand."""
+    M, rng = 3, np.random.default_rng(2)
+    g_mu, g_sq = rng.normal(size=(M, 1)), np.tril(rng.normal(size=(1, M, M)))
+    e = nd.explain_output_gradients((np.zeros((M, 1)), np.eye(M)[None], g_mu, g_sq), gamma=0.1)
+    assert e.passed, str(e)
+    c = next(c for c in e.checks if c.name == "c_naive_product_differs")
+    assert c.status == "pass" and not c.expect_difference and c.claim.startswith("∂varsqrt/∂eta1 = 0 here (eta1 = 0)")
+    t = e.trace
+    J = natgrad_map_jacobian(t.eta1, t.eta2)
+    assert not np.any(J.block(1, 0))
+    jtv = np.concatenate([t.dL_dmean.ravel(), t.dL_dvarsqrt.ravel()]) @ J.matrix
+    np.testing.assert_allclose(t.naive_product1.ravel(), jtv[:M], rtol=0, atol=1e-12)
+    assert "Here the naive product happens to equal Jᵀ·v" in str(e)
+    seeded = nd.explain_output_gradients()  # the question's numbers: varsqrt depends on eta1, and the naive product is wrong
+    assert next(c for c in seeded.checks if c.name == "c_naive_product_differs").expect_difference and seeded.passed
+
+
 def test_explain__a_failed_claim_is_reported_not_raised():
     """An Explanation built on a tampered trace reports the broken claim (a) instead of raising."""
     import dataclasses
