@@ -89,10 +89,10 @@ def check_fisher_explicit(ev: Evaluator, step: Step, advance: Callable[..., Any]
     nat1, nat2 = meanvarsqrt_to_natural(*ev.q_tensors())
     lower = _vech(M)[1]
     theta = [tf.cast(nat1, tf.float64), tf.gather(tf.reshape(tf.cast(nat2, tf.float64), [L, M * M]), lower, axis=1)]
-    names, same = ("theta1", "vech_theta2"), dict(compiled=True)  # compiled on every call: the same rounding each time
-    F = jacobian(_of_vech(natural_to_expectation, M, True), theta, input_names=names, output_names=("eta1", "dual_vech_eta2"), **same).matrix
+    names = ("theta1", "vech_theta2")  # compiled on every call, the first too: the same rounding each time
+    F = jacobian(_of_vech(natural_to_expectation, M, True), theta, input_names=names, output_names=("eta1", "dual_vech_eta2"), compiled=True).matrix
     advance()
-    K = jacobian(_of_vech(natural_to_meanvarsqrt, M, False), theta, input_names=names, output_names=("mean", "varsqrt"), **same)
+    K = jacobian(_of_vech(natural_to_meanvarsqrt, M, False), theta, input_names=names, output_names=("mean", "varsqrt"), compiled=True)
     advance()
     grad_theta = np.concatenate([np.ravel(g) for g in K.vjp([step.dL_dmean, step.dL_dvarsqrt])]).astype(np.float64)
     want = np.concatenate([np.ravel(step.dL_deta1), np.ravel(step.dL_deta2.reshape(L, M * M)[:, lower])])
