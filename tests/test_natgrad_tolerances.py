@@ -53,18 +53,20 @@ def test_reproduction__verdict_flips_at_the_documented_bound(dtype):
     assert statuses == ["pass", "fail"]
 
 
+@pytest.mark.parametrize("terms", [4.0, 400.0], ids=["no_cancellation", "terms_100_times_the_result"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-def test_fisher_identity__verdict_flips_at_the_documented_bound(dtype):
-    """Matrix-free: |F·∇ηL − ∇θL| ≤ max|∇θL|·(fisher_rtol + 100·ε·M) + atol, M = 3 (the products' condition)."""
+def test_fisher_identity__verdict_flips_at_the_documented_bound(dtype, terms):
+    """Matrix-free: |F·∇ηL − ∇θL| ≤ max|∇θL|·fisher_rtol + 100·ε·M·max(terms, max|∇θL|) + atol, M = 3, ``terms`` the
+    size of the products' terms (their rounding is M·ε of it, Higham 2002, §3.5)."""
     from natgrad_diag.checks.fisher import check_fisher_matrix_free
 
     rtol, fisher_rtol = DOCUMENTED[dtype]
-    bound = 4.0 * (fisher_rtol + 100 * np.finfo(dtype).eps * 3) + rtol  # max|∇θL| = 4
+    bound = 4.0 * fisher_rtol + 100 * np.finfo(dtype).eps * 3 * terms + rtol  # max|∇θL| = 4
     grad1, grad2 = np.full((3, 1), 4.0), np.ones((1, 3, 3))
     statuses = []
     for delta in (0.99 * bound, 1.01 * bound):
         ev = _evaluator(dtype)
-        ev.fisher_products = lambda step, d=delta: dict(F_u1=grad1 + d, F_u2=grad2, grad_theta1=grad1, grad_theta2=grad2)
+        ev.fisher_products = lambda step, d=delta: dict(F_u1=grad1 + d, F_u2=grad2, grad_theta1=grad1, grad_theta2=grad2, terms=terms)
         check = check_fisher_matrix_free(ev, _step(dtype))
         assert check.tolerance == pytest.approx(bound, rel=1e-12)
         statuses.append(check.status)

@@ -269,7 +269,8 @@ def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_
 
         dS = 2·S U₂ S,   dη₁ = dS θ₁ + S u₁ = 2·S U₂ m + S u₁,   dη₂ = dS + dη₁ mᵀ + m dη₁ᵀ,
 
-    a few matrix products (no Jacobian, no forward-mode pass through a Cholesky factorisation).
+    a few matrix products (no Jacobian, no forward-mode pass through a Cholesky factorisation). ``terms``: the same
+    products of the entries' absolute values, the size of what they sum (|fl(AB) − AB| ≤ γ_n·|A||B|, Higham 2002, §3.5).
     """
     import tensorflow as tf
     from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
@@ -281,13 +282,16 @@ def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_
     dS = 2.0 * tf.linalg.matmul(SU2, S)
     d1 = 2.0 * tf.linalg.matmul(SU2, m) + tf.linalg.matmul(S, u1)
     d2 = dS + tf.linalg.matmul(d1, m, transpose_b=True) + tf.linalg.matmul(m, d1, transpose_b=True)
+    aS, am, aU2 = tf.abs(S), tf.abs(m), tf.abs(dL_deta2)
+    a1 = 2.0 * aS @ aU2 @ am + aS @ tf.abs(u1)
+    terms = tf.maximum(tf.reduce_max(a1), tf.reduce_max(2.0 * aS @ aU2 @ aS + 2.0 * a1 @ tf.linalg.adjoint(am)))
     nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch([nat1, nat2])
         mean, varsqrt = natural_to_meanvarsqrt(nat1, nat2)
     g1, g2 = tape.gradient([mean, varsqrt], [nat1, nat2], output_gradients=[dL_dmean, dL_dvarsqrt])
     g2 = 0.5 * (g2 + tf.linalg.matrix_transpose(g2))  # the gradient along symmetric θ₂
-    return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2)
+    return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2, terms=terms)
 
 
 _COPY_LOCK = threading.Lock()
@@ -546,7 +550,7 @@ class Evaluator:
         return dataclasses.replace(step, dL_deta1=d1, dL_deta2=d2, nat_dL_xi1=nat[0], nat_dL_xi2=nat[1])
 
     def fisher_products(self, step: Step) -> dict[str, Array]:
-        """F·∇ηL as F_u1 [M, L], F_u2 [L, M, M] and ∇θL as grad_theta1, grad_theta2 (:func:`fisher_products`)."""
+        """F·∇ηL as F_u1 [M, L], F_u2 [L, M, M], ∇θL as grad_theta1, grad_theta2 and ``terms`` (:func:`fisher_products`)."""
         import tensorflow as tf
 
         args = [tf.constant(a) for a in (step.dL_dmean, step.dL_dvarsqrt, step.dL_deta1, step.dL_deta2)]
