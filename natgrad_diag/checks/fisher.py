@@ -123,7 +123,7 @@ def check_fisher_matrix_free(ev: Evaluator, step: Step) -> Check:
         return Check(name="fisher_identity", claim="F·∇ηL = ∇θL (matrix-free)", status="fail", detail=f"could not evaluate: {error_line(e)}")
     want = (out["grad_theta1"], out["grad_theta2"])
     size = scale(want)
-    cancel = max(float(out["terms"]) / max(size, np.finfo(np.float64).tiny), 1.0)
+    cancel = max(float(out["terms"]) / max(size, float(np.finfo(np.float64).tiny)), 1.0)
     bound = natgrad_bound(ctx.np_dtype, condition=ctx.M * cancel, condition_name="M·terms/scale (products)", scale=size, rtol=ctx.tol.fisher_rtol, atol=ctx.tol.atol)
     claim = ("F·∇ηL = ∇θL, matrix-free: the Fisher matrix F = ∂η/∂θ applied in closed form (dS = 2·S U₂ S, ...) to "
              "GPflow's ∂L/∂η equals the vector-Jacobian product of natural_to_meanvarsqrt with ∂L/∂(m, L_S)")
