@@ -292,14 +292,6 @@ def mistaken_steps(
     yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
 
 
-def _worst_block(got: tuple[Array, Array], want: tuple[Array, Array]) -> tuple[str, float]:
-    """The block (q_mu[:, l] or q_sqrt[l]) where ``got`` and ``want`` differ most, and by how much."""
-    blocks = [(f"q_mu[:, {l}]", l, float(np.max(np.abs(got[0][:, l] - want[0][:, l])))) for l in range(want[0].shape[1])]
-    blocks += [(f"q_sqrt[{l}]", l, float(np.max(np.abs(got[1][l] - want[1][l])))) for l in range(want[1].shape[0])]
-    name, latent, diff = max(blocks, key=lambda b: b[2])
-    return f"{name} (latent GP {latent})", diff
-
-
 def judge(
     applied: Applied, gp: GpflowStep, before: tuple[Array, Array], step: Step, transform: Any, ctx: Context,
     cond: Conditioning, label: str,
@@ -337,8 +329,11 @@ def judge(
     err, bound, parts = max_abs_diff(got, want), step_bound(ctx, cond, list(want)), differences(got, want)
     if err <= bound.total:
         return bounded_check("custom_step", claim, err, bound, parts)
-    block, diff = _worst_block(got, want)
-    where = f"It differs from GPflow's step most in {block}: {format_number(diff)} > tolerance {format_number(bound.total)} ({parts})."
+    blocks = [(f"q_mu[:, {l}]", l, float(np.max(np.abs(got[0][:, l] - want[0][:, l])))) for l in range(want[0].shape[1])]
+    blocks += [(f"q_sqrt[{l}]", l, float(np.max(np.abs(got[1][l] - want[1][l])))) for l in range(want[1].shape[0])]
+    block, latent, diff = max(blocks, key=lambda b: b[2])  # the block (q_mu[:, l] or q_sqrt[l]) that differs most
+    where = (f"It differs from GPflow's step most in {block} (latent GP {latent}): {format_number(diff)} > tolerance "
+             f"{format_number(bound.total)} ({parts}).")
     near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
     dist = {}
     for name, s in mistakes(want):

@@ -56,13 +56,6 @@ def _html_checks(checks: Sequence[Check]) -> str:
     return _html_grid(["", "check", "claim", "max abs error", "tolerance"], rows, cls=' class="ngd-checks"')
 
 
-def _html_figure(p: Any) -> str:
-    e = html.escape
-    data = base64.b64encode(p.png).decode("ascii")
-    return (f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{data}" alt="{e(p.caption)}">'
-            f"<figcaption>{e(p.caption)}</figcaption></figure>")  # fmt: skip
-
-
 def _html_lead(block: str) -> str:
     """A line of the answer under the verdict (a NatGradReport's); a list item's PASS/WARN/FAIL marked."""
     status = block[2:6].lower()
@@ -80,7 +73,9 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
         "verdict": lambda t: f'<p>Verdict: <span class="{status}">{e(t)}</span></p>',
         "para": lambda t: f"<p>{e(t)}</p>",
         "code": lambda t: f"<pre>{e(textwrap.dedent(t))}</pre>", "note": lambda t: f'<p class="note">{e(t)}</p>',
-        "table": _html_table, "checks": _html_checks, "figure": _html_figure,
+        "table": _html_table, "checks": _html_checks, "figure": lambda p: (
+            f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}" '
+            f'alt="{e(p.caption)}"><figcaption>{e(p.caption)}</figcaption></figure>'),
     }  # fmt: skip
     drawn = [draw[kind](x) for kind, x in blocks(report, pictures, note)]
     return "\n".join(['<div class="ngd-report">', *drawn, "</div>"])

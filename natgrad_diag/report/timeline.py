@@ -18,9 +18,8 @@ class TrainingTimeline(Report):
     """What a monitor recorded during training, as a report.
 
     Attributes:
-        records: the periodic checks (``NatGradRecord``: step, loss, loss_after, passed, suggested_gamma, detail).
-        guard_records: the guarded steps (``GuardRecord``: step, status, rolled_back, gamma_before, gamma_after,
-            cause, loss_before, loss_after).
+        records, guard_records: the periodic checks and the guarded steps, as the monitor recorded them
+            (:class:`~natgrad_diag.training.records.NatGradRecord`, :class:`~natgrad_diag.training.records.GuardRecord`).
         gamma: the monitor's γ now (None if unknown).
     """
 

@@ -167,10 +167,8 @@ def natgrad_tensors(
         eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
         meanvarsqrt = expectation_to_meanvarsqrt(eta1, eta2)
     dL_deta1, dL_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2], output_gradients=[dL_dmean, dL_dvarsqrt])
-    if default_seed == "closed_form":
-        dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, meanvarsqrt[1])
-    else:
-        dtheta_deta1, dtheta_deta2 = tape.gradient(meanvarsqrt, [eta1, eta2])
+    closed = default_seed == "closed_form"
+    dtheta_deta1, dtheta_deta2 = default_seed_gradient(eta1, meanvarsqrt[1]) if closed else tape.gradient(meanvarsqrt, [eta1, eta2])
     del tape
     return dict(
         eta1=eta1, eta2=eta2, dL_deta1=dL_deta1, dL_deta2=dL_deta2, dtheta_deta1=dtheta_deta1, dtheta_deta2=dtheta_deta2,
@@ -257,10 +255,8 @@ def _compiled_step(key: Any, xi: Any, backend: StepBackend, t_mu: Any, t_sq: Any
             _compile.note_trace("natgrad_tensors")
             q_mu, q_sqrt = to_constrained(mu_in, t_mu), to_constrained(sq_in, t_sq)  # the eager path's maps
             dL_dmean, dL_dvarsqrt = to_constrained(g_mu, t_mu), to_constrained(g_sq, t_sq)
-            if backend.xi is not None:
-                out = natgrad_tensors_closed_form(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, backend.xi)
-            else:
-                out = natgrad_tensors(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi, default_seed="closed_form")
+            args = (q_mu, q_sqrt, dL_dmean, dL_dvarsqrt, gamma, xi)
+            out = natgrad_tensors(*args, default_seed="closed_form") if backend.xi is None else natgrad_tensors_closed_form(*args, backend.xi)
             finite = [tf.reduce_all(tf.math.is_finite(t)) for t in (q_mu, q_sqrt, g_mu, g_sq)]
             nonsingular = tf.reduce_all(tf.not_equal(tf.linalg.diag_part(q_sqrt), 0))
             ok = tf.reduce_all(tf.stack(finite + [nonsingular]))

@@ -249,13 +249,6 @@ class StepGuard:
             suggested = [min(found) if found else None] * len(self.optimizers)
         return suggested
 
-    def _searched(self) -> tuple[list[float], float | None]:
-        """Each optimizer's γ after a rollback: the search's suggestion for its pair when it is below the γ that
-        failed, else the next grid value below; and the loss at the restored q(u), which the search measured."""
-        report = self.monitor.search(self.data, self.gamma_before)
-        suggested = self._suggestions(report)
-        return [s if s is not None and s < g else lower_gamma(g) for s, g in zip(suggested, self.gammas)], report.loss_before
-
     def _raised(self) -> list[float] | None:
         """After :data:`RAISE_AFTER` healthy steps in a row below the cap: each γ raised to the suggestion of a search
         from the current γ, capped at its first guarded value and below every γ that failed; None when none rises."""
@@ -285,7 +278,10 @@ class StepGuard:
         if rolled_back:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):
                 var.assign(value)
-            gammas, loss_after = self._searched()
+            report = m.search(self.data, self.gamma_before)  # its loss_before: the loss at the restored q(u)
+            # each γ: the search's suggestion for its pair when below the γ that failed, else the next grid value below
+            gammas = [s if s is not None and s < g else lower_gamma(g) for s, g in zip(self._suggestions(report), self.gammas)]
+            loss_after = report.loss_before
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
         _set_gammas(self.optimizers, self.gammas, gammas or ())
