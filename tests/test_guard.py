@@ -656,3 +656,33 @@ def test_guard__a_q_sqrt_with_a_negative_diagonal_is_rolled_back_because_gpflows
     (record,) = monitor.guard_records
     assert record.rolled_back and "model.q_sqrt has a non-positive diagonal entry model.q_sqrt[0, 1, 1]" in record.cause
     assert same_bits(saved, _q_values(model))
+
+
+def test_guard__a_stochastic_loss_rising_by_its_noise_is_kept_and_a_blow_up_is_still_rolled_back():
+    """A Monte Carlo loss (a GPflux deep GP's −ELBO) differs between two evaluations at one q(u) by its noise; near a
+    loss of 0 that noise is far above loss_increase · max(|loss|, 1), and the guard rolled back healthy steps until γ
+    was 1e-19. A rise is now also allowed 6·√2·σ̂ (σ̂ measured only when a rise is seen). Here the noise is added to a
+    Gaussian SVGP's loss, which GPflow's γ = 1 step takes to its optimum (oracle: GPflow's optimizer on a copy), and
+    γ = 30's blow-up still rises beyond it."""
+    model, data = _natgrad_only(make_model("svgp", "gaussian", num_inducing=5, num_data=20, seed=1))
+    data = tuple(tf.constant(a) for a in data)
+    copy_ = gpflow.utilities.deepcopy(model)
+    optimum = gpflow_losses(copy_, data, 1.0, 3)
+    assert np.all(np.isfinite(optimum)) and abs(optimum[-1] - optimum[1]) < 1e-8  # GPflow: one step to the optimum
+    offset, sigma = optimum[-1], 5.0  # the noisy loss is about 0 at the optimum, where 0.5 · max(|loss|, 1) is 0.5
+    tf.random.set_seed(3)
+    noisy = lambda: model.training_loss(data) - offset + sigma * tf.random.normal([], dtype=tf.float64)  # noqa: E731
+    monitor = NatGradMonitor(model, data, gamma=1.0, loss_fn=noisy, on_failure="rollback", every=1000)
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    for step in range(12):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    assert monitor.rollbacks == 0 and float(natgrad.gamma.numpy()) == 1.0, [r.cause for r in monitor.guard_records]
+    assert float(model.training_loss(data)) == pytest.approx(optimum[-1], abs=1e-8)
+    natgrad.gamma.assign(30.0)
+    model.q_mu.assign(model.q_mu.numpy() + 3.0)  # away from the optimum, where γ = 30 overshoots it thirty-fold
+    with pytest.warns(UserWarning, match="something other than the guarded natural-gradient step changed model.q_mu"):
+        with monitor.guard(12, natgrad):
+            _natgrad_step(natgrad, model, data)
+    last = monitor.guard_records[-1]
+    assert last.rolled_back and ("+ 6·√2·σ̂ (the loss's noise)" in last.cause or "raised" in last.cause or "valid" in last.cause), last.cause

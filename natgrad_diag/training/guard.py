@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error, require_bool, require_int
-from natgrad_diag.checks.health import GAMMA_GRID
+from natgrad_diag.checks.health import GAMMA_GRID, spread
 from natgrad_diag.checks.pairs import verify_step
 from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.report.records import format_number, loss_rose
@@ -200,13 +200,14 @@ class StepGuard:
             return qu_problem(self.pairs) or "q(u) is not valid after the step", None
         if loss_after is None:
             return "the loss after the step is not finite", None
-        before = self.loss_before
-        if before is not None:
-            allowed = self.monitor.loss_increase * max(abs(before), 1.0)
-            if loss_after - before > allowed:
+        before, allowed = self.loss_before, self.monitor.loss_increase * max(abs(self.loss_before or 0.0), 1.0)
+        if before is not None and loss_after - before > allowed:  # a stochastic loss may rise by its noise too
+            dtype = self.pairs[0][1].dtype.as_numpy_dtype
+            noise = 6.0 * np.sqrt(2.0) * spread(lambda: self.monitor.loss_value(self.data), loss_after, dtype)
+            if loss_after - before > allowed + noise:
                 ratio = f" (×{format_number(loss_after / before)})" if before > 0 else ""
-                return (f"{loss_rose(before, loss_after)}{ratio}, more than "
-                        f"loss_increase · max(|loss|, 1) = {format_number(allowed)}"), loss_after
+                plus = f" + 6·√2·σ̂ (the loss's noise) = {format_number(allowed + noise)}" if noise else f" = {format_number(allowed)}"
+                return f"{loss_rose(before, loss_after)}{ratio}, more than loss_increase · max(|loss|, 1){plus}", loss_after
         return "", loss_after
 
     def _verified(self) -> str:

@@ -50,7 +50,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         on_failure: what a guard does with a failed step: "warn", "raise" (NatGradCheckError with the cause and a γ;
             also on a failed periodic check) or "rollback" (restore q(u), set γ to the searched one, go on).
         loss_increase: a guarded step fails when the loss rises by more than ``loss_increase · max(|loss before|,
-            1)``; 0.5 allows minibatch noise and catches blow-ups. ``math.inf`` flags only failures and NaN.
+            1)`` (and a stochastic loss's noise); 0.5 allows minibatch noise and catches blow-ups. ``math.inf`` flags
+            only failures and NaN.
         log_dir: write the scalars of :data:`~natgrad_diag.training.tensorboard.SCALARS` for TensorBoard there (a str
             or os.PathLike; the directory is created now).
         loss_fn: a zero-argument callable returning the training loss (default: the model's training loss, or
