@@ -37,9 +37,7 @@ def error_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -
     text = re.sub(r"\s*\[Op:[\w.]+\].*$", "", text, flags=re.S)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(_NOISE)]
     line = next((ln for ln in lines if any(k in ln for k in _KEY_WORDS)), lines[0] if lines else "")[:limit]
-    if with_type and line:
-        return f"{type(e).__name__}: {line}"
-    return line or type(e).__name__
+    return f"{type(e).__name__}: {line}" if with_type and line else (line or type(e).__name__)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

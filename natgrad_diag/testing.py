@@ -48,12 +48,10 @@ def assert_vjp_matches_jacobian(
     that forgets to multiply by ``dy``) and seeds in the wrong order; :func:`assert_gradients` checks J itself.
 
     Args:
-        fn: a function of the inputs returning a tensor or a nest of tensors.
-        inputs: the point: a sequence of float tensors/arrays (or a dict: its keys name the inputs).
+        fn, inputs, input_names, output_names: as :func:`assert_gradients` takes them (the names are for the message).
         cotangents: one seed per flattened output (exact shape and dtype; ``None`` means ones).
         rtol, atol: an entry passes when |vjp − Jᵀ·v| ≤ atol + rtol·|Jᵀ·v|; default the policy's "exact" kind
             ((1e-10, 1e-12) in float64, (1e-4, 1e-5) in float32).
-        input_names, output_names: names for the message (default ``x0, ...`` / ``y0, ...`` or dict keys).
         max_bytes: refuse, before allocating, a dense Jacobian larger than this (default 2 GiB).
 
     Returns:

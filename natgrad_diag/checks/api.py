@@ -108,9 +108,8 @@ def _skip(mode: str, resolved: str, M: int, L: int, fisher: bool | None) -> tupl
         why = f"fast mode skips it for M > {FAST_FISHER_MAX_M} (it costs about one more step); pass fisher=True, or run mode='full' on a smaller model"
         out.append(("fisher_identity", why))
     if resolved == "fast" and not (mode == "auto" and M * L <= AUTO_CONJUGATE_MAX_ML):
-        why = "skipped in fast mode (two more steps and a collapsed bound); run mode='full' or mode='auto'"
-        if mode == "auto":
-            why = f"skipped for M·L > {AUTO_CONJUGATE_MAX_ML} in auto mode (two more eager steps and an O(M³) collapsed bound); run mode='full'"
+        why = (f"skipped for M·L > {AUTO_CONJUGATE_MAX_ML} in auto mode (two more eager steps and an O(M³) collapsed bound); run mode='full'"
+               if mode == "auto" else "skipped in fast mode (two more steps and a collapsed bound); run mode='full' or mode='auto'")
         out.append(("conjugate_optimality", why))
     return tuple(out)
 
@@ -254,9 +253,7 @@ def _run(ev: Evaluator, mode: str, advance: Callable[..., Any]) -> NatGradReport
 def _with_measured_fisher(cond: Conditioning, found: Outcome) -> Conditioning:
     """``cond`` with κ(F) as the explicit Fisher check measured it on F (when it ran)."""
     kappa_F = dict(found.numbers).get("cond(F)")
-    if kappa_F is None or not np.isfinite(kappa_F):
-        return cond
-    return dataclasses.replace(cond, kappa_F=float(kappa_F), kappa_F_measured=True)
+    return cond if kappa_F is None or not np.isfinite(kappa_F) else dataclasses.replace(cond, kappa_F=float(kappa_F), kappa_F_measured=True)
 
 
 def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Conditioning | None) -> NatGradReport:
@@ -295,10 +292,8 @@ def assert_natgrad(model: Any, data: Any = None, **kwargs: Any) -> NatGradReport
 
 
 def _describe(c: Check) -> str:
-    nums = ""
-    if c.max_abs_error is not None:
-        nums = f" (max abs error {format_number(c.max_abs_error)}"
-        nums += f" > tolerance {format_number(c.tolerance)})" if c.tolerance is not None else ")"
+    tol = "" if c.tolerance is None else f" > tolerance {format_number(c.tolerance)}"
+    nums = "" if c.max_abs_error is None else f" (max abs error {format_number(c.max_abs_error)}{tol})"
     return f"{c.claim}{nums}" + (f"\n{c.detail}" if c.detail else "")
 
 

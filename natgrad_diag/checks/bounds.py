@@ -83,10 +83,8 @@ def factor_extremes(factors: Any) -> tuple[Array, Array]:
     for i, ci in enumerate(c):
         if not np.all(np.isfinite(ci)):
             continue
-        if np.any(ci[upper]):  # not triangular: form C Cᵀ
-            lam = _eigvalsh(np.asfortranarray(ci @ ci.T))
-        else:
-            lam = _eigvalsh(lauum(ci, lower=1)[0])  # Cᵀ C in the lower triangle of a copy (ci is not overwritten)
+        # not triangular: form C Cᵀ; else Cᵀ C in the lower triangle of a copy (ci is not overwritten)
+        lam = _eigvalsh(np.asfortranarray(ci @ ci.T) if np.any(ci[upper]) else lauum(ci, lower=1)[0])
         lo[i], hi[i] = lam[0], lam[-1]
     return lo, hi
 
@@ -354,6 +352,5 @@ def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str =
     The detail carries the bound's parts, and for "warn" the precision a verdict would need.
     """
     status = "fail" if not err <= bound.total else ("warn" if bound.inconclusive else "pass")
-    parts = [detail] if detail else []
-    parts += [bound.describe()] + ([bound.needed()] if status == "warn" else [])
-    return Check(name=name, claim=claim, status=status, max_abs_error=float(err), tolerance=bound.total, detail="; ".join(parts))
+    parts = [detail, bound.describe(), bound.needed() if status == "warn" else ""]
+    return Check(name=name, claim=claim, status=status, max_abs_error=float(err), tolerance=bound.total, detail="; ".join(filter(None, parts)))

@@ -569,12 +569,9 @@ class Evaluator:
 
     def nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Array, ...]:
         """(∇η₁L, ∇η₂L, η₁, η₂) at the natural parameters θ on the scratch copy (:func:`nat_gradient_at`), its other
-        variables as they are (:meth:`sync` first)."""
-        return tuple(np.asarray(t) for t in self._nat_gradient_at(theta1, theta2))
-
-    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
-        """Compiled in both modes: the power iteration's 10-30 gradients (not checked values) cost 60 ms each eagerly."""
-        return tuple(self.pieces.nat_grad(self.data, theta1, theta2))
+        variables as they are (:meth:`sync` first). Compiled in both modes: the power iteration's 10-30 gradients (not
+        checked values) cost 60 ms each eagerly."""
+        return tuple(np.asarray(t) for t in self.pieces.nat_grad(self.data, theta1, theta2))
 
     def walk(self, steps: int, gamma: float, xi: Any) -> Iterator[Any]:
         """The scratch copy at the model's q(u), then after each of ``steps`` steps with ``gamma`` and ``xi`` (eager

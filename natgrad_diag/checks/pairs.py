@@ -146,9 +146,9 @@ class PairEvaluator(Evaluator):
     def sync(self) -> None:
         """Nothing: the pair itself is used, restored after each computation."""
 
-    def _nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Any, ...]:
+    def nat_gradient_at(self, theta1: Array, theta2: Array) -> tuple[Array, ...]:
         with restored(self.variables):
-            return nat_gradient_at(self.q_mu, self.q_sqrt, self.loss, theta1, theta2)
+            return tuple(np.asarray(t) for t in nat_gradient_at(self.q_mu, self.q_sqrt, self.loss, theta1, theta2))
 
 
 _SKIPPED = (
@@ -270,8 +270,7 @@ def check_pairs(
                                   kind=UnconnectedGradientError)  # fmt: skip
         reports = []
         for i, (pair, xi) in enumerate(zip(pairs, xis)):
-            options = dict(gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)
-            ctx = pair_context(pair[1], xi, g, dict(rtol=rtol, atol=atol), **options)
+            ctx = pair_context(pair[1], xi, g, dict(rtol=rtol, atol=atol), gamma_steps=gamma_steps, search=gamma_search, optimizer=optimizer)
             ev = PairEvaluator(ctx, loss, pair, (grads[2 * i], grads[2 * i + 1]), float(value.numpy()))
             reports.append(_check_pair(ev, (pair[0], pair[2]), resolved))
     if len(pairs) == 1:  # nothing to step together: the pair's suggestion is the γ to train the var_list with

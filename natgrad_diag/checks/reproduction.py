@@ -58,5 +58,4 @@ def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditio
         f"κ_η = {format_number(cond.kappa_eta or cond.kappa_S)}, "
         f"κ(S_new) = {format_number(cond.kappa_S_new)}, cancellation {format_number(cond.cancellation)}"
     )
-    bound = step_bound(ctx, cond, list(gpflows))
-    return bounded_check("reproduction", claim, max_abs_diff(ours, gpflows), bound, detail)
+    return bounded_check("reproduction", claim, max_abs_diff(ours, gpflows), step_bound(ctx, cond, list(gpflows)), detail)

@@ -23,6 +23,7 @@ import numpy as np
 from natgrad_diag._validate import input_error
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
+from natgrad_diag.autodiff.seeded import vjp
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, close_check, format_number, matrix_table, max_abs_diff, to_jsonable, status_of
 from natgrad_diag.step.jacobian import natgrad_map_jacobian
@@ -164,11 +165,10 @@ class Explanation(Report):
             f"(max difference {format_number(max_abs_diff(ce.naive, ce.vjp))}). The naive product is right exactly when "
             "J is diagonal."
         )
-        m_rows, n_cols = J.matrix.shape
         row_text = (
             f"output_gradients = one-hot at {self.row_label} returns the row {self.row_label} of J: it equals that row "
             f"of tape.jacobian's J {_within(c['e_onehot_row'].max_abs_error)}. The whole J from tape.jacobian "
-            f"is {m_rows} × {n_cols}: rows {', '.join(f'{n}{list(s)}' for n, s in zip(J.output_names, J.output_shapes))}, "
+            f"is {J.shape[0]} × {J.shape[1]}: rows {', '.join(f'{n}{list(s)}' for n, s in zip(J.output_names, J.output_shapes))}, "
             f"columns {', '.join(f'{n}{list(s)}' for n, s in zip(J.input_names, J.input_shapes))}."
         )
         catch_it = (
@@ -200,9 +200,7 @@ class Explanation(Report):
 
 def _within(difference: float | None) -> str:
     """How closely two routes agree, in words: "exactly" or "to within 3.1e-16"."""
-    if difference is None:
-        return "(not compared)"
-    return "exactly" if difference == 0 else f"to within {format_number(difference)}"
+    return "(not compared)" if difference is None else "exactly" if difference == 0 else f"to within {format_number(difference)}"
 
 
 def _counter_example(x: Array, v: Array, close: Callable[..., Check]) -> tuple[CounterExample, Check]:
@@ -220,18 +218,6 @@ def _counter_example(x: Array, v: Array, close: Callable[..., Check]) -> tuple[C
     check = replace(equal, status=status_of(equal.passed and diag),
                     detail="" if diag else "the Jacobian of sin was not diagonal")  # fmt: skip
     return CounterExample(x=x, v=v, naive=naive, vjp=vjp, jacobian_is_diagonal=diag), check
-
-
-def _onehot_row(t: NatGradTrace) -> Array:
-    """The row of J at varsqrt[0, M − 1, 0] via output_gradients = one-hot, on a fresh tape (an independent route)."""
-    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
-
-    from natgrad_diag.autodiff.seeded import vjp
-
-    seed_vs = np.zeros_like(t.eta2)
-    seed_vs[0, -1, 0] = 1.0
-    _, grads = vjp(expectation_to_meanvarsqrt, [t.eta1, t.eta2], [np.zeros_like(t.eta1), seed_vs])
-    return np.concatenate([g.numpy().ravel() for g in grads])
 
 
 def _trace_of(source: Any, gamma: float, xi_transform: Any) -> NatGradTrace:
@@ -267,6 +253,8 @@ def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float 
         A frozen :class:`Explanation`; ``str()`` is the lesson, ``checks`` its claims (a)-(e).
         It never raises on a failed check; see ``Explanation.passed``.
     """
+    from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt
+
     trace = _trace_of(seed_scenario() if source is None else source, gamma, xi_transform)
     tol = resolve(trace.eta1.dtype, "exact", rtol=rtol, atol=atol)
     close = functools.partial(close_check, rtol=tol.rtol, atol=tol.atol)
@@ -277,7 +265,10 @@ def explain_output_gradients(source: NatGradTrace | Any = None, *, gamma: float 
     ce, ce_check = _counter_example(trace.q_mu[:, 0].copy(), trace.dL_dmean[:, 0].copy(), close)
     checks.append(ce_check)
     row_label = f"varsqrt[0,{trace.num_inducing - 1},0]"
-    onehot = _onehot_row(trace)
+    seed_vs = np.zeros_like(trace.eta2)  # that row of J via output_gradients = one-hot, on a fresh tape (an independent route)
+    seed_vs[0, -1, 0] = 1.0
+    _, grads = vjp(expectation_to_meanvarsqrt, [trace.eta1, trace.eta2], [np.zeros_like(trace.eta1), seed_vs])
+    onehot = np.concatenate([g.numpy().ravel() for g in grads])
     checks.append(close("e_onehot_row", f"output_gradients one-hot at {row_label} returns that row of J from "
                         "tape.jacobian", onehot, J.row(row_label)))  # fmt: skip
     return Explanation(
