@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from natgrad_diag import write_report
+from natgrad_diag import to_terminal, write_report
 from natgrad_diag.checks.causes import Cause
 from natgrad_diag.checks.report import GammaTrial, NatGradReport
 from natgrad_diag import pictures as plots
@@ -220,6 +220,21 @@ def test_timeline__of_a_real_monitor_and_its_html_fragment():
     fragment = timeline_html(monitor)
     assert 'id="figure-timeline"' in fragment and "Verdict: <span class=\"fail\">1 of 1 check(s) FAILED." in fragment
     assert "; gamma now 0.5." in fragment
+    text = to_terminal(monitor, plain=True)  # what write_report writes of a monitor, the terminal shows too
+    assert "Verdict: 1 of 1 check(s) FAILED." in text and "; gamma now 0.5." in text
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda r: to_terminal(42), "report"), (lambda r: to_terminal(r, width="80"), "width"),
+    (lambda r: to_terminal(r, width=0), "width"), (lambda r: to_terminal(r, plain="yes"), "plain"),
+])  # fmt: skip
+def test_to_terminal__what_it_cannot_show_is_an_input_error_naming_the_argument(call, argument):
+    """An int, a width of 0 (which rendered an empty report) and a string flag were raw Python errors or quietly
+    wrong."""
+    from natgrad_diag.exceptions import InputError
+
+    with pytest.raises(InputError, match=rf"Argument: +{argument}\n"):
+        call(TrainingTimeline(tuple(RECORDS), (), 0.5))
 
 
 @pytest.mark.slow

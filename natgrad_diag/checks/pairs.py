@@ -196,11 +196,10 @@ def refuse_misplaced(pairs: list[Pair]) -> None:
                               "pass each pair as NaturalGradient.minimize takes it: (q_mu, q_sqrt), q_mu first.",
                               kind=ShapeMismatchError)  # fmt: skip
         for name, p in ((mu_name, q_mu), (sq_name, q_sqrt)):
-            if id(p) in seen:
-                raise input_error(f"{name} is {seen[id(p)]} again: NaturalGradient.minimize would step it twice in one call.",
-                                  name, "each q_mu and q_sqrt in one pair only", f"the parameter of {seen[id(p)]}",
+            if (first := seen.setdefault(id(p), name)) != name:
+                raise input_error(f"{name} is {first} again: NaturalGradient.minimize would step it twice in one call.",
+                                  name, "each q_mu and q_sqrt in one pair only", f"the parameter of {first}",
                                   "list each (q_mu, q_sqrt) pair once.")  # fmt: skip
-            seen[id(p)] = name
 
 
 def _scalar_loss(value: Any) -> Any:

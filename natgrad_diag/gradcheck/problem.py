@@ -73,8 +73,7 @@ class Problem:
                 )
         # finite differences need a function: a second call may differ by the rounding of one evaluation, no more
         moved = max(float(np.max(np.abs(y - np.asarray(z)), initial=0.0)) for y, z in zip(self.y, flat_outputs(fn(*[tf.constant(a) for a in arrays]))))
-        scale = max(float(np.max(np.abs(y), initial=0.0)) for y in self.y)
-        if not moved <= rounding_bound(self.dtype, condition=1.0, scale=scale):
+        if not moved <= rounding_bound(self.dtype, condition=1.0, scale=max(float(np.max(np.abs(y), initial=0.0)) for y in self.y)):
             raise input_error("fn(*inputs) gives different values at the same point (it draws random numbers?).", "fn",
                               "a function of the inputs (two calls within 100·ε·max|fn|)", f"two calls {moved:.3g} apart",
                               "fix its randomness (tf.random.stateless_* with a fixed seed), or check the deterministic part.")

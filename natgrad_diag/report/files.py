@@ -102,11 +102,7 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     """
     fmt = report_format(path, argument=argument)  # checks the path
     target = Path(os.fspath(path))
-    report = timeline_of(report)
-    if not callable(getattr(report, "sections", None)) or not hasattr(report, "checks"):
-        raise input_error("only a natgrad-diag report can be written.", "report",
-                          "a report (check_natgrad(...), explain_output_gradients(), ...) or a NatGradMonitor", type(report).__name__,
-                          "pass the report a natgrad-diag function returned.")
+    report = timeline_of(report, what="written")
     pics, note = report_pictures_or_note(report)
     images: list[tuple[Path, bytes]] = []
     if fmt == "html":

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
+from natgrad_diag._validate import input_error
 from natgrad_diag.report.base import Report
 from natgrad_diag.report.records import Check, Section, Table, format_number, status_of
 
@@ -105,12 +106,14 @@ def _losses(before: float | None, after: float | None) -> str:
     return f"{format_number(before, 8)} → {format_number(after, 8)}"
 
 
-def timeline_of(monitor: Any) -> Any:
-    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report, or anything
-    else that is not a monitor, comes back as it is (the caller refuses what it cannot write)."""
-    monitored = hasattr(monitor, "records") and hasattr(monitor, "guard_records")
-    if callable(getattr(monitor, "sections", None)) or not monitored:
+def timeline_of(monitor: Any, *, what: str = "shown") -> Any:
+    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report comes back as
+    it is, and anything else is an InputError naming ``report`` (only a report can be ``what``: shown, written)."""
+    if callable(getattr(monitor, "sections", None)) and hasattr(monitor, "checks"):
         return monitor
+    if not (hasattr(monitor, "records") and hasattr(monitor, "guard_records")):
+        raise input_error(f"only a natgrad-diag report can be {what}.", "report", "a report (check_natgrad(...), "
+                          "explain_output_gradients(), ...) or a NatGradMonitor", type(monitor).__name__, "pass the report a natgrad-diag function returned.")
     return TrainingTimeline(tuple(monitor.records), tuple(monitor.guard_records), getattr(monitor, "gamma", None))
 
 
