@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import flat_outputs
+from natgrad_diag._validate import call_fn, flat_outputs
 from natgrad_diag.autodiff.seeded import vjp
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
@@ -120,12 +120,13 @@ def compare_with_tensorflow(
 
     Raises:
         MissingExtraError: PyTorch is not installed.
-        OutputGradientsError, RuntimeError: a cotangent does not match TensorFlow's output (natgrad-diag's check) or
-            torch's (torch's own).
+        OutputGradientsError, InputError: a cotangent does not match TensorFlow's output (checked first), or torch_fn
+            fails where tf_fn did not (another output shape, a detached or numpy output: torch's error named).
     """
-    t_out, t_grads = torch_vjp(torch_fn, primals, cotangents)
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
     f_out = flat_outputs(f_out, "tf_fn")
+    t_out, t_grads = call_fn(lambda: torch_vjp(torch_fn, primals, cotangents), [], "torch_fn", at=" under torch_vjp",
+                             remedy="write torch_fn as tf_fn for float64 torch tensors, returning differentiable tensors of tf_fn's shapes.")
     # both libraries check each seed against its output's shape, so the shapes here agree
     return close_check(name, "TensorFlow's output_gradients and PyTorch's grad_outputs give the same outputs and Jᵀ·v",
                        [*f_out, *f_grads], [*t_out, *t_grads], rtol=rtol, atol=atol,

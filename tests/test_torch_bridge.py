@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from natgrad_diag.exceptions import MissingExtraError
+from natgrad_diag.exceptions import InputError, MissingExtraError, OutputGradientsError
 
 TORCH_WRONG_SEED = (
     "Mismatch in shape: grad_output[0] has a shape of torch.Size([4]) and output[0] has a shape of torch.Size([4, 4])."
@@ -142,8 +142,12 @@ def test_compare_with_tensorflow__reports_a_disagreement():
     check = compare_with_tensorflow(tf.sin, torch.cos, [x], [np.ones(3)])
     assert not check.passed
     assert check.max_abs_error == pytest.approx(np.max(np.abs(np.concatenate([np.sin(x) - np.cos(x), np.cos(x) + np.sin(x)]))), rel=1e-12)
-    with pytest.raises(RuntimeError, match=r"Mismatch in shape"):  # torch checks the seed before we compare
-        compare_with_tensorflow(tf.sin, lambda a: torch.sin(a)[:, None], [x], [np.ones(3)])
+    # a torch_fn that is not tf_fn for torch (another shape, a numpy result, a raise): torch's error, named
+    for torch_fn in (lambda a: torch.sin(a)[:, None], lambda a: np.sin(a.detach().numpy()), lambda a: 1 / 0):
+        with pytest.raises(InputError, match=r"torch_fn\(\) raised an error under torch_vjp\.\n  Argument: torch_fn\n  Error: +\w+Error"):
+            compare_with_tensorflow(tf.sin, torch_fn, [x], [np.ones(3)])
+    with pytest.raises(OutputGradientsError, match=r"cotangents\[0\] has a shape of \[3, 1\]"):  # TensorFlow's side first
+        compare_with_tensorflow(tf.sin, torch.sin, [x], [np.ones((3, 1))])
 
 
 @pytest.mark.torch

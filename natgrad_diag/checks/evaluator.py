@@ -160,8 +160,7 @@ class Run:
 
 
 def gradients(loss: Callable[[], Any], variables: list[Any], unconnected: str = "zero") -> tuple[Any, list[Any]]:
-    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; zero, or None with
-    ``unconnected="none"``, where unconnected)."""
+    """``loss()`` and its gradients w.r.t. ``variables`` (one tape, as ``minimize`` takes them; ``unconnected``: 0 or None)."""
     import tensorflow as tf
 
     with tf.GradientTape(watch_accessed_variables=False) as tape:
