@@ -41,7 +41,7 @@ _LAZY = {
         "lessons.outer": ("OuterExample", "outer_example"),
         "report.files": ("write_report",),
         "report.records": ("Check",),
-        "report.text": ("to_terminal",),
+        "report.emit": ("to_terminal",),
         "step.jacobian": ("natgrad_map_jacobian",),
         "step.optimizer": ("NaturalGradient",),
         "step.trace": ("NatGradTrace", "natgrad_trace"),
@@ -53,7 +53,7 @@ _LAZY = {
 #: The public submodules, imported on first attribute access (``nd.testing``).
 _SUBMODULES = ("demo", "keras", "pictures", "strict", "testing", "torch_bridge")
 # modules whose import (and whose names' use) never needs TensorFlow: no quiet TensorFlow import for them
-_LIGHT = frozenset({"report.records", "report.files", "report.text", "pictures", "testing"})
+_LIGHT = frozenset({"report.records", "report.files", "report.emit", "pictures", "testing"})
 
 
 def __getattr__(name: str) -> Any:
@@ -88,5 +88,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from natgrad_diag.report.files import write_report
     from natgrad_diag.report.records import Check
     from natgrad_diag.strict.context import strict_gradients
-    from natgrad_diag.report.text import to_terminal
+    from natgrad_diag.report.emit import to_terminal
     from natgrad_diag.step.jacobian import natgrad_map_jacobian

@@ -169,7 +169,7 @@ def test_report_format__other_extensions_name_the_argument():
 
 
 def test_to_terminal__in_colour_only_the_check_name_is_bold():
-    text = text_mod.to_terminal(Demo(), width=120, color=True)
+    text = emit_mod.to_terminal(Demo(), width=120, color=True)
     bold = re.compile(r"\x1b\[([0-9;]*)m([^\x1b]*)")
     bold_runs = [run for codes, run in bold.findall(text) if "1" in codes.split(";") and run.strip()]
     assert "large_gap" in " ".join(bold_runs)
@@ -179,7 +179,7 @@ def test_to_terminal__in_colour_only_the_check_name_is_bold():
 @pytest.mark.parametrize("plain", [False, True], ids=["rich", "plain"])
 def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
     for report in (Demo(), explanation):
-        text = text_mod.to_terminal(report, plain=plain, width=80)
+        text = emit_mod.to_terminal(report, plain=plain, width=80)
         lines = text.splitlines()
         assert max(len(line) for line in lines) <= 80
         for c in report.checks:
@@ -192,21 +192,21 @@ def test_to_terminal__fits_80_columns_and_names_every_check(plain, explanation):
 
 
 def test_to_terminal__plain_has_no_borders_rich_has_them():
-    plain = text_mod.to_terminal(Demo(), plain=True)
-    boxed = text_mod.to_terminal(Demo(), plain=False)
+    plain = emit_mod.to_terminal(Demo(), plain=True)
+    boxed = emit_mod.to_terminal(Demo(), plain=False)
     assert not BOX_CHARS & set(plain)
     assert BOX_CHARS & set(boxed)
     assert "Verdict: 1 of 4 check(s) FAILED." in plain
 
 
 def test_to_terminal__colour_only_when_asked():
-    coloured = text_mod.to_terminal(Demo(), color=True)
+    coloured = emit_mod.to_terminal(Demo(), color=True)
     assert ANSI in coloured
-    assert ANSI not in text_mod.to_terminal(Demo(), color=True, plain=True)
+    assert ANSI not in emit_mod.to_terminal(Demo(), color=True, plain=True)
 
 
 def test_to_terminal__numbers_against_their_tolerance():
-    lines = text_mod.to_terminal(Demo(), plain=True).splitlines()
+    lines = emit_mod.to_terminal(Demo(), plain=True).splitlines()
     row = {c.name: next(line for line in lines if c.name in line) for c in Demo().checks}
     assert re.search(r"FAIL\s+large_gap\s+0\.0025\s+> 1\.00e-08$", row["large_gap"])
     assert re.search(r"PASS\s+exact_match\s+0\s+≤ 1\.00e-12$", row["exact_match"])
@@ -219,7 +219,7 @@ def test_to_terminal__nan_error_is_not_within_tolerance():
     class NaNReport(Demo):
         checks: tuple[Check, ...] = (Check("nan_error", "the two routes agree", False, float("nan"), 1e-8),)
 
-    row = next(line for line in text_mod.to_terminal(NaNReport(), plain=True).splitlines() if "nan_error" in line)
+    row = next(line for line in emit_mod.to_terminal(NaNReport(), plain=True).splitlines() if "nan_error" in line)
     assert re.search(r"FAIL\s+nan_error\s+nan\s+> 1\.00e-08$", row)
 
 
@@ -457,7 +457,7 @@ def test_reports_without_matplotlib__still_written_with_a_note(tmp_path, monkeyp
     assert written.images == () and "natgrad-diag[plot]" in written.path.read_text(encoding="utf-8")
     assert "matplotlib is not installed" in written.note
     assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
-    assert "a_vjp_equals_contraction" in text_mod.to_terminal(explanation)
+    assert "a_vjp_equals_contraction" in emit_mod.to_terminal(explanation)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -468,7 +468,7 @@ def test_rendering__leaves_the_report_bit_identical(tmp_path, explanation):
     t = explanation.trace
     before = {k: np.copy(getattr(t, k)) for k in ("eta1", "eta2", "dL_deta1", "dL_deta2", "dtheta_deta1")}
     text_before = str(explanation)
-    text_mod.to_terminal(explanation)
+    emit_mod.to_terminal(explanation)
     files_mod.write_report(explanation, tmp_path / "r.md")
     html_mod.to_html_fragment(explanation)
     for k, v in before.items():
@@ -635,7 +635,7 @@ def _wide_demo():
 @pytest.mark.parametrize("width", [80, 120])
 def test_terminal__tables_fit_the_width_and_break_no_cell(explanation, width):
     for report in (Demo(), explanation, _wide_demo()):
-        out = text_mod.to_terminal(report, plain=True, width=width)
+        out = emit_mod.to_terminal(report, plain=True, width=width)
         assert max(len(line) for line in out.splitlines()) <= width
         for section in report.sections():
             for table in section.tables:
@@ -648,9 +648,9 @@ def test_terminal__tables_fit_the_width_and_break_no_cell(explanation, width):
 
 
 def test_terminal__a_table_too_wide_becomes_records():
-    out = text_mod.to_terminal(_wide_demo(), plain=True, width=80)
+    out = emit_mod.to_terminal(_wide_demo(), plain=True, width=80)
     assert "PASS ∂varsqrt/∂eta2\n  worst entry: [0,2,2]/[0,1,0]+[0,0,1]" in out
-    wide = text_mod.to_terminal(_wide_demo(), plain=True, width=120)
+    wide = emit_mod.to_terminal(_wide_demo(), plain=True, width=120)
     assert "worst entry" in wide.splitlines()[wide.splitlines().index("Blocks") + 3]  # a header row at 120
 
 

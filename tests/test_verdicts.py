@@ -23,7 +23,7 @@ from natgrad_diag.report.base import Report
 from natgrad_diag.report.html import html_document
 from natgrad_diag.report.markdown import to_markdown
 from natgrad_diag.report.records import Check
-from natgrad_diag.report.text import to_terminal
+from natgrad_diag.report.emit import to_terminal
 
 
 def _setup():

@@ -3,6 +3,7 @@ draw every output form from ``title``, ``checks`` and ``sections()``)."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from natgrad_diag.report.records import TEXT_WIDTH, Check, Section, worst_status
@@ -36,9 +37,9 @@ class Report:
 
     def __str__(self) -> str:
         """The plain-text layout that ``natgrad-diag --plain`` prints."""
-        from natgrad_diag.report.text import to_terminal
+        from natgrad_diag.report.text import render_on
 
-        return to_terminal(self, plain=True, width=TEXT_WIDTH).rstrip("\n")
+        return render_on(self, io.StringIO(), plain=True, width=TEXT_WIDTH).rstrip("\n")
 
     def figures(self) -> tuple[Any, ...]:
         """The pictures of this report (:func:`natgrad_diag.pictures.report_pictures`); override to add or replace."""

@@ -1,18 +1,21 @@
-"""The command's output: a report printed as terminal tables or JSON, then, if asked, written to a file."""
+"""The command's output (a report as terminal tables or JSON, then written to a file if asked), and :func:`to_terminal`."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 from typing import Any, TextIO
 
+from natgrad_diag._validate import require_bool, require_int
 from natgrad_diag.exceptions import InputError, ReportWriteError
 from natgrad_diag.report.files import WrittenReport, write_report
 from natgrad_diag.report.records import to_jsonable
 from natgrad_diag.report.text import render_on
+from natgrad_diag.report.timeline import timeline_of
 
-__all__ = ["emit"]
+__all__ = ["emit", "to_terminal"]
 
 
 def emit(
@@ -39,3 +42,10 @@ def emit(
     if written.note:
         sys.stderr.write(f"natgrad-diag: {written.note}\n")
     return written
+
+
+def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
+    """The report (or a ``NatGradMonitor``'s training timeline) as the terminal shows it, lines at most ``width`` (≥ 20)
+    columns; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
+    width = require_int(width, "width", minimum=20, remedy="pass width=80 (a report needs 20 columns at least).")
+    return render_on(timeline_of(report), io.StringIO(), plain=require_bool(plain, "plain"), width=width, color=require_bool(color, "color"))

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from natgrad_diag._validate import require_bool, require_int
 from natgrad_diag.report.layout import STATUS_STYLES, blocks, verdict
 from natgrad_diag.report.records import Check, Table, worst_status
-from natgrad_diag.report.timeline import timeline_of
 
-__all__ = ["column_widths", "fits", "render_on", "to_terminal", "vertical"]
+__all__ = ["column_widths", "fits", "render_on", "vertical"]
 
 
 def _rich_table_of(plain: bool, **options: Any) -> Any:
@@ -129,10 +126,3 @@ def render_on(report: Any, stream: TextIO, *, plain: bool, width: int | None = N
         console.print()
         console.print(Text(f"Verdict: {verdict(report)}", style=style))
     return "\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n"
-
-
-def to_terminal(report: Any, *, plain: bool = False, width: int = 80, color: bool = False) -> str:
-    """The report (or a ``NatGradMonitor``'s training timeline) as the terminal shows it, lines at most ``width`` (≥ 20)
-    columns; ``plain``: no colour and no table borders; ``color``: ANSI colour codes, as on a terminal (not with ``plain``)."""
-    width = require_int(width, "width", minimum=20, remedy="pass width=80 (a report needs 20 columns at least).")
-    return render_on(timeline_of(report), io.StringIO(), plain=require_bool(plain, "plain"), width=width, color=require_bool(color, "color"))

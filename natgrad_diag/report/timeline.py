@@ -107,8 +107,7 @@ def _losses(before: float | None, after: float | None) -> str:
 
 
 def timeline_of(monitor: Any, *, what: str = "shown") -> Any:
-    """The :class:`TrainingTimeline` of a monitor (``records``, ``guard_records``, ``gamma``); a report comes back as
-    it is, and anything else is an InputError naming ``report`` (only a report can be ``what``: shown, written)."""
+    """The :class:`TrainingTimeline` of a monitor (its ``records``, ``guard_records``, ``gamma``), a report as it is."""
     if callable(getattr(monitor, "sections", None)) and hasattr(monitor, "checks"):
         return monitor
     if not (hasattr(monitor, "records") and hasattr(monitor, "guard_records")):
