@@ -107,7 +107,7 @@ def _losses(before: float | None, after: float | None) -> str:
 
 
 def timeline_of(monitor: Any, *, what: str = "shown") -> Any:
-    """The :class:`TrainingTimeline` of a monitor (its ``records``, ``guard_records``, ``gamma``), a report as it is."""
+    """A monitor's :class:`TrainingTimeline`, a report as it is; anything else an InputError naming ``report``."""
     if callable(getattr(monitor, "sections", None)) and hasattr(monitor, "checks"):
         return monitor
     if not (hasattr(monitor, "records") and hasattr(monitor, "guard_records")):
