@@ -50,10 +50,10 @@ def _lookup(entries: _Store, key: Hashable, build: Callable[[], Any] | None, lim
     return value
 
 
-def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = ()) -> Any:
+def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] = (), fresh: bool = False) -> Any:
     """The cached value for ``key`` (the path's name and all the traced graph depends on: shapes, dtypes, options,
     ``id`` of captured objects, which ``keep`` keeps alive), built by ``build()`` on the first request (trace inside
-    it: ``get_concrete_function()``).
+    it: ``get_concrete_function()``); ``fresh`` builds it again.
 
     Examples:
         >>> calls = []
@@ -64,6 +64,8 @@ def compiled(key: Hashable, build: Callable[[], Any], *, keep: tuple[Any, ...] =
         (1, 1, 2)
     """
     with _LOCK:
+        if fresh:
+            _ENTRIES.pop(("compiled", key), None)
         return _lookup(_ENTRIES, ("compiled", key), build, MAX_ENTRIES, keep)
 
 

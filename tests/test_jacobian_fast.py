@@ -109,6 +109,42 @@ def test_jacobian__eager_small_path_equals_compiled_path():
     np.testing.assert_allclose(J_e.matrix, J_c.matrix, rtol=1e-13, atol=1e-14)
 
 
+class _Scaled:
+    """A callable whose value depends on Python state (like a layer with a float attribute)."""
+
+    scale = 1.0
+
+    def __call__(self, x):
+        return self.scale * x @ x
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_jacobian__a_reused_trace_follows_the_python_state_fn_reads(symmetric):
+    """The third call reuses the second's compiled chunks; the state they froze must not leak into the answer.
+    Oracle: d(s·X·X)/dX by hand, E ↦ s·(E·X + X·E), each column at rounding (rtol 1e-13: a few products of O(1))."""
+    f, X = _Scaled(), np.array([[2.0, 0.3, 0.1], [0.3, 1.5, -0.2], [0.1, -0.2, 1.0]])
+    for scale in (1.0, 2.0, 3.0, 4.0):
+        f.scale = scale
+        block = nd.jacobian(f, [X], symmetric=symmetric, compiled=None).block(0, 0)  # [3, 3, 3, 3]
+        for a, b in np.ndindex(3, 3):
+            E = np.zeros((3, 3))
+            E[a, b] = 1.0
+            if symmetric:  # the general block of a symmetric input is ½(∂y/∂X_ab + ∂y/∂X_ba)
+                E = (E + E.T) / 2
+            np.testing.assert_allclose(block[..., a, b], scale * (E @ X + X @ E), rtol=1e-13, atol=1e-14)
+
+
+def test_jacobian__a_gather_s_indexed_slices_gradient_is_a_dense_block():
+    """tf.gather's gradient is an IndexedSlices: every path and assert_vjp_matches_jacobian take it (by hand: y = x[[0, 0, 1]])."""
+    from natgrad_diag.testing import assert_vjp_matches_jacobian
+
+    want, x = np.array([[1.0, 0, 0], [1, 0, 0], [0, 1, 0]]), np.array([1.0, 2.0, 3.0])
+    for compiled in (False, True, None):
+        np.testing.assert_array_equal(nd.jacobian(lambda t: tf.gather(t, [0, 0, 1]), [x], compiled=compiled).matrix, want)
+    (g,) = assert_vjp_matches_jacobian(lambda t: tf.gather(t, [0, 0, 1]), [x], cotangents=[np.array([1.0, 1.0, 1.0])])
+    np.testing.assert_array_equal(g, [2.0, 1.0, 0.0])
+
+
 # ---- vech (symmetric) columns ---------------------------------------------------------------------
 
 

@@ -20,13 +20,13 @@ TRACE_KIND = "jacobian_chunk"
 
 def run_chunks(
     fn: Callable[..., Any], xs: Sequence[Any], out_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...],
-    forward: bool, chunk: int, n_rows: int, n_cols: int,
+    forward: bool, chunk: int, n_rows: int, n_cols: int, fresh: bool = False,
 ) -> Array:  # fmt: skip
     """The stored [n_rows, n_cols] Jacobian of ``fn`` at ``xs``, filled chunk by chunk: ``chunk`` columns (forward,
     J·E) or rows (reverse, Eᵀ·J) at a time.
 
     The chunk function is compiled once per (``fn``, input shapes and dtypes, ``sym``, ``forward``, ``chunk``) in
-    :mod:`natgrad_diag._compile`'s cache, which keeps ``fn`` alive. Column chunks go into a column-major array, row
+    :mod:`natgrad_diag._compile`'s cache, which keeps ``fn`` alive; ``fresh`` traces it again. Column chunks go into a column-major array, row
     chunks into a row-major one, so each is one contiguous write.
     """
     import tensorflow as tf
@@ -37,7 +37,7 @@ def run_chunks(
         return function(body, input_signature=signature).get_concrete_function()
 
     key = (TRACE_KIND, id(fn), tuple((tuple(x.shape.as_list()), x.dtype.name) for x in xs), sym, forward, chunk)
-    chunk_fn = compiled(key, build, keep=(fn,))
+    chunk_fn = compiled(key, build, keep=(fn,), fresh=fresh)
     out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
     chunked = out.T if forward else out  # a chunk fills rows of this view (in forward mode, columns of out)
     for start in range(0, len(chunked), chunk):

@@ -55,8 +55,9 @@ def jacobian(
         chunk_size: rows (columns) per chunk; default :func:`~natgrad_diag.autodiff.memory.auto_chunk`'s budget.
         mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer columns than
             rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
-        compiled: ``True``: compiled chunks; ``False``: eagerly; ``None`` (default): eager for a first call with at
-            most 64 rows, compiled otherwise and from the second call.
+        compiled: ``True``: compiled chunks (as in ``tf.function``, Python state ``fn`` reads is frozen at the trace);
+            ``False``: eagerly; ``None`` (default): eager for a first call with at most 64 rows, compiled otherwise
+            and from the second call, a reused trace checked against one eager row vᵀ·J (it follows such state).
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` one block, see there).
@@ -110,6 +111,7 @@ class _Probe:
     dict_keys: tuple[str, ...] | None
     tape: Any = None  # the forward pass's persistent tape; None: recorded by an earlier call, no forward pass
     ys: list[Any] | None = None  # its flattened outputs
+    seen: bool = False  # an earlier call with the same key: its compiled chunks may be reused
 
 
 def _as_tensors(inputs: Any, input_names: Sequence[str] | None) -> tuple[list[Any], tuple[str, ...]]:
@@ -138,12 +140,13 @@ def forward_pass(fn: Callable[..., Any], xs: Sequence[Any]) -> tuple[Any, Any, l
 def _probe(fn: Callable[..., Any], xs: Sequence[Any], key: Any, compiled: bool | None) -> _Probe:
     """The outputs' shapes and dict keys: from an earlier call with ``key``, else one forward pass
     on a tape (kept for the small-Jacobian path's VJPs)."""
-    meta = recall(key) if compiled is not False else None
-    if meta is not None and meta[0] is fn:  # remembered as (fn, out_shapes, dict_keys)
-        return _Probe(*meta[1:])
+    meta: Any = recall(key) if compiled is not False else None
+    seen = meta is not None and meta[0] is fn  # remembered as (fn, out_shapes, dict_keys)
+    if seen and compiled:  # compiled=True trusts the trace, as tf.function does: no forward pass
+        return _Probe(meta[1], meta[2], seen=True)
     tape, outputs, ys = forward_pass(fn, xs)
     out_shapes = tuple(tuple(y.shape.as_list()) for y in ys)
-    return _Probe(out_shapes, output_labels(outputs), tape=tape, ys=ys)  # labels in tf.nest's order: the rows'
+    return _Probe(out_shapes, output_labels(outputs), tape=tape, ys=ys, seen=seen)  # labels: tf.nest's order
 
 
 def _compiled_path(
@@ -160,7 +163,7 @@ def _compiled_path(
         return None
     if probe.tape is not None:
         remember(key, (fn, probe.out_shapes, probe.dict_keys), keep=(fn,))
-    if not (compiled or probe.tape is None or rows > _EAGER_MAX_ROWS or chunk_size is not None):
+    if not (compiled or probe.seen or rows > _EAGER_MAX_ROWS or chunk_size is not None):
         return None
     # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms many JVPs
     # as the derivative of a VJP), except when vech columns make forward mode the one with fewer passes
@@ -169,9 +172,39 @@ def _compiled_path(
     itemsize = xs[0].dtype.size
     chunk = min(int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize)), n_chunked)
     try:
-        return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols)
+        out = run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols)
+        # a reused trace keeps the Python state fn read when it was traced (tf.function's rule): compare one
+        # random row vᵀ·J with the eager tape's, and trace again when they differ beyond rounding
+        if probe.tape is not None and _stale(out, probe, xs, sym):
+            out = run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols, fresh=True)
+        return out
     except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
         return None  # not traceable: the eager tape
+
+
+def _stale(out: Array, probe: _Probe, xs: Sequence[Any], sym: tuple[bool, ...]) -> bool:
+    """Whether the compiled ``out`` [rows, cols] is not the Jacobian of ``fn`` now: vᵀ·J for a fixed random v
+    against the probe tape's ``tape.gradient``, beyond 10³·ε·|v|ᵀ·|J| (graph and eager round differently)."""
+    v = np.random.default_rng(0).standard_normal(out.shape[0]).astype(out.dtype)
+    assert probe.tape is not None and probe.ys is not None
+    seeds = np.split(v, np.cumsum([int(np.prod(s)) for s in probe.out_shapes])[:-1])
+    gs = probe.tape.gradient(probe.ys, list(xs), [np.reshape(s, y.shape) for s, y in zip(seeds, probe.ys)],
+                             unconnected_gradients="zero")
+    eager = _fold([_dense(g).ravel() for g in gs], xs, sym)
+    return bool(np.any(np.abs(eager - v @ out) > 1e3 * np.finfo(out.dtype).eps * (np.abs(v) @ np.abs(out) + np.abs(eager))))
+
+
+def _fold(parts: Sequence[Array], xs: Sequence[Any], sym: tuple[bool, ...]) -> Array:
+    """One stored row from flattened per-input gradients: a symmetric input's vech column k sums G_ab and G_ba."""
+    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
+    return np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
+
+
+def _dense(g: Any) -> Array:
+    """A gradient as a numpy array (``tf.gather``'s gradient is an ``IndexedSlices``)."""
+    import tensorflow as tf
+
+    return np.asarray(tf.convert_to_tensor(g))
 
 
 def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: tuple[int, int]) -> Array:
@@ -183,7 +216,6 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
         tape, _, ys = forward_pass(fn, xs)
     assert ys is not None  # the probe's or the forward pass's outputs
     zero = tf.UnconnectedGradients.ZERO
-    layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
     # outside float64 never tape.jacobian: its pfor segfaults on a float32 Cholesky gradient
     by_rows = size[0] <= _EAGER_LOOP_MAX_ROWS or xs[0].dtype != tf.float64
     out = np.empty(size, dtype=xs[0].dtype.as_numpy_dtype)
@@ -192,14 +224,14 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
     for i, y in enumerate(ys):
         n = y.shape.num_elements()
         if not by_rows:  # path 3: the rows of output i at once, [n, input size] per input
-            blocks = [tape.jacobian(y, x, unconnected_gradients=zero).numpy().reshape(n, -1) for x in xs]
+            blocks = [_dense(tape.jacobian(y, x, unconnected_gradients=zero)).reshape(n, -1) for x in xs]
         for a in range(n):
             if by_rows:  # path 2: row r = tape.gradient with a one-hot seed at output element r
                 seeds = zeros[:i] + [tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))] + zeros[i + 1 :]
-                parts = [g.numpy().ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
+                parts = [_dense(g).ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
             else:
                 parts = [b[a] for b in blocks]
-            out[r] = np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
+            out[r] = _fold(parts, xs, sym)
             r += 1
     return out
 
