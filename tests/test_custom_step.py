@@ -139,6 +139,16 @@ def test_custom_step__correct_implementations_pass(name, xi):
     assert check.passed and check.max_abs_error <= check.tolerance < 1e-8, str(check)
 
 
+def test_assert_step_matches_gpflow__an_inconclusive_bound_is_not_a_difference():
+    """At λmin(S) = 1e-7 the bound's κ(S) term makes the check "warn"; GPflow's own optimizer compared with itself
+    (error 0: the oracle) must not raise "differ", and check_natgrad's verdict there is not a failure either."""
+    model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=30)
+    U = np.linalg.svd(np.random.default_rng(3).normal(size=(6, 6)))[0]
+    model.q_sqrt.assign(np.linalg.cholesky(U @ np.diag([1, 0.5, 0.3, 0.1, 1e-3, 1e-7]) @ U.T)[None])
+    check = nd.testing.assert_natgrad_step_matches_gpflow(model, data, gamma=0.5, optimizer=gpflow.optimizers.NaturalGradient(0.5))
+    assert check.status == "warn" and check.max_abs_error == 0.0, str(check)
+
+
 def test_check_natgrad__names_the_questions_mistake_and_keeps_model_and_optimizer():
     import gpflow
     import tensorflow as tf

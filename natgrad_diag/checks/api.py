@@ -326,7 +326,7 @@ def assert_natgrad_step_matches_gpflow(
         atol, rtol: |ours − GPflow's| ≤ atol + rtol·max|GPflow's| (default 1e-10 each in float64, 1e-4 in float32).
 
     Returns:
-        The passing ``reproduction`` (or ``custom_step``) :class:`~natgrad_diag.report.records.Check`.
+        The ``reproduction`` (or ``custom_step``) :class:`~natgrad_diag.report.records.Check`: "pass", or "warn".
 
     Raises:
         NatGradCheckError: the steps differ, or only one of them fails; for an optimizer, naming the mistake it makes.
@@ -348,7 +348,7 @@ def assert_natgrad_step_matches_gpflow(
             gp = gpflow_update(ctx, step.g_mu, step.g_sq, scratch.q_mu, scratch.q_sqrt, lambda: float("nan"))  # no loss after it
             cond = measure_conditioning(model, *ev.q_arrays, gp.q_sqrt)
             check = custom_step.stage(Run(ev, step, gp, cond, lambda *args: None)).checks[0]
-    if not check.passed:
+    if check.status == "fail":  # "warn": rounding can decide (as for assert_natgrad, not a failure)
         who = "natgrad-diag's step" if optimizer is None else f"the step of {custom_step.who(optimizer)}"
         fix = check.detail.partition(FIX)[2]
         raise NatGradCheckError(
