@@ -692,3 +692,17 @@ def test_runner__python_dash_m_natgrad_diag_strict_runs_its_main(tmp_path, monke
     err = capsys.readouterr().err
     assert f"{script}:8: implicit_sum (3 calls)" in err
     assert f"{script}:12: seed_mismatch" in err
+
+
+def test_strict__an_exit_without_enter_is_refused_and_later_contexts_still_check():
+    """One __exit__ too many used to drive the patch count to -1, after which every context silently checked nothing."""
+    s = nd.strict_gradients()
+    with s:
+        pass
+    with pytest.raises(InputError, match=r"exited without being entered(.|\n)*Argument:\s+strict_gradients"):
+        s.__exit__(None, None, None)
+    v = tf.Variable([1.0, 2.0], dtype=tf.float64)
+    with tf.GradientTape() as tape:
+        y = v * 2.0
+    with pytest.raises(OutputGradientsError), nd.strict_gradients():
+        tape.gradient(y, v, output_gradients=tf.ones([2, 1], tf.float64))  # a broadcast seed: refused

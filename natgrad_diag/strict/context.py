@@ -82,8 +82,11 @@ class StrictGradients(contextlib.ContextDecorator):
         import tensorflow as tf
 
         stack = _local.stack
-        if self in stack:  # the innermost entry of this context
-            del stack[len(stack) - 1 - stack[::-1].index(self)]
+        if self not in stack:  # an exit too many would drive the count below 0 and switch every later context off
+            raise input_error("this strict_gradients context was exited without being entered (in this thread).",
+                              "strict_gradients", "one __exit__ per __enter__ (a with block)", "an extra __exit__",
+                              "use `with nd.strict_gradients():` rather than calling __enter__/__exit__ by hand.")
+        del stack[len(stack) - 1 - stack[::-1].index(self)]  # the innermost entry of this context
         with _Patch.lock:
             _Patch.count -= 1
             if _Patch.count == 0:
