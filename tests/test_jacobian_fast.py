@@ -134,6 +134,27 @@ def test_jacobian__a_reused_trace_follows_the_python_state_fn_reads(symmetric):
             np.testing.assert_allclose(block[..., a, b], scale * (E @ X + X @ E), rtol=1e-13, atol=1e-14)
 
 
+def test_jacobian__auto_mode_keeps_a_custom_gradient_that_forward_mode_would_ignore():
+    """A straight-through tf.custom_gradient (round forward, identity backward): y = k·q(S), so ∂y/∂S_ab = k·E_ab,
+    ½(E_ab + E_ba) for the symmetric input's general block (by hand). "auto" would take forward mode (6 vech columns
+    < rows), which ignores the custom gradient and gives 0; every call must give the hand value."""
+
+    @tf.custom_gradient
+    def quantise(S):
+        return tf.round(S * 10.0) / 10.0, lambda dy: dy
+
+    S = np.array([[2.0, 0.31, 0.12], [0.31, 1.5, 0.2], [0.12, 0.2, 1.0]])
+    for ks in ([1.0], list(range(1, 11))):  # 9 rows (eager first call, compiled second) and 90 rows (compiled)
+        fn = lambda S, ks=ks: tf.concat([tf.reshape(k * quantise(S), [-1]) for k in ks], 0)  # noqa: E731
+        for _ in range(2):
+            block = nd.jacobian(fn, [S], symmetric=True).block(0, 0).reshape(len(ks), 3, 3, 3, 3)
+            for a, b in np.ndindex(3, 3):
+                E = np.zeros((3, 3))
+                E[a, b] = 1.0
+                want = np.stack([k * (E + E.T) / 2 for k in ks])
+                np.testing.assert_array_equal(block[..., a, b], want)
+
+
 def test_jacobian__a_gather_s_indexed_slices_gradient_is_a_dense_block():
     """tf.gather's gradient is an IndexedSlices: every path and assert_vjp_matches_jacobian take it (by hand: y = x[[0, 0, 1]])."""
     from natgrad_diag.testing import assert_vjp_matches_jacobian

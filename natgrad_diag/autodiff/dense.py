@@ -54,7 +54,7 @@ def jacobian(
         symmetric: one flag per input (or one bool for all): store that input [..., M, M] by vech columns.
         chunk_size: rows (columns) per chunk; default :func:`~natgrad_diag.autodiff.memory.auto_chunk`'s budget.
         mode: ``"reverse"``, ``"forward"`` or ``"auto"`` (reverse, unless vech columns leave fewer columns than
-            rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there.
+            rows). Forward mode ignores a ``tf.custom_gradient``: use ``"reverse"`` there ("auto" checks it, below).
         compiled: ``True``: compiled chunks (as in ``tf.function``, Python state ``fn`` reads is frozen at the trace);
             ``False``: eagerly; ``None`` (default): eager for a first call with at most 64 rows, compiled otherwise
             and from the second call, a reused trace checked against one eager row vᵀ·J (it follows such state).
@@ -168,15 +168,20 @@ def _compiled_path(
     # auto: reverse mode (tape.gradient's own semantics, and cheaper per pass: TensorFlow forms many JVPs
     # as the derivative of a VJP), except when vech columns make forward mode the one with fewer passes
     forward = mode == "forward" or (mode == "auto" and any(sym) and cols < rows)
-    n_chunked, n_other = (cols, rows) if forward else (rows, cols)
-    itemsize = xs[0].dtype.size
-    chunk = min(int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize)), n_chunked)
+
+    def run(forward: bool, fresh: bool) -> Array:
+        n_chunked, n_other = (cols, rows) if forward else (rows, cols)
+        itemsize = xs[0].dtype.size
+        chunk = min(int(chunk_size or auto_chunk(n_chunked, n_other, itemsize, rows * cols * itemsize)), n_chunked)
+        return run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols, fresh=fresh)
+
     try:
-        out = run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols)
-        # a reused trace keeps the Python state fn read when it was traced (tf.function's rule): compare one
-        # random row vᵀ·J with the eager tape's, and trace again when they differ beyond rounding
+        out = run(forward, fresh=False)
+        # a reused trace keeps the Python state fn read when it was traced (tf.function's rule), and forward mode
+        # ignores a tf.custom_gradient: compare one random row vᵀ·J with the eager tape's, and when they differ
+        # beyond rounding trace again (in reverse mode, unless forward was asked for)
         if probe.tape is not None and _stale(out, probe, xs, sym):
-            out = run_chunks(fn, xs, probe.out_shapes, sym, forward, chunk, rows, cols, fresh=True)
+            out = run(forward and mode == "forward", fresh=True)
         return out
     except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, AttributeError, LookupError):
         return None  # not traceable: the eager tape
