@@ -500,3 +500,20 @@ def test_checked_gradient__unknown_rank_seed_inside_tf_function():
         one_seed(np.ones(3), np.ones((3, 1)))
     with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes at run time"):
         one_seed(np.ones(3), np.ones(4))
+
+
+def test_checked_gradient__dict_seeds_for_a_list_of_targets_are_refused_not_paired_by_sorted_key():
+    """{"var": ..., "mean": ...} for targets [var, mean] used to flatten by sorted key, swapping the seeds:
+    [3, 0, 60] instead of the chain rule's 2x·dL_dvar + 3·dL_dmean = [2, 0, 30] (by hand, which the list form gives)."""
+    import tensorflow as tf
+
+    x = tf.constant([1.0, 2.0, 3.0], tf.float64)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        var, mean = x**2, 3.0 * x
+    seeds = {"var": tf.constant([1.0, 0.0, 0.0], tf.float64), "mean": tf.constant([0.0, 0.0, 10.0], tf.float64)}
+    with pytest.raises(OutputGradientsError, match=r"is a dict but the targets are not(.|\n)*Argument:\s+output_gradients"):
+        checked_gradient(tape, [var, mean], x, seeds)
+    with pytest.raises(OutputGradientsError, match=r"Argument:\s+cotangents"):
+        vjp(lambda a: (a**2, 3.0 * a), x, seeds)
+    np.testing.assert_array_equal(checked_gradient(tape, [var, mean], x, [seeds["var"], seeds["mean"]]), [2.0, 0.0, 30.0])

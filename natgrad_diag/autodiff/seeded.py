@@ -81,6 +81,10 @@ def _prepare_seeds(
 
     if output_gradients is None:
         return None
+    if isinstance(output_gradients, Mapping) and not isinstance(structure, Mapping):  # keys would pair by sorted order
+        raise input_error(f"{argument} is a dict but the {target_name}s are not: its keys cannot name them.", argument,
+                          f"a list with one seed per {target_name}, in the {target_name}s' order", "a dict",
+                          f"pass the seeds as a list in the order of the {target_name}s.", kind=OutputGradientsError)
     if isinstance(output_gradients, Mapping) and isinstance(structure, Mapping):
         if set(map(str, output_gradients)) != set(map(str, structure)):
             raise input_error(f"{argument} and the {target_name}s are dicts with different keys.", argument,
