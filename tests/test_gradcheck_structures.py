@@ -90,3 +90,25 @@ def test_check_gradients__lower_triangular_passes_where_gradient_is_masked() -> 
         out = ng.meanvarsqrt_to_natural(*x)
     g = tape.gradient(out, x[1]).numpy()
     assert np.all(np.triu(g, 1) == 0)
+
+
+def test_symmetric_structure__a_point_that_is_not_symmetric_is_refused_and_one_symmetric_to_rounding_is_not():
+    """Only g_ab + g_ba is compared: fn(X) = Σ A ⊙ X with the gradient Aᵀ (by hand ∂/∂X = A) passed at a point that
+    is not symmetric, where it is wrong. At a symmetric point (B·Bᵀ formed in floating point) Aᵀ and A give the same
+    change along every E_ab + E_ba, so there it passes, rightly."""
+    import tensorflow as tf
+
+    import natgrad_diag as nd
+    from natgrad_diag.exceptions import InputError
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(4, 4))
+
+    @tf.custom_gradient
+    def fn(X):
+        return tf.reduce_sum(A * X), lambda dy: dy * tf.transpose(tf.constant(A))
+
+    with pytest.raises(InputError, match=r"not symmetric(.|\n)*Argument:\s+structure for x0"):
+        nd.check_gradients(fn, [rng.normal(size=(4, 4))], structure="symmetric")
+    B = rng.normal(size=(4, 7))
+    assert nd.check_gradients(fn, [B @ B.T], structure="symmetric").passed

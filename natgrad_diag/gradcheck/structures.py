@@ -10,6 +10,7 @@ import numpy as np
 from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import label
 from natgrad_diag.exceptions import ShapeMismatchError
+from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
 __all__ = ["GPFLOW_MAPS", "STRUCTURES", "coord_label", "coordinates", "gpflow_map_name", "hint",
@@ -71,6 +72,13 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
                               f"structure for {name}", "[..., M, M]", shape_str(a.shape),
                               f"use structure 'general' for {name}, or pass the matrix input it was meant for.",
                               kind=ShapeMismatchError)
+        # off a symmetric point only g_ab + g_ba is compared, so a wrong gradient passes: refuse beyond the
+        # rounding of an M-term product such as A·Aᵀ (Higham 2002, §3.1)
+        asym = float(np.max(np.abs(a - np.swapaxes(a, -1, -2)))) if st == "symmetric" else 0.0
+        if asym and asym > rounding_bound(a.dtype, condition=a.shape[-1], scale=float(np.max(np.abs(a)))):
+            raise input_error(f"structure 'symmetric' was given for {name}, which is not symmetric.",
+                              f"structure for {name}", "X = Xᵀ (to rounding)", f"max |X − Xᵀ| = {asym:.3g}",
+                              f"pass a symmetric point, e.g. (X + Xᵀ)/2, or use structure 'general' for {name}.")
     return result
 
 
