@@ -438,3 +438,19 @@ def test_assert_gradients__takes_check_gradients_arguments_by_name():
     import inspect
 
     assert inspect.signature(nd.assert_gradients).parameters == inspect.signature(nd.check_gradients).parameters
+
+
+def test_check_gradients_fast__a_zero_cotangent_or_a_negative_seed_is_refused():
+    """⟨v, J·u⟩ = ⟨Jᵀ·v, u⟩ = 0 for v = 0 whatever J is: a wrong gradient (3x for x², by hand 2x) passed unchecked."""
+    from natgrad_diag.exceptions import InputError
+
+    @tf.custom_gradient
+    def square(x):
+        return x**2, lambda dy: dy * 3.0 * x
+
+    x = np.array([0.5, -1.25, 2.0])
+    with pytest.raises(InputError, match=r"cotangents\[0\] is zero(.|\n)*Argument:\s+cotangents\[0\]"):
+        nd.check_gradients(square, [x], mode="fast", cotangents=[np.zeros(3)])
+    assert not nd.check_gradients(square, [x], mode="fast", cotangents=[np.array([0.0, 1.0, 0.0])]).passed
+    with pytest.raises(InputError, match=r"Argument:\s+seed"):
+        nd.check_gradients(square, [x], mode="fast", seed=-1)

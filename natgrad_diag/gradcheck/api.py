@@ -74,7 +74,7 @@ def check_gradients(
     if mode not in ("full", "fast"):
         raise input_error(f"unknown mode {mode!r}.", "mode", "'full' or 'fast'", repr(mode),
                           "use mode='full' for small problems, mode='fast' for large ones.")
-    seed = require_int(seed, "seed")
+    seed = require_int(seed, "seed", minimum=0)  # numpy's default_rng refuses a negative seed
     num_directions = require_int(num_directions, "num_directions", minimum=1, maximum=MAX_DIRECTIONS, why=WHY_MAX_DIRECTIONS,
                                  remedy="pass num_directions=4 (the default), or mode='full' to check every coordinate.")  # fmt: skip
     max_bytes = require_max_bytes(max_bytes)
@@ -88,6 +88,11 @@ def check_gradients(
     tol, source = _settings(arrays[0].dtype, eps=eps, rtol=rtol, atol=atol)
     prob = Problem(fn, arrays, names, output_names, structures, tol, max_bytes)
     cots = None if cotangents is None else cotangent_arrays(cotangents, prob.y)
+    for i, v in enumerate(cots or []):  # ⟨v, J·u⟩ = 0 = ⟨Jᵀ·v, u⟩ whatever J is: that block would pass unchecked
+        if mode == "fast" and not np.any(v):
+            raise input_error(f"cotangents[{i}] is zero: fast mode would check nothing of output {prob.output_names[i]}.",
+                              f"cotangents[{i}]", "a cotangent with a nonzero entry", "all zeros",
+                              "leave cotangents=None (random ones), or drop the output the loss does not use.")
     # torch's _slow_gradcheck / _fast_gradcheck, against central differences (independent of TensorFlow's gradients)
     rows = fast_rows(prob, num_directions, seed, cots) if mode == "fast" else full_rows(prob)
     rows = sorted(rows, key=lambda r: (r.output_index, r.input_index))
