@@ -443,3 +443,12 @@ def test_natgrad_map_jacobian__not_positive_definite_is_named():
         natgrad_map_jacobian(eta1, eta2)
     with pytest.raises(InputError, match=r"Argument: method\n"):
         natgrad_map_jacobian(eta1, eta2, method="magic")
+
+
+def test_block_jacobian_from_compact__leaves_the_callers_array_writeable_and_refuses_a_wrong_shape():
+    A = np.array([[2.0, 0.0], [1.0, 3.0]])
+    J = nd.BlockJacobian.from_compact(A, ["y"], ["x"], [(2,)], [(2,)])
+    A[0, 0] = 5.0  # the caller's array is still theirs to write
+    assert not J.compact.flags.writeable
+    with pytest.raises(ShapeMismatchError, match=r"Argument:\s+compact(.|\n)*\[2, 2\](.|\n)*\[3, 3\]"):
+        nd.BlockJacobian.from_compact(np.arange(9.0).reshape(3, 3), ["y"], ["x"], [(2,)], [(2,)])

@@ -157,12 +157,18 @@ class BlockJacobian:
     ) -> BlockJacobian:  # fmt: skip
         """A BlockJacobian over one dense matrix [Σ output sizes, Σ stored input columns]."""
         in_shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
+        compact = np.asarray(compact).view()  # read-only through this view: the caller's array stays writeable
         compact.setflags(write=False)
         jac = cls(
             blocks=(), output_names=tuple(output_names), input_names=tuple(input_names),
             output_shapes=tuple(tuple(int(d) for d in s) for s in output_shapes), input_shapes=in_shapes,
             compact=compact, symmetric=tuple(bool(s) for s in symmetric) if symmetric is not None else None,
         )
+        want = (int(jac._row_offsets[-1]), int(jac._stored_offsets[-1]))
+        if compact.shape != want:  # else .block() would hand out a truncated piece
+            raise input_error("compact does not have the shape the output and input shapes give.", "compact",
+                              f"[{want[0]}, {want[1]}] (Σ output sizes, Σ stored input columns)", shape_str(compact.shape),
+                              "pass the matrix with output_shapes and input_shapes that describe it.", kind=ShapeMismatchError)
         rows = [_LazyRow(len(in_shapes), lambda j, i=i: jac._dense_block(i, j)) for i in range(len(output_shapes))]
         object.__setattr__(jac, "blocks", tuple(rows))
         return jac
