@@ -136,3 +136,29 @@ def test_marked():
     out = result.stdout.str()
     assert "InputError: Invalid input. @pytest.mark.strict_gradients got arguments it does not take" in out
     assert "Argument: @pytest.mark.strict_gradients" in out and "E   TypeError" not in out
+
+
+def test_plugin__the_fixture_lists_violations_also_under_the_option_and_the_marker(pytester):
+    """The plugin enters its own (inner) context around the call: the fixture's .violations must still list what
+    broke a rule, else `assert strict_gradients.violations == []` passes although a violation happened."""
+    pytester.makepyfile(test_sample=SAMPLE.split("def test_bad_call")[0] + '''
+def swallowed():
+    tape, x, y = outer()
+    try:
+        tape.gradient(y, x)
+    except Exception:
+        pass
+
+
+def test_fixture(strict_gradients):
+    swallowed()
+    assert [v.rule for v in strict_gradients.violations] == ["implicit_sum"]
+
+
+@pytest.mark.strict_gradients(action="warn")
+def test_fixture_and_marker(strict_gradients):
+    swallowed()
+    assert [v.rule for v in strict_gradients.violations] == ["implicit_sum"]
+'''.replace("def swallowed", "import pytest\n\n\ndef swallowed"))
+    run(pytester).assert_outcomes(passed=2, warnings=1)
+    run(pytester, "--strict-gradients").assert_outcomes(passed=2, warnings=1)

@@ -49,7 +49,7 @@ class StrictGradients(contextlib.ContextDecorator):
     Attributes:
         action: ``"raise"`` or ``"warn"``.
         allow_implicit_sum: targets without a seed are allowed (only given seeds are checked).
-        violations: every rule broken in this context so far (in this thread), in order.
+        violations: every rule broken in this context so far (in this thread, nested contexts too), in order.
         checked_calls: how many ``tape.gradient`` calls this context judged.
     """
 
@@ -107,8 +107,8 @@ class StrictGradients(contextlib.ContextDecorator):
         output_gradients = args[2] if len(args) > 2 else kwargs.get("output_gradients")
         self.checked_calls += 1
         found = check_call(target, output_gradients, allow_implicit_sum=self.allow_implicit_sum, site=lambda: call_site(caller))
-        if found is not None:
-            self.violations.append(found)
+        for ctx in _local.stack if found is not None else ():  # the fixture's context sees the plugin's inner one's
+            ctx.violations.append(found)
         if found is not None or self.allow_implicit_sum or self.action == "warn":
             return found, contextlib.nullcontext()
         return None, run_time_check(target, output_gradients, site=lambda: call_site(caller))
