@@ -139,6 +139,23 @@ def test_custom_step__correct_implementations_pass(name, xi):
     assert check.passed and check.max_abs_error <= check.tolerance < 1e-8, str(check)
 
 
+def test_custom_step__a_point_that_hides_the_mistake_warns_instead_of_passing():
+    """On a fresh SVGP (q_mu = 0, q_sqrt = I, GPflow's defaults) ∂varsqrt/∂η₁ = 0, so the question's default-seed step
+    is GPflow's step there: the check must not pass it. After one step of GPflow's own optimizer (the oracle) it fails."""
+    model, data = make_model("svgp", "bernoulli", num_inducing=5, num_data=20)
+    model.q_mu.assign(np.zeros_like(model.q_mu.numpy()))
+    model.q_sqrt.assign(np.eye(5)[None])
+    check = nd.check_natgrad(model, data, optimizer=gpflow_like("default_seed"), gamma=0.5, gamma_steps=1,
+                             gamma_search=False, progress=False).check("custom_step")
+    assert check.status == "warn" and "default_seed" in check.detail and "after a few training steps" in check.detail
+    correct = nd.check_natgrad(model, data, optimizer=gpflow_like(), gamma=0.5, gamma_steps=1, gamma_search=False, progress=False)
+    assert correct.check("custom_step").status == "warn"  # a correct step is not told apart either: same verdict
+    gpflow.optimizers.NaturalGradient(0.5).minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+    after = nd.check_natgrad(model, data, optimizer=gpflow_like("default_seed"), gamma=0.5, gamma_steps=1,
+                             gamma_search=False, progress=False).check("custom_step")
+    assert after.status == "fail" and "default_seed" in after.detail
+
+
 def test_assert_step_matches_gpflow__an_inconclusive_bound_is_not_a_difference():
     """At λmin(S) = 1e-7 the bound's κ(S) term makes the check "warn"; GPflow's own optimizer compared with itself
     (error 0: the oracle) must not raise "differ", and check_natgrad's verdict there is not a failure either."""
