@@ -57,8 +57,7 @@ _LIGHT = frozenset({"report.records", "report.files", "report.emit", "pictures",
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name, name if name in _SUBMODULES else None)
-    if module is None:
+    if (module := _LAZY.get(name, name if name in _SUBMODULES else None)) is None:
         raise AttributeError(f"module 'natgrad_diag' has no attribute {name!r}")
     if module not in _LIGHT:
         from natgrad_diag._tf import import_tensorflow_quietly

@@ -348,9 +348,7 @@ def output_labels(outputs: Any) -> tuple[str, ...] | None:
             return {k: paths(v, f"{join}{k}") for k, v in x.items()}
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return type(x)(*(paths(v, f"{join}{f}") for f, v in zip(x._fields, x)))
-        if isinstance(x, (list, tuple)):
-            return type(x)(paths(v, f"{join}{k}") for k, v in enumerate(x))
-        return prefix
+        return type(x)(paths(v, f"{join}{k}") for k, v in enumerate(x)) if isinstance(x, (list, tuple)) else prefix
 
     try:
         labels = tuple(tf.nest.flatten(paths(outputs, "")))

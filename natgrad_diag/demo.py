@@ -31,8 +31,7 @@ MODELS = ("svgp", "vgp")
 
 
 def _choice(value: Any, allowed: tuple[str, ...], name: str) -> str:
-    text = str(value).lower()
-    if text not in allowed:
+    if (text := str(value).lower()) not in allowed:
         raise input_error(f"{name} must be one of {', '.join(allowed)}.", name, " | ".join(allowed), repr(value),
                           f"pass {name}={allowed[0]!r} or another of the listed names.")
     return text
@@ -162,8 +161,7 @@ def make_data(
     elif lik == "bernoulli":
         from math import erf, sqrt
 
-        p = 0.5 * (1.0 + np.vectorize(erf)(2.0 * F / sqrt(2.0)))
-        Y = (rng.uniform(size=F.shape) < p).astype(float)
+        Y = (rng.uniform(size=F.shape) < 0.5 * (1.0 + np.vectorize(erf)(2.0 * F / sqrt(2.0)))).astype(float)
     elif lik == "poisson":
         Y = rng.poisson(np.exp(F)).astype(float)
     else:

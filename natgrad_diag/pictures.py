@@ -245,8 +245,7 @@ def check_errors_data(report: Any) -> tuple[CheckError, ...]:
 def plot_check_errors(report: Any) -> Any:
     """Each numeric check's max abs error (a bar, green when it passes) against its tolerance (a black tick), on a
     log scale, errors of exactly 0 at the left edge; InputError when no check has both an error and a tolerance."""
-    rows = check_errors_data(report)
-    if not rows:
+    if not (rows := check_errors_data(report)):
         raise input_error("the report has no numeric check to draw.", "report", "checks with max_abs_error and tolerance", "none",
                           "draw this picture only for reports with numeric checks (see check_errors_data).")
     values = [v for r in rows for v in (r.max_abs_error, r.tolerance) if np.isfinite(v) and v > 0]
@@ -474,8 +473,7 @@ _DRAW = {"jacobian": lambda report: plot_jacobian_heatmap(report.jacobian), "eta
 def report_pictures(report: Any) -> tuple[Picture, ...]:
     """Every picture ``report`` has (see :func:`picture_kinds`) as PNG; empty, and no matplotlib needed, when there
     is nothing to draw. Raises MissingExtraError when there is and matplotlib is not installed."""
-    kinds = picture_kinds(report)
-    if not kinds:
+    if not (kinds := picture_kinds(report)):
         return ()
     require_matplotlib()
     from natgrad_diag.progress import progress_bar

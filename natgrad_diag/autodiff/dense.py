@@ -190,12 +190,14 @@ def _compiled_path(
 def _stale(out: Array, probe: _Probe, xs: Sequence[Any], sym: tuple[bool, ...]) -> bool:
     """Whether the compiled ``out`` [rows, cols] is not the Jacobian of ``fn`` now: vᵀ·J for a fixed random v
     against the probe tape's ``tape.gradient``, beyond 10³·ε·|v|ᵀ·|J| (graph and eager round differently)."""
+    import tensorflow as tf
+
     v = np.random.default_rng(0).standard_normal(out.shape[0]).astype(out.dtype)
     assert probe.tape is not None and probe.ys is not None
     seeds = np.split(v, np.cumsum([int(np.prod(s)) for s in probe.out_shapes])[:-1])
     gs = probe.tape.gradient(probe.ys, list(xs), [np.reshape(s, y.shape) for s, y in zip(seeds, probe.ys)],
                              unconnected_gradients="zero")
-    eager = _fold([_dense(g).ravel() for g in gs], xs, sym)
+    eager = _fold([tf.convert_to_tensor(g).numpy().ravel() for g in gs], xs, sym)  # tf.gather: IndexedSlices
     return bool(np.any(np.abs(eager - v @ out) > 1e3 * np.finfo(out.dtype).eps * (np.abs(v) @ np.abs(out) + np.abs(eager))))
 
 
@@ -203,13 +205,6 @@ def _fold(parts: Sequence[Array], xs: Sequence[Any], sym: tuple[bool, ...]) -> A
     """One stored row from flattened per-input gradients: a symmetric input's vech column k sums G_ab and G_ba."""
     layouts = [vech_layout(tuple(x.shape.as_list())) if f else None for x, f in zip(xs, sym)]
     return np.concatenate([p if v is None else np.bincount(v[0], p, v[2]) for p, v in zip(parts, layouts)])
-
-
-def _dense(g: Any) -> Array:
-    """A gradient as a numpy array (``tf.gather``'s gradient is an ``IndexedSlices``)."""
-    import tensorflow as tf
-
-    return np.asarray(tf.convert_to_tensor(g))
 
 
 def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: tuple[bool, ...], size: tuple[int, int]) -> Array:
@@ -229,11 +224,11 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
     for i, y in enumerate(ys):
         n = y.shape.num_elements()
         if not by_rows:  # path 3: the rows of output i at once, [n, input size] per input
-            blocks = [_dense(tape.jacobian(y, x, unconnected_gradients=zero)).reshape(n, -1) for x in xs]
+            blocks = [tape.jacobian(y, x, unconnected_gradients=zero).numpy().reshape(n, -1) for x in xs]
         for a in range(n):
             if by_rows:  # path 2: row r = tape.gradient with a one-hot seed at output element r
                 seeds = zeros[:i] + [tf.reshape(tf.one_hot(a, tf.size(y), dtype=y.dtype), tf.shape(y))] + zeros[i + 1 :]
-                parts = [_dense(g).ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
+                parts = [tf.convert_to_tensor(g).numpy().ravel() for g in tape.gradient(ys, xs, seeds, unconnected_gradients=zero)]
             else:
                 parts = [b[a] for b in blocks]
             out[r] = _fold(parts, xs, sym)

@@ -39,8 +39,7 @@ def _describe(x: Any) -> str:
 def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
     import tensorflow as tf
 
-    flat = tf.nest.flatten(target)
-    if not flat:
+    if not (flat := tf.nest.flatten(target)):
         raise input_error(f"{argument} is empty: there is nothing to differentiate.", argument,
                           "a tensor or a nest (list, tuple, dict) of tensors", repr(target),
                           f"pass the {target_name}(s) computed inside the tape's context.")

@@ -64,15 +64,12 @@ class BenchReport(Report):
         sections = [Section("Machine", machine)]
         for name in dict.fromkeys(r.group for r in self.rows):
             rows = [r for r in self.rows if r.group == name]
-            table = Table(columns=("what", "ours", "baseline", "ratio", "target"), rows=tuple(
-                (
-                    SHORT.get(r.what, r.what) + ("" if r.M is None else f", M={r.M}"), fmt_value(r.ours, r.unit),
-                    f"{SHORT.get(r.baseline_name, r.baseline_name)} {fmt_value(r.baseline, r.unit)}",
-                    "-" if r.ratio is None else f"{r.ratio:.3g}×" + (" faster" if r.higher_is_better else ""),
-                    f"{r.target} {({True: 'yes', False: 'NO', None: '-'})[r.meets] if r.applies else 'n/a at this size'}",
-                )
-                for r in rows
-            ))  # fmt: skip
+            table = Table(columns=("what", "ours", "baseline", "ratio", "target"), rows=tuple((
+                SHORT.get(r.what, r.what) + ("" if r.M is None else f", M={r.M}"), fmt_value(r.ours, r.unit),
+                f"{SHORT.get(r.baseline_name, r.baseline_name)} {fmt_value(r.baseline, r.unit)}",
+                "-" if r.ratio is None else f"{r.ratio:.3g}×" + (" faster" if r.higher_is_better else ""),
+                f"{r.target} {({True: 'yes', False: 'NO', None: '-'})[r.meets] if r.applies else 'n/a at this size'}",
+            ) for r in rows))  # fmt: skip
             names = dict.fromkeys(n for r in rows for n in (r.what, r.baseline_name) if SHORT.get(n, n) != n)
             notes = dict.fromkeys(f"{SHORT.get(r.what, r.what)}: {r.note}" for r in rows if r.note)
             text = "; ".join([f"{SHORT[n]} = {n}" for n in names] + list(notes))

@@ -3,6 +3,7 @@ and for the training guard around it."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -59,16 +60,13 @@ def bench_threads(run: Run) -> list[BenchRow]:
     mu, sq = random_q(M, seed=M)
     rng = np.random.default_rng(M + 1)
     d_mu, G = 0.01 * rng.normal(size=mu.shape), np.tril(0.01 * rng.normal(size=sq.shape))
-
-    def record(one_thread: bool) -> dict[str, Any]:
-        return natgrad_record_lapack(mu, sq, d_mu, G, 0.1, "nat", one_thread=one_thread)
-
-    one, default = record(True), record(False)
+    record = functools.partial(natgrad_record_lapack, mu, sq, d_mu, G, 0.1, "nat")
+    one, default = record(one_thread=True), record(one_thread=False)
     threads = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1)
     scale = max(1.0, max(float(np.max(np.abs(v))) for v in one.values()))
     run.agree("blas_threads_agree", f"the LAPACK record at M = {M} in one BLAS thread equals the record at the BLAS "
               f"default ({threads} threads), every key", max_abs_diff(list(one.values()), list(default.values())) / scale, 1e-10)  # fmt: skip
-    t_one, t_default = compare(lambda: record(True), lambda: record(False), run.repeats)
+    t_one, t_default = compare(lambda: record(one_thread=True), lambda: record(one_thread=False), run.repeats)
     return [run.row("the LAPACK record's BLAS threads (natgrad_trace's path, XiNat)", "LAPACK record, 1 BLAS thread", M,
                     t_one, "BLAS default threads", t_default, None, note=f"default here = {threads} threads")]  # fmt: skip
 

@@ -298,8 +298,7 @@ def _describe(c: Check) -> str:
 
 
 def _remedy(failed: list[Check], report: NatGradReport) -> str:
-    causes = [c for c in report.causes if c.name != "minibatch"]
-    if causes:
+    if causes := [c for c in report.causes if c.name != "minibatch"]:
         return " ".join(f"{c.name}: {c.fix}" for c in causes)
     names = {c.name for c in failed}
     if "step_health" in names or "finite_gradients" in names:

@@ -112,8 +112,7 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     bad = [c for c in checks if c.status in ("fail", "warn")]
     # a failed convergence check counts when its steps failed or moved away from the optimum (not a wrong rate)
     diverged = [c for c in bad if walk_failed(c) or (c.name == "conjugate_convergence" and c.status == "fail" and "shrinks at every step" in c.claim)]
-    health = [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]
-    if health:
+    if health := [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]:
         fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
         health.sort(key=lambda c: c.name != "step_health")  # GPflow's own steps, with the failing one, first
         why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]  # each failure as its check saw it
@@ -124,16 +123,14 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
         evidence, _, fix = c.detail.partition(FIX)
         out.append(Cause("wrong_step", (c.name,), evidence, fix or "compare your update with natgrad_diag.natgrad_trace(...)."))
     rest = [c for c in bad if c not in health and c not in mine]
-    gp = _gpflow_precision([c for c in rest if c.name == "reproduction"], cond, dtype)
-    if gp is not None:
+    if (gp := _gpflow_precision([c for c in rest if c.name == "reproduction"], cond, dtype)) is not None:
         out.append(gp)
         rest = [c for c in rest if c.name != "reproduction"]
     ill = cond is not None and eps(dtype) * _worst_kappa(cond)[1] > ILL_CONDITIONED
     explained = [c for c in rest if c.status == "warn" or (ill and c.name.startswith("conjugate_"))]
     if explained and cond is not None:
         out += _conditioning_causes(explained, cond, dtype, jitter)
-    wrong = [c for c in rest if c not in explained or cond is None]
-    if wrong:
+    if wrong := [c for c in rest if c not in explained or cond is None]:
         worst = wrong[0]
         nums = f" (error {format_number(worst.max_abs_error)} > bound {format_number(worst.tolerance)})" if worst.max_abs_error is not None else ""
         out.append(Cause(

@@ -171,8 +171,7 @@ def stage(run: Run) -> Outcome:
     from gpflow.optimizers import XiNat
 
     ctx = run.ev.ctx
-    why = conjugate_applicable(ctx) or ctx.skipped("conjugate_optimality")
-    if why:
+    if why := conjugate_applicable(ctx) or ctx.skipped("conjugate_optimality"):
         return Outcome(skipped=(("conjugate_optimality", why),))
     found = _check_conjugate(run.ev, run.cond)
     if not (isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0):  # one XiNat γ = 1 step is the conjugate check itself

@@ -317,8 +317,7 @@ def judge(
             return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
-        failing = [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]
-        if failing:
+        if failing := [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]:
             detail += f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here: {MISTAKES[failing[0]][0]}"
             detail += f" (so do {', '.join(failing[1:])})." if failing[1:] else "."
         return Check("custom_step", claim, "fail", detail=detail + FIX + (MISTAKES[failing[0]][1] if failing else _TRACE))

@@ -86,9 +86,8 @@ def health(new_q_mu: Array | None, new_q_sqrt: Array | None, dtype: Any) -> tupl
     if not (diag > 0).all():
         l_idx, m_idx = (int(i) for i in np.argwhere(diag <= 0)[0])
         return False, f"the new q_sqrt has a non-positive diagonal entry q_sqrt[{l_idx}, {m_idx}, {m_idx}] = {format_number(float(diag[l_idx, m_idx]))}", nums
-    S = np.matmul(new_q_sqrt, np.swapaxes(new_q_sqrt, -1, -2)).astype(dtype)
     try:
-        np.linalg.cholesky(S)
+        np.linalg.cholesky(np.matmul(new_q_sqrt, np.swapaxes(new_q_sqrt, -1, -2)).astype(dtype))
     except np.linalg.LinAlgError:
         return False, f"S = q_sqrt q_sqrtᵀ is not numerically positive definite in {np.dtype(dtype).name} (Cholesky failed)", nums
     nums["cond(S) lower bound (max/min diag of q_sqrt)²"] = float((diag.max(axis=-1) / diag.min(axis=-1)).max()) ** 2
@@ -166,8 +165,7 @@ def best_gamma(trials: tuple[GammaTrial, ...] | list[GammaTrial], dtype: Any, no
         >>> best_gamma([GammaTrial(1.0, False, None)], np.float64) is None
         True
     """
-    usable = sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None)
-    if not usable:
+    if not (usable := sorted((t.gamma, t.loss) for t in trials if t.healthy and t.loss is not None)):
         return None
     tie = rounding(max(abs(loss) for _, loss in usable), dtype, noise)
     # smallest γ first: a larger γ replaces the best only when its loss is lower beyond a tie
@@ -324,7 +322,6 @@ def stage(run: Run) -> Outcome:
 
 #: Power iterations at most; they stop earlier when ρ changes by less than 1% (a lower bound at any point).
 MAX_ITERATIONS = 30
-
 
 #: A γ whose k steps held but which λ where they lead finds unstable is tried for this many times k steps.
 LOOK_AHEAD = 4

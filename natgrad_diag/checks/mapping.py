@@ -82,8 +82,7 @@ def stage(run: Run) -> Outcome:
     ctx, step = run.ev.ctx, run.step
     parts, details, margins, found = [], [], [], []
     for name, param, g, gp in (("q_mu", ctx.model.q_mu, step.g_mu, step.dL_dmean), ("q_sqrt", ctx.model.q_sqrt, step.g_sq, step.dL_dvarsqrt)):
-        T = param.transform
-        if T is None:
+        if (T := param.transform) is None:
             parts.append(f"{name}: identity (exact)")
         elif not run.ev.explicit_jacobians and is_isometric(T):
             parts.append(f"{name}: {type(T).__name__} (linear isometric: exact, not recomputed in fast mode)")

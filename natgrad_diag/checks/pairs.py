@@ -32,7 +32,6 @@ from natgrad_diag.typing import Array
 
 __all__ = ["Pair", "PairEvaluator", "check_pairs", "refuse_misplaced", "trainable_note", "variational_pairs", "verify_step"]
 
-
 #: (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M]); the names are Python expressions for the user.
 Pair = tuple[str, Any, str, Any]
 
@@ -302,8 +301,7 @@ def _joint_trial(loss: Callable[[], Any], var_list: list[Any], variables: list[A
                 ok, why, _ = health.health(q_mu.numpy(), q_sqrt.numpy(), dtype)
                 if not ok:
                     return f"{at}pair {i}: {why}", losses
-            after = finite_loss(loss)
-            if after is None or before is None:
+            if (after := finite_loss(loss)) is None or before is None:
                 return at + "the loss after it is not finite", losses
             rise = health.rounding(before, dtype)
             if after > before + rise and after > before + health.rounding(before, dtype, health.spread(lambda: finite_loss(loss), after, dtype)):

@@ -119,16 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "step, and checks for it. With no command, runs 'explain' on the seed scenario.")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"natgrad-diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
     p = sub.add_parser("explain", help="why dL/deta1 != dtheta_deta1 * q_mu_grad, with numbers (default)")
     p.add_argument("--xi", choices=("nat", "meanvar"), default="nat", help="the ξ transform: nat (XiNat) or meanvar (XiSqrtMeanVar)")
     p.add_argument("--gamma", type=_positive_float, default=1.0, help="the natural-gradient step length γ")
     _output_options(p)
-
     p = sub.add_parser("outer", help="torch.outer's grad_outputs example, in TensorFlow (and torch if installed)")
     p.add_argument("--x", type=_float_list, default=None, help="comma-separated x (default: 1,2,3,4, PyTorch's example)")
     _output_options(p)
-
     p = sub.add_parser("check", help="natural-gradient checks on a small GPflow SVGP or VGP model")
     p.add_argument("--model", choices=MODELS, default="svgp", help="the demo GPflow model")
     p.add_argument("--likelihood", choices=LIKELIHOODS, default="gaussian", help="the demo model's likelihood")
@@ -145,7 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default=None, metavar="MODULE:NAME", help="check your optimizer's step: module:Class or path.py:Class (built with gamma, xi_transform), or an update function")
     p.add_argument("--max-minutes", type=_nonnegative_float, default=CHECK_MAX_MINUTES, metavar="T", help="refuse sizes estimated to take longer than T minutes (0: no limit)")
     _output_options(p)
-
     p = sub.add_parser("gradcheck", help="structure-aware gradient check of one of GPflow's natgrad maps")
     maps = sorted(GPFLOW_MAPS)
     p.add_argument("--map", choices=maps, default="expectation_to_meanvarsqrt", metavar="NAME", help="the GPflow map to check: " + ", ".join(maps))
@@ -162,13 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=_nonnegative_float, default=None, help="relative tolerance (default: from the dtype)")
     p.add_argument("--atol", type=_nonnegative_float, default=None, help="absolute tolerance (default: from the dtype)")
     _output_options(p)
-
     p = sub.add_parser("bench", help="time natgrad-diag against TensorFlow and GPflow; prints ratios")
     p.add_argument("--sizes", type=_int_list, default=None, help="comma-separated M values (default: 50,200,1000)")
     p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each side")
     p.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     _output_options(p)
-
     p = sub.add_parser(
         "strict", help="run a Python script under PyTorch's seed rules for tape.gradient; exit 1 on a violation",
         usage="natgrad-diag strict [-h] -- python SCRIPT [ARGS ...]",
@@ -349,7 +343,6 @@ def _command(argv: list[str], command: str) -> int:
     written = emit(report, as_json=args.json, plain=args.plain, report_path=args.report)
     if not report.passed or (args.report and written is None):
         return EXIT_FAILED
-    warned = [c.name for c in report.checks if getattr(c, "status", "pass") == "warn"]
-    if warned:
+    if warned := [c.name for c in report.checks if getattr(c, "status", "pass") == "warn"]:
         print(f"natgrad-diag {command}: warning: {len(warned)} check(s) inconclusive (WARN): {', '.join(warned)}", file=sys.stderr)
     return EXIT_OK

@@ -35,8 +35,7 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
     m = rng.standard_normal((M, L))
     A = np.tril(0.3 / math.sqrt(M) * rng.standard_normal((L, M, M)), -1) + np.eye(M)  # ‖A − I‖₂ ≲ 0.6
     S = A @ np.swapaxes(A, -1, -2)
-    first = GPFLOW_MAPS[name][0][0]
-    if first == "mean":
+    if (first := GPFLOW_MAPS[name][0][0]) == "mean":
         point = [m, A]
     elif first == "eta1":
         eta2 = S + np.einsum("ml,nl->lmn", m, m)

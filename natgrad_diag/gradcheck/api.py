@@ -148,7 +148,6 @@ def assert_gradients(
     report = check_gradients(fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol,
                              atol=atol, seed=seed, num_directions=num_directions, input_names=input_names,
                              output_names=output_names, max_bytes=max_bytes)  # fmt: skip
-    error = report.mismatch_message()
-    if error is not None:
+    if (error := report.mismatch_message()) is not None:
         raise error
     return report

@@ -148,8 +148,7 @@ class GradientCheckReport(Report):
 
     def mismatch_message(self) -> JacobianMismatchError | None:
         """The error :func:`assert_gradients` raises for the worst failing block (``None`` when all pass)."""
-        bad = sorted([r for r in self.rows if not r.passed], key=_badness)
-        if not bad:
+        if not (bad := sorted([r for r in self.rows if not r.passed], key=_badness)):
             return None
         r = bad[0]
         context: list[tuple[str, object]] = [

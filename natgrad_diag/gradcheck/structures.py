@@ -46,8 +46,7 @@ def resolve_structures(structure: Any, fn: Any, names: tuple[str, ...], arrays: 
     elif isinstance(structure, str):
         result = (structure,) * n
     elif isinstance(structure, Mapping):
-        unknown = [k for k in structure if k not in names]
-        if unknown:
+        if unknown := [k for k in structure if k not in names]:
             raise input_error(f"structure names unknown input(s) {unknown}.", "structure",
                               f"keys among the input names {names}", list(structure),
                               "key the dict by input name, e.g. structure={'eta2': 'symmetric'}.")

@@ -33,7 +33,6 @@ from natgrad_diag.typing import Array
 
 __all__ = ["Explanation", "SeedScenario", "explain_output_gradients", "seed_scenario"]
 
-
 #: q_mu of the user's report, [M, L] = [5, 1].
 SEED_Q_MU = ((0.93350756,), (0.15833747,), (0.23830378,), (0.28742445,), (0.14999759,))
 

@@ -1,8 +1,7 @@
 """PyTorch's ``grad_outputs`` example (``torch.outer``) reproduced in TensorFlow, checked, and explained.
 
-With x [n] and y = x xᵀ [n, n] (``torch.outer(x, x)``, ``x[:, None] * x[None, :]``), the seed
-v = ``grad_outputs`` (PyTorch) = ``output_gradients`` (TensorFlow) is ∂L/∂y, of y's shape [n, n], and
-the result is ∂L/∂x:
+With x [n] and y = x xᵀ [n, n] (``torch.outer(x, x)``, ``x[:, None] * x[None, :]``), the seed v = ``grad_outputs``
+(PyTorch) = ``output_gradients`` (TensorFlow) is ∂L/∂y, of y's shape [n, n], and the result is ∂L/∂x:
 
     ∂L/∂x_i = Σ_jk v_jk · ∂y_jk/∂x_i,      ∂y_jk/∂x_i = δ_ij x_k + x_j δ_ik      (J is [n, n, n])
 
@@ -111,11 +110,9 @@ class OuterExample(Report):
             Section("The seed of ones", "", (self._by_element(
                 ("x_i", "dL/dx_i (seed of ones)", "2·sum(x)", "Σ_jk J[j,k,i]"),
                 (self.x, self.gradient_ones_seed, self.closed_form, self.contraction), "gradient_ones_seed"),)),  # fmt: skip
-            self._jacobian_section(),
-            self._chain_section(),
-            Section("The wrong seed", self._wrong_seed_text()),
-            Section("PyTorch cross-check", self._torch_text()),
-        )
+            self._jacobian_section(), self._chain_section(),
+            Section("The wrong seed", self._wrong_seed_text()), Section("PyTorch cross-check", self._torch_text()),
+        )  # fmt: skip
 
     def _seed_section(self) -> Section:
         n, total = self.n, float(np.sum(self.x))

@@ -13,7 +13,6 @@ from natgrad_diag.report.records import STATUSES, Check, Table, worst_status
 
 __all__ = ["html_document", "to_html_fragment"]
 
-
 _CSS = """
 .ngd-report { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; line-height: 1.45; max-width: 62rem; }
 .ngd-report table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.9rem; }
@@ -71,9 +70,8 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
     draw: dict[str, Any] = {
         "h1": lambda t: f"<h1>{e(t)}</h1>", "h2": lambda t: f"<h2>{e(t)}</h2>", "lead": _html_lead,
         "verdict": lambda t: f'<p>Verdict: <span class="{status}">{e(t)}</span></p>',
-        "para": lambda t: f"<p>{e(t)}</p>",
         "code": lambda t: f"<pre>{e(textwrap.dedent(t))}</pre>", "note": lambda t: f'<p class="note">{e(t)}</p>',
-        "table": _html_table, "checks": _html_checks, "figure": lambda p: (
+        "para": lambda t: f"<p>{e(t)}</p>", "table": _html_table, "checks": _html_checks, "figure": lambda p: (
             f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}" '
             f'alt="{e(p.caption)}"><figcaption>{e(p.caption)}</figcaption></figure>'),
     }  # fmt: skip

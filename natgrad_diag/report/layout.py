@@ -9,7 +9,6 @@ from natgrad_diag.exceptions import MissingExtraError
 
 __all__ = ["STATUS_STYLES", "blocks", "report_pictures_or_note", "text_blocks", "verdict"]
 
-
 #: The terminal colour of each status (PASS green, WARN yellow, FAIL red).
 STATUS_STYLES = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red"}
 

@@ -11,7 +11,6 @@ from natgrad_diag.report.layout import blocks
 
 __all__ = ["to_markdown"]
 
-
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_<>|"})
 
 

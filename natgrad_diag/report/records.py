@@ -28,9 +28,7 @@ def format_number(value: float | None, digits: int = 4) -> str:
         return str(value)
     if value == 0.0:
         return "0"
-    if 1e-3 <= abs(value) < 1e5:
-        return f"{value:.{digits}g}"
-    return f"{value:.{max(digits - 2, 1)}e}"
+    return f"{value:.{digits}g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.{max(digits - 2, 1)}e}"
 
 
 def loss_rose(before: float, after: float) -> str:
@@ -72,9 +70,7 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 #: A check's three outcomes, best first: the claim holds; inconclusive (the problem is too ill-conditioned to
@@ -186,9 +182,8 @@ def max_abs_diff(got: Any, want: Any) -> float:
 def close_check(name: str, claim: str, got: Any, want: Any, *, rtol: float, atol: float, detail: str = "") -> Check:
     """A :class:`Check` that ``got`` equals ``want``: max |got − want| ≤ atol + rtol · max |want|.
 
-    ``got`` and ``want`` are arrays, or sequences of arrays compared pair by pair (one bound for all,
-    scaled by the largest |want|). Pairs of different shapes fail the check, with both shapes in
-    ``detail``: no broadcasting.
+    ``got`` and ``want`` are arrays, or sequences of arrays compared pair by pair (one bound for all, scaled by the
+    largest |want|). Pairs of different shapes fail the check, with both shapes in ``detail``: no broadcasting.
 
     Example:
         >>> check = close_check("same", "two arrays agree", [1.0, 2.0], [1.0, 2.0 + 1e-13], rtol=1e-12, atol=0.0)

@@ -116,8 +116,7 @@ def render_on(report: Any, stream: TextIO, *, plain: bool, width: int | None = N
         "h1": lambda t: heading(t, 1), "h2": lambda t: heading(t, 2),
         # a report that leads with its answer prints the verdict, then why, first
         "verdict": lambda t: console.print(Text(f"Verdict: {t}", style=style)) if hasattr(report, "lead") else None,
-        "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"),
-        "table": table,
+        "lead": paragraph, "para": paragraph, "code": lambda t: paragraph(t, "cyan"), "table": table,
         "checks": lambda checks: console.print(_rich_checks(checks, plain)),
     }  # fmt: skip
     with console.capture() as captured:

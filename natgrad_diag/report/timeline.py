@@ -30,9 +30,8 @@ class TrainingTimeline(Report):
 
     @property
     def title(self) -> str:  # type: ignore[override]
-        rollbacks = sum(bool(r.rolled_back) for r in self.guard_records)
         return (f"Natural-gradient training: {len(self.records)} checked step(s), {len(self.guard_records)} guarded "
-                f"step(s), {rollbacks} rollback(s)")  # fmt: skip
+                f"step(s), {sum(bool(r.rolled_back) for r in self.guard_records)} rollback(s)")  # fmt: skip
 
     @property
     def checks(self) -> tuple[Check, ...]:  # type: ignore[override]

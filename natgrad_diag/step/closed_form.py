@@ -64,8 +64,7 @@ def _positive_diagonal(q_sqrt: Any) -> Any:
     import tensorflow as tf
 
     diag = tf.linalg.diag_part(q_sqrt)
-    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
-    return q_sqrt * signs[..., None, :]
+    return q_sqrt * tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))[..., None, :]
 
 
 def _cov_times(sqrt: Any, v: Any) -> Any:

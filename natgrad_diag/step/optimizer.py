@@ -45,8 +45,7 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
             xi_transform: the ξ transform (``self.xi_transform`` when ``None``).
         """
         xi_transform = self.xi_transform if xi_transform is None else xi_transform
-        xi = step_backend(xi_transform, q_sqrt.transform, q_sqrt).xi
-        if xi is None:
+        if (xi := step_backend(xi_transform, q_sqrt.transform, q_sqrt).xi) is None:
             natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
             return
         with tf.name_scope(f"{self.natgrad_name}/closed_form_step"):

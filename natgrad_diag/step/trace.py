@@ -221,16 +221,13 @@ def _fast_parts(x: Any) -> tuple[Any, Any]:
         return x.unconstrained_variable, x.transform
     if isinstance(x, (tf.Variable, tf.Tensor)):
         return x, None
-    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
-        return tf.convert_to_tensor(x), None
-    return None, None
+    return (tf.convert_to_tensor(x), None) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else (None, None)
 
 
 def _record(out: dict[str, Any], g: float, xi: Any) -> NatGradTrace:
     """The frozen trace from a record of the step and its inputs q_mu, q_sqrt, dL_dmean, dL_dvarsqrt."""
     arrays = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in out.items()}
-    bad = [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]
-    if bad:
+    if bad := [k for k in ("new_q_mu", "new_q_sqrt") if not np.all(np.isfinite(arrays[k]))]:
         raise StepFailedError(
             f"with gamma = {g:g} the step produced NaN or Inf in {', '.join(bad)}.",
             context=[("gamma", g), ("xi_transform", type(xi).__name__)],
@@ -308,8 +305,7 @@ def _natgrad_trace_compiled(
     # GPflow's own ξ classes are stateless, so the class decides; another ξ is keyed by its object (kept alive)
     key = (tuple(shapes), dtype.name, backend, closed_form_xi(xi) or (type(xi), id(xi)), k_mu, k_sq)
     try:
-        fn = _compiled_step(key, xi, backend, t_mu, t_sq, build=build)
-        if fn is None:
+        if (fn := _compiled_step(key, xi, backend, t_mu, t_sq, build=build)) is None:
             return None
         out = fn(mu_in, sq_in, g_mu, g_sq, tf.constant(g, dtype))
     except Exception:  # noqa: BLE001 - the eager reference path re-raises what is genuine
@@ -335,9 +331,7 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
         return None
     raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
     finite = all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw))
-    if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0):
-        return None
-    return q_mu, q_sqrt, d_mu, d_sq
+    return None if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0) else (q_mu, q_sqrt, d_mu, d_sq)
 
 
 @raised_as_is

@@ -65,8 +65,7 @@ def call_site(caller: FrameType | None) -> CallSite:
     if frame is None:
         return CallSite("<unknown>", 0, "", "")
     module = str(frame.f_globals.get("__name__", ""))
-    origin = _autograph_origin(frame)
-    if origin is not None:
+    if (origin := _autograph_origin(frame)) is not None:
         return CallSite(origin.loc.filename, int(origin.loc.lineno), _without_comment(origin), module)
     return CallSite(frame.f_code.co_filename, frame.f_lineno or 0, _call_text(frame), module)
 
@@ -123,8 +122,7 @@ def _gradient_call(line: str) -> str:
         >>> _gradient_call("g = tf.GradientTape().gradient(y, x)")
         'tf.GradientTape().gradient(y, x)'
     """
-    match = re.search(r"[\w.]*(?:\([^()]*\))?[\w.]*\.gradient\(", line)
-    if match is None:
+    if (match := re.search(r"[\w.]*(?:\([^()]*\))?[\w.]*\.gradient\(", line)) is None:
         return line
     depth = 0
     for k in range(match.end() - 1, len(line)):

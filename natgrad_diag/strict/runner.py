@@ -83,9 +83,7 @@ def _parse(command: list[str]) -> tuple[str, str, list[str]] | str:
     if not command:
         return "no script given."
     if command[0] == "-m":
-        if len(command) < 2:
-            return "-m needs a module name."
-        return "module", command[1], command[2:]
+        return "-m needs a module name." if len(command) < 2 else ("module", command[1], command[2:])
     if command[0].startswith("-"):
         return f"unsupported option {command[0]!r}: only a script or -m MODULE can be run."
     return "path", command[0], command[1:]

@@ -63,8 +63,7 @@ def lower_gamma(gamma: float) -> float:
         >>> lower_gamma(0.1), lower_gamma(0.2), lower_gamma(1e-3)
         (0.03, 0.1, 0.0005)
     """
-    below = [g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)]
-    return below[0] if below else gamma / 2
+    return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
 def set_gamma(optimizer: Any, gamma: float) -> bool:
@@ -108,8 +107,7 @@ def qu_problem(pairs: list[tuple[str, Any, str, Any]]) -> str:
     ``pairs`` holds (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M])."""
     for mu_name, q_mu, sq_name, q_sqrt in pairs:
         for name, value in ((mu_name, q_mu), (sq_name, q_sqrt)):
-            bad = int(np.sum(~np.isfinite(value.numpy())))
-            if bad:
+            if bad := int(np.sum(~np.isfinite(value.numpy()))):
                 return f"{name} has {bad} NaN/Inf value(s) after the step"
         diag = np.diagonal(q_sqrt.numpy(), axis1=-2, axis2=-1)
         if not np.all(diag > 0):

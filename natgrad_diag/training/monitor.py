@@ -29,11 +29,10 @@ SEARCH_EVERY = 10
 
 
 class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-ignore]
-    """A ``gpflow.monitor.MonitorTask``: ``monitor(step)`` runs :func:`~natgrad_diag.check_natgrad` in fast mode
-    when ``step % every == 0`` and records whether the next step is healthy and reproduces GPflow's
-    ``NaturalGradient`` (the model is not changed); ``monitor.guard`` guards the user's own step (see
-    :mod:`natgrad_diag.training.guard`). Inside ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))``
-    leave ``every=1``::
+    """A ``gpflow.monitor.MonitorTask``: ``monitor(step)`` runs :func:`~natgrad_diag.check_natgrad` in fast mode when
+    ``step % every == 0`` and records whether the next step is healthy and reproduces GPflow's ``NaturalGradient`` (the
+    model is not changed); ``monitor.guard`` guards the user's own step (see :mod:`natgrad_diag.training.guard`). Inside
+    ``gpflow.monitor.Monitor(MonitorTaskGroup([monitor], period=10))`` leave ``every=1``::
 
         monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
         for step in range(1000):
@@ -78,7 +77,20 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         loss_fn: Any = None, var_list: Any = None, gamma_steps: int | None = None,
     ) -> None:
         super().__init__()
-        _validate_options(on_failure, loss_increase, loss_fn)
+        if on_failure not in ON_FAILURE:
+            raise input_error(
+                "on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure", "'warn' | 'raise' | 'rollback'",
+                repr(on_failure), "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.",
+            )  # fmt: skip
+        if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0:
+            raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).",
+                              "loss_increase", "a float ≥ 0", repr(loss_increase),
+                              "pass loss_increase=0.5 (a step may raise the loss by half its size).")  # fmt: skip
+        if loss_fn is not None and not callable(loss_fn):
+            raise input_error(
+                "loss_fn must be a zero-argument callable returning the training loss.", "loss_fn",
+                "a callable, e.g. model.training_loss_closure(data)", type(loss_fn).__name__,
+                "pass the closure you minimise, not its value: loss_fn=lambda: model.training_loss(data).")  # fmt: skip
         every = require_int(every, "every", minimum=1, remedy="pass every=10 to check every tenth step.")
         self.gamma = require_positive_float(gamma, "gamma")
         self.raise_on_failure = require_bool(raise_on_failure, "raise_on_failure") or on_failure == "raise"
@@ -246,21 +258,6 @@ def _loss_traceable(fn: Any) -> bool:
         return False
     tol = float(np.sqrt(np.finfo(eager.dtype if eager.dtype.kind == "f" else np.float64).eps)) * max(1.0, float(np.abs(eager)))
     return bool(np.all(np.isfinite([a, b, eager])) and abs(a - b) <= tol and abs(a - eager) <= tol)
-
-
-def _validate_options(on_failure: Any, loss_increase: Any, loss_fn: Any) -> None:
-    if on_failure not in ON_FAILURE:
-        raise input_error("on_failure must be 'warn', 'raise' or 'rollback'.", "on_failure",
-                          "'warn' | 'raise' | 'rollback'", repr(on_failure),
-                          "pass on_failure='rollback' to restore q(u) and lower γ after a failed step.")
-    if isinstance(loss_increase, bool) or not isinstance(loss_increase, (int, float)) or not loss_increase >= 0:
-        raise input_error("loss_increase must be a number ≥ 0 (math.inf: never flag a rise of the loss).", "loss_increase",
-                          "a float ≥ 0", repr(loss_increase),
-                          "pass loss_increase=0.5 (a step may raise the loss by half its size).")
-    if loss_fn is not None and not callable(loss_fn):
-        raise input_error("loss_fn must be a zero-argument callable returning the training loss.", "loss_fn",
-                          "a callable, e.g. model.training_loss_closure(data)", type(loss_fn).__name__,
-                          "pass the closure you minimise, not its value: loss_fn=lambda: model.training_loss(data).")
 
 
 NatGradMonitor.__module__ = "natgrad_diag"  # where users import it from
