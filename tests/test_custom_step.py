@@ -156,6 +156,22 @@ def test_custom_step__a_point_that_hides_the_mistake_warns_instead_of_passing():
     assert after.status == "fail" and "default_seed" in after.detail
 
 
+@pytest.mark.parametrize("num_inducing, transform", [(1, "triangular"), (4, "none")])
+def test_custom_step__a_mistake_no_point_can_show_does_not_warn_forever(num_inducing, transform):
+    """At M = 1 a transpose is the identity, and with no transform on q_mu, q_sqrt the unconstrained gradients are the
+    constrained ones: those "mistakes" are GPflow's step at every point, so after training GPflow's own optimizer
+    (the oracle) passes, while a real mistake still fails."""
+    model, data = make_model("svgp", "bernoulli", num_inducing=num_inducing, num_data=20)
+    if transform == "none":
+        model.q_sqrt = gpflow.Parameter(model.q_sqrt.numpy())
+    for _ in range(3):
+        gpflow.optimizers.NaturalGradient(GAMMA).minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+    kw = dict(gamma=GAMMA, gamma_steps=1, gamma_search=False, progress=False)
+    check = nd.check_natgrad(model, data, optimizer=gpflow.optimizers.NaturalGradient(GAMMA), **kw).check("custom_step")
+    assert check.status == "pass", str(check)
+    assert nd.check_natgrad(model, data, optimizer=gpflow_like("gamma_twice"), **kw).check("custom_step").status == "fail"
+
+
 def test_assert_step_matches_gpflow__an_inconclusive_bound_is_not_a_difference():
     """At λmin(S) = 1e-7 the bound's κ(S) term makes the check "warn"; GPflow's own optimizer compared with itself
     (error 0: the oracle) must not raise "differ", and check_natgrad's verdict there is not a failure either."""

@@ -252,7 +252,9 @@ def mistaken_steps(
 ) -> Iterator[tuple[str, tuple[Array, Array] | None]]:
     """(name, new (q_mu [M, L], q_sqrt [L, M, M])) of each mistake of :data:`MISTAKES` that can be computed here, one
     at a time (None for a mistake whose step fails: Cholesky, NaN or Inf), from ``step``'s unconstrained and
-    constrained gradients; ``transform`` q_sqrt's; ``gp`` GPflow's new (q_mu, q_sqrt) (for ``transposed``)."""
+    constrained gradients; ``transform`` q_sqrt's; ``gp`` GPflow's new (q_mu, q_sqrt) (for ``transposed``). A mistake
+    that is the right step for this set-up at every point (``unconstrained`` under identity transforms, ``transposed``
+    at M = 1) is left out: no point could tell it apart."""
     import tensorflow as tf
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
     from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
@@ -277,7 +279,7 @@ def mistaken_steps(
         "gamma_missing": lambda: step_from_eta(q_mu, q_sqrt, *right, 1.0, xi),
         "ascent": lambda: step_from_eta(q_mu, q_sqrt, *right, -gamma, xi),
     }
-    if g_mu.shape == q_mu.shape and g_sq.shape == q_sqrt.shape:
+    if g_mu.shape == q_mu.shape and g_sq.shape == q_sqrt.shape and not all(map(np.array_equal, grads[:2], grads[2:])):
         plans["unconstrained"] = lambda: step_from_eta(q_mu, q_sqrt, *expectation_gradients(q_mu, q_sqrt, g_mu, g_sq), gamma, xi)
     if other is not None:
         plans["wrong_xi"] = lambda: step_from_eta(q_mu, q_sqrt, *right, gamma, other)
@@ -287,6 +289,8 @@ def mistaken_steps(
         except tf.errors.InvalidArgumentError:
             mu = sq = np.full(1, np.nan)
         yield name, ((mu, sq) if finite(mu, sq) else None)
+    if gp[1].shape[-1] == 1:  # M = 1: a transpose is the identity
+        return
     flipped = np.swapaxes(gp[1], -1, -2)
     # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
     yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
