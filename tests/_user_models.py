@@ -57,18 +57,19 @@ def gpflow_loss_after(model, data, gamma: float) -> float | None:
 
 def gpflow_losses(model, data, gamma: float, steps: int, *, compiled: bool = False) -> list[float]:
     """The oracle for a γ over the steps that follow: the loss before and after each of ``steps`` steps of GPflow's own
-    NaturalGradient(gamma) on a deep copy (in one tf.function when ``compiled``), ending in NaN at a step that raises."""
+    NaturalGradient(gamma) on a deep copy (step and loss each in a tf.function when ``compiled``), ending in NaN at a
+    step that raises."""
     copy_ = gpflow.utilities.deepcopy(model)
     loss, optimizer = copy_.training_loss_closure(data, compile=False), gpflow.optimizers.NaturalGradient(gamma)
     step = lambda: optimizer.minimize(loss, [(copy_.q_mu, copy_.q_sqrt)])  # noqa: E731
-    step = tf.function(step) if compiled else step
-    losses = [float(loss())]
+    step, value = (tf.function(step), tf.function(loss)) if compiled else (step, loss)
+    losses = [float(value())]
     for _ in range(steps):
         try:
             step()
         except tf.errors.InvalidArgumentError:
             return losses + [np.nan]
-        losses.append(float(loss()))
+        losses.append(float(value()))
     return losses
 
 

@@ -138,6 +138,30 @@ def test_rayleigh_bound__is_one_for_a_gaussian_likelihood(mode):
     assert not why and abs(rho - 1.0) <= 1e-6 + error, rho
 
 
+def test_gaussian_with_mixing__lambda_is_estimated_and_gamma_1_fails_as_gpflows_optimizer_diverges():
+    """λ = 1 holds for a Gaussian likelihood only while E_q log p(y|f) is linear in η. Linear coregionalization mixes
+    the 3 latent GPs (f = W·g, WᵀW with off-diagonals 0.9), and the mean-field q(u) makes it quadratic, so λ > 2
+    here. The check used to assume λ = 1 and pass γ = 1. Oracle: GPflow's NaturalGradient(1) on a copy diverges
+    (NaN at about step 40), and the suggested γ trains for 60 steps."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-3, 3, (60, 1))
+    W = np.linalg.cholesky(0.1 * np.eye(3) + 0.9 * np.ones((3, 3))).T
+    Y = np.hstack([np.sin(2 * X), np.cos(X), np.sin(X + 1)]) @ W.T + 0.05 * rng.normal(size=(60, 3))
+    kernel = gpflow.kernels.LinearCoregionalization([gpflow.kernels.SquaredExponential() for _ in range(3)], W=W)
+    Z = gpflow.inducing_variables.SharedIndependentInducingVariables(gpflow.inducing_variables.InducingPoints(np.linspace(-3, 3, 6)[:, None]))
+    model, data = gpflow.models.SVGP(kernel, gpflow.likelihoods.Gaussian(0.01), Z, num_latent_gps=3), (X, Y)
+    optimizer = NaturalGradient(0.1)
+    step = tf.function(lambda: optimizer.minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)]))
+    for _ in range(5):
+        step()
+    report = check_natgrad(model, data, gamma=1.0, progress=False)
+    assert "gamma = 1 fails: unstable" in report.check("step_health").detail
+    ones = gpflow_losses(model, data, 1.0, 60, compiled=True)
+    assert np.isnan(ones[-1]) or max(ones) > ones[0]
+    kept = gpflow_losses(model, data, report.suggested_gamma, 60, compiled=True)
+    assert np.all(np.isfinite(kept)) and kept[-1] < kept[0]
+
+
 def test_rayleigh_bound__not_estimated_for_a_stochastic_loss():
     # GPflow's Softmax estimates its variational expectations by Monte Carlo: two evaluations of the gradient differ,
     # so finite differences of it say nothing.

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag.checks.bounds import finite, maxabs
-from natgrad_diag.checks.conjugate import keeps_gaussian_maths
+from natgrad_diag.checks.conjugate import conjugate_applicable
 from natgrad_diag.checks.evaluator import Context, Evaluator, Point, Run, Step, Trial
 from natgrad_diag.checks.report import GammaTrial, HealthResult, Outcome
 from natgrad_diag.report.records import Check, format_number, loss_rose, status_of
@@ -195,8 +195,9 @@ def _trial(ev: Evaluator, gamma: float, step: Step, *, own: bool = False, k: int
 def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, proven: bool) -> float | None:
     """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`, else :func:`_look_ahead`), λ
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
-    if ev.stability is None and keeps_gaussian_maths(getattr(ev.ctx.model, "likelihood", None)):
-        ev.stability = Stability(1.0, why="a Gaussian likelihood: A = I, λ = 1 exactly")  # no estimate needed
+    if ev.stability is None and hasattr(ev.ctx.model, "likelihood") and not conjugate_applicable(ev.ctx):
+        # E_q log p(y | f) linear in η (f_p = u_p's GP: no mixing, LMC's W makes it quadratic): A = I, no estimate needed
+        ev.stability = Stability(1.0, why="a Gaussian likelihood without mixing: A = I, λ = 1 exactly")
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
