@@ -523,9 +523,10 @@ def validate_data(model: Any, data: Any, dtype: Any, name: str = "data") -> Any:
     L, likelihood = getattr(model, "num_latent_gps", None), getattr(model, "likelihood", None)
     switched = isinstance(likelihood, gpflow.likelihoods.SwitchedLikelihood)  # Y's last column picks the likelihood
     multi = isinstance(likelihood, (gpflow.likelihoods.MultiClass, gpflow.likelihoods.Softmax))
-    if getattr(likelihood, "latent_dim", None) is None:  # a scalar likelihood: one Y column per latent GP
-        P = None if L is None else int(L) + switched
-        has, fix = f"the model has L = {(P or 0) - switched} latent GP(s)", "one Y column per latent GP" + (
+    W = getattr(getattr(model, "kernel", None), "W", None)  # LinearCoregionalization: f [N, P] = g [N, L]·Wᵀ
+    if getattr(likelihood, "latent_dim", None) is None:  # a scalar likelihood: one Y column per output
+        P = None if L is None else (int(L) if W is None else int(W.shape[0])) + switched
+        has, fix = f"the model has {(P or 0) - switched} output(s)", "one Y column per output" + (
             " and the likelihood index last" if switched else "")
     else:  # it takes the L latent GPs together: Y has its observation_dim columns (None: any), a class label has one
         P = 1 if multi else getattr(likelihood, "observation_dim", None)

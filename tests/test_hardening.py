@@ -506,6 +506,27 @@ def test_check_natgrad__y_columns_follow_the_likelihoods_own_dimensions_not_its_
         check_natgrad(model, (X, np.hstack([X, X])), progress=False)
 
 
+def test_check_natgrad__linear_coregionalization_reads_one_y_column_per_output_not_per_latent_gp():
+    """f [N, P] = g [N, L]·Wᵀ: with L = 2 latent GPs and P = 3 outputs Y has 3 columns, and was refused for not having
+    L. Oracle: GPflow's own training loss on the same data."""
+    import gpflow
+
+    from natgrad_diag import check_natgrad
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-3, 3, (20, 1))
+    Y = np.hstack([np.sin(2 * X), np.cos(X), X])
+    kernel = gpflow.kernels.LinearCoregionalization([gpflow.kernels.SquaredExponential() for _ in range(2)], W=rng.normal(size=(3, 2)))
+    Z = gpflow.inducing_variables.SharedIndependentInducingVariables(gpflow.inducing_variables.InducingPoints(X[:4].copy()))
+    model = gpflow.models.SVGP(kernel, gpflow.likelihoods.Gaussian(0.1), Z, num_latent_gps=2)
+    report = check_natgrad(model, (X, Y), gamma=0.1, progress=False, mode="fast")
+    assert report.loss_before == pytest.approx(float(model.training_loss((X, Y)).numpy()), rel=1e-12)
+    assert report.check("reproduction").passed
+    with pytest.raises(ShapeMismatchError, match=r"the model has 3 output\(s\)") as info:
+        check_natgrad(model, (X, Y[:, :2]), progress=False)
+    assert _argument(info.value) == "data[1] (Y)"
+
+
 # ---- 7. explain_output_gradients --------------------------------------------------------------------------
 
 
