@@ -135,6 +135,37 @@ def test_gpflux__keras_callback_guards_natgradmodel_fit():
     assert monitor.guard_records[0].loss_before == start and monitor.guard_records[-1].loss_after < start
 
 
+def test_gpflux__keras_gamma_is_n_times_the_gamma_on_minus_elbo_and_a_rollback_sets_it_so():
+    """fit's loss is −ELBO/N, so Keras γ = 2N is GPflow's step with γ = 2 on −ELBO: it overshoots (Y has outliers), the
+    guard rolls back and sets the γ its search measured on −ELBO, times N. It set the −ELBO γ itself (N times too small:
+    training crawled). Oracle: GPflow's NaturalGradient on −ELBO, from the same start."""
+    from natgrad_diag.keras import NatGradCallback
+
+    N = 120
+    dgp, data = _deep_gp(1, num_data=N, num_inducing=8)
+    Y = data[1].numpy().copy()
+    Y[:6] += 10.0
+    data = (data[0], tf.constant(Y))
+    monitor = NatGradMonitor(dgp, data, gamma=2.0, on_failure="rollback", loss_increase=0.3)
+    keras_model = dgp.as_training_model()
+    keras_model.natgrad_layers = True
+    natgrad = NaturalGradient(tf.Variable(2.0 * N, dtype=tf.float64))
+    keras_model.compile([natgrad, tf_keras.optimizers.Adam(0.0)])  # hyperparameters fixed: q(u) alone moves
+    keras_model.fit({"inputs": data[0].numpy(), "targets": Y}, batch_size=N, epochs=4, verbose=0, shuffle=False,
+                    callbacks=[NatGradCallback(monitor)])  # fmt: skip
+    records = monitor.guard_records
+    assert records[0].gamma_before == 2.0 and any(r.rolled_back for r in records), [str(r) for r in records]
+    gamma = records[-1].gamma_after
+    assert gamma < 2.0 and float(natgrad.gamma.numpy()) == pytest.approx(N * gamma, rel=1e-12)
+    start = _deep_gp(1, num_data=N, num_inducing=8)[0]  # the same start, built again (deepcopy shares Keras' variables)
+    layer = start.f_layers[0]
+    oracle = [float(-start.elbo(data))]
+    for _ in range(4):
+        NaturalGradient(gamma).minimize(lambda: -start.elbo(data), [(layer.q_mu, layer.q_sqrt)])
+        oracle.append(float(-start.elbo(data)))
+    assert oracle[-1] < oracle[0] and records[-1].loss_after < 1.01 * oracle[-1]
+
+
 def test_keras_module__import_is_light():
     code = "import sys, natgrad_diag.keras; print('tensorflow' in sys.modules, 'gpflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -137,7 +137,8 @@ def check_natgrad(
 
     Args:
         model: an SVGP or VGP (any likelihood, L ≥ 1, whitened or not), q_mu [M, L] and q_sqrt [L, M, M]; or a
-            GPflux DeepGP, checked in the var_list form on its GPLayers' pairs with −ELBO on ``data`` as the loss.
+            GPflux DeepGP, checked in the var_list form on its GPLayers' pairs with −ELBO on ``data`` as the loss
+            (GPflow's scale: Keras ``fit`` steps −ELBO/N, so its NatGradModel's γ is N times the γ checked here).
         data: (X [N, D], Y [N, P]) for SVGP (the full batch for the conjugate checks); None for VGP.
         gamma, xi_transform: the step length γ > 0 to check; a ``gpflow.optimizers.XiTransform`` (None: ``XiNat()``).
         mode: "auto" (full when M·L ≤ 50), "full" or "fast".

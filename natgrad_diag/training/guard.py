@@ -19,7 +19,7 @@ from natgrad_diag.typing import Array
 
 __all__ = [
     "ON_FAILURE", "RAISE_AFTER", "StepGuard", "lower_after_check", "lower_gamma", "qu_problem", "qu_valid", "read_gamma",
-    "require_step", "set_gamma",
+    "require_step", "set_gammas",
 ]  # fmt: skip
 
 ON_FAILURE = ("warn", "raise", "rollback")
@@ -66,7 +66,7 @@ def lower_gamma(gamma: float) -> float:
     return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
-def set_gamma(optimizer: Any, gamma: float) -> bool:
+def _set_gamma(optimizer: Any, gamma: float) -> bool:
     """Set the optimizer's γ: assign a tf.Variable, set the attribute otherwise; True when a retrace is needed."""
     import tensorflow as tf
 
@@ -78,10 +78,10 @@ def set_gamma(optimizer: Any, gamma: float) -> bool:
     return True
 
 
-def _set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
+def set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
     """Each optimizer's γ set to its new value where it changed (a warning where compiled code keeps the old one)."""
     for opt, before, after in zip(optimizers, old, new):
-        if after != before and set_gamma(opt, after):
+        if after != before and _set_gamma(opt, after):
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
 
 
@@ -96,7 +96,7 @@ def lower_after_check(monitor: Any, suggested: float) -> float | None:
         return None
     for opt, g in zip(optimizers, old):
         monitor._gamma_cap[id(opt)] = min(monitor._gamma_cap.get(id(opt), g), lower_gamma(g))
-    _set_gammas(optimizers, old, [min(g, suggested) for g in old])
+    set_gammas(optimizers, old, [min(g, suggested) for g in old])
     monitor._healthy_run = 0
     monitor.gamma = gamma = read_gamma(optimizers[0])
     return gamma
@@ -283,7 +283,7 @@ class StepGuard:
             loss_after = report.loss_before
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
-        _set_gammas(self.optimizers, self.gammas, gammas or ())
+        set_gammas(self.optimizers, self.gammas, gammas or ())
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
                              gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,

@@ -5,6 +5,10 @@ callback opens ``monitor.guard(step, model.natgrad_optimizers)`` when a batch be
 :mod:`natgrad_diag.training.guard`; a rollback sets each layer's optimizer to its layer's γ). Build those optimizers
 with ``gamma=tf.Variable(...)``: Keras compiles the train step, and a Python-number γ changed afterwards does not
 reach it. A step that raises inside ``fit`` stops ``fit`` (Keras lets no callback catch it).
+
+``fit``'s loss is GPflux's per-datapoint −ELBO/N, so a Keras γ is N times the γ of the same step on −ELBO, the scale
+of GPflow's ``training_loss`` and of natgrad-diag's γ grid. The monitor's records, searches and ``gamma`` are on
+−ELBO's scale; the callback divides the optimizers' γ by the DeepGP's ``num_data`` and multiplies back what it sets.
 """
 
 from __future__ import annotations
@@ -19,8 +23,29 @@ _CLASS: dict[str, type] = {}  # NatGradCallback, built once
 def _build() -> type:
     from gpflow.keras import tf_keras
 
+    import tensorflow as tf
+
     from natgrad_diag._validate import input_error
+    from natgrad_diag.training.guard import read_gamma, set_gammas
     from natgrad_diag.training.monitor import NatGradMonitor
+
+    class OnElbo:
+        """A Keras NaturalGradient as the guard sees it. ``fit`` minimises GPflux's per-datapoint loss −ELBO/N, so
+        its step with γ is GPflow's step with γ/N on −ELBO, the loss the monitor measures and searches: ``gamma``
+        holds γ/N, read before a batch; a γ the guard sets is written back times N after it."""
+
+        def __init__(self, optimizer: Any, num_data: int) -> None:
+            self.optimizer, self.num_data, self.xi_transform = optimizer, num_data, getattr(optimizer, "xi_transform", None)
+            self.gamma = tf.Variable(read_gamma(optimizer) / num_data, dtype=tf.float64)
+
+        def pull(self) -> OnElbo:
+            self.read = read_gamma(self.optimizer)
+            self.gamma.assign(self.read / self.num_data)
+            return self
+
+        def push(self) -> None:
+            if read_gamma(self) != self.read / self.num_data:
+                set_gammas([self.optimizer], [self.read], [read_gamma(self) * self.num_data])
 
     class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
         """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
@@ -39,10 +64,14 @@ def _build() -> type:
             super().__init__()
             self.monitor, self.optimizers, self.step = monitor, optimizers, 0
             self._guard: Any = None
+            self._seen: dict[int, OnElbo] = {}  # id(optimizer) -> its view on −ELBO, one per optimizer for the γ caps
+            # a DeepGP's −ELBO is N times fit's loss; a loss_fn or var_list monitor measures what the user gave
+            self._scale = (getattr(monitor.model, "num_data", None) or 1) if getattr(monitor.model, "f_layers", None) else 1
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             optimizers = self.optimizers if self.optimizers is not None else self.model.natgrad_optimizers
-            self._guard = self.monitor.guard(self.step, list(optimizers))
+            self._views = [self._seen.setdefault(id(o), OnElbo(o, self._scale)).pull() for o in optimizers]
+            self._guard = self.monitor.guard(self.step, self._views)
             self._guard.__enter__()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -50,6 +79,8 @@ def _build() -> type:
             self.step += 1
             if guard is not None:
                 guard.__exit__(None, None, None)
+                for view in self._views:
+                    view.push()
 
     NatGradCallback.__module__, NatGradCallback.__qualname__ = "natgrad_diag.keras", "NatGradCallback"  # its public home
     return NatGradCallback
