@@ -527,6 +527,39 @@ def test_guard__verify_judges_the_xi_the_loop_passes_in_var_list():
         natgrad.minimize(loss, [(model.q_mu, model.q_sqrt, XiNat())])
 
 
+def test_monitor__a_var_list_triples_xi_is_the_one_checked_and_verified():
+    """NatGradMonitor(var_list=[(q_mu, q_sqrt, XiSqrtMeanVar())]) dropped the triple's ξ: its periodic check judged
+    XiNat's step and passed γ = 1, which GPflow's optimizer with this var_list blows up in a few steps (the oracle), and
+    verify called GPflow's own step 'wrong_xi'. At the fresh q(u) verify also warned that the loss was stochastic."""
+    from gpflow.optimizers import XiSqrtMeanVar
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-3, 3, (80, 1))
+    Y = (rng.uniform(size=X.shape) < 1 / (1 + np.exp(-2 * np.sin(2 * X)))).astype(float)
+    data = (tf.constant(X), tf.constant(Y))
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Bernoulli(), np.linspace(-3, 3, 10)[:, None], num_data=80)
+    model, data = _natgrad_only((model, data))
+    loss = model.training_loss_closure(data, compile=False)
+    var_list = [(model.q_mu, model.q_sqrt, XiSqrtMeanVar())]
+    monitor = NatGradMonitor(model, data, gamma=1.0, var_list=var_list, loss_fn=loss)
+    monitor(0)
+    assert not monitor.records[-1].step_healthy
+    copy_ = gpflow.utilities.deepcopy(model)
+    oracle, step = [float(copy_.training_loss(data))], NaturalGradient(1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):  # a NaN within five steps
+        for _ in range(5):
+            step.minimize(lambda: copy_.training_loss(data), [(copy_.q_mu, copy_.q_sqrt, XiSqrtMeanVar())])
+            oracle.append(float(copy_.training_loss(data)))
+    assert oracle[-1] > 1e3 * oracle[0], oracle  # ... after the loss grew a thousandfold
+    natgrad = NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(2):
+            with monitor.guard(i, natgrad, verify=True):
+                natgrad.minimize(loss, var_list)
+    assert [r.status for r in monitor.guard_records] == ["ok", "ok"]
+
+
 @pytest.mark.slow  # a γ search and GPflow's steps at two γ (6 s)
 def test_guard__a_monitor_without_xi_searches_with_the_optimizers():
     # NaturalGradient(γ, xi_transform=XiSqrtMeanVar()) under a monitor given no ξ: the search after the failed first

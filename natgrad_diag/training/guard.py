@@ -214,7 +214,7 @@ class StepGuard:
         moved other variables (an Adam step in it), the step is judged with them as they were before the block (the
         natural-gradient step first) and, when that fails, as the block left them (it last), where they end."""
         m = self.monitor  # the monitor's ξ, when given, is the one the training loop passes in var_list
-        pairs = [(q_mu, q_sqrt, *([m.xi_transform] if m.xi_transform is not None else [])) for _, q_mu, _, q_sqrt in self.pairs]
+        pairs = m.var_list_of_step()
         moved = [(v, before, v.numpy()) for v, before in self.others if v.numpy().tobytes() != before.tobytes()]
 
         def judged(state: int) -> list[Any]:
@@ -233,7 +233,7 @@ class StepGuard:
         finally:
             for v, _, after in moved:
                 v.assign(after)
-        if any(c.status == "warn" for c in checks):  # a stochastic loss: the step's gradients cannot be drawn again
+        if any(c.detail.startswith("cannot verify") for c in checks):  # a stochastic loss: its gradients cannot be drawn again
             warnings.warn("verify=True cannot verify these steps: the loss is stochastic (two evaluations at the same q(u) "
                           "differ), so the gradients a step used cannot be drawn again; check the optimizer once with "
                           "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients",

@@ -95,6 +95,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.gamma = require_positive_float(gamma, "gamma")
         self.raise_on_failure = require_bool(raise_on_failure, "raise_on_failure") or on_failure == "raise"
         self._pairs = variational_pairs(model, var_list)  # fails now, not at the first guarded step, when there is no q(u)
+        self._xis = [item[2] if len(item) == 3 else None for item in var_list] if var_list is not None else [None] * len(self._pairs)
         refuse_misplaced(self._pairs)
         if var_list is None and hasattr(model, "q_mu"):  # the model form: what check_natgrad refuses is refused now
             validate_model(model)
@@ -139,6 +140,12 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
     def variational_pairs(self) -> list[Any]:
         """(name, q_mu, name, q_sqrt) of every pair the guarded step moves."""
         return self._pairs
+
+    def var_list_of_step(self) -> list[tuple[Any, ...]]:
+        """(q_mu, q_sqrt) or (q_mu, q_sqrt, ξ) per pair, as NaturalGradient.minimize takes them: a var_list triple's ξ,
+        else the monitor's ``xi_transform`` (GPflow's precedence)."""
+        xis = [self.xi_transform if xi is None else xi for xi in self._xis]
+        return [(mu, sq) if xi is None else (mu, sq, xi) for (_, mu, _, sq), xi in zip(self._pairs, xis)]
 
     def batch(self) -> Any:
         """The current data: ``data()`` when data is a callable, else ``data``."""
@@ -195,8 +202,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         kw.update(gamma=gamma, xi_transform=self.xi_transform, mode="fast", progress=False, gamma_search=search)
         if self.var_list is None and self.loss_fn is None:  # an SVGP, a VGP or a GPflux DeepGP
             return check_natgrad(self.model, data, **kw)
-        pairs = [(q_mu, q_sqrt) for _, q_mu, _, q_sqrt in self._pairs]
-        return check_natgrad(lambda: self.loss_tensor(data), var_list=pairs, **kw)
+        return check_natgrad(lambda: self.loss_tensor(data), var_list=self.var_list_of_step(), **kw)
 
     def record_guard(self, record: GuardRecord) -> None:
         """Append a guard's record (and write its scalars with ``log_dir``)."""
