@@ -347,10 +347,13 @@ def natgrad_bound(
 
 
 def bounded_check(name: str, claim: str, err: float, bound: Bound, detail: str = "") -> Check:
-    """A :class:`Check` of ``err`` against ``bound``: "fail" beyond it, "warn" within an inconclusive bound, else "pass".
+    """A :class:`Check` of ``err`` against ``bound``: "fail" beyond it, "warn" within an inconclusive bound or beyond
+    one whose first-order rounding term is void (factor·ε·κ ≥ 1), else "pass".
 
     The detail carries the bound's parts, and for "warn" the precision a verdict would need.
     """
-    status = "fail" if not err <= bound.total else ("warn" if bound.inconclusive else "pass")
+    # a first-order bound holds only while factor·ε·κ < 1: beyond, exceeding it shows no error (Higham 2002, §7.1)
+    valid = bound.factor * eps(bound.dtype) * bound.condition < 1
+    status = "fail" if not err <= bound.total and valid else ("warn" if bound.inconclusive else "pass")
     parts = [detail, bound.describe(), bound.needed() if status == "warn" else ""]
     return Check(name=name, claim=claim, status=status, max_abs_error=float(err), tolerance=bound.total, detail="; ".join(filter(None, parts)))
