@@ -256,8 +256,7 @@ class BlockJacobian:
                               f"pass a list with one array per {side}, in order.", kind=ShapeMismatchError)
         out = []
         for k, (v, s) in enumerate(zip(vectors, shapes)):
-            a = np.asarray(v, dtype=self.dtype)
-            if a.shape != tuple(s):
+            if (a := np.asarray(v, dtype=self.dtype)).shape != tuple(s):
                 raise input_error(f"{argument}[{k}] has a shape of {shape_str(a.shape)} and {side} {k} has a shape of "
                                   f"{shape_str(s)}.", f"{argument}[{k}]", shape_str(s), shape_str(a.shape),
                                   f"pass an array of exactly the shape of {side} {k} (no broadcasting).",
@@ -308,8 +307,7 @@ class BlockJacobian:
         lines = [f"BlockJacobian {self.shape[0]} × {self.shape[1]} ({self.dtype})"]
         if any(self.symmetric or ()):
             lines[0] += f", stored as {self.compact.shape[0]} × {self.compact.shape[1]} (vech columns for symmetric inputs)"
-        for i, (on, os_) in enumerate(zip(self.output_names, self.output_shapes)):
-            for j, (inn, is_) in enumerate(zip(self.input_names, self.input_shapes)):
-                b = self.blocks[i][j]
+        for on, os_, row in zip(self.output_names, self.output_shapes, self.blocks):
+            for inn, is_, b in zip(self.input_names, self.input_shapes, row):
                 lines.append(f"  ∂{on}{shape_str(os_)}/∂{inn}{shape_str(is_)}: max |entry| {np.max(np.abs(b), initial=0.0):.4g}")
         return "\n".join(lines)

@@ -41,9 +41,8 @@ def run_chunks(
     out = np.empty((n_rows, n_cols), dtype=xs[0].dtype.as_numpy_dtype, order="F" if forward else "C")
     chunked = out.T if forward else out  # a chunk fills rows of this view (in forward mode, columns of out)
     for start in range(0, len(chunked), chunk):
-        stop = min(start + chunk, len(chunked))
         # straight into out; the chunk's tensor, held by no name, goes before the next one is computed
-        chunked[start:stop] = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: stop - start]
+        chunked[start : start + chunk] = np.asarray(chunk_fn(*xs, tf.constant(start, tf.int32)))[: len(chunked) - start]
     return out
 
 

@@ -239,8 +239,7 @@ def _eager_path(fn: Callable[..., Any], xs: Sequence[Any], probe: _Probe, sym: t
 def _validate_symmetric(symmetric: Any, in_shapes: tuple[tuple[int, ...], ...], in_names: tuple[str, ...]) -> tuple[bool, ...]:
     if symmetric is None or isinstance(symmetric, bool):
         symmetric = [bool(symmetric)] * len(in_shapes)
-    flags = tuple(bool(s) for s in symmetric)
-    if len(flags) != len(in_shapes):
+    if len(flags := tuple(bool(s) for s in symmetric)) != len(in_shapes):
         raise input_error("symmetric needs one flag per input.", "symmetric",
                           f"{len(in_shapes)} flags (one per input: {', '.join(in_names)})", f"{len(flags)} flags",
                           "pass e.g. symmetric=(False, True) to store the second input by its lower triangle.")

@@ -84,11 +84,10 @@ def _prepare_seeds(
         raise input_error(f"{argument} is a dict but the {target_name}s are not: its keys cannot name them.", argument,
                           f"a list with one seed per {target_name}, in the {target_name}s' order", "a dict",
                           f"pass the seeds as a list in the order of the {target_name}s.", kind=OutputGradientsError)
-    if isinstance(output_gradients, Mapping) and isinstance(structure, Mapping):
-        if set(map(str, output_gradients)) != set(map(str, structure)):
-            raise input_error(f"{argument} and the {target_name}s are dicts with different keys.", argument,
-                              f"keys {sorted(map(str, structure))}", f"keys {sorted(map(str, output_gradients))}",
-                              f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
+    if isinstance(output_gradients, Mapping) and set(map(str, output_gradients)) != set(map(str, structure)):
+        raise input_error(f"{argument} and the {target_name}s are dicts with different keys.", argument,
+                          f"keys {sorted(map(str, structure))}", f"keys {sorted(map(str, output_gradients))}",
+                          f"give {argument} the same keys as the {target_name} dict.", kind=OutputGradientsError, label="Actual")
     flat = tf.nest.flatten(output_gradients)
     validate_seeds(flat, targets, argument=argument, target_name=target_name)
     eager, seeds = tf.executing_eagerly(), []

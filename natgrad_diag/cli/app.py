@@ -256,12 +256,10 @@ def _note_ctrl_c(signum: int, frame: Any) -> None:
 def _interrupted(error: BaseException | None) -> bool:
     """True for Ctrl-C, also when wrapped (Python 3.11 turns it into a RuntimeError inside ``__set_name__``)."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return True
+    while error is not None and id(error) not in seen and not isinstance(error, KeyboardInterrupt):
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    return False
+    return isinstance(error, KeyboardInterrupt)
 
 
 def _preflight(args: argparse.Namespace) -> None:

@@ -60,8 +60,7 @@ def prepare_streams() -> bool:
     A closed stderr (``2>&-``) becomes os.devnull, at descriptor 2 too, so messages and TensorFlow's quieting work.
     """
     if sys.stderr is None:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        if fd != 2:
+        if (fd := os.open(os.devnull, os.O_WRONLY)) != 2:
             os.dup2(fd, 2)
             os.close(fd)
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115  # lives as long as the process

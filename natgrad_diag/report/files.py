@@ -30,8 +30,7 @@ def report_format(path: str | os.PathLike[str], *, argument: str = "path") -> st
         raise input_error("the report path must be a file path.", argument,
                           "a str or os.PathLike ending in .html, .htm or .md", type(path).__name__,
                           "pass a path such as 'report.html' or pathlib.Path('out/report.md').")
-    suffix = Path(os.fspath(path)).suffix.lower()
-    if suffix not in REPORT_FORMATS:
+    if (suffix := Path(os.fspath(path)).suffix.lower()) not in REPORT_FORMATS:
         raise input_error("the report format is chosen by the file extension.", argument,
                           "a path ending in .html, .htm or .md", repr(os.fspath(path)),
                           "name the file report.html (self-contained, pictures embedded) or report.md (pictures beside it).")

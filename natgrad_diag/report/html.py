@@ -75,8 +75,7 @@ def _html_body(report: Any, pictures: Sequence[Any], note: str) -> str:
             f'<figure id="figure-{e(p.name)}"><img src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}" '
             f'alt="{e(p.caption)}"><figcaption>{e(p.caption)}</figcaption></figure>'),
     }  # fmt: skip
-    drawn = [draw[kind](x) for kind, x in blocks(report, pictures, note)]
-    return "\n".join(['<div class="ngd-report">', *drawn, "</div>"])
+    return "\n".join(['<div class="ngd-report">', *(draw[k](x) for k, x in blocks(report, pictures, note)), "</div>"])
 
 
 def to_html_fragment(report: Any) -> str:

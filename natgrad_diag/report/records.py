@@ -23,8 +23,7 @@ def format_number(value: float | None, digits: int = 4) -> str:
     """
     if value is None:
         return "-"
-    value = float(value)
-    if math.isnan(value) or math.isinf(value):
+    if not math.isfinite(value := float(value)):
         return str(value)
     if value == 0.0:
         return "0"
@@ -153,8 +152,7 @@ class Check:
         prints them; "-" where there is none."""
         if self.max_abs_error is None or self.tolerance is None:
             return format_number(self.max_abs_error), "-"
-        relation = "≤" if self.max_abs_error <= self.tolerance else ">"  # NaN is not within
-        bound = f"{relation} {format_number(self.tolerance)}"
+        bound = f"{'≤' if self.max_abs_error <= self.tolerance else '>'} {format_number(self.tolerance)}"  # NaN: ">"
         return format_number(self.max_abs_error), bound + (" (must differ)" if self.expect_difference else "")
 
     def __str__(self) -> str:
@@ -169,9 +167,8 @@ class Check:
 
 def _pairs(got: Any, want: Any) -> list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
     """``(got, want)`` as pairs of float64 arrays: one pair, or one per element of two sequences."""
-    if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)):
-        return [(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want)]
-    return [(np.asarray(got, np.float64), np.asarray(want, np.float64))]
+    pairs = zip(got, want) if isinstance(got, (tuple, list)) and isinstance(want, (tuple, list)) else [(got, want)]
+    return [(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in pairs]
 
 
 def max_abs_diff(got: Any, want: Any) -> float:

@@ -74,11 +74,8 @@ def _rich_checks(checks: Sequence[Check], plain: bool) -> Any:
     t.add_column("tolerance", justify="right", no_wrap=True)
     for c in checks:
         mark = Text(c.mark, style="" if plain else STATUS_STYLES[c.status])
-        cell = Text()  # Text(c.name, style=...) would make that style the whole cell's
-        cell.append(c.name, style="" if plain else "bold")
-        cell.append("\n" + c.claim)
-        if c.detail:
-            cell.append("\n" + c.detail, style="" if plain else "dim")
+        cell = Text.assemble((c.name, "" if plain else "bold"), "\n" + c.claim,  # a style per part, not the cell's
+                             ("\n" + c.detail, "" if plain else "dim") if c.detail else "")
         err, bound = c.numbers()
         t.add_row(mark, cell, err, bound.replace(" (must differ)", "\n(must differ)"))
     return t

@@ -72,8 +72,7 @@ def call_site(caller: FrameType | None) -> CallSite:
 
 def _autograph_origin(frame: FrameType) -> Any:
     """The OriginInfo (user's file, line, source) of the current line of AutoGraph's tf.function code, else None."""
-    outer = frame.f_back
-    if outer is None or "__autograph_generated_file" not in frame.f_code.co_filename:
+    if (outer := frame.f_back) is None or "__autograph_generated_file" not in frame.f_code.co_filename:
         return None
     from tensorflow.python.autograph.pyct import origin_info
 
@@ -134,7 +133,6 @@ def _gradient_call(line: str) -> str:
 
 def _one_line(text: str) -> str:
     """A call written over several lines, joined (no space after an opening or before a closing bracket)."""
-    parts = [part.strip() for part in str(text).splitlines() if part.strip()]
-    if len(parts) <= 1:
+    if len(parts := [part.strip() for part in str(text).splitlines() if part.strip()]) <= 1:
         return parts[0] if parts else ""
     return re.sub(r"([(\[{])\s+", r"\1", re.sub(r"\s+([)\]}])", r"\1", " ".join(parts)))

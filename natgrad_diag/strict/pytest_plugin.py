@@ -33,8 +33,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def _context(item: Any) -> contextlib.AbstractContextManager[Any]:
-    marker = item.get_closest_marker(MARKER)
-    if marker is None and not item.config.getoption("strict_gradients"):
+    if (marker := item.get_closest_marker(MARKER)) is None and not item.config.getoption("strict_gradients"):
         return contextlib.nullcontext()
     from natgrad_diag._validate import input_error
     from natgrad_diag.strict.context import StrictGradients

@@ -32,8 +32,7 @@ def run_command(command: Sequence[str], *, prog: str = "python -m natgrad_diag.s
     2 for bad usage (no script, a missing file).
     """
     out = sys.stderr if stream is None else stream
-    parsed = _parse(list(command))
-    if isinstance(parsed, str):
+    if isinstance(parsed := _parse(list(command)), str):
         usage = f"usage: {prog} [--] [python] SCRIPT [ARGS ...]   or   {prog} [--] [python] -m MODULE [ARGS ...]"
         print(f"{prog}: {parsed}\n{usage}", file=out)
         return EXIT_USAGE
