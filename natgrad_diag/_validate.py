@@ -167,14 +167,15 @@ def validate_q(q_mu: ParamParts, q_sqrt: ParamParts) -> None:
                           "pass q_mu with one column per latent GP, e.g. q_mu[:, None] for a single GP.",
                           kind=ShapeMismatchError)
     M, L = mu_shape
-    if len(sq_shape) == 2:
+    if sq_shape == (M, L):
         raise input_error("q_sqrt is diagonal ([M, L], q_diag=True); GPflow's NaturalGradient supports only the full "
                           "covariance parametrisation [L, M, M].", "q_sqrt", f"[L, M, M] = {shape_str((L, M, M))}",
                           shape_str(sq_shape), _FULL_COVARIANCE, kind=UnsupportedModelError, label="Actual")
     if sq_shape != (L, M, M):
         raise input_error("q_mu and q_sqrt disagree on M (inducing points) or L (latent GPs).", "q_sqrt",
                           f"[L, M, M] = {shape_str((L, M, M))} (from q_mu {shape_str(mu_shape)})", shape_str(sq_shape),
-                          "pass the q_mu and q_sqrt of the same variational distribution.", kind=ShapeMismatchError)
+                          "pass the q_mu and q_sqrt of the same variational distribution" + (" (one [M, M] factor per "
+                          "latent GP: q_sqrt[None] for L = 1)." if len(sq_shape) == 2 else "."), kind=ShapeMismatchError)
     require_float(q_mu.value, "q_mu")
     require_same_dtype(q_sqrt.value, q_mu.value, "q_sqrt", "q_mu")
     require_finite(q_mu.value, "q_mu")

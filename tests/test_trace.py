@@ -181,6 +181,14 @@ def test_natgrad_trace__mismatched_M__names_q_sqrt_and_both_shapes():
     assert isinstance(e.value, ValueError) and isinstance(e.value, nd.NatGradDiagError)
 
 
+def test_natgrad_trace__an_m_by_m_q_sqrt_without_the_latent_axis_is_not_called_q_diag():
+    q_mu = gpflow.Parameter(np.zeros((5, 1)))
+    q_sqrt = gpflow.Parameter(np.eye(5))  # [M, M]: the L axis forgotten, not q_diag's [M, L]
+    with pytest.raises(ShapeMismatchError, match=r"Expected: \[L, M, M\] = \[1, 5, 5\](.|\n)*q_sqrt\[None\]") as e:
+        nd.natgrad_trace(q_mu, q_sqrt, np.zeros((5, 1)), np.zeros((5, 5)))
+    assert "q_diag" not in str(e.value)
+
+
 def test_natgrad_trace__q_diag__says_gpflow_does_not_support_it():
     q_mu = gpflow.Parameter(np.zeros((5, 1)))
     q_sqrt = gpflow.Parameter(np.ones((5, 1)), transform=gpflow.utilities.positive())
