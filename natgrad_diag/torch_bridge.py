@@ -21,6 +21,7 @@ from natgrad_diag._validate import call_fn, flat_outputs
 from natgrad_diag.autodiff.seeded import vjp
 from natgrad_diag.exceptions import MissingExtraError
 from natgrad_diag.report.records import Check, close_check
+from natgrad_diag.tolerance import validate_tolerance
 from natgrad_diag.typing import Array
 
 __all__ = ["INSTALL_HINT", "TorchOuter", "compare_with_tensorflow", "require_torch", "torch_available", "torch_outer", "torch_vjp"]
@@ -123,6 +124,7 @@ def compare_with_tensorflow(
         OutputGradientsError, InputError: a cotangent does not match TensorFlow's output (checked first), or torch_fn
             fails where tf_fn did not (another output shape, a detached or numpy output: torch's error named).
     """
+    rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)  # a negative one failed every check
     f_out, f_grads = vjp(tf_fn, [np.asarray(p, dtype=np.float64) for p in primals], [np.asarray(v, dtype=np.float64) for v in cotangents])
     f_out = flat_outputs(f_out, "tf_fn")
     t_out, t_grads = call_fn(lambda: torch_vjp(torch_fn, primals, cotangents), [], "torch_fn", at=" under torch_vjp",

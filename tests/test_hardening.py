@@ -200,6 +200,26 @@ def test_assert_vjp_matches_jacobian__bad_tolerance_or_limit(kwargs, argument):
     assert _argument(info.value) == argument
 
 
+@pytest.mark.parametrize("kwargs, argument", _BAD_OPTIONS[:3], ids=[a + "=" + repr(v) for k, a in _BAD_OPTIONS[:3] for v in k.values()])
+def test_compare_with_tensorflow__bad_tolerance_is_refused_before_any_work(kwargs, argument):
+    # rtol=-1 failed an exact agreement (tolerance −21), rtol="1e-3" raised numpy's TypeError
+    from natgrad_diag.torch_bridge import compare_with_tensorflow
+
+    with pytest.raises(InputError) as info:
+        compare_with_tensorflow(tf.sin, None, [np.array([1.0])], [np.array([1.0])], **kwargs)
+    assert _argument(info.value) == argument
+
+
+@pytest.mark.parametrize("argument", ["compiled", "use_torch"])
+def test_bool_options__a_truthy_string_is_refused_not_read_as_true(argument):
+    from natgrad_diag import jacobian
+    from natgrad_diag.lessons.outer import outer_example
+
+    with pytest.raises(InputError) as info:
+        jacobian(tf.sin, [np.array([1.0])], compiled="no") if argument == "compiled" else outer_example(use_torch="no")
+    assert _argument(info.value) == argument
+
+
 @pytest.mark.parametrize("eps", [0.0, -1.0, np.inf, np.nan, True], ids=["zero", "negative", "inf", "nan", "bool"])
 @pytest.mark.parametrize("dtype, default", [(np.float64, 1e-6), (np.float32, 1e-3)], ids=["float64", "float32"])
 def test_check_gradients__bad_eps_asks_for_a_step_above_0_and_suggests_the_dtypes_default(eps, dtype, default):

@@ -16,7 +16,7 @@ import numpy as np
 
 from natgrad_diag._compile import recall, remember
 from natgrad_diag._validate import as_float_tensor, call_fn, flat_outputs, input_error, names_of, output_labels
-from natgrad_diag._validate import require_callable, require_finite, require_int, require_max_bytes
+from natgrad_diag._validate import require_bool, require_callable, require_finite, require_int, require_max_bytes
 from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
 from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
@@ -82,6 +82,7 @@ def jacobian(
         require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None",
                     remedy="leave chunk_size=None for an automatic size.")
     max_bytes = require_max_bytes(max_bytes)
+    compiled = None if compiled is None else require_bool(compiled, "compiled")  # "no" is truthy: it meant True
     xs, in_names = _as_tensors(inputs, input_names)
     in_shapes = tuple(tuple(x.shape.as_list()) for x in xs)
     sym = _validate_symmetric(symmetric, in_shapes, in_names)

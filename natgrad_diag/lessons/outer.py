@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import converted, input_error, shape_str
+from natgrad_diag._validate import converted, input_error, require_bool, shape_str
 from natgrad_diag.autodiff.blocks import BlockJacobian
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.seeded import checked_gradient
@@ -344,6 +344,7 @@ def outer_example(x: Sequence[float] | Array | None = None, *, rtol: float = 1e-
     """
     xn = validate_x(x)
     rtol, atol = validate_tolerance("rtol", rtol), validate_tolerance("atol", atol)
+    use_torch = None if use_torch is None else require_bool(use_torch, "use_torch")  # "no" is truthy: it required torch
     with progress_bar(total=3, description="outer example") as advance:
         advance()
         f = _computed(xn)
