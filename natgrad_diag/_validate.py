@@ -137,7 +137,12 @@ def require_float(x: Any, name: str) -> None:
                           f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.", kind=DTypeMismatchError)
 
 
-def require_finite(x: Any, name: str) -> None:
+#: The remedy for a NaN or Inf derivative: TensorFlow's answer where fn has none.
+NO_DERIVATIVE = ("evaluate at a point where fn is differentiable (tf.norm and tf.sqrt have no derivative at 0: "
+                 "tf.sqrt(tf.reduce_sum(x**2) + tiny) has one), or one where fn's value is finite.")
+
+
+def require_finite(x: Any, name: str, *, remedy: str = "") -> None:
     a = np.asarray(x)
     bad = ~np.isfinite(a)
     if bad.any():
@@ -145,7 +150,7 @@ def require_finite(x: Any, name: str) -> None:
         raise NonFiniteError(
             f"{name} contains {int(np.isnan(a).sum())} NaN and {int(np.isinf(a).sum())} Inf value(s).",
             context=[("Argument", name), ("Shape", shape_str(a.shape)), ("First at", list(first)), ("Value", a[first])],
-            remedy=f"find where {name} became non-finite (often a failed Cholesky or a too-large gamma) and pass finite values.",
+            remedy=remedy or f"find where {name} became non-finite (often a failed Cholesky or a too-large gamma) and pass finite values.",
         )
 
 

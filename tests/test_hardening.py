@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.autodiff.seeded import checked_gradient, vjp
-from natgrad_diag.exceptions import DTypeMismatchError, InputError, ShapeMismatchError
+from natgrad_diag.exceptions import DTypeMismatchError, InputError, NonFiniteError, ShapeMismatchError
 from natgrad_diag.gradcheck.api import assert_gradients, check_gradients
 from natgrad_diag.testing import assert_vjp_matches_jacobian
 
@@ -135,6 +135,20 @@ def test_check_gradients__int_dict_keys_in_tf_nest_order():
     report = check_gradients(_int_keys, [np.array([1.0, 2.0])])
     assert report.output_names == ("2", "9", "10")
     assert report.output_shapes == ((2,), (2,), (2,))
+
+
+@pytest.mark.parametrize("fn", [tf.norm, tf.sqrt], ids=["norm", "sqrt"])
+def test_vjp_and_checked_gradient__no_derivative_at_the_point_is_an_error_not_a_nan(fn):
+    """d‖x‖/dx = x/‖x‖ and d√x/dx = 1/(2√x) do not exist at 0: TensorFlow returns NaN or Inf, which came back silently."""
+    x = tf.zeros(3, tf.float64)
+    with pytest.raises(NonFiniteError, match=r"primals\[0\]'s gradient contains(.|\n)*no derivative at 0"):
+        vjp(fn, x, tf.ones_like(fn(x)))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    with pytest.raises(NonFiniteError, match=r"sources\[0\]'s gradient"):
+        checked_gradient(tape, y, x, tf.ones_like(y))
+    assert np.allclose(vjp(fn, x + 4.0, tf.ones_like(fn(x)))[1], 4 / np.sqrt(48) if fn is tf.norm else 0.25)  # x/‖x‖, 1/2√x
 
 
 def test_vjp__integer_output_is_refused():
