@@ -32,6 +32,13 @@ def test_cli__explain_json_agrees_with_the_api(capsys):
     assert all(isinstance(c["max_abs_error"], float) for c in d["checks"])
 
 
+def test_cli__an_option_before_the_command_is_the_commands(capsys):
+    # `natgrad-diag --json outer` was read as `explain --json outer`: "explain: unrecognized arguments: outer"
+    assert main(["--json", "outer"]) == 0
+    assert json.loads(capsys.readouterr().out)["gradient_ones_seed"] == [20.0, 20.0, 20.0, 20.0]  # 2·Σx, x = 1..4
+    assert main(["--gamma", "0.5", "--json"]) == 0 and json.loads(capsys.readouterr().out)["gamma"] == 0.5  # explain's
+
+
 def test_cli__explain_meanvar_gamma(capsys):
     assert main(["explain", "--xi", "meanvar", "--gamma", "0.5", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
