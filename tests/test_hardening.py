@@ -357,7 +357,8 @@ def test_make_model__too_large_is_refused_before_allocation():
     with pytest.raises(MemoryLimitError) as info:
         make_model(num_inducing=100_000)  # M² float64 = 80 GB per matrix: never allocated
     M, N, L = 100_000, 50, 1  # demo.py's estimate by hand: 4 M² temporaries, q_sqrt and its copies 4·L·M², K_mm and
-    need = 8 * ((4 + 4 * L) * M * M + M * M + M * N + N * (1 + L) + M * L)  # K_mn M² + M·N, the data N·(1 + L), q_mu M·L
+    need = 8 * ((4 + 4 * L) * M * M + M * M + 4 * M * N + N * (1 + L) + M * L)  # K_mm M², K_mn and 3 on the tape 4·M·N,
+    # the data N·(1 + L), q_mu M·L
     assert need > memory_limit()
     assert f"Estimated size: {need} bytes" in str(info.value)
 
@@ -369,6 +370,19 @@ def test_check_cli__num_inducing_100000_exits_2_with_estimate(capsys):
     assert main(["check", "--num-inducing", "100000"]) == 2
     err = capsys.readouterr().err
     assert "Estimated size:" in err and "GiB" in err
+
+
+def test_check_cli__a_large_n_is_refused_for_the_checks_own_arrays_even_with_max_minutes_0(capsys):
+    """At M = 10, N = 1e8 the model's arrays fit in half of 24 GB but the check peaked at 22 GB (three more [M, N]
+    arrays on the loss's tape) and died in TensorFlow with a raw ResourceExhaustedError after two minutes. At an N where
+    the model alone is half the limit, the check is now refused before TensorFlow loads."""
+    from natgrad_diag.autodiff.memory import memory_limit
+    from natgrad_diag.cli.app import main
+
+    N = memory_limit() // (8 * 2 * (10 + 2))  # the model alone: 8·(10·N + 2·N) = half the limit
+    assert main(["check", "--num-data", str(N), "--max-minutes", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Too large for this machine's memory" in err and "Argument:       num_data" in err, err
 
 
 @settings(max_examples=60, deadline=None)
