@@ -137,7 +137,7 @@ def check_model_work(name: str, *, M: int, N: int, L: int, gamma_steps: int, max
                           repr(max_minutes), "pass e.g. max_minutes=10, or 0 for no limit.")  # fmt: skip
     seconds, argument = check_seconds(name, M=M, N=N, L=L, gamma_steps=gamma_steps)
     if max_minutes and seconds > 60 * max_minutes:
-        about = f"{seconds:.0f} seconds" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+        about = f"{np.ceil(seconds):.0f} seconds" if seconds < 120 else f"{np.ceil(seconds / 60):.0f} minutes"  # not down to the limit
         raise input_error(
             f"The check would take about {about} on a 2-core machine, more than --max-minutes {max_minutes:g}.",
             argument, f"a run estimated under {max_minutes:g} minutes",

@@ -433,6 +433,8 @@ def test_check_cli__an_hours_vgp_is_refused_before_the_model_is_built():
         check_natgrad_cli(model="vgp", num_data=5000, max_minutes=2)
     assert _argument(info.value) == "--num-data" and "about 30 minutes" in str(info.value)
     check_model_work("vgp", M=10, N=5000, L=1, gamma_steps=5, max_minutes=0)
+    with pytest.raises(InputError, match="about 3 minutes on a 2-core machine, more than --max-minutes 2"):
+        check_model_work("svgp", M=10, N=10**8, L=1, gamma_steps=5, max_minutes=2)  # 2.34 minutes: "about 2" was rounded down
 
 
 def test_bench_cli__sizes_100000_refused_before_allocation(capsys):
