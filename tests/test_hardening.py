@@ -151,6 +151,12 @@ def test_vjp_and_checked_gradient__no_derivative_at_the_point_is_an_error_not_a_
     assert np.allclose(vjp(fn, x + 4.0, tf.ones_like(fn(x)))[1], 4 / np.sqrt(48) if fn is tf.norm else 0.25)  # x/‖x‖, 1/2√x
 
 
+def test_vjp__fn_returning_none_is_told_to_return_its_outputs_not_to_use_a_tape():
+    with pytest.raises(InputError, match=r"(?s)Got:\s+None.*return fn's output tensor\(s\).*a missing return") as info:
+        vjp(lambda x: None, tf.ones(2, tf.float64), tf.ones(2, tf.float64))
+    assert "GradientTape" not in str(info.value)
+
+
 def test_vjp__integer_output_is_refused():
     x = tf.constant([1.0, 2.0], tf.float64)
     with pytest.raises(DTypeMismatchError) as info:

@@ -49,8 +49,9 @@ def _flat_targets(target: Any, argument: str, target_name: str) -> list[Any]:
                               argument if len(flat) == 1 else f"{argument} (flattened entry {i})",
                               "a tf.Tensor or tf.Variable computed inside the tape's context",
                               "None" if t is None else f"{type(t).__name__} {t!r}"[:60],
-                              f"pass the {target_name} tensor(s) computed from the sources inside `with "
-                              "tf.GradientTape() as tape:`; a number, a numpy array or None has no gradient.")
+                              "return fn's output tensor(s), computed from the primals with TensorFlow ops (None: a missing "
+                              "return?)." if argument == "fn's outputs" else f"pass the {target_name} tensor(s) computed from "
+                              "the sources inside `with tf.GradientTape() as tape:`; a number, a numpy array or None has no gradient.")
         if not t.dtype.is_floating and not t.dtype.is_complex:
             raise input_error(f"{target_name}[{i}] is {t.dtype.name}: it has no derivative (TensorFlow would give zeros or None).",
                               argument, "floating-point targets", f"{target_name}[{i}]: {t.dtype.name}",
