@@ -66,11 +66,11 @@ def _build() -> type:
             self._guard: Any = None
             self._seen: dict[int, OnElbo] = {}  # id(optimizer) -> its view on −ELBO, one per optimizer for the γ caps
             # a DeepGP's −ELBO is N times fit's loss; a loss_fn or var_list monitor measures what the user gave
-            self._scale = (getattr(monitor.model, "num_data", None) or 1) if getattr(monitor.model, "f_layers", None) else 1
+            self._per_datapoint = (getattr(monitor.model, "num_data", None) or 1) if getattr(monitor.model, "f_layers", None) else 1
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             optimizers = self.optimizers if self.optimizers is not None else self.model.natgrad_optimizers
-            self._views = [self._seen.setdefault(id(o), OnElbo(o, self._scale)).pull() for o in optimizers]
+            self._views = [self._seen.setdefault(id(o), OnElbo(o, self._per_datapoint)).pull() for o in optimizers]
             self._guard = self.monitor.guard(self.step, self._views)
             self._guard.__enter__()
 
