@@ -31,7 +31,6 @@ from natgrad_diag.checks.causes import FIX, diagnose
 from natgrad_diag.checks.evaluator import (
     Context, Evaluator, Point, Run, Step, dtype_context, evaluator, gpflow_update, loss_and_grads, resolve_mode, step_from_gradients,
 )  # fmt: skip
-from natgrad_diag.checks.health import GAMMA_GRID
 from natgrad_diag.checks.pairs import check_pairs, pair_context, trainable_note, variational_pairs
 from natgrad_diag.checks.report import HealthResult, NatGradReport, Outcome
 from natgrad_diag.exceptions import NatGradCheckError
@@ -41,7 +40,7 @@ from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "GAMMA_GRID", "MAX_GAMMA_STEPS", "NatGradReport", "STAGES", "Tolerances", "assert_natgrad",
+    "MAX_GAMMA_STEPS", "NatGradReport", "STAGES", "Tolerances", "assert_natgrad",
     "assert_natgrad_step_matches_gpflow", "check_natgrad", "natgrad_tolerances", "validate_gamma_steps",
 ]  # fmt: skip
 

@@ -42,8 +42,7 @@ def _eigvalsh(a: Array) -> Array:
     """The eigenvalues of one symmetric matrix [M, M] given by its lower triangle, ascending (LAPACK's ``syevd``)."""
     import scipy.linalg
 
-    eigenvalues: Array = scipy.linalg.eigvalsh(a, lower=True, overwrite_a=True, check_finite=False, driver="evd")
-    return eigenvalues
+    return np.asarray(scipy.linalg.eigvalsh(a, lower=True, overwrite_a=True, check_finite=False, driver="evd"))
 
 
 def _ratio(lo: Array, hi: Array) -> Array:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._compile import compiled
+from natgrad_diag.autodiff.blocks import vech_layout
 from natgrad_diag.autodiff.dense import jacobian
 from natgrad_diag.checks.bounds import bounded_check, maxabs, natgrad_bound, scale
 from natgrad_diag.checks.evaluator import Evaluator, Run, Step
@@ -51,9 +52,7 @@ def _vech(M: int) -> tuple[Array, Array, Array]:
     """For vech (row-major lower triangle): the vech position of every (i, j) of a symmetric M×M matrix, the flat
     positions of the lower triangle, and the dual weights (1 on the diagonal, 2 off it)."""
     rows, cols = np.tril_indices(M)
-    pos = np.zeros((M, M), dtype=np.int64)
-    pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
-    return pos.ravel(), rows * M + cols, np.where(rows == cols, 1.0, 2.0)
+    return vech_layout((M, M))[0], rows * M + cols, np.where(rows == cols, 1.0, 2.0)
 
 
 def _of_vech(fn: Callable[..., Any], M: int, dual_vech_out: bool) -> Any:

@@ -198,7 +198,7 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and hasattr(ev.ctx.model, "likelihood") and not conjugate_applicable(ev.ctx):
         # E_q log p(y | f) linear in η (f_p = u_p's GP: no mixing, LMC's W makes it quadratic): A = I, no estimate needed
-        ev.stability = Stability(1.0, why="a Gaussian likelihood without mixing: A = I, λ = 1 exactly")
+        ev.stability = Stability(1.0)
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
@@ -336,13 +336,12 @@ STEADY = 0.1
 class Stability:
     """ρ ≤ λmax of ∂(∇ηL)/∂θ at the current q(u) (``start``) and where the best trial's steps led (``end``), the larger
     finite-difference error, and ``lam``, the smaller, which the verdict uses: None when one is not estimated, no γ that
-    held exceeds 2/λ at ``end`` or λ falls by more than :data:`STEADY` between them; ``why`` says why."""
+    held exceeds 2/λ at ``end`` or λ falls by more than :data:`STEADY` between them."""
 
     lam: float | None
     start: float | None = None
     end: float | None = None
     error: float = 0.0
-    why: str = ""
 
     def numbers(self) -> dict[str, float]:
         """The report's "Further numbers" rows."""
@@ -354,14 +353,12 @@ class Stability:
 def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability:
     """λ where the best trial's steps led (``reached``) and, unless ``gamma`` (the largest γ that held) is stable by
     it, at the model's q(u) (:func:`rayleigh_bound`, started from the first's vector), and the λ the verdict uses."""
-    end, e1, why, v = rayleigh_bound(ev, *reached)
+    end, e1, _, v = rayleigh_bound(ev, *reached)
     if end is None or gamma * (end - e1) <= 2:  # no γ that held can fail: the second estimate is not needed
-        return Stability(None, None, end, e1, why=why or f"γ = {gamma:g} and below are stable by λ here")
-    start, e0, why, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
-    if start is None:
-        return Stability(None, start, end, why=why)
-    if end < (1 - STEADY) * start:
-        return Stability(None, start, end, why=f"λ falls from {start:.4g} to {end:.4g} over the trial's steps")
+        return Stability(None, None, end, e1)
+    start, e0, _, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
+    if start is None or end < (1 - STEADY) * start:
+        return Stability(None, start, end)
     return Stability(min(start, end), start, end, max(e0, e1))
 
 

@@ -70,8 +70,7 @@ def _correct_gradient(param: Any, g: Array, dtype: Any) -> tuple[Array, Array, A
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(u)
         c_of_u = T.forward(u)
-    back = tape.gradient(c_of_u, u, output_gradients=correct).numpy()
-    return correct.numpy(), moving, back
+    return correct.numpy(), moving, tape.gradient(c_of_u, u, output_gradients=correct).numpy()
 
 
 def stage(run: Run) -> Outcome:

@@ -203,8 +203,7 @@ def _forward_at_worst(
     try:
         for (j, k), outs in todo.items():
             t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
-            vals = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()
-            m.forward[outs, j, k] = vals[outs]
+            m.forward[outs, j, k] = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()[outs]
     except Exception as e:  # noqa: BLE001 - forward mode is information only
         return f"forward mode unavailable ({type(e).__name__})."
     return ""
@@ -237,8 +236,7 @@ def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
     """After a fast-mode failure, full mode on that block alone names the worst entry (if small enough)."""
     i, j = row.output_index, row.input_index
     n_coords = len(coordinates(prob.x[j].shape, prob.structures[j]))
-    need = 2 * prob.y[i].size * prob.x[j].size * prob.dtype.itemsize
-    if n_coords > _RERUN_MAX_COORDS or need > prob.max_bytes:
+    if n_coords > _RERUN_MAX_COORDS or 2 * prob.y[i].size * prob.x[j].size * prob.dtype.itemsize > prob.max_bytes:
         too_large = (f"block too large to re-run in full mode ({n_coords} coordinates); run check_gradients on a "
                      "smaller instance with mode='full' to name the entry.")
         return dataclasses.replace(row, note=_join(row.note, too_large))

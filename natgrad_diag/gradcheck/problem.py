@@ -139,8 +139,7 @@ def compare(num: Array, ana: Array, *, rtol: float, atol: float) -> Comparison:
     if err.size == 0:
         return Comparison(0, 0.0, atol, 0.0, 0.0, True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(tol > 0, err / np.where(tol > 0, tol, 1.0), np.where(err > 0, np.inf, 0.0))
-    k = int(np.argmax(ratio))
+        k = int(np.argmax(np.where(tol > 0, err / np.where(tol > 0, tol, 1.0), np.where(err > 0, np.inf, 0.0))))
     big = np.abs(ana) > atol
     max_rel = float(np.max(err[big] / np.abs(ana[big]), initial=0.0))
     return Comparison(k, float(err.flat[k]), float(tol.flat[k]), float(np.max(err)), max_rel, bool(np.all(err <= tol)))
