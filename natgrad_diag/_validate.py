@@ -137,11 +137,6 @@ def require_float(x: Any, name: str) -> None:
                           f"convert {name} with tf.cast({name}, tf.float64) or gpflow.utilities.to_default_float.", kind=DTypeMismatchError)
 
 
-#: The remedy for a NaN or Inf derivative: TensorFlow's answer where fn has none.
-NO_DERIVATIVE = ("evaluate at a point where fn is differentiable (tf.norm and tf.sqrt have no derivative at 0: "
-                 "tf.sqrt(tf.reduce_sum(x**2) + tiny) has one), or one where fn's value is finite.")
-
-
 def require_finite(x: Any, name: str, *, remedy: str = "") -> None:
     a = np.asarray(x)
     bad = ~np.isfinite(a)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import natgrad_diag as nd
-from natgrad_diag.cli.app import main
+from natgrad_diag.cli.app import COMMANDS, main
 
 
 def test_cli__no_arguments_prints_the_lesson_and_exits_0(capsys):
@@ -86,6 +86,7 @@ def test_cli__every_option_has_help_and_shows_its_default(capsys):
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(subparsers.choices) == COMMANDS  # main() moves options after the first of these names
     missing = [
         f"{name} {'/'.join(action.option_strings)}"
         for name, sub in subparsers.choices.items()

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from natgrad_diag._validate import NO_DERIVATIVE, call_fn, converted, dtype_name, input_error, require_callable, require_finite
+from natgrad_diag._validate import call_fn, converted, dtype_name, input_error, require_callable, require_finite
 from natgrad_diag._validate import shape_str, validate_seeds
 from natgrad_diag.exceptions import DTypeMismatchError, OutputGradientsError, UnconnectedGradientError, raised_as_is
 
@@ -140,7 +140,9 @@ def _gradients(
     grads = list(tape.gradient(targets, flat_sources, output_gradients=seeds, unconnected_gradients=tf_mode))
     for j, g in enumerate(grads if tf.executing_eagerly() else []):  # NaN where fn has no derivative (tf.norm at 0)
         if g is not None:
-            require_finite(tf.convert_to_tensor(g).numpy(), f"{source_name}[{j}]'s gradient", remedy=NO_DERIVATIVE)
+            require_finite(tf.convert_to_tensor(g).numpy(), f"{source_name}[{j}]'s gradient", remedy="evaluate at a point "
+                           "where fn is differentiable (tf.norm and tf.sqrt have no derivative at 0: tf.sqrt(tf.reduce_sum("
+                           "x**2) + tiny) has one), or one where fn's value is finite.")
     missing = [j for j, g in enumerate(grads) if g is None] if mode == "raise" else []
     if not missing:
         return grads

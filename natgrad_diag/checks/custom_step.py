@@ -289,11 +289,10 @@ def mistaken_steps(
         except tf.errors.InvalidArgumentError:
             mu = sq = np.full(1, np.nan)
         yield name, ((mu, sq) if finite(mu, sq) else None)
-    if gp[1].shape[-1] == 1:  # M = 1: a transpose is the identity
-        return
-    flipped = np.swapaxes(gp[1], -1, -2)
-    # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
-    yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
+    if gp[1].shape[-1] > 1:  # M = 1: a transpose is the identity
+        flipped = np.swapaxes(gp[1], -1, -2)
+        # what the parameter holds after assign(flipped); through numpy, or TFP's bijector cache hands back flipped itself
+        yield "transposed", (gp[0], flipped if transform is None else np.asarray(transform.forward(np.asarray(transform.inverse(flipped)))))
 
 
 def judge(

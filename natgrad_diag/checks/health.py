@@ -197,8 +197,7 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
     """Fail the healthy trials of ``measured`` whose γ is unstable (:func:`judge_stability`, else :func:`_look_ahead`), λ
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and hasattr(ev.ctx.model, "likelihood") and not conjugate_applicable(ev.ctx):
-        # E_q log p(y | f) linear in η (f_p = u_p's GP: no mixing, LMC's W makes it quadratic): A = I, no estimate needed
-        ev.stability = Stability(1.0)
+        ev.stability = Stability(1.0)  # E_q log p(y | f) is linear in η without a mixing kernel: A = I, λ = 1
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing

@@ -30,7 +30,11 @@ from natgrad_diag.report.records import Check, format_number, loss_rose
 from natgrad_diag.step.trace import _validate_gamma, resolve_xi_transform
 from natgrad_diag.typing import Array
 
-__all__ = ["Pair", "PairEvaluator", "check_pairs", "refuse_misplaced", "trainable_note", "variational_pairs", "verify_step"]
+__all__ = ["STOCHASTIC", "Pair", "PairEvaluator", "check_pairs", "refuse_misplaced", "trainable_note", "variational_pairs",
+           "verify_step"]
+
+#: How :func:`verify_step`'s detail starts when the loss is stochastic (its only "warn" the guard reports as that).
+STOCHASTIC = "cannot verify: the loss is stochastic"
 
 #: (name of q_mu, q_mu [M, L], name of q_sqrt, q_sqrt [L, M, M]); the names are Python expressions for the user.
 Pair = tuple[str, Any, str, Any]
@@ -370,7 +374,7 @@ def verify_step(optimizer: Any, loss_fn: Callable[[], Any], var_list: Any, befor
         again = finite_loss(loss_fn) if any(not c.passed for c in checks) else float(loss)
     if again is None or abs(again - float(loss)) > health.rounding(float(loss), loss.dtype.as_numpy_dtype):
         return tuple(Check("custom_step", "the step just taken is GPflow's natural-gradient step from the same gradients", status="warn", detail=(
-            f"cannot verify: the loss is stochastic (two evaluations at the q(u) before the step gave {float(loss)!r} "
+            f"{STOCHASTIC} (two evaluations at the q(u) before the step gave {float(loss)!r} "
             f"and {again!r}), so the gradients the step used cannot be drawn again; check the optimizer once with "
             "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients"))
             for _ in var_list)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from natgrad_diag.cli.streams import prepare_streams
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+COMMANDS = ("explain", "outer", "check", "gradcheck", "bench", "strict")  # build_parser's, in its order
 
 
 def _number(cast: Any, accept: Any, expected: str, *, many: bool = False) -> Any:
@@ -215,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     is inconclusive (WARN), 1 a check failed or the report file could not be written, 2 bad input, 130 Ctrl-C)."""
     own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    named = [i for i, a in enumerate(argv) if a in ("explain", "outer", "check", "gradcheck", "bench", "strict")][:1]
+    named = [a for a in argv if a in COMMANDS]
     if named and argv[0].startswith("-"):  # `--json gradcheck ...`: the options are the command's, not explain's
-        argv = [argv[named[0]], *argv[: named[0]], *argv[named[0] + 1 :]]
+        argv.insert(0, argv.pop(argv.index(named[0])))
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["explain", *argv]
     command = argv[0] if not argv[0].startswith("-") else "explain"

@@ -11,7 +11,7 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, require_bool, require_int
 from natgrad_diag.checks.health import GAMMA_GRID, spread
-from natgrad_diag.checks.pairs import verify_step
+from natgrad_diag.checks.pairs import STOCHASTIC, verify_step
 from natgrad_diag.exceptions import NatGradCheckError, error_line
 from natgrad_diag.report.records import format_number, loss_rose
 from natgrad_diag.training.records import GuardRecord
@@ -233,7 +233,7 @@ class StepGuard:
         finally:
             for v, _, after in moved:
                 v.assign(after)
-        if any(c.detail.startswith("cannot verify") for c in checks):  # a stochastic loss: its gradients cannot be drawn again
+        if any(c.detail.startswith(STOCHASTIC) for c in checks):  # not a blind-point warn: the gradients cannot be drawn again
             warnings.warn("verify=True cannot verify these steps: the loss is stochastic (two evaluations at the same q(u) "
                           "differ), so the gradients a step used cannot be drawn again; check the optimizer once with "
                           "check_natgrad(model, data, optimizer=...), which gives it and GPflow's step the same gradients",
