@@ -178,18 +178,6 @@ def test_check_gradients__settings_from_dtype_and_overrides() -> None:
     assert "ε = 1.00e-05, rtol = 1.00e-05, atol = 1.00e-06 (eps, atol given; the rest float64 defaults)" in " ".join(str(over).split())
 
 
-@pytest.mark.parametrize("mode", ["full", "fast"])
-def test_check_gradients__the_step_scales_with_the_input_so_large_inputs_are_not_a_false_failure(mode) -> None:
-    """Σ A ⊙ X at X ~ 1e6 has the exact gradient A; an absolute step 1e-6 is below X's rounding (ε·1e6 = 2e-10), the
-    difference's rounding ε·|f|/h ≈ 1e-3 failed it. With h = eps·max(1, max|X|), x³ at x = 2 with eps = 0.25 steps by
-    0.5: ((2.5)³ − (1.5)³)/1 = 12.25 = 3x² + h² exactly."""
-    rng = np.random.default_rng(0)
-    A, X = rng.normal(size=(4, 3)), 1e6 * (1 + rng.uniform(size=(4, 3)))
-    assert nd.check_gradients(lambda x: tf.reduce_sum(A * x), [X], mode=mode).passed
-    row = nd.check_gradients(lambda x: x**3, [np.array([2.0])], eps=0.25, mode=mode).rows[0]
-    np.testing.assert_allclose([row.numerical, row.analytical], [12.25, 12.0], rtol=1e-14)
-
-
 def test_check_gradients__numerical_value_is_the_central_difference() -> None:
     # x³ at x = 1 with step h: (( 1+h)³ − (1−h)³)/2h = 3 + h² exactly; h = 0.5 gives an error 0.25
     cube = lambda x: x**3  # noqa: E731
@@ -384,7 +372,7 @@ def test_gradient_check_report__cotangents_noted_in_settings() -> None:
     full = nd.check_gradients(tf.sin, [x], cotangents=[np.ones(2)])
     assert full.cotangents_given and "not needed in full mode" in " ".join(str(full).split())  # wrapped at 88 columns
     fast = nd.check_gradients(tf.sin, [x], mode="fast", cotangents=[None])
-    assert fast.passed and "v = the given cotangents" in " ".join(str(fast).split())
+    assert fast.passed and "v = the given cotangents" in str(fast)
     assert nd.check_gradients(tf.sin, [x]).cotangents_given is False
 
 

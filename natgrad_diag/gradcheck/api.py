@@ -46,7 +46,6 @@ def check_gradients(
         cotangents: fast mode's fixed cotangents v (one per flattened output, exact shape and dtype, ``None`` for
             ones) instead of random ones; validated but not needed in full mode.
         eps, rtol, atol: the step and tolerances; default the dtype's (float64 1e-6, 1e-5, 1e-7; ε ≈ ∛(machine ε)).
-            Input j is stepped by eps·max(1, max|x_j|): an absolute 1e-6 at |x| ~ 1e6 is below x's rounding.
         seed, num_directions: fast mode's random seed and direction pairs per block (k, 1 to :data:`MAX_DIRECTIONS`).
         input_names, output_names: names for the report (default dict keys, GPflow's names, ``x0``/``y0``...).
         max_bytes: full mode refuses, before allocating, analytical plus numerical Jacobians over this.

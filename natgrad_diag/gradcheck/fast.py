@@ -163,7 +163,7 @@ def _measure(
     n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
     numerical = np.zeros((n_out, n_in, n_dirs))  # direction k of input j is read only for k < len(us[j])
     xs = [tf.constant(a) for a in prob.x]
-    steps = np.asarray(prob.steps)
+    eps, step = prob.eps, np.asarray(prob.eps, prob.dtype)
     engine = _engine(prob, compiled)
     u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
     v_all = [[tf.constant(v) for v in vk] for vk in vs]
@@ -172,11 +172,11 @@ def _measure(
         for k in range(n_dirs):
             active = [j for j in range(n_in) if k < len(us[j])]
             if compiled:
-                xp, xm = ([tf.constant(prob.x[j] + (sign * steps[j]).astype(prob.dtype) * u_all[k][j]) for j in range(n_in)] for sign in (1, -1))
+                xp, xm = ([tf.constant(prob.x[j] + sign * step * u_all[k][j]) for j in range(n_in)] for sign in (1, -1))
                 num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     raise ArithmeticError("fn is not finite at a finite-difference point")
-                numerical[:, :, k] = num.numpy() / (2 * steps)
+                numerical[:, :, k] = num.numpy() / (2 * eps)
             else:
                 for j in active:
                     diffs = prob.central(j, us[j][k], f"{prob.names[j]} ± eps·u (direction {k})")

@@ -56,8 +56,6 @@ class Problem:
 
         self.fn, self.x, self.names, self.structures, self.max_bytes = fn, arrays, names, structures, max_bytes
         self.eps, self.rtol, self.atol = float(tol.eps or 0.0), tol.rtol, tol.atol
-        # input j's step: eps·max(1, max|x_j|), so that x_j ± step changes x_j by more than its rounding at any scale
-        self.steps = [self.eps * max(1.0, float(np.max(np.abs(a), initial=0.0))) for a in arrays]
         self.dtype = arrays[0].dtype
         outputs = call_fn(fn, [tf.constant(a) for a in arrays], at=" at the given point", remedy="call fn(*inputs) yourself to "
                           "see the error; check the inputs' shapes and that the point is valid (e.g. positive definite).")
@@ -81,12 +79,11 @@ class Problem:
                               "fix its randomness (tf.random.stateless_* with a fixed seed), or check the deterministic part.")
 
     def central(self, j: int, direction: Array, what: str) -> list[Array]:
-        """(fn(x_j + h·direction) − fn(x_j − h·direction)) / 2h per output, h = ``steps[j]``; a failure or NaN/Inf:
-        InputError."""
+        """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; a failure or NaN/Inf: InputError."""
         import tensorflow as tf
 
         values = []
-        for scale in (self.steps[j], -self.steps[j]):
+        for scale in (self.eps, -self.eps):
             xs = [tf.constant(a) for a in self.x]
             xs[j] = tf.constant(self.x[j] + np.asarray(scale, self.dtype) * direction)
             try:
@@ -106,7 +103,7 @@ class Problem:
                         remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
                     )
             values.append(out)
-        return [(p - m) / (2 * self.steps[j]) for p, m in zip(*values)]
+        return [(p - m) / (2 * self.eps) for p, m in zip(*values)]
 
 
 @dataclass(frozen=True)

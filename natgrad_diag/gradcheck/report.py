@@ -119,7 +119,7 @@ class GradientCheckReport(Report):
         outputs = ", ".join(f"{n} {shape_str(s)}" for n, s in zip(self.output_names, self.output_shapes))
         settings = (
             f"Mode {self.mode}: {how}.\n"
-            f"Step ε·max(1, max|x|) per input, ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
+            f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
             f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical|.\n"
             f"Inputs: {inputs}.\nOutputs: {outputs}."
         )
