@@ -115,6 +115,15 @@ X0 = np.array([0.5, -1.25, 2.0])
 Y0 = np.array([1.5, 0.25, -0.75])
 
 
+def _worst_of_two_outputs(dtype: type, *, h: float, rtol: float, atol: float) -> int:
+    """The index of ∂square/∂x's worst entry at X0, Y0 by hand. Numerical 2x, analytical 3x (diagonal); the tolerance
+    is atol + rtol·3|x| + the rounding bound 100·ε/2h·(|(x+h)² + y| + |(x−h)² + y|) + 100·ε/h·|x|·3|x|, and the worst
+    entry has the largest error |x| relative to it."""
+    e = np.finfo(dtype).eps
+    rounding = 100 * e / (2 * h) * (abs((X0 + h) ** 2 + Y0) + abs((X0 - h) ** 2 + Y0)) + 100 * e / h * 3 * X0**2
+    return int(np.argmax(abs(X0) / (atol + rtol * 3 * abs(X0) + rounding)))
+
+
 @pytest.mark.parametrize("mode", ["full", "fast"])
 def test_check_gradients__wrong_custom_gradient_fails_and_names_the_block(mode: str) -> None:
     report = nd.check_gradients(two_outputs, [X0, Y0], mode=mode, input_names=["x", "y"], output_names=["square", "product"])
@@ -122,15 +131,15 @@ def test_check_gradients__wrong_custom_gradient_fails_and_names_the_block(mode: 
     verdicts = {(r.output, r.input): r.passed for r in report.rows}
     assert verdicts == {("square", "x"): False, ("square", "y"): True, ("product", "x"): True, ("product", "y"): True}
     bad = report.row("square", "x")
-    # closed form: numerical 2x, analytical 3x (diagonal); the worst ratio |x|/(atol + rtol·3|x|) is at max |x| = x[2]
-    assert bad.worst_entry == "∂square[2]/∂x[2]"
-    np.testing.assert_allclose(bad.numerical, 2 * X0[2], rtol=1e-9)
-    np.testing.assert_allclose(bad.analytical, 3 * X0[2], rtol=1e-12)
+    k = _worst_of_two_outputs(np.float64, h=1e-6, rtol=1e-5, atol=1e-7)
+    assert bad.worst_entry == f"∂square[{k}]/∂x[{k}]"
+    np.testing.assert_allclose(bad.numerical, 2 * X0[k], rtol=1e-9)
+    np.testing.assert_allclose(bad.analytical, 3 * X0[k], rtol=1e-12)
     with pytest.raises(JacobianMismatchError) as info:
         nd.assert_gradients(two_outputs, [X0, Y0], mode=mode, input_names=["x", "y"], output_names=["square", "product"])
     msg = str(info.value)
     assert "Output 0 (square) with respect to input 0 (x)" in msg
-    assert "Worst entry: ∂square[2]/∂x[2]" in msg
+    assert f"Worst entry: ∂square[{k}]/∂x[{k}]" in msg
     assert "rtol=1e-05, atol=1e-07" in msg
     assert "To fix: look for a wrong gradient on the path of ∂square/∂x (tf.custom_gradient" in msg
 
@@ -187,7 +196,9 @@ def test_check_gradients__numerical_value_is_the_central_difference() -> None:
     assert not row.passed
     np.testing.assert_allclose([row.numerical, row.analytical], [3.25, 3.0], rtol=1e-14)
     np.testing.assert_allclose(row.max_abs_error, 0.25, rtol=1e-12)
-    np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.0, rtol=1e-12)
+    # atol + rtol·|3| + the rounding bound 100·ε/2h·(|1.5³| + |0.5³|) + 100·ε/h·|x|·|3|
+    rounding = 100 * np.finfo(float).eps * ((1.5**3 + 0.5**3) / (2 * 0.5) + 3.0 / 0.5)
+    np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.0 + rounding, rtol=1e-12)
     assert nd.check_gradients(cube, [x], eps=0.5, atol=0.3).passed  # the tolerances decide
 
 
@@ -408,9 +419,10 @@ def test_check_gradients__wrong_custom_gradient_float32(mode: str) -> None:
     assert [r.passed for r in report.rows] == [False, True, True, True]
     assert (report.eps, report.rtol, report.atol) == (1e-3, 2e-2, 2e-3)
     bad = report.row(0, 0)
-    assert bad.worst_entry == "∂y0[2]/∂x0[2]"
-    # closed form in float32: 2x against 3x at x = 2
-    np.testing.assert_allclose([bad.numerical, bad.analytical], [4.0, 6.0], rtol=1e-3)
+    k = _worst_of_two_outputs(np.float32, h=1e-3, rtol=2e-2, atol=2e-3)
+    assert bad.worst_entry == f"∂y0[{k}]/∂x0[{k}]"
+    # closed form in float32: 2x against 3x
+    np.testing.assert_allclose([bad.numerical, bad.analytical], [2 * X0[k], 3 * X0[k]], rtol=1e-3)
 
 
 def test_assert_gradients__whole_message() -> None:
@@ -425,7 +437,7 @@ def test_assert_gradients__whole_message() -> None:
         "  Worst entry: ∂cube[0]/∂x[0]\n"
         "    Expected:    numerical  3.25  (central differences, eps=0.5)\n"
         "    Actual:      analytical 3.0  (reverse mode)\n"
-        "  Error:       0.25 > atol + rtol·|analytical| = 3.01e-05 (rtol=1e-05, atol=1e-07)\n"
+        "  Error:       0.25 > atol + rtol·|analytical| + rounding = 3.01e-05 (rtol=1e-05, atol=1e-07)\n"
         "  Block:       max abs error 0.25, max rel error 0.0833333; central differences, 1 coordinate(s)\n"
         "  To fix: look for a wrong gradient on the path of ∂cube/∂x (tf.custom_gradient, RegisterGradient); if it "
         "is right, the difference is inaccurate: re-check with another eps (smaller when fn curves strongly, larger "
@@ -454,3 +466,51 @@ def test_check_gradients_fast__a_zero_cotangent_or_a_negative_seed_is_refused():
     assert not nd.check_gradients(square, [x], mode="fast", cotangents=[np.array([0.0, 1.0, 0.0])]).passed
     with pytest.raises(InputError, match=r"Argument:\s+seed"):
         nd.check_gradients(square, [x], mode="fast", seed=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Large |x|: the step's own rounding and the rounding of fn's values
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__large_inputs_pass_and_a_wrong_gradient_still_fails(mode: str) -> None:
+    """At |x| = 10⁶ float64's grid spacing is 1.2·10⁻¹⁰, 10⁻⁴ of the step h = 10⁻⁶, and |x³| = 10¹⁸: the rounded step
+    and the rounding of fn's values (≈ ε·|x³|/h = 2·10² next to a derivative 3·10¹²·10⁻⁵) failed a right gradient."""
+    x = np.array([1e6, -2.5e6, 3e6])
+    for fn, derivative in ((lambda x: x**2, 2 * x), (lambda x: x**3, 3 * x**2)):
+        report = nd.check_gradients(fn, [x], mode=mode)
+        assert report.status == "pass", report
+        # the bound 100·ε/h·(|x|·|f'| + |f|) is at most 0.2 of the derivative here (ε·|x|/h ≤ 6.7·10⁻⁴, |f| ≤ |x·f'|)
+        assert report.rows[0].worst_tolerance < 0.2 * np.max(np.abs(derivative))
+    # 3x for 2x: an error |x| against a tolerance below 0.2·2|x|
+    assert nd.check_gradients(_square_wrong, [x], mode=mode).status == "fail"
+
+
+def test_check_gradients__a_step_below_the_rounding_is_inconclusive_and_says_which_step_resolves() -> None:
+    """Timestamps in seconds (1.7·10⁹) through sin(t / one day): at h = 10⁻⁶ rounding allows an error of about
+    100·ε·|t|·|f'|/h ≈ 40·|f'|, so no verdict; the suggested step eps·max|t| resolves 10⁻⁵ (truncation h²/6 / day²)."""
+    t = np.array([1.7e9, 1.7e9 + 3600.0])
+    day = lambda t: tf.sin(t / 86400.0)  # noqa: E731
+    report = nd.check_gradients(day, [t], input_names=["t"])
+    row = report.rows[0]
+    assert report.status == "warn" and report.passed and row.inconclusive and not report.checks[0].passed
+    assert "eps=1.7e+03 (eps·max|t|)" in row.note and "WARN" in str(report)
+    fine = nd.check_gradients(day, [t], eps=1.7e3)
+    assert fine.status == "pass"
+    np.testing.assert_allclose(fine.rows[0].numerical, np.cos(t / 86400.0)[fine.rows[0].worst_entry.endswith("[1]")] / 86400.0, rtol=1e-4)
+
+    @tf.custom_gradient
+    def day_wrong(t: tf.Tensor):  # noqa: ANN202
+        return day(t), lambda dy: dy * 1.01 * tf.cos(t / 86400.0) / 86400.0  # 1% off
+
+    assert nd.check_gradients(day_wrong, [t], eps=1.7e3).status == "fail"
+
+
+def test_check_gradients__a_step_that_rounds_away_is_refused() -> None:
+    """At 2³⁴ + 1 ≈ 1.7·10¹⁰ float64's spacing is 3.8·10⁻⁶, so x ± 10⁻⁶ is x: the difference would be 0/0 (a NaN)."""
+    from natgrad_diag.exceptions import InputError
+
+    for mode in ("full", "fast"):
+        with pytest.raises(InputError, match=r"x ± eps rounds to x itself in x0") as info:
+            nd.check_gradients(tf.sin, [np.array([2.0**34 + 1, 1.0])], mode=mode)
+        assert "Argument: eps\n    Expected: a step above 1.91e-06" in str(info.value) and "eps=1.72e+04" in str(info.value)

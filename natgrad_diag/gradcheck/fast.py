@@ -65,9 +65,12 @@ def fast_rows(prob: Problem, num_directions: int, seed: int, cotangents: list[Ar
 
 @dataclass
 class _Measured:
-    """[n_out, n_in, n_dirs] arrays of ⟨v, D_u y⟩ (numerical), ⟨Jᵀ·v, u⟩ (analytical), ⟨v, J·u⟩ (forward)."""
+    """[n_out, n_in, n_dirs] arrays of ⟨v, D_u y⟩ (numerical) and its rounding bound (noise, :attr:`Problem.unit`
+    times ⟨|v|, |f(x + εu)| + |f(x − εu)|⟩ + 2⟨|Jᵀ·v|, |x|⟩ over u's support), ⟨Jᵀ·v, u⟩ (analytical, u as
+    :meth:`Problem.realized`), ⟨v, J·u⟩ (forward)."""
 
     numerical: Array
+    noise: Array
     analytical: Array
     forward: Array
     forward_error: str = ""  # why forward mode is unavailable
@@ -75,9 +78,10 @@ class _Measured:
 
 class _Engine:
     """fn's pieces for one point (shapes, dtype), compiled (each traced once, called once per direction) or eager;
-    only scalars come back: ``analytical`` [n_dirs, n_out, n_in] ⟨Jᵀ·v, u⟩ (one forward pass, one VJP per output
-    and direction), ``central`` ⟨v, f(x + εu_j) − f(x − εu_j)⟩ per active input and whether all was finite,
-    ``jvp`` ⟨v_i, J_i·t⟩ by forward mode (information only)."""
+    only scalars come back: ``analytical`` two [n_dirs, n_out, n_in], ⟨Jᵀ·v, u⟩ and ⟨|Jᵀ·v|, |x|⟩ over u's support
+    (one forward pass, one VJP per output and direction), ``central`` ⟨v, f(x + εu_j) − f(x − εu_j)⟩ and
+    ⟨|v|, |f(x + εu_j)| + |f(x − εu_j)|⟩ per active input and whether all was finite, ``jvp`` ⟨v_i, J_i·t⟩ by
+    forward mode (information only)."""
 
     def __init__(self, prob: Problem, compiled: bool) -> None:
         import tensorflow as tf
@@ -105,11 +109,12 @@ class _Engine:
                 tape.watch(xs)
                 ys = self._outputs(xs)
 
-            def dot(y: Any, v: Any, uk: list[Any]) -> Any:  # [n_in]: ⟨Jᵀ·v, u⟩ for one output and direction
+            def dot(y: Any, v: Any, uk: list[Any]) -> Any:  # [2, n_in] for one output and direction
                 grads = tape.gradient(y, xs, output_gradients=v, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                return tf.stack([tf.reduce_sum(g * u) for g, u in zip(grads, uk)])
+                return tf.stack([[tf.reduce_sum(g * u) for g, u in zip(grads, uk)],
+                                 [tf.reduce_sum(abs(g * x) * tf.cast(u != 0, x.dtype)) for g, u, x in zip(grads, uk, xs)]])
 
-            return tf.stack([tf.stack([dot(y, v, uk) for y, v in zip(ys, vk)]) for vk, uk in zip(vs, us)])
+            return tf.stack([tf.stack([dot(y, v, uk) for y, v in zip(ys, vk)], axis=1) for vk, uk in zip(vs, us)], axis=1)
 
         return self._piece(("analytical", n_dirs), body, self.xspecs, [self.yspecs] * n_dirs, [self.xspecs] * n_dirs)
 
@@ -117,15 +122,17 @@ class _Engine:
         import tensorflow as tf
 
         def body(xs: list[Any], vs: list[Any], xp: list[Any], xm: list[Any]) -> Any:
-            num, finite = [], [tf.constant(True)]
+            num, size, finite = [], [], [tf.constant(True)]
             for j, on in enumerate(active):
                 if not on:
                     num.append(tf.zeros([len(vs)], xs[0].dtype))
+                    size.append(num[-1])
                     continue
                 plus, minus = (self._outputs([xd[j] if k == j else x for k, x in enumerate(xs)]) for xd in (xp, xm))
                 num.append(tf.stack([tf.reduce_sum(v * (a - b)) for v, a, b in zip(vs, plus, minus)]))
+                size.append(tf.stack([tf.reduce_sum(abs(v) * (abs(a) + abs(b))) for v, a, b in zip(vs, plus, minus)]))
                 finite += [tf.reduce_all(tf.math.is_finite(t)) for t in plus + minus]
-            return tf.stack(num, axis=1), tf.reduce_all(tf.stack(finite))
+            return tf.stack(num, axis=1), tf.stack(size, axis=1), tf.reduce_all(tf.stack(finite))
 
         return self._piece(("central", active), body, self.xspecs, self.yspecs, self.xspecs, self.xspecs)
 
@@ -162,47 +169,53 @@ def _measure(
 
     n_in, n_out, n_dirs = len(prob.x), len(prob.y), len(vs)
     numerical = np.zeros((n_out, n_in, n_dirs))  # direction k of input j is read only for k < len(us[j])
+    noise = np.zeros_like(numerical)
     xs = [tf.constant(a) for a in prob.x]
     eps, step = prob.eps, np.asarray(prob.eps, prob.dtype)
     engine = _engine(prob, compiled)
     u_all = [[us[j][k] if k < len(us[j]) else np.zeros_like(prob.x[j]) for j in range(n_in)] for k in range(n_dirs)]
     v_all = [[tf.constant(v) for v in vk] for vk in vs]
-    ana = np.asarray(engine.analytical(n_dirs)(xs, v_all, [[tf.constant(a) for a in uk] for uk in u_all]))
+    taken = [[tf.constant(prob.realized(j, u), prob.dtype) for j, u in enumerate(uk)] for uk in u_all]
+    ana, reach = np.asarray(engine.analytical(n_dirs)(xs, v_all, taken), np.float64)  # [n_dirs, n_out, n_in] each
     with progress_bar(total=n_dirs, description=f"gradient check (fast, {n_dirs} direction(s))") as advance:
         for k in range(n_dirs):
             active = [j for j in range(n_in) if k < len(us[j])]
             if compiled:
                 xp, xm = ([tf.constant(prob.x[j] + sign * step * u_all[k][j]) for j in range(n_in)] for sign in (1, -1))
-                num, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
+                num, size, finite = engine.central(tuple(j in active for j in range(n_in)))(xs, v_all[k], xp, xm)
                 if not bool(finite):
                     raise ArithmeticError("fn is not finite at a finite-difference point")
                 numerical[:, :, k] = num.numpy() / (2 * eps)
+                noise[:, :, k] = size.numpy() * prob.unit
             else:
                 for j in active:
                     diffs = prob.central(j, us[j][k], f"{prob.names[j]} ± eps·u (direction {k})")
-                    numerical[:, j, k] = [np.vdot(vs[k][i], diffs[i]) for i in range(n_out)]
+                    numerical[:, j, k] = [np.vdot(v, d) for v, (d, _) in zip(vs[k], diffs)]
+                    noise[:, j, k] = [np.vdot(np.abs(v), r) for v, (_, r) in zip(vs[k], diffs)]
             advance()
-    m = _Measured(numerical, np.moveaxis(ana, 0, -1).astype(np.float64), np.full(numerical.shape, np.nan))
-    m.forward_error = _forward_at_worst(prob, engine, xs, us, vs, m, atols)
+    noise += 2 * prob.unit * np.moveaxis(reach, 0, -1)
+    m = _Measured(numerical, noise, np.moveaxis(ana, 0, -1), np.full(numerical.shape, np.nan))
+    m.forward_error = _forward_at_worst(prob, engine, xs, us, taken, vs, m, atols)
     return m
 
 
 def _forward_at_worst(
-    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[Array]], vs: list[list[Array]], m: _Measured,
-    atols: list[float],
+    prob: Problem, engine: _Engine, xs: list[Any], us: list[list[Array]], taken: list[list[Any]],
+    vs: list[list[Array]], m: _Measured, atols: list[float],
 ) -> str:  # fmt: skip
     """Fill ``m.forward`` at each block's worst direction (the one its row reports, by the row's own
-    tolerances); the reason when forward mode fails, else ""."""
+    tolerances; ``taken[k][j]`` as :meth:`Problem.realized`); the reason when forward mode fails, else ""."""
     import tensorflow as tf
 
     todo: dict[tuple[int, int], list[int]] = {}
     for i, j in np.ndindex(len(prob.y), len(prob.x)):
         n = len(us[j])
-        k = compare(m.numerical[i, j, :n], m.analytical[i, j, :n], rtol=prob.rtol, atol=atols[i]).worst
+        num, ana, noise = m.numerical[i, j, :n], m.analytical[i, j, :n], m.noise[i, j, :n]
+        k = compare(num, ana, rtol=prob.rtol, atol=atols[i], rounding=noise).worst
         todo.setdefault((j, k), []).append(i)
     try:
         for (j, k), outs in todo.items():
-            t = [tf.constant(us[j][k]) if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
+            t = [taken[k][j] if jj == j else tf.zeros_like(x) for jj, x in enumerate(xs)]
             m.forward[outs, j, k] = engine.jvp()(xs, t, [tf.constant(v) for v in vs[k]]).numpy()[outs]
     except Exception as e:  # noqa: BLE001 - forward mode is information only
         return f"forward mode unavailable ({type(e).__name__})."
@@ -213,7 +226,8 @@ def _fast_row(
     prob: Problem, i: int, j: int, m: _Measured, n_dirs: int, num_directions: int, *, atol: float
 ) -> GradientCheckRow:
     num, ana, st = m.numerical[i, j, :n_dirs], m.analytical[i, j, :n_dirs], prob.structures[j]
-    c = compare(num, ana, rtol=prob.rtol, atol=atol)
+    c = compare(num, ana, rtol=prob.rtol, atol=atol, rounding=m.noise[i, j, :n_dirs])
+    unresolved = prob.unresolved(j, ana, m.noise[i, j, :n_dirs]) if c.passed else ""
     k = c.worst
     part = ", strictly upper" if st == "lower_triangular" and k >= num_directions else ""
     method = f"fast: {n_dirs} random direction(s)"
@@ -228,7 +242,8 @@ def _fast_row(
         numerical=float(num[k]), analytical=float(ana[k]), forward=None if np.isnan(fwd) else float(fwd),
         max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error, worst_abs_error=c.worst_abs_error,
         worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]), note=m.forward_error,
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]), note=_join(m.forward_error, unresolved),
+        inconclusive=bool(unresolved),
     )  # fmt: skip
 
 

@@ -48,28 +48,35 @@ def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[Gradie
         for j in inputs_used:
             numer = _numerical_columns(prob, j, coords[j], advance)
             for i in outputs_used:
-                ana = _analytical_columns(block_of(i, j), prob.x[j].shape, coords[j])
-                rows.append(_block_row(prob, i, j, coords[j], numer[i], ana))
+                ana = _analytical_columns(block_of(i, j), coords[j], prob.x[j])
+                rows.append(_block_row(prob, i, j, coords[j], *numer[i], *ana))
     return rows
 
 
-def _numerical_columns(prob: Problem, j: int, coords: Coords, advance: Callable[..., None]) -> list[Array]:
-    """Per output, [n_out_i, n_coords]: the central difference of the flattened output along each coordinate of x_j."""
-    cols: list[list[Array]] = [[] for _ in prob.y]
-    for coord in coords:
+def _numerical_columns(
+    prob: Problem, j: int, coords: Coords, advance: Callable[..., None]
+) -> list[tuple[Array, Array]]:
+    """Per output, two [n_out_i, n_coords]: the central difference of the flattened output along each coordinate of
+    x_j, over the step the coordinate really took (:meth:`Problem.realized`), and its rounding bound."""
+    cols: list[list[tuple[Array, Array]]] = [[] for _ in prob.y]
+    steps = prob.realized(j, np.ones_like(prob.x[j]))  # per entry: a coordinate moves its entries alone (a symmetric
+    for coord in coords:  # one moves two equal entries, by equal steps)
         d = np.zeros(prob.x[j].shape, prob.dtype)
         for idx in coord:
             d[idx] = 1.0
-        for i, dy in enumerate(prob.central(j, d, f"{coord_label(prob.names[j], coord, prob.structures[j])} ± eps")):
-            cols[i].append(dy.ravel())
+        for i, (dy, noise) in enumerate(prob.central(j, d, f"{coord_label(prob.names[j], coord, prob.structures[j])} ± eps")):
+            cols[i].append((dy / steps[coord[0]], noise / steps[coord[0]]))
         advance()
-    return [np.stack(c, axis=1) for c in cols]  # an input has at least one coordinate
+    return [tuple(np.stack([pair[k].ravel() for pair in col], axis=1) for k in (0, 1)) for col in cols]
 
 
-def _analytical_columns(block: Array, in_shape: tuple[int, ...], coords: Coords) -> Array:
-    """[n_out, n_coords]: the analytical block contracted with each coordinate's perturbation."""
-    flat = block.reshape(-1, int(np.prod(in_shape)))
-    return np.stack([sum(flat[:, int(np.ravel_multi_index(idx, in_shape))] for idx in c) for c in coords], axis=1)
+def _analytical_columns(block: Array, coords: Coords, x: Array) -> tuple[Array, Array]:
+    """Two [n_out, n_coords]: the analytical block contracted with each coordinate's perturbation, and the sum of
+    those terms' |·| weighted by |x|."""
+    flat = block.reshape(-1, x.size)
+    cols = [[(flat[:, int(np.ravel_multi_index(idx, x.shape))], abs(x[idx])) for idx in c] for c in coords]
+    return (np.stack([sum(t for t, _ in col) for col in cols], axis=1),
+            np.stack([sum(abs(t) * w for t, w in col) for col in cols], axis=1))  # fmt: skip
 
 
 def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[[int, int], Array]:
@@ -89,9 +96,14 @@ def _analytical_blocks(prob: Problem, only: tuple[int, int] | None) -> Callable[
     return lambda i, j: block
 
 
-def _block_row(prob: Problem, i: int, j: int, coords: Coords, num: Array, ana: Array) -> GradientCheckRow:
-    """The row of block (i, j) from its numerical and analytical columns [n_out, n_coords]."""
-    c = compare(num, ana, rtol=prob.rtol, atol=prob.atol)
+def _block_row(
+    prob: Problem, i: int, j: int, coords: Coords, num: Array, noise: Array, ana: Array, reach: Array
+) -> GradientCheckRow:
+    """The row of block (i, j) from its numerical and analytical columns [n_out, n_coords]; the rounding bound of the
+    differences (``noise`` from |fn|, ``reach`` from |x|·|J|, :attr:`Problem.unit`) widens atol."""
+    noise = noise + 2 * prob.unit * reach
+    c = compare(num, ana, rtol=prob.rtol, atol=prob.atol, rounding=noise)
+    unresolved = prob.unresolved(j, ana, noise) if c.passed else ""
     r, col = np.unravel_index(c.worst, num.shape) if num.size else (0, 0)
     out_idx = tuple(int(v) for v in np.unravel_index(r, prob.y[i].shape)) if num.size else ()
     st = prob.structures[j]
@@ -104,5 +116,5 @@ def _block_row(prob: Problem, i: int, j: int, coords: Coords, num: Array, ana: A
         analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
         forward=None, max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error,
         worst_abs_error=c.worst_abs_error, worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]),
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]), note=unresolved, inconclusive=bool(unresolved),
     )  # fmt: skip

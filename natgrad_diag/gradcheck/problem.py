@@ -62,6 +62,14 @@ class Problem:
         flat = flat_outputs(outputs)  # float tensors of the inputs' dtype (float16, float32 or float64)
         require_output_dtypes(flat, self.dtype.name)
         self.y = [np.asarray(y.numpy()) for y in flat]
+        for j, name in enumerate(names):  # x ± eps must be two points: at |x| = 2·10¹⁰ float64's spacing is 4·10⁻⁶
+            if not np.all(self.realized(j, np.ones_like(arrays[j]))):
+                big = float(np.max(np.abs(arrays[j])))
+                raise input_error(f"x ± eps rounds to x itself in {name}: the step is below half the spacing of "
+                                  f"{self.dtype.name} at its largest entry {big:.3g}.", "eps",
+                                  f"a step above {float(np.spacing(self.dtype.type(big))) / 2:.3g}", f"{self.eps:g}",
+                                  f"pass a step relative to the input's size, e.g. eps={self.eps * big:.3g} "
+                                  f"(eps·max|{name}|) if fn varies on that scale, or centre and rescale the input.")  # fmt: skip
         labels = output_labels(outputs) if output_names is None else output_names  # a dict's keys or paths, flattened
         self.output_names = names_of(labels, len(self.y), "outputs")
         for name, y in zip(self.output_names, self.y):
@@ -78,8 +86,11 @@ class Problem:
                               "a function of the inputs (two calls within 100·ε·max|fn|)", f"two calls {moved:.3g} apart",
                               "fix its randomness (tf.random.stateless_* with a fixed seed), or check the deterministic part.")
 
-    def central(self, j: int, direction: Array, what: str) -> list[Array]:
-        """(fn(x_j + ε·direction) − fn(x_j − ε·direction)) / 2ε per output; a failure or NaN/Inf: InputError."""
+    def central(self, j: int, direction: Array, what: str) -> list[tuple[Array, Array]]:
+        """Per output, the central difference (fn(x_j + h·direction) − fn(x_j − h·direction)) / 2h and its rounding
+        bound 100·ε·(|fn(x + h·d)| + |fn(x − h·d)|) / 2h elementwise (Nocedal & Wright, *Numerical Optimization*, 2nd
+        ed., §8.1: each evaluation carries an error of order ε·|fn|, divided by the step); a failure or NaN/Inf:
+        InputError. Its derivative is along :meth:`realized`'s direction, not ``direction``."""
         import tensorflow as tf
 
         values = []
@@ -103,13 +114,38 @@ class Problem:
                         remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
                     )
             values.append(out)
-        return [(p - m) / (2 * self.eps) for p, m in zip(*values)]
+        return [((p - m) / (2 * self.eps), self.unit * (np.abs(p) + np.abs(m))) for p, m in zip(*values)]
+
+    @property
+    def unit(self) -> float:
+        """100·ε / 2h: the rounding bound of a central difference per unit of |fn| (:meth:`central`) and, doubled, per
+        unit of |x|·|∂fn/∂x| (the rounding of intermediates of the size of x, e.g. x / lengthscale)."""
+        return rounding_bound(self.dtype, condition=1.0, scale=1.0) / (2 * self.eps)
+
+    def unresolved(self, j: int, ana: Array, noise: Array) -> str:
+        """Why a block that passed could not have failed, else "": rounding alone (``noise``, per entry) allows an
+        error as large as the block's largest |analytical| derivative, so a wrong one of that size would pass too."""
+        scale = float(np.max(np.abs(ana), initial=0.0))
+        if not (scale > self.atol and float(np.max(noise, initial=0.0)) >= scale):
+            return ""
+        step = self.eps * float(np.max(np.abs(self.x[j])))
+        return (f"inconclusive: at eps = {self.eps:g} the rounding of fn's values allows errors up to "
+                f"{float(np.max(noise)):.3g}, as large as the block's largest derivative {scale:.3g}; pass a step "
+                f"relative to the input's size, e.g. eps={step:.3g} (eps·max|{self.names[j]}|).")  # fmt: skip
+
+    def realized(self, j: int, direction: Array) -> Array:
+        """The direction a central difference along ``direction`` really takes: ((x_j + h·d) − (x_j − h·d)) / 2h as
+        rounded in the inputs' dtype. Where |x_j| is large next to h the two points round to the dtype's grid (at
+        |x| = 10⁶ in float64 its spacing is 1.2·10⁻¹⁰, 10⁻⁴ of h = 10⁻⁶), and the analytical side is contracted with
+        this direction so that the comparison does not count that rounding as an error."""
+        step = np.asarray(self.eps, self.dtype) * direction
+        return np.asarray((self.x[j] + step) - (self.x[j] - step), np.float64) / (2 * self.eps)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana| (rtol scales each
-    entry's own |analytical|: stricter than :mod:`natgrad_diag.tolerance`'s block rule, atol + rtol·max|want|).
+    """numerical against analytical, elementwise: an entry passes when |num − ana| ≤ atol + rtol·|ana| + rounding (rtol
+    scales each entry's own |analytical|: stricter than :mod:`natgrad_diag.tolerance`'s block rule).
 
     ``worst`` is the flat index of the largest error relative to its tolerance; the other fields are
     :class:`~natgrad_diag.gradcheck.report.GradientCheckRow`'s of these names.
@@ -123,8 +159,9 @@ class Comparison:
     passed: bool
 
 
-def compare(num: Array, ana: Array, *, rtol: float, atol: float) -> Comparison:
-    """The elementwise :class:`Comparison` of ``num`` with ``ana`` (same shape).
+def compare(num: Array, ana: Array, *, rtol: float, atol: float, rounding: float | Array = 0.0) -> Comparison:
+    """The elementwise :class:`Comparison` of ``num`` with ``ana`` (same shape): an entry's tolerance is
+    atol + rtol·|ana| + its ``rounding`` (a bound on the rounding error of ``num``, a number or per entry).
 
     Examples:
         >>> c = compare(np.array([1.0, 2.5]), np.array([1.0, 2.0]), rtol=0.1, atol=0.0)
@@ -132,7 +169,7 @@ def compare(num: Array, ana: Array, *, rtol: float, atol: float) -> Comparison:
         (1, 0.5, 0.2, False)
     """
     err = np.abs(num - ana)
-    tol = atol + rtol * np.abs(ana)
+    tol = atol + rtol * np.abs(ana) + rounding
     if err.size == 0:
         return Comparison(0, 0.0, atol, 0.0, 0.0, True)
     with np.errstate(divide="ignore", invalid="ignore"):

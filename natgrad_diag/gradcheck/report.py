@@ -35,7 +35,8 @@ class GradientCheckRow:
         max_abs_error, max_rel_error: max |numerical − analytical| over the block, and relative to |analytical| where
             that exceeds atol.
         worst_abs_error, worst_tolerance: error and bound atol + rtol·|analytical| at ``worst_entry``.
-        passed: every compared value within atol + rtol·|analytical|.
+        passed: every compared value within atol + rtol·|analytical| + the rounding bound of its finite difference.
+        inconclusive: passed, but that rounding bound reaches the block's largest |analytical| (the note says why).
         hint, note: why it may have failed and what to do (empty when passed); further information (e.g. the full
             re-run after a fast-mode failure).
     """
@@ -58,6 +59,7 @@ class GradientCheckRow:
     passed: bool
     hint: str = ""
     note: str = ""
+    inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(to_jsonable(dict(self.__dict__)))
@@ -120,7 +122,8 @@ class GradientCheckReport(Report):
         settings = (
             f"Mode {self.mode}: {how}.\n"
             f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
-            f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical|.\n"
+            f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical| + the "
+            "rounding of its difference, 100·ε·(|f(x+εu)| + |f(x−εu)| + 2|x|·|J·u|)/2ε.\n"
             f"Inputs: {inputs}.\nOutputs: {outputs}."
         )
         if fast:
@@ -129,7 +132,7 @@ class GradientCheckReport(Report):
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
         columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()),
                    "abs err", "rel err")  # fmt: skip
-        rows = tuple(("PASS" if r.passed else "FAIL", f"∂{r.output}/∂{r.input}", _short_entry(r),
+        rows = tuple(("FAIL" if not r.passed else "WARN" if r.inconclusive else "PASS", f"∂{r.output}/∂{r.input}", _short_entry(r),
                       *map(format_number, (r.numerical, r.analytical, *((r.forward,) if fast else ()),
                                            r.max_abs_error, r.max_rel_error)))
                      for r in self.rows)  # fmt: skip
@@ -157,7 +160,7 @@ class GradientCheckReport(Report):
             ("Worst entry", r.worst_entry),
             ("Expected", f"numerical  {r.numerical!r}  (central differences, eps={self.eps:g})"),
             ("Actual", f"analytical {r.analytical!r}  (reverse mode)"),
-            ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| = {r.worst_tolerance:.6g} "
+            ("Error", f"{r.worst_abs_error:.6g} > atol + rtol·|analytical| + rounding = {r.worst_tolerance:.6g} "
                       f"(rtol={self.rtol:g}, atol={self.atol:g})"),
             ("Block", f"max abs error {r.max_abs_error:.6g}, max rel error {r.max_rel_error:.6g}; {r.method}"),
             *([("Note", r.note)] if r.note else []),
