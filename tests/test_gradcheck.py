@@ -514,3 +514,14 @@ def test_check_gradients__a_step_that_rounds_away_is_refused() -> None:
         with pytest.raises(InputError, match=r"x ± eps rounds to x itself in x0") as info:
             nd.check_gradients(tf.sin, [np.array([2.0**34 + 1, 1.0])], mode=mode)
         assert "Argument: eps\n    Expected: a step above 1.91e-06" in str(info.value) and "eps=1.72e+04" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_nan_gradient_fails_with_its_reason_and_no_nan_error(mode: str) -> None:
+    """‖x‖ at 0: TensorFlow's gradient is x/‖x‖ = 0/0 = NaN, while the central differences are exactly 0 (|±h|)."""
+    report = nd.check_gradients(tf.norm, [np.zeros(2)], mode=mode)
+    row = report.rows[0]
+    assert report.status == "fail" and np.isnan(row.analytical) and row.numerical == 0.0
+    assert row.worst_abs_error == row.max_abs_error == np.inf and row.worst_tolerance == 1e-7  # atol: no NaN bound
+    assert "reverse mode gives nan here" in row.hint and "does not exist at this point" in row.hint
+    assert "reverse mode gives nan" in str(nd.check_gradients(tf.norm, [np.zeros(2)], mode=mode).mismatch_message())

@@ -183,3 +183,21 @@ def test_block_jacobian__vjp_and_jvp__refuse_nan_and_inf_naming_the_argument():
             J.jvp([np.array([1.0, np.inf, -np.inf]), np.ones(2)])
         assert str(info.value).splitlines()[:2] == [
             "Non-finite values. tangents[0] contains 0 NaN and 2 Inf value(s).", "  Argument: tangents[0]"]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_jacobian__a_derivative_that_does_not_exist_is_named_not_returned_as_nan(compiled: bool) -> None:
+    """tf.sqrt at 0 has the derivative 1/(2·√0) = Inf; tf.norm at 0 gives 0/0 = NaN (tape.jacobian's own values)."""
+    x = tf.constant([0.0, 4.0], tf.float64)
+    with pytest.raises(NonFiniteError, match=r"The Jacobian has inf at ∂y0\[0\]/∂x0\[0\]") as info:
+        nd.jacobian(tf.sqrt, [x], compiled=compiled)
+    assert "Non-finite entries: 1" in str(info.value) and "nan_policy='propagate'" in str(info.value)
+    with pytest.raises(NonFiniteError, match=r"has nan at ∂y0/∂x0\[0\]"):
+        nd.jacobian(tf.norm, [tf.zeros(2, tf.float64)], compiled=compiled)
+    with tf.GradientTape() as tape:  # the oracle: TensorFlow's own Jacobian, NaN and Inf in the same places
+        tape.watch(x)
+        y = tf.sqrt(x)
+    np.testing.assert_array_equal(nd.jacobian(tf.sqrt, [x], nan_policy="propagate", compiled=compiled).block(0, 0),
+                                  tape.jacobian(y, x).numpy())  # [[inf, 0], [0, 1/4]]
+    with pytest.raises(InputError, match="nan_policy must be 'raise' or 'propagate'"):
+        nd.jacobian(tf.sqrt, [x], nan_policy="omit")

@@ -18,10 +18,10 @@ from natgrad_diag._compile import recall, remember
 from natgrad_diag._validate import as_float_tensor, call_fn, flat_outputs, input_error, names_of, output_labels
 from natgrad_diag._validate import require_bool, require_callable, require_finite, require_int, require_max_bytes
 from natgrad_diag._validate import require_output_dtypes, require_same_dtype, shape_str, split_inputs
-from natgrad_diag.autodiff.blocks import BlockJacobian, vech_layout
+from natgrad_diag.autodiff.blocks import BlockJacobian, label, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory
-from natgrad_diag.exceptions import ShapeMismatchError
+from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["jacobian"]
@@ -35,7 +35,7 @@ def jacobian(
     fn: Callable[..., Any], inputs: Sequence[Any] | Mapping[str, Any], *, input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
     symmetric: Sequence[bool] | bool | None = None, chunk_size: int | None = None, mode: str = "auto",
-    compiled: bool | None = None,
+    compiled: bool | None = None, nan_policy: str = "raise",
 ) -> BlockJacobian:
     """The explicit Jacobian of ``fn(*inputs)``, built in chunks into one array; unconnected blocks are zeros.
 
@@ -58,6 +58,9 @@ def jacobian(
         compiled: ``True``: compiled chunks (as in ``tf.function``, Python state ``fn`` reads is frozen at the trace);
             ``False``: eagerly; ``None`` (default): eager for a first call with at most 64 rows, compiled otherwise
             and from the second call, a reused trace checked against one eager row vᵀ·J (it follows such state).
+        nan_policy: ``"raise"`` (default): a NaN or Inf entry, where the derivative does not exist (tf.norm or
+            tf.sqrt at 0), is a :class:`~natgrad_diag.exceptions.NonFiniteError` naming it; ``"propagate"`` returns
+            it (as ``tape.jacobian`` does; the gradient check reports such an entry as a failure).
 
     Returns:
         A :class:`BlockJacobian` (``.compact`` is the stored matrix; ``.block(i, j)`` one block, see there).
@@ -65,8 +68,8 @@ def jacobian(
     Raises:
         MemoryLimitError: the stored Jacobian would exceed ``max_bytes``.
         InputError: ``fn`` not callable, raising or returning None; ``None``, empty or non-finite inputs; bad
-            ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes`` or names; integer, bool or complex inputs or
-            outputs, or outputs in another dtype than the inputs.
+            ``symmetric``, ``mode``, ``chunk_size``, ``max_bytes``, ``nan_policy`` or names; integer, bool or complex
+            inputs or outputs, or outputs in another dtype than the inputs; NonFiniteError, a NaN or Inf entry.
 
     Examples:
         >>> import tensorflow as tf
@@ -78,6 +81,9 @@ def jacobian(
     if mode not in ("auto", "forward", "reverse"):
         raise input_error("mode must be 'auto', 'forward' or 'reverse'.", "mode", "'auto', 'forward' or 'reverse'",
                           repr(mode), "leave mode='auto' (forward when there are fewer columns than rows).")
+    if nan_policy not in ("raise", "propagate"):
+        raise input_error("nan_policy must be 'raise' or 'propagate'.", "nan_policy", "'raise' or 'propagate'",
+                          repr(nan_policy), "leave nan_policy='raise', or pass 'propagate' to keep NaN entries.")
     if chunk_size is not None:
         require_int(chunk_size, "chunk_size", minimum=1, expected="an int ≥ 1 or None",
                     remedy="leave chunk_size=None for an automatic size.")
@@ -93,7 +99,19 @@ def jacobian(
     compact = _compiled_path(fn, xs, probe, key, sym, size, chunk_size=chunk_size, mode=mode, compiled=compiled)
     if compact is None:
         compact = _eager_path(fn, xs, probe, sym, size)
-    return BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
+    J = BlockJacobian.from_compact(compact, out_names, in_names, probe.out_shapes, in_shapes, sym)
+    if nan_policy == "raise" and not np.all(np.isfinite(compact)):
+        i, j = next((i, j) for i, j in np.ndindex(len(out_names), len(in_names)) if not np.all(np.isfinite(J.block(i, j))))
+        at = tuple(int(k) for k in np.argwhere(~np.isfinite(J.block(i, j)))[0])
+        n = len(probe.out_shapes[i])
+        raise NonFiniteError(
+            f"The Jacobian has {J.block(i, j)[at]} at ∂{label(out_names[i], at[:n])}/∂{label(in_names[j], at[n:])}: "
+            "TensorFlow's derivative does not exist at this point (tf.norm or tf.sqrt at 0, say).",
+            context=[("Argument", "inputs"), ("Non-finite entries", int(np.sum(~np.isfinite(compact))))],
+            remedy="evaluate at another point, give fn a finite gradient there (tf.math.divide_no_nan, "
+            "tf.custom_gradient), or pass nan_policy='propagate' to get the entries as TensorFlow gives them.",
+        )
+    return J
 
 
 def _size(probe: _Probe, xs: Sequence[Any], in_shapes: tuple[tuple[int, ...], ...], sym: tuple[bool, ...], max_bytes: int) -> tuple[int, int]:
@@ -199,7 +217,8 @@ def _stale(out: Array, probe: _Probe, xs: Sequence[Any], sym: tuple[bool, ...]) 
     eager = _fold([tf.convert_to_tensor(g).numpy().ravel() for g in gs], xs, sym)  # tf.gather: IndexedSlices
     k = max(1, (1 << 20) // max(out.shape[1], 1))  # |v|ᵀ·|J| in row blocks: no second Jacobian-sized array
     size = sum(np.abs(v[i : i + k]) @ np.abs(out[i : i + k]) for i in range(0, len(v), k))
-    return bool(np.any(np.abs(eager - v @ out) > 1e3 * np.finfo(out.dtype).eps * (size + np.abs(eager))))
+    with np.errstate(invalid="ignore"):  # a NaN entry (no derivative) is in both: nan_policy decides about it
+        return bool(np.any(np.abs(eager - v @ out) > 1e3 * np.finfo(out.dtype).eps * (size + np.abs(eager))))
 
 
 def _fold(parts: Sequence[Array], xs: Sequence[Any], sym: tuple[bool, ...]) -> Array:

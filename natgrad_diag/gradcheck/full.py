@@ -27,7 +27,8 @@ def reverse_jacobian(fn: Callable[..., Any], inputs: list[Array], **kwargs: Any)
     differentiates the forward computation and ignores the custom gradient.
     """
     # below float64 eagerly, one tape.gradient per row: pfor crashes on a float32 Cholesky gradient (chunks._batched)
-    return jacobian(fn, inputs, mode="reverse", compiled=None if inputs[0].dtype == np.float64 else False, **kwargs)
+    return jacobian(fn, inputs, mode="reverse", compiled=None if inputs[0].dtype == np.float64 else False,
+                    nan_policy="propagate", **kwargs)  # a NaN entry fails its row, with the reason
 
 
 def full_rows(prob: Problem, only: tuple[int, int] | None = None) -> list[GradientCheckRow]:
@@ -116,5 +117,6 @@ def _block_row(
         analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
         forward=None, max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error,
         worst_abs_error=c.worst_abs_error, worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(st, prob.names[j], prob.x[j]), note=unresolved, inconclusive=bool(unresolved),
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j], float(ana.flat[c.worst])), note=unresolved,
+        inconclusive=bool(unresolved),
     )  # fmt: skip

@@ -116,8 +116,13 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
     return (d / np.linalg.norm(d)).astype(dtype)  # inputs are non-empty; an upper part is drawn only above 1x1
 
 
-def hint(structure: str, name: str, value: Array) -> str:
-    """Why a general check may fail on a structured value, and which structure to use."""
+def hint(structure: str, name: str, value: Array, analytical: float = 0.0) -> str:
+    """Why a check may fail: reverse mode's ``analytical`` value is NaN or Inf, or a general check of a structured
+    value, and which structure to use."""
+    if not np.isfinite(analytical):
+        return (f"reverse mode gives {analytical} here, where fn is finite on both sides: TensorFlow's derivative "
+                "does not exist at this point (tf.norm or tf.sqrt at 0, say). Check at another point, or "
+                "give fn a finite gradient there (tf.math.divide_no_nan, tf.custom_gradient).")
     if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
         return ""
     scale = float(np.max(np.abs(value), initial=0.0))
