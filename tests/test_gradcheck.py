@@ -525,3 +525,30 @@ def test_check_gradients__a_nan_gradient_fails_with_its_reason_and_no_nan_error(
     assert row.worst_abs_error == row.max_abs_error == np.inf and row.worst_tolerance == 1e-7  # atol: no NaN bound
     assert "reverse mode gives nan here" in row.hint and "does not exist at this point" in row.hint
     assert "reverse mode gives nan" in str(nd.check_gradients(tf.norm, [np.zeros(2)], mode=mode).mismatch_message())
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__gpflow_map_at_condition_1e6_passes_and_a_10_percent_error_fails(mode: str) -> None:
+    """S with eigenvalues 1 … 10⁻⁶ makes η₂ = −½S⁻¹ reach 10⁵: fn's rounding is ε·Σ_k |∂y/∂x_k|·|x_k| (backward
+    error), far above ε·|y|, and full mode failed TensorFlow's own gradient of GPflow's map (mean/nat2 off 3·10⁻⁶
+    against a tolerance 8·10⁻⁷). A gradient 10% off still fails there."""
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
+
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    S = Q @ np.diag(np.geomspace(1.0, 1e-6, 8)) @ Q.T
+    e1, e2 = (t.numpy() for t in meanvarsqrt_to_natural(tf.constant(rng.standard_normal((8, 1))),
+                                                        tf.constant(np.linalg.cholesky(S)[None])))
+    e2 = (e2 + np.swapaxes(e2, -1, -2)) / 2
+    assert np.linalg.cond(e2[0]) > 1e5
+    assert nd.check_gradients(natural_to_meanvarsqrt, [e1, e2], mode=mode).status == "pass"
+
+    @tf.custom_gradient
+    def wrong(a, b):  # noqa: ANN001, ANN202
+        with tf.GradientTape(persistent=True) as tape:  # fast mode asks for one VJP per output and direction
+            tape.watch([a, b])
+            y = natural_to_meanvarsqrt(a, b)
+        return y, lambda *dy: [1.1 * g for g in tape.gradient(y, [a, b], output_gradients=list(dy))]
+
+    report = nd.check_gradients(wrong, [e1, e2], structure=["general", "symmetric"], mode=mode)
+    assert report.status == "fail" and not report.row(0, 0).passed

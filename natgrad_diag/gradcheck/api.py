@@ -34,8 +34,9 @@ def check_gradients(
     (y_i(x + ε d) − y_i(x − ε d)) / 2ε against analytical J_ij·d (full mode: every coordinate) or
     ⟨v, numerical⟩ against ⟨J_ijᵀ·v, d⟩ (fast mode: k random unit pairs (d, v)); an entry passes when
     |numerical − analytical| ≤ atol + rtol·|analytical| + r (elementwise), where r = 100·ε·(|y_i(x + ε d)| +
-    |y_i(x − ε d)| + 2|x|·|J_ij·d|) / 2ε bounds the rounding of fn's values and of intermediates of the size of x
-    (Nocedal and Wright, *Numerical Optimization*, 2nd ed., §8.1), and d is the step x really took in its dtype.
+    |y_i(x − ε d)| + 2·|J_ij|·|x_j|) / 2ε bounds the rounding of fn's values (Nocedal and Wright, *Numerical
+    Optimization*, 2nd ed., §8.1) and of x itself (|J|·|x| = Σ_k |∂y/∂x_k|·|x_k|, the first-order effect of a
+    backward error ε·|x|; fast mode: ⟨|J_ijᵀ·v|, |x_j|⟩), and d is the step x really took in its dtype.
     A block whose r reaches its largest |analytical| could not fail: it is "warn" (inconclusive), not "pass".
 
     Args:

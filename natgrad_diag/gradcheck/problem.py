@@ -119,7 +119,7 @@ class Problem:
     @property
     def unit(self) -> float:
         """100·ε / 2h: the rounding bound of a central difference per unit of |fn| (:meth:`central`) and, doubled, per
-        unit of |x|·|∂fn/∂x| (the rounding of intermediates of the size of x, e.g. x / lengthscale)."""
+        unit of |x|·|∂fn/∂x| (the rounding of x and of intermediates of its size, e.g. x / lengthscale)."""
         return rounding_bound(self.dtype, condition=1.0, scale=1.0) / (2 * self.eps)
 
     def unresolved(self, j: int, ana: Array, noise: Array) -> str:
