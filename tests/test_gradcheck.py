@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import natgrad_diag as nd
+from natgrad_diag.typing import Array
 from natgrad_diag.cli import gradcheck as gradcheck_cli_module
 from natgrad_diag.exceptions import (
     InputError,
@@ -117,10 +118,11 @@ Y0 = np.array([1.5, 0.25, -0.75])
 
 def _worst_of_two_outputs(dtype: type, *, h: float, rtol: float, atol: float) -> int:
     """The index of ∂square/∂x's worst entry at X0, Y0 by hand. Numerical 2x, analytical 3x (diagonal); the tolerance
-    is atol + rtol·3|x| + the rounding bound 100·ε/2h·(|(x+h)² + y| + |(x−h)² + y|) + 100·ε/h·|x|·3|x|, and the worst
-    entry has the largest error |x| relative to it."""
+    is atol + rtol·3|x| + the rounding bound 100·ε/2h·(|(x+h)² + y| + |(x−h)² + y|) + 100·ε/h·|x|·3|x| + the measured
+    noise 10·|(x(1 ± 4ε))² − x²|/2h = 10·8ε·x²/2h, and the worst entry has the largest error |x| relative to it."""
     e = np.finfo(dtype).eps
     rounding = 100 * e / (2 * h) * (abs((X0 + h) ** 2 + Y0) + abs((X0 - h) ** 2 + Y0)) + 100 * e / h * 3 * X0**2
+    rounding += 10 * 8 * e * X0**2 / (2 * h)
     return int(np.argmax(abs(X0) / (atol + rtol * 3 * abs(X0) + rounding)))
 
 
@@ -196,8 +198,9 @@ def test_check_gradients__numerical_value_is_the_central_difference() -> None:
     assert not row.passed
     np.testing.assert_allclose([row.numerical, row.analytical], [3.25, 3.0], rtol=1e-14)
     np.testing.assert_allclose(row.max_abs_error, 0.25, rtol=1e-12)
-    # atol + rtol·|3| + the rounding bound 100·ε/2h·(|1.5³| + |0.5³|) + 100·ε/h·|x|·|3|
-    rounding = 100 * np.finfo(float).eps * ((1.5**3 + 0.5**3) / (2 * 0.5) + 3.0 / 0.5)
+    # atol + rtol·|3| + the rounding bound 100·ε/2h·(|1.5³| + |0.5³|) + 100·ε/h·|x|·|3| + the measured noise
+    # 10·|(1 ± 4ε)³ − 1|/2h = 10·12ε/2h
+    rounding = 100 * np.finfo(float).eps * ((1.5**3 + 0.5**3) / (2 * 0.5) + 3.0 / 0.5) + 120 * np.finfo(float).eps
     np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.0 + rounding, rtol=1e-12)
     assert nd.check_gradients(cube, [x], eps=0.5, atol=0.3).passed  # the tolerances decide
 
@@ -383,7 +386,7 @@ def test_gradient_check_report__cotangents_noted_in_settings() -> None:
     full = nd.check_gradients(tf.sin, [x], cotangents=[np.ones(2)])
     assert full.cotangents_given and "not needed in full mode" in " ".join(str(full).split())  # wrapped at 88 columns
     fast = nd.check_gradients(tf.sin, [x], mode="fast", cotangents=[None])
-    assert fast.passed and "v = the given cotangents" in str(fast)
+    assert fast.passed and "v = the given cotangents" in " ".join(str(fast).split())
     assert nd.check_gradients(tf.sin, [x]).cotangents_given is False
 
 
@@ -527,19 +530,38 @@ def test_check_gradients__a_nan_gradient_fails_with_its_reason_and_no_nan_error(
     assert "reverse mode gives nan" in str(nd.check_gradients(tf.norm, [np.zeros(2)], mode=mode).mismatch_message())
 
 
+def _natural_point(condition: float, M: int = 8) -> tuple[Array, Array]:
+    """GPflow's natural parameters (η₁ [M, 1], η₂ [1, M, M]) of a q(u) whose S has eigenvalues 1 … 1/condition."""
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural
+
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((M, M)))
+    S = Q @ np.diag(np.geomspace(1.0, 1 / condition, M)) @ Q.T
+    e1, e2 = (t.numpy() for t in meanvarsqrt_to_natural(tf.constant(rng.standard_normal((M, 1))),
+                                                        tf.constant(np.linalg.cholesky(S)[None])))
+    return e1, (e2 + np.swapaxes(e2, -1, -2)) / 2
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__gpflow_map_at_condition_1e8_is_inconclusive_not_failed(mode: str) -> None:
+    """At κ(S) = 10⁸ the inverse inside natural_to_meanvarsqrt amplifies rounding beyond any first-order bound in the
+    map's own J (full mode failed varsqrt/nat2, 1.7·10⁻⁷ off against 10⁻⁷, where ∂varsqrt[9,9] is 10⁻¹⁵). fn's
+    measured noise sees it: the verdict is WARN, with a note, never a FAIL of TensorFlow's own gradient."""
+    from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
+
+    report = nd.check_gradients(natural_to_meanvarsqrt, list(_natural_point(1e8, M=10)), mode=mode)
+    assert report.status == "warn", report
+    assert all(r.passed for r in report.rows) and any(r.inconclusive and "inconclusive" in r.note for r in report.rows)
+
+
 @pytest.mark.parametrize("mode", ["full", "fast"])
 def test_check_gradients__gpflow_map_at_condition_1e6_passes_and_a_10_percent_error_fails(mode: str) -> None:
     """S with eigenvalues 1 … 10⁻⁶ makes η₂ = −½S⁻¹ reach 10⁵: fn's rounding is ε·Σ_k |∂y/∂x_k|·|x_k| (backward
     error), far above ε·|y|, and full mode failed TensorFlow's own gradient of GPflow's map (mean/nat2 off 3·10⁻⁶
     against a tolerance 8·10⁻⁷). A gradient 10% off still fails there."""
-    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
+    from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
 
-    rng = np.random.default_rng(0)
-    Q, _ = np.linalg.qr(rng.standard_normal((8, 8)))
-    S = Q @ np.diag(np.geomspace(1.0, 1e-6, 8)) @ Q.T
-    e1, e2 = (t.numpy() for t in meanvarsqrt_to_natural(tf.constant(rng.standard_normal((8, 1))),
-                                                        tf.constant(np.linalg.cholesky(S)[None])))
-    e2 = (e2 + np.swapaxes(e2, -1, -2)) / 2
+    e1, e2 = _natural_point(1e6)
     assert np.linalg.cond(e2[0]) > 1e5
     assert nd.check_gradients(natural_to_meanvarsqrt, [e1, e2], mode=mode).status == "pass"
 

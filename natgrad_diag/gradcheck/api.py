@@ -36,7 +36,8 @@ def check_gradients(
     |numerical − analytical| ≤ atol + rtol·|analytical| + r (elementwise), where r = 100·ε·(|y_i(x + ε d)| +
     |y_i(x − ε d)| + 2·|J_ij|·|x_j|) / 2ε bounds the rounding of fn's values (Nocedal and Wright, *Numerical
     Optimization*, 2nd ed., §8.1) and of x itself (|J|·|x| = Σ_k |∂y/∂x_k|·|x_k|, the first-order effect of a
-    backward error ε·|x|; fast mode: ⟨|J_ijᵀ·v|, |x_j|⟩), and d is the step x really took in its dtype.
+    backward error ε·|x|; fast mode: ⟨|J_ijᵀ·v|, |x_j|⟩), plus 10/2ε times fn's measured noise (rounding amplified
+    inside fn, :meth:`Problem.measured_noise`); d is the step x really took in its dtype.
     A block whose r reaches its largest |analytical| could not fail: it is "warn" (inconclusive), not "pass".
 
     Args:

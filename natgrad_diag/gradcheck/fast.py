@@ -187,6 +187,8 @@ def _measure(
                     raise ArithmeticError("fn is not finite at a finite-difference point")
                 numerical[:, :, k] = num.numpy() / (2 * eps)
                 noise[:, :, k] = size.numpy() * prob.unit
+                for j in active:
+                    noise[:, j, k] += [np.vdot(np.abs(v), f) for v, f in zip(vs[k], prob.measured_noise(j))]
             else:
                 for j in active:
                     diffs = prob.central(j, us[j][k], f"{prob.names[j]} ± eps·u (direction {k})")

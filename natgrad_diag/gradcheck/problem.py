@@ -14,6 +14,7 @@ from natgrad_diag._validate import (
 )  # fmt: skip
 from natgrad_diag.exceptions import InputError, NonFiniteError, error_line
 from natgrad_diag.tolerance import Tolerance, rounding_bound
+from natgrad_diag.tolerance import eps as eps_of
 from natgrad_diag.typing import Array
 
 __all__ = ["Comparison", "Problem", "compare", "cotangent_arrays", "to_arrays"]
@@ -56,6 +57,7 @@ class Problem:
 
         self.fn, self.x, self.names, self.structures, self.max_bytes = fn, arrays, names, structures, max_bytes
         self.eps, self.rtol, self.atol = float(tol.eps or 0.0), tol.rtol, tol.atol
+        self._noise: dict[int, list[Array]] = {}
         self.dtype = arrays[0].dtype
         outputs = call_fn(fn, [tf.constant(a) for a in arrays], at=" at the given point", remedy="call fn(*inputs) yourself to "
                           "see the error; check the inputs' shapes and that the point is valid (e.g. positive definite).")
@@ -114,7 +116,31 @@ class Problem:
                         remedy="pass a smaller eps, or a point further from the edge of fn's domain.",
                     )
             values.append(out)
-        return [((p - m) / (2 * self.eps), self.unit * (np.abs(p) + np.abs(m))) for p, m in zip(*values)]
+        floor = self.measured_noise(j)
+        return [((p - m) / (2 * self.eps), self.unit * (np.abs(p) + np.abs(m)) + f) for p, m, f in zip(*values, floor)]
+
+    def measured_noise(self, j: int) -> list[Array]:
+        """Per output, 10 · N / 2h: the rounding bound a central difference gets from fn's measured noise N, the larger
+        |fn(x') − fn(x)| of two points x' = x ∘ (1 + 4ε·s) (s random signs, x_j alone moved: a backward error). Unlike
+        the bounds from |fn| and |J|·|x| this sees rounding amplified inside fn, e.g. by a solve with an ill-conditioned
+        η₂; a difference carries twice one evaluation's noise, and 10 covers the noise's spread over the evaluations
+        (J. Moré and S. Wild, *Estimating computational noise*, SIAM J. Sci. Comput. 33(3), 2011)."""
+        import tensorflow as tf
+
+        if j not in self._noise:
+            rng, moved = np.random.default_rng(j), []
+            for _ in range(2):
+                s = rng.choice(np.array([-4.0, 4.0]), self.x[j].shape)
+                s = np.sign(s + np.swapaxes(s, -1, -2)) * 4 if self.structures[j] == "symmetric" else s  # stays symmetric
+                xs = [tf.constant(a) for a in self.x]
+                xs[j] = tf.constant(self.x[j] * (1 + np.asarray(eps_of(self.dtype), self.dtype) * s.astype(self.dtype)))
+                try:
+                    moved.append([np.abs(np.asarray(y) - y0) for y, y0 in zip(flat_outputs(self.fn(*xs)), self.y)])
+                except Exception:  # noqa: BLE001 - no noise measured there; the bounds from |fn| and |J|·|x| remain
+                    moved.append([np.zeros_like(y0) for y0 in self.y])
+            scale = 10.0 / (2 * self.eps)
+            self._noise[j] = [scale * np.where(np.isfinite(a), np.maximum(a, b), 0.0) for a, b in zip(*moved)]
+        return self._noise[j]
 
     @property
     def unit(self) -> float:

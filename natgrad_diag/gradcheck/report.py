@@ -123,7 +123,7 @@ class GradientCheckReport(Report):
             f"Mode {self.mode}: {how}.\n"
             f"Step ε = {format_number(self.eps)}, rtol = {format_number(self.rtol)}, atol = {format_number(self.atol)} "
             f"({self.settings_source}); an entry passes when |numerical − analytical| ≤ atol + rtol·|analytical| + the "
-            "rounding of its difference, 100·ε·(|f(x+εu)| + |f(x−εu)| + 2·|J|·|x|)/2ε.\n"
+            "rounding of its difference, 100·ε·(|f(x+εu)| + |f(x−εu)| + 2·|J|·|x|)/2ε + 10·(f's measured noise)/2ε.\n"
             f"Inputs: {inputs}.\nOutputs: {outputs}."
         )
         if fast:
