@@ -128,18 +128,18 @@ class Problem:
         import tensorflow as tf
 
         if j not in self._noise:
-            rng, moved = np.random.default_rng(j), []
+            rng, noise = np.random.default_rng(j), [np.zeros_like(y) for y in self.y]
             for _ in range(2):
                 s = rng.choice(np.array([-4.0, 4.0]), self.x[j].shape)
-                s = np.sign(s + np.swapaxes(s, -1, -2)) * 4 if self.structures[j] == "symmetric" else s  # stays symmetric
+                if self.structures[j] == "symmetric":  # the probe stays symmetric
+                    s = 4 * np.sign(s + np.swapaxes(s, -1, -2))
                 xs = [tf.constant(a) for a in self.x]
-                xs[j] = tf.constant(self.x[j] * (1 + np.asarray(eps_of(self.dtype), self.dtype) * s.astype(self.dtype)))
+                xs[j] = tf.constant((self.x[j] * (1 + eps_of(self.dtype) * s)).astype(self.dtype))
                 try:
-                    moved.append([np.abs(np.asarray(y) - y0) for y, y0 in zip(flat_outputs(self.fn(*xs)), self.y)])
-                except Exception:  # noqa: BLE001 - no noise measured there; the bounds from |fn| and |J|·|x| remain
-                    moved.append([np.zeros_like(y0) for y0 in self.y])
-            scale = 10.0 / (2 * self.eps)
-            self._noise[j] = [scale * np.where(np.isfinite(a), np.maximum(a, b), 0.0) for a, b in zip(*moved)]
+                    noise = [np.fmax(n, np.abs(np.asarray(y) - y0)) for n, y, y0 in zip(noise, flat_outputs(self.fn(*xs)), self.y)]
+                except Exception:  # noqa: BLE001, S110 - no noise measured there; the bounds from |fn| and |J|·|x| remain
+                    pass
+            self._noise[j] = [10.0 / (2 * self.eps) * np.nan_to_num(n, nan=0.0, posinf=0.0) for n in noise]
         return self._noise[j]
 
     @property
