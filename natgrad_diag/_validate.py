@@ -232,8 +232,7 @@ def validate_seeds(
         return a is None or b is None or len(a) == len(b) and all(None in (x, y) or x == y for x, y in zip(a, b))
 
     def describe(x: Any) -> str:
-        dims = static_dims(x)
-        return "None" if x is None else "unknown rank" if dims is None else shape_str(dims)
+        return "None" if x is None else "unknown rank" if (dims := static_dims(x)) is None else shape_str(dims)
 
     if len(seeds) != len(targets):
         hint = ""

@@ -96,8 +96,7 @@ class HeatmapData:
 
     def block(self, output: str, input: str) -> Array:  # noqa: A002 - the Jacobian's own words
         """The 2-D sub-matrix ∂output/∂input, e.g. ``block("varsqrt", "eta1")`` is [L·M·M, M·L]."""
-        rows = {b.name: b for b in self.row_blocks}
-        cols = {b.name: b for b in self.col_blocks}
+        rows, cols = ({b.name: b for b in blocks} for blocks in (self.row_blocks, self.col_blocks))
         for argument, name, spans in (("output", output, rows), ("input", input, cols)):
             if name not in spans:
                 raise input_error(f"the heatmap has no {argument} named {name!r}.", argument,
@@ -153,8 +152,7 @@ def plot_jacobian_heatmap(jacobian: Any) -> Any:
             if not np.any(data.matrix[r.start : r.stop, c.start : c.stop]):
                 ax.text((c.start + c.stop - 1) / 2, (r.start + r.stop - 1) / 2, f"∂{r.name}/∂{c.name}\nall 0",
                         ha="center", va="center", fontsize=8, color="0.35")  # fmt: skip
-    outs = ", ".join(s.name for s in data.row_blocks)
-    ins = ", ".join(s.name for s in data.col_blocks)
+    outs, ins = (", ".join(s.name for s in blocks) for blocks in (data.row_blocks, data.col_blocks))
     ax.set_xlabel(f"J = ∂({outs}) / ∂({ins}),  {R} × {C}: rows = outputs, columns = inputs")
     return fig
 
@@ -457,9 +455,8 @@ def _caption(kind: str, report: Any) -> str:
         return ("Per element of eta1: dL/deta1 = Jᵀ·v (what output_gradients returns), the naive product (Jᵀ·1)⊙v, "
                 "and the mean-path and varsqrt-path terms that add up to dL/deta1.")
     if kind == "gamma":
-        k = report.gamma_steps
-        return (f"The training loss after {k} natural-gradient step(s) with each gamma tried (log axis): red × at the top = "
-                "the trial failed (at the step named), ringed = the suggestion, dashed = the gamma checked.")
+        return (f"The training loss after {report.gamma_steps} natural-gradient step(s) with each gamma tried (log axis): "
+                "red × at the top = the trial failed (at the step named), ringed = the suggestion, dashed = the gamma checked.")
     if kind == "timeline":
         return ("The training loss (top) and gamma (bottom, log axis) over the steps: red × = a check failed, red ▼ = a "
                 "guarded step failed, red dashed lines = rollbacks.")

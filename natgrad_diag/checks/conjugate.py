@@ -176,8 +176,7 @@ def stage(run: Run) -> Outcome:
     found = _check_conjugate(run.ev, run.cond)
     if not (isinstance(ctx.xi, XiNat) and ctx.gamma == 1.0):  # one XiNat γ = 1 step is the conjugate check itself
         found += _check_convergence(run.ev, run.cond)
-    batch = minibatch(ctx)
-    if batch:  # the full data's optimum is out of reach; the batch's is checked
+    if batch := minibatch(ctx):  # the full data's optimum is out of reach; the batch's is checked
         why = f"against the full data's optimum: needs the full batch ({batch.split(':')[0]}); checked against the batch-scaled objective instead"
         return Outcome(skipped=(("conjugate_optimality", why),)) + found
     return found

@@ -35,8 +35,7 @@ def stage(run: Run) -> Outcome:
     """``fisher_identity``: with explicit Jacobians when the evaluator forms them (matrix-free when F would exceed
     the memory limit), else matrix-free; or why it was skipped."""
     ev, step = run.ev, run.step
-    why = ev.ctx.skipped("fisher_identity")
-    if why or step.dL_deta1 is None:
+    if (why := ev.ctx.skipped("fisher_identity")) or step.dL_deta1 is None:
         return Outcome(skipped=(("fisher_identity", why or "∂L/∂η could not be computed at the current q(u)"),))
     if not ev.explicit_jacobians:
         return Outcome(checks=(check_fisher_matrix_free(ev, step),))

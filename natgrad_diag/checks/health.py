@@ -252,11 +252,8 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
         return best
 
     i0 = grid.index(own.gamma)
-    if own.healthy:
-        if walk(i0, +1, own) is own:
-            walk(i0, -1, own)
-    else:
-        walk(i0, -1, None)
+    if not own.healthy or walk(i0, +1, own) is own:  # downwards when γ fails or no larger γ did better
+        walk(i0, -1, own if own.healthy else None)
     if (unstable := _unstable(ev, measured, step, proven)) is not None:  # the stable γ are below the smallest unstable one
         walk(grid.index(unstable), -1, None)
         _unstable(ev, measured, step, proven)

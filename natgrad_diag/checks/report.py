@@ -240,8 +240,7 @@ class NatGradReport(Report):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         if self.pairs:
-            d["pairs"] = [r.to_dict() for r in self.pairs]
-            return d
+            return dict(d, pairs=[r.to_dict() for r in self.pairs])
         d.update(
             model=self.model_name, likelihood=self.likelihood, M=self.num_inducing, L=self.num_latent, N=self.num_data,
             dtype=self.dtype, whiten=self.whiten, xi_transform=self.xi_transform, gamma=self.gamma, mode=self.mode,

@@ -29,8 +29,7 @@ def gpflow_map_point(name: str, num_inducing: int, num_latent: int, *, seed: int
     if name not in GPFLOW_MAPS:
         raise input_error(f"unknown GPflow map {name!r}.", "map", " or ".join(sorted(GPFLOW_MAPS)), repr(name),
                           "pass the name of a function in gpflow.optimizers.natgrad, e.g. expectation_to_meanvarsqrt.")
-    M = require_int(num_inducing, "num_inducing", minimum=1)
-    L = require_int(num_latent, "num_latent", minimum=1)
+    M, L = require_int(num_inducing, "num_inducing", minimum=1), require_int(num_latent, "num_latent", minimum=1)
     rng = np.random.default_rng(seed)
     m = rng.standard_normal((M, L))
     A = np.tril(0.3 / math.sqrt(M) * rng.standard_normal((L, M, M)), -1) + np.eye(M)  # ‖A − I‖₂ ≲ 0.6

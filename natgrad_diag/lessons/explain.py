@@ -141,14 +141,11 @@ class Explanation(Report):
             title="eta1: Jᵀ·v = dL/deta1 (output_gradients), Jᵀ·1 = dtheta/deta1 (default seed), (Jᵀ·1)⊙v the "
             "naive product, and Jᵀ·v split into its mean and varsqrt paths",
         )
-        lead = (
-            f"The naive product differs from Jᵀ·v by up to {format_number(naive_err)}. "
-            if naive_err > (c["c_naive_product_differs"].tolerance or 0.0)
-            else f"Here the naive product happens to equal Jᵀ·v (to {format_number(naive_err)}). "
-        )
         why = (
-            lead +
-            "∂mean/∂eta1 is the identity (the mean path equals dL/dmean "
+            (f"The naive product differs from Jᵀ·v by up to {format_number(naive_err)}. "
+             if naive_err > (c["c_naive_product_differs"].tolerance or 0.0)
+             else f"Here the naive product happens to equal Jᵀ·v (to {format_number(naive_err)}). ")
+            + "∂mean/∂eta1 is the identity (the mean path equals dL/dmean "
             f"{_within(max_abs_diff(self.mean_path, t.dL_dmean))}), but varsqrt depends on eta1 through "
             f"chol(eta2 − eta1·eta1ᵀ): the block ∂varsqrt/∂eta1 has max |entry| "
             f"{format_number(float(np.max(np.abs(J.block(1, 0)), initial=0.0)))}. So\n"

@@ -103,13 +103,9 @@ def write_report(report: Any, path: str | os.PathLike[str], *, argument: str = "
     target = Path(os.fspath(path))
     report = timeline_of(report, what="written")
     pics, note = report_pictures_or_note(report)
-    images: list[tuple[Path, bytes]] = []
-    if fmt == "html":
-        text = html_document(report, pics, note)
-    else:
-        names = [f"{_short(target.stem)}-{p.name}.png" for p in pics]
-        images = [(target.with_name(n), p.png) for n, p in zip(names, pics)]
-        text = to_markdown(report, image_names=names, pictures=pics, note=note)
+    names = [f"{_short(target.stem)}-{p.name}.png" for p in pics] if fmt == "markdown" else []  # HTML embeds them
+    images = [(target.with_name(n), p.png) for n, p in zip(names, pics)]
+    text = html_document(report, pics, note) if fmt == "html" else to_markdown(report, image_names=names, pictures=pics, note=note)
     try:
         _write_all([*images, (target, text.encode("utf-8"))])
     except OSError as exc:

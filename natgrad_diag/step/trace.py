@@ -76,10 +76,10 @@ class NatGradTrace:
         return self.dtheta_deta1 * self.dL_dmean
 
     def __str__(self) -> str:
-        M, L = self.num_inducing, self.num_latent
         return (
-            f"NatGradTrace(M={M}, L={L}, dtype={self.eta1.dtype}, xi_transform={self.xi_transform}, "
-            f"gamma={self.gamma:g}, max|ΔL_S|={np.max(np.abs(self.new_q_sqrt - self.q_sqrt)):.3g}, "
+            f"NatGradTrace(M={self.num_inducing}, L={self.num_latent}, dtype={self.eta1.dtype}, "
+            f"xi_transform={self.xi_transform}, gamma={self.gamma:g}, "
+            f"max|ΔL_S|={np.max(np.abs(self.new_q_sqrt - self.q_sqrt)):.3g}, "
             f"max|Δm|={np.max(np.abs(self.new_q_mu - self.q_mu)):.3g})"
         )
 
@@ -139,8 +139,7 @@ def _precheck(q_mu: Any, q_sqrt: Any) -> None:
         return  # param_parts names what is wrong with it
     if a.ndim != 3 or a.shape[-1] != a.shape[-2] or a.dtype.kind != "f":
         return  # validate_q names the shape or dtype
-    above = np.argwhere(np.triu(a, 1) != 0)
-    if len(above):
+    if len(above := np.argwhere(np.triu(a, 1) != 0)):
         l_idx, i, j = (int(k) for k in above[0])
         raise input_error("q_sqrt has non-zero entries above the diagonal; GPflow's step would mix the full matrix (in "
                           "S = q_sqrt q_sqrtᵀ) with its lower triangle (in the triangular solves).", "q_sqrt",
@@ -275,7 +274,7 @@ def _natgrad_trace_compiled(
     (LAPACK runs anyway)."""
     import tensorflow as tf
 
-    parts = (_fast_parts(x) for x in (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
+    parts = map(_fast_parts, (q_mu, q_sqrt, q_mu_grad, q_sqrt_grad))
     (mu_in, t_mu), (sq_in, t_sq), (g_mu, t_gmu), (g_sq, t_gsq) = parts
     if any(t is None for t in (mu_in, sq_in, g_mu, g_sq)) or t_gmu is not None or t_gsq is not None:
         return None  # unusual, or a gradient that is a Parameter
@@ -322,14 +321,11 @@ def constrained_arrays(tensors: tuple[Any, ...], t_mu: Any, t_sq: Any) -> tuple[
     path's (:func:`natgrad_diag._gpflow.to_constrained`). ``None`` when the eager reference path must decide (and
     name the problem): an input that is not finite, a zero on q_sqrt's diagonal, shapes that do not fit.
     """
-    mu_in, sq_in, g_mu, g_sq = tensors
-    q_mu, q_sqrt, d_mu, d_sq = (
-        constrained_array(x, t) for x, t in ((mu_in, t_mu), (sq_in, t_sq), (g_mu, t_mu), (g_sq, t_sq))
-    )
+    q_mu, q_sqrt, d_mu, d_sq = (constrained_array(x, t) for x, t in zip(tensors, (t_mu, t_sq, t_mu, t_sq)))
     M, L = q_mu.shape if q_mu.ndim == 2 else (0, 0)
     if q_mu.ndim != 2 or q_sqrt.shape != (L, M, M) or d_mu.shape != q_mu.shape or d_sq.shape != q_sqrt.shape:
         return None
-    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in (g_mu, g_sq)]  # as the eager path checks them
+    raw = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in tensors[2:]]  # as the eager path checks them
     finite = all(np.all(np.isfinite(a)) for a in (q_mu, q_sqrt, d_mu, d_sq, *raw))
     return None if not finite or np.any(np.diagonal(q_sqrt, 0, 1, 2) == 0) else (q_mu, q_sqrt, d_mu, d_sq)
 

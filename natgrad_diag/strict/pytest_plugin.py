@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-OPTION = "--strict-gradients"
 MARKER = "strict_gradients"
 
 
 def pytest_addoption(parser: Any) -> None:
     parser.getgroup("natgrad-diag").addoption(
-        OPTION, action="store_true", default=False, dest="strict_gradients",
+        "--strict-gradients", action="store_true", default=False, dest="strict_gradients",
         help="run every test under natgrad_diag.strict_gradients(): tf.GradientTape.gradient refuses a "
         "non-scalar target without output_gradients and a seed of the wrong shape, as PyTorch does.",
     )  # fmt: skip

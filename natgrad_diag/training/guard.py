@@ -66,22 +66,16 @@ def lower_gamma(gamma: float) -> float:
     return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
-def _set_gamma(optimizer: Any, gamma: float) -> bool:
-    """Set the optimizer's γ: assign a tf.Variable, set the attribute otherwise; True when a retrace is needed."""
+def set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
+    """Each optimizer's γ set to its new value where it changed: a tf.Variable assigned, else the attribute set (with
+    a warning: compiled code keeps the old one)."""
     import tensorflow as tf
 
-    current = optimizer.gamma
-    if isinstance(current, tf.Variable):
-        current.assign(np.asarray(gamma, dtype=current.dtype.as_numpy_dtype))  # not tf.cast: it goes through float32
-        return False
-    optimizer.gamma = gamma
-    return True
-
-
-def set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
-    """Each optimizer's γ set to its new value where it changed (a warning where compiled code keeps the old one)."""
     for opt, before, after in zip(optimizers, old, new):
-        if after != before and _set_gamma(opt, after):
+        if after != before and isinstance(opt.gamma, tf.Variable):
+            opt.gamma.assign(np.asarray(after, dtype=opt.gamma.dtype.as_numpy_dtype))  # tf.cast rounds via float32
+        elif after != before:
+            opt.gamma = after
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
 
 
@@ -301,5 +295,4 @@ class StepGuard:
             ) from exc
         if m.on_failure == "warn":
             warnings.warn(f"natural-gradient step at training step {self.step} failed: {cause}; {record}", UserWarning, stacklevel=2)
-            return False
-        return True  # rolled back: the step's error, if any, is swallowed
+        return rolled_back  # rolled back: the step's error, if any, is swallowed

@@ -171,12 +171,11 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         side effects); it is called eagerly otherwise, and a ``tf.function`` is used as it is."""
         try:
             if self._measure is None:
-                loss = self.loss_tensor
                 if _loss_traceable(self.loss_fn):
-                    self._measure = _compile.function(lambda data: (qu_valid(self._pairs), loss(data)), by_shape=True, reduce_retracing=True)
+                    self._measure = _compile.function(lambda data: (qu_valid(self._pairs), self.loss_tensor(data)), by_shape=True, reduce_retracing=True)
                 else:
                     valid = _compile.function(lambda: qu_valid(self._pairs))
-                    self._measure = lambda data: (valid(), loss(data))
+                    self._measure = lambda data: (valid(), self.loss_tensor(data))
             ok, value = self._measure(data)
             value = float(value)
         except (TypeError, ValueError) as e:  # not a numerical failure of a step: the loss cannot take this batch

@@ -56,8 +56,7 @@ class ScalarLog:
 
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
-        metadata = SummaryMetadata()
-        metadata.plugin_data.plugin_name = "scalars"
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
         with self._writer.as_default():
             for tag, value in values.items():
                 if value is not None and self._last_step.get(tag) != int(step):
