@@ -132,10 +132,10 @@ class GradientCheckReport(Report):
             settings += "\nThe given cotangents are not needed in full mode: every entry of J is compared, which covers every v."
         columns = ("", "block", "worst entry", "numerical", "analytical", *(("forward",) if fast else ()),
                    "abs err", "rel err")  # fmt: skip
-        rows = tuple(("FAIL" if not r.passed else "WARN" if r.inconclusive else "PASS", f"∂{r.output}/∂{r.input}", _short_entry(r),
+        rows = tuple((c.mark, f"∂{r.output}/∂{r.input}", _short_entry(r),
                       *map(format_number, (r.numerical, r.analytical, *((r.forward,) if fast else ()),
                                            r.max_abs_error, r.max_rel_error)))
-                     for r in self.rows)  # fmt: skip
+                     for r, c in zip(self.rows, self.checks))  # fmt: skip
         notes = [f"∂{r.output}/∂{r.input}: {r.hint}" for r in self.rows if r.hint]
         notes += [f"∂{r.output}/∂{r.input}: {r.note}" for r in self.rows if r.note]
         return (
