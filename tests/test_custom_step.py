@@ -458,3 +458,24 @@ def test_custom_step__the_xi_a_training_loop_passes_in_var_list_is_the_one_check
     gpflow.optimizers.NaturalGradient(0.3).minimize(copy.training_loss_closure(data), [(copy.q_mu, copy.q_sqrt, XiSqrtMeanVar())])
     np.testing.assert_allclose(r.new_q_mu, copy.q_mu.numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(r.new_q_sqrt, copy.q_sqrt.numpy(), rtol=0, atol=1e-10)
+
+
+def test_custom_step__a_nan_step_lists_candidate_mistakes_without_naming_one():
+    """A step that writes NaN matches no step. Where the 'ascent' (and at γ = 3 also 'gamma_twice') steps fail too, the
+    check named the first of them as the step and gave its fix ("subtract"); it now lists them as candidates and points
+    to natgrad_trace. GPflow's own optimizer (the oracle) steps at the same point."""
+    model, data = make_model("svgp", "bernoulli", num_inducing=6, num_data=40)
+
+    def nan_step(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi=None):  # noqa: ANN001, ANN202
+        q_mu.assign(q_mu * np.nan)
+
+    for gamma in (0.3, 3.0):
+        check = nd.check_natgrad(model, data, optimizer=nan_step, gamma=gamma, gamma_steps=1, gamma_search=False,
+                                 progress=False).check("custom_step")
+        assert check.status == "fail" and "Its step fails where GPflow's holds" in check.detail
+        assert "Of the known mistakes, 'ascent'" in check.detail or "'ascent' fail here too" in check.detail
+        assert "the cause may be one of them" in check.detail and "natgrad_trace" in check.detail
+        assert "the mistake '" not in check.detail and "To fix: subtract" not in check.detail
+    copy = gpflow.utilities.deepcopy(model)
+    gpflow.optimizers.NaturalGradient(3.0).minimize(lambda: copy.training_loss(data), [(copy.q_mu, copy.q_sqrt)])
+    assert np.all(np.isfinite(copy.q_mu.numpy()))

@@ -320,10 +320,11 @@ def judge(
             return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
-        if failing := [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]:
-            detail += f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here: {MISTAKES[failing[0]][0]}"
-            detail += f" (so do {', '.join(failing[1:])})." if failing[1:] else "."
-        return Check("custom_step", claim, "fail", detail=detail + FIX + (MISTAKES[failing[0]][1] if failing else _TRACE))
+        if failing := [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]:  # candidates: a NaN matches no step
+            detail += (f" Its step fails where GPflow's holds. Of the known mistakes, {', '.join(map(repr, failing))} "
+                       f"fail{'s' * (len(failing) == 1)} here too ({'; '.join(MISTAKES[n][0] for n in failing)}): the cause "
+                       "may be one of them, or anything else that gives NaN.")
+        return Check("custom_step", claim, "fail", detail=detail + FIX + _TRACE)
     got, want = (applied.q_mu, applied.q_sqrt), (gp.q_mu, gp.q_sqrt)
     if got[0].shape != want[0].shape or got[1].shape != want[1].shape:
         shapes = f"{list(got[0].shape)}, {list(got[1].shape)} against GPflow's {list(want[0].shape)}, {list(want[1].shape)}"
