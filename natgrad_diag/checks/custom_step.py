@@ -320,11 +320,16 @@ def judge(
             return Check("custom_step", f"{label} and gpflow.optimizers.NaturalGradient both find that this step fails", "pass", detail=detail)
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
-        if failing := [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]:  # candidates: a NaN matches no step
-            detail += (f" Its step fails where GPflow's holds. Of the known mistakes, {', '.join(map(repr, failing))} "
-                       f"fail{'s' * (len(failing) == 1)} here too ({'; '.join(MISTAKES[n][0] for n in failing)}): the cause "
-                       "may be one of them, or anything else that gives NaN.")
-        return Check("custom_step", claim, "fail", detail=detail + FIX + _TRACE)
+        failing = [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]  # candidates: a NaN matches no step
+        if len(failing) == 1:
+            detail += (f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here "
+                       f"({MISTAKES[failing[0]][0]}): the likely cause, though a NaN cannot confirm it.")
+        elif failing:
+            detail += (f" Its step fails where GPflow's holds. Of the known mistakes, {', '.join(map(repr, failing))} fail "
+                       f"here too ({'; '.join(MISTAKES[n][0] for n in failing)}): the cause may be one of them, or "
+                       "anything else that gives NaN.")
+        fix = f"{MISTAKES[failing[0]][1]} If that is not it, {_TRACE}" if len(failing) == 1 else _TRACE
+        return Check("custom_step", claim, "fail", detail=detail + FIX + fix)
     got, want = (applied.q_mu, applied.q_sqrt), (gp.q_mu, gp.q_sqrt)
     if got[0].shape != want[0].shape or got[1].shape != want[1].shape:
         shapes = f"{list(got[0].shape)}, {list(got[1].shape)} against GPflow's {list(want[0].shape)}, {list(want[1].shape)}"
