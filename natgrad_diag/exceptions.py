@@ -116,6 +116,10 @@ class NonFiniteError(InputError):
     error_message = "Non-finite values."
 
 
+#: Why a derivative is NaN or Inf where fn is finite (jacobian()'s error and the gradient check's hint).
+NO_DERIVATIVE = "TensorFlow's derivative does not exist at this point (tf.norm or tf.sqrt at 0, say)"
+
+
 class SingularCovarianceError(InputError):
     """q_sqrt has a zero on its diagonal, so S = q_sqrt q_sqrtᵀ is singular."""
     error_message = "Singular covariance."

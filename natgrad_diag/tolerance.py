@@ -18,7 +18,8 @@ The kinds of comparison:
 * ``"finite_difference"``: analytic against central differences with step eps ≈ ∛ε, which balances the
   O(eps²) truncation error against the O(ε/eps) rounding error (Nocedal & Wright, *Numerical
   Optimization*, 2nd ed., §8.1); each is about ε^(2/3), so rtol leaves a margin of ~10² above that for
-  |f| and |x| of order one. The gradient check adds the rounding term at other sizes, 100·ε·(|f| + |x|·|f'|)/eps.
+  |f| and |x| of order one. The gradient check adds the rounding term at other sizes, 100·ε·(|f| + |x|·|f'|)/eps,
+  and f's measured noise.
 
 Condition-number terms for ill-conditioned problems (κ(S), κ(F)) are added on top by the checks that
 measure them: :func:`rounding_bound` gives the ``c · ε · κ · scale`` term.

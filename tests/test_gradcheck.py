@@ -549,9 +549,12 @@ def test_check_gradients__gpflow_map_at_condition_1e8_is_inconclusive_not_failed
     measured noise sees it: the verdict is WARN, with a note, never a FAIL of TensorFlow's own gradient."""
     from gpflow.optimizers.natgrad import natural_to_meanvarsqrt
 
-    report = nd.check_gradients(natural_to_meanvarsqrt, list(_natural_point(1e8, M=10)), mode=mode)
+    point = list(_natural_point(1e8, M=10))
+    report = nd.check_gradients(natural_to_meanvarsqrt, point, mode=mode)
     assert report.status == "warn", report
-    assert all(r.passed for r in report.rows) and any(r.inconclusive and "inconclusive" in r.note for r in report.rows)
+    again = nd.check_gradients(natural_to_meanvarsqrt, point, mode=mode)  # the noise probes are seeded: same verdict
+    assert [c.status for c in again.checks] == [c.status for c in report.checks]
+    assert all(r.passed for r in report.rows) and any(r.inconclusive and "better-conditioned point" in r.note for r in report.rows)
 
 
 @pytest.mark.parametrize("mode", ["full", "fast"])

@@ -21,7 +21,7 @@ from natgrad_diag._validate import require_output_dtypes, require_same_dtype, sh
 from natgrad_diag.autodiff.blocks import BlockJacobian, label, vech_layout
 from natgrad_diag.autodiff.chunks import run_chunks
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES, auto_chunk, check_memory
-from natgrad_diag.exceptions import NonFiniteError, ShapeMismatchError
+from natgrad_diag.exceptions import NO_DERIVATIVE, NonFiniteError, ShapeMismatchError
 from natgrad_diag.typing import Array
 
 __all__ = ["jacobian"]
@@ -106,7 +106,7 @@ def jacobian(
         n = len(probe.out_shapes[i])
         raise NonFiniteError(
             f"The Jacobian has {J.block(i, j)[at]} at ∂{label(out_names[i], at[:n])}/∂{label(in_names[j], at[n:])}: "
-            "TensorFlow's derivative does not exist at this point (tf.norm or tf.sqrt at 0, say).",
+            f"{NO_DERIVATIVE}.",
             context=[("Argument", "inputs"), ("Non-finite entries", int(np.sum(~np.isfinite(compact))))],
             remedy="evaluate at another point, give fn a finite gradient there (tf.math.divide_no_nan, "
             "tf.custom_gradient), or pass nan_policy='propagate' to get the entries as TensorFlow gives them.",

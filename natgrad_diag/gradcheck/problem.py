@@ -155,9 +155,10 @@ class Problem:
         if not (scale > self.atol and float(np.max(noise, initial=0.0)) >= scale):
             return ""
         step = self.eps * float(np.max(np.abs(self.x[j])))
-        return (f"inconclusive: at eps = {self.eps:g} the rounding of fn's values allows errors up to "
-                f"{float(np.max(noise)):.3g}, as large as the block's largest derivative {scale:.3g}; pass a step "
-                f"relative to the input's size, e.g. eps={step:.3g} (eps·max|{self.names[j]}|).")  # fmt: skip
+        return (f"inconclusive: at eps = {self.eps:g} rounding allows errors up to {float(np.max(noise)):.3g}, as large "
+                f"as the block's largest derivative {scale:.3g}. Where fn varies slowly on the scale of x (timestamps) "
+                f"pass a larger step, e.g. eps={step:.3g} (eps·max|{self.names[j]}|); where fn is ill-conditioned here "
+                "(a near-singular solve), check at a better-conditioned point.")  # fmt: skip
 
     def realized(self, j: int, direction: Array) -> Array:
         """The direction a central difference along ``direction`` really takes: ((x_j + h·d) − (x_j − h·d)) / 2h as

@@ -9,7 +9,7 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, shape_str
 from natgrad_diag.autodiff.blocks import label
-from natgrad_diag.exceptions import ShapeMismatchError
+from natgrad_diag.exceptions import NO_DERIVATIVE, ShapeMismatchError
 from natgrad_diag.tolerance import rounding_bound
 from natgrad_diag.typing import Array
 
@@ -120,9 +120,8 @@ def hint(structure: str, name: str, value: Array, analytical: float = 0.0) -> st
     """Why a check may fail: reverse mode's ``analytical`` value is NaN or Inf, or a general check of a structured
     value, and which structure to use."""
     if not np.isfinite(analytical):
-        return (f"reverse mode gives {analytical} here, where fn is finite on both sides: TensorFlow's derivative "
-                "does not exist at this point (tf.norm or tf.sqrt at 0, say). Check at another point, or "
-                "give fn a finite gradient there (tf.math.divide_no_nan, tf.custom_gradient).")
+        return (f"reverse mode gives {analytical} here, where fn is finite on both sides: {NO_DERIVATIVE}. Check at "
+                "another point, or give fn a finite gradient there (tf.math.divide_no_nan, tf.custom_gradient).")
     if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
         return ""
     scale = float(np.max(np.abs(value), initial=0.0))
