@@ -853,3 +853,41 @@ def test_check_natgrad__four_threads_on_one_model_agree_with_one_call(mode):
     for r in results:
         assert [(c.name, c.status, c.max_abs_error) for c in r.checks] == [(c.name, c.status, c.max_abs_error) for c in alone.checks]
         assert r.gamma_trials == alone.gamma_trials and r.suggested_gamma == alone.suggested_gamma
+
+
+def _bad_natgrad_inputs():
+    """(call, argument, got) for the natural-gradient entry points' own refusals, each on a fresh SVGP."""
+    import gpflow
+
+    import natgrad_diag as nd
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", "gaussian", num_inducing=4, num_data=6)
+    loss = model.training_loss_closure(data)
+    grads = (np.ones((4, 1)), np.ones((1, 4, 4)))
+    return {
+        "trace_xi_a_string": (lambda: nd.natgrad_trace(model.q_mu, model.q_sqrt, *grads, xi_transform="nat"), "xi_transform", "str"),
+        "empty_var_list": (lambda: nd.check_natgrad(loss, var_list=[]), "var_list", "[]"),
+        "empty_generator": (lambda: nd.check_natgrad(loss, var_list=iter([])), "var_list", "[]"),
+        "guard_given_adam": (lambda: nd.NatGradMonitor(model, data, gamma=0.5).guard(0, gpflow.keras.tf_keras.optimizers.Adam()),
+                             "optimizer", "Adam"),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:model.q_mu, model.q_sqrt are trainable")
+@pytest.mark.parametrize("case", ["trace_xi_a_string", "empty_var_list", "empty_generator", "guard_given_adam"])
+def test_natgrad_entry_points__bad_input_names_the_argument_and_what_was_got(case):
+    call, argument, got = _bad_natgrad_inputs()[case]
+    with pytest.raises(InputError) as info:
+        call()
+    assert _argument(info.value) == argument and re.search(rf"Got:\s+{re.escape(got)}$", str(info.value), re.M), str(info.value)
+
+
+def test_block_jacobian__row_by_an_unknown_label_and_its_text():
+    x = tf.constant([1.0, 2.0], tf.float64)
+    J = jacobian(lambda a: {"y": tf.tensordot(a, a, 0)}, [x])  # y = x xᵀ: ∂y_ij/∂x_k = δ_ik x_j + x_i δ_jk
+    with pytest.raises(InputError) as info:
+        J.row("y[2,0]")
+    assert _argument(info.value) == "label" and "'y[0,0]' ... 'y[1,1]'" in str(info.value)
+    np.testing.assert_array_equal(J.row("y[1,1]"), [0.0, 4.0])  # ∂(x₁²)/∂x = (0, 2·x₁)
+    assert str(J).splitlines() == ["BlockJacobian 4 × 2 (float64)", "  ∂y[2, 2]/∂x0[2]: max |entry| 4"]  # max is 2·x₁

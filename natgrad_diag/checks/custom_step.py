@@ -21,7 +21,7 @@ import numpy as np
 from natgrad_diag._validate import input_error
 from natgrad_diag.checks.bounds import Conditioning, bounded_check, finite
 from natgrad_diag.checks.causes import FIX
-from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step
+from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step, theta_gradients
 from natgrad_diag.checks.health import noise
 from natgrad_diag.checks.report import Outcome
 from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
@@ -53,6 +53,12 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "varsqrt_seed": (
         "the seed is (dL_dmean, 0): q_sqrt's gradient dL_dvarsqrt is dropped from output_gradients",
         "seed both targets: output_gradients=[dL_dmean, dL_dvarsqrt].",
+    ),
+    "natural_coordinates": (
+        "dL/deta is the gradient in the natural parameters θ (through natural_to_meanvarsqrt), the ordinary gradient, "
+        "not the natural gradient F⁻¹·∇θL",
+        "differentiate w.r.t. the expectation parameters: eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt), "
+        "meanvarsqrt = expectation_to_meanvarsqrt(eta1, eta2); ∇ηL there is θ's natural gradient (Salimbeni et al. 2018, eq. 10).",
     ),
     "gamma_twice": ("γ applied twice: the step with γ²", "multiply the natural gradient by γ once: xi_new = xi − γ·nat_dL_xi."),
     "gamma_missing": ("γ not applied: the step with γ = 1", "multiply the natural gradient by γ: xi_new = xi − γ·nat_dL_xi."),
@@ -275,6 +281,7 @@ def mistaken_steps(
         "default_seed": lambda: step_from_eta(q_mu, q_sqrt, ones1 * d_mean, ones2 * d_varsqrt, gamma, xi),
         "varsqrt_path": lambda: step_from_eta(q_mu, q_sqrt, d_mean, right[1], gamma, xi),
         "varsqrt_seed": lambda: step_from_eta(q_mu, q_sqrt, d_mean, tf.zeros_like(d_varsqrt), gamma, xi),
+        "natural_coordinates": lambda: step_from_eta(q_mu, q_sqrt, *theta_gradients(q_mu, q_sqrt, d_mean, d_varsqrt), gamma, xi),
         "gamma_twice": lambda: step_from_eta(q_mu, q_sqrt, *right, gamma * gamma, xi),
         "gamma_missing": lambda: step_from_eta(q_mu, q_sqrt, *right, 1.0, xi),
         "ascent": lambda: step_from_eta(q_mu, q_sqrt, *right, -gamma, xi),

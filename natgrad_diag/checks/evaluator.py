@@ -272,7 +272,6 @@ def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_
     products of the entries' absolute values, the size of what they sum (|fl(AB) − AB| ≤ γ_n·|A||B|, Higham 2002, §3.5).
     """
     import tensorflow as tf
-    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
 
     S = tf.linalg.matmul(q_sqrt, q_sqrt, transpose_b=True)  # [L, M, M]
     m = tf.linalg.adjoint(q_mu)[:, :, None]  # [L, M, 1]
@@ -284,13 +283,22 @@ def fisher_products(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any, dL_
     aS, am, aU2 = tf.abs(S), tf.abs(m), tf.abs(dL_deta2)
     a1 = 2.0 * aS @ aU2 @ am + aS @ tf.abs(u1)
     terms = tf.maximum(tf.reduce_max(a1), tf.reduce_max(2.0 * aS @ aU2 @ aS + 2.0 * a1 @ tf.linalg.adjoint(am)))
+    g1, g2 = theta_gradients(q_mu, q_sqrt, dL_dmean, dL_dvarsqrt)
+    return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2, terms=terms)
+
+
+def theta_gradients(q_mu: Any, q_sqrt: Any, dL_dmean: Any, dL_dvarsqrt: Any) -> tuple[Any, Any]:
+    """∇θL [M, L], [L, M, M]: the ordinary gradient in the natural parameters θ, by reverse mode through GPflow's
+    natural_to_meanvarsqrt (θ₂'s along symmetric matrices). The natural gradient is ∇ηL = F⁻¹·∇θL, not this."""
+    import tensorflow as tf
+    from gpflow.optimizers.natgrad import meanvarsqrt_to_natural, natural_to_meanvarsqrt
+
     nat1, nat2 = meanvarsqrt_to_natural(q_mu, q_sqrt)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch([nat1, nat2])
         mean, varsqrt = natural_to_meanvarsqrt(nat1, nat2)
     g1, g2 = tape.gradient([mean, varsqrt], [nat1, nat2], output_gradients=[dL_dmean, dL_dvarsqrt])
-    g2 = 0.5 * (g2 + tf.linalg.matrix_transpose(g2))  # the gradient along symmetric θ₂
-    return dict(F_u1=tf.linalg.adjoint(d1[:, :, 0]), F_u2=d2, grad_theta1=g1, grad_theta2=g2, terms=terms)
+    return g1, 0.5 * (g2 + tf.linalg.matrix_transpose(g2))  # the gradient along symmetric θ₂
 
 
 _COPY_LOCK = threading.Lock()
