@@ -493,3 +493,13 @@ def test_custom_step__a_nan_step_names_candidate_mistakes_as_candidates():
     copy = gpflow.utilities.deepcopy(model)
     gpflow.optimizers.NaturalGradient(3.0).minimize(lambda: copy.training_loss(data), [(copy.q_mu, copy.q_sqrt)])
     assert np.all(np.isfinite(copy.q_mu.numpy()))
+
+
+def test_custom_step__the_docs_table_lists_every_mistake_the_check_names():
+    from pathlib import Path
+
+    from natgrad_diag.checks.custom_step import MISTAKES as NAMED
+
+    page = (Path(__file__).parents[1] / "docs" / "natgrad-checks.md").read_text(encoding="utf-8")
+    rows = {name for line in page.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert set(NAMED) <= rows and set(MISTAKES) <= set(NAMED), sorted(set(NAMED) - rows)
