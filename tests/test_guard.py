@@ -719,3 +719,32 @@ def test_guard__a_stochastic_loss_rising_by_its_noise_is_kept_and_a_blow_up_is_s
             _natgrad_step(natgrad, model, data)
     last = monitor.guard_records[-1]
     assert last.rolled_back and ("+ 6·√2·σ̂ (the loss's noise)" in last.cause or "raised" in last.cause or "valid" in last.cause), last.cause
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+def test_guard__a_python_number_gamma_that_a_compiled_step_never_sees_is_named_not_lowered_for_ever(compiled):
+    """GPflow's NaturalGradient(5.0): the guard sets the Python number γ = 1 after step 0 fails. An eager step uses it
+    and trains. A tf.function traced at γ = 5 keeps failing at 5: lowering a γ that never reaches it (1, 0.3, 0.1, ...)
+    would go on for ever, each record naming a γ the step did not take. The guard stops at the second failure, names
+    the cause and the fix, and leaves q(u) restored. The oracle: GPflow's own optimizer at γ = 1 steps from that q(u)."""
+    model, data = _bernoulli()
+    natgrad = NaturalGradient(5.0)
+    step = tf.function(_natgrad_step) if compiled else _natgrad_step
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
+    with pytest.warns(UserWarning, match="natgrad-diag set optimizer.gamma"), monitor.guard(0, natgrad):
+        step(natgrad, model, data)
+    assert monitor.guard_records[0].rolled_back and natgrad.gamma < 5.0
+    copy_ = gpflow.utilities.deepcopy(model)
+    _natgrad_step(NaturalGradient(natgrad.gamma), copy_, data)  # the oracle: GPflow's step at the γ set holds here
+    assert np.isfinite(copy_.training_loss(data).numpy())
+    before, gamma = _q_values(model), natgrad.gamma
+    if not compiled:
+        for i in (1, 2):
+            with monitor.guard(i, natgrad):
+                step(natgrad, model, data)
+        assert [r.status for r in monitor.guard_records] == ["failed", "ok", "ok"] and natgrad.gamma == gamma
+        return
+    with pytest.raises(NatGradCheckError, match=r"did not use it(.|\n)*gamma=tf.Variable"), monitor.guard(1, natgrad):
+        step(natgrad, model, data)
+    assert natgrad.gamma == gamma and monitor.guard_records[-1].gamma_after == gamma
+    assert same_bits(_q_values(model), before)

@@ -66,9 +66,9 @@ def lower_gamma(gamma: float) -> float:
     return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
-def set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
+def set_gammas(optimizers: list[Any], old: list[float], new: Any, numbers: dict[int, float] | None = None) -> None:
     """Each optimizer's γ set to its new value where it changed: a tf.Variable assigned, else the attribute set (with
-    a warning: compiled code keeps the old one)."""
+    a warning: compiled code keeps the old one) and noted in ``numbers`` (id(optimizer) -> the number set)."""
     import tensorflow as tf
 
     for opt, before, after in zip(optimizers, old, new):
@@ -76,6 +76,8 @@ def set_gammas(optimizers: list[Any], old: list[float], new: Any) -> None:
             opt.gamma.assign(np.asarray(after, dtype=opt.gamma.dtype.as_numpy_dtype))  # tf.cast rounds via float32
         elif after != before:
             opt.gamma = after
+            if numbers is not None:
+                numbers[id(opt)] = after
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
 
 
@@ -90,7 +92,7 @@ def lower_after_check(monitor: Any, suggested: float) -> float | None:
         return None
     for opt, g in zip(optimizers, old):
         monitor._gamma_cap[id(opt)] = min(monitor._gamma_cap.get(id(opt), g), lower_gamma(g))
-    set_gammas(optimizers, old, [min(g, suggested) for g in old])
+    set_gammas(optimizers, old, [min(g, suggested) for g in old], monitor._numbers_set)
     monitor._healthy_run = 0
     monitor.gamma = gamma = read_gamma(optimizers[0])
     return gamma
@@ -264,7 +266,7 @@ class StepGuard:
         cause, loss_after = self._cause(exc)
         if not cause and self.verify:
             cause = self._verified()
-        rolled_back, gammas = bool(cause) and m.on_failure == "rollback", None
+        rolled_back, gammas, unreached = bool(cause) and m.on_failure == "rollback", None, False
         if cause:  # γ is never raised back to one that failed (:meth:`_raised`)
             for opt, g in zip(self.optimizers, self.gammas):
                 m._gamma_cap[id(opt)] = min(m._gamma_cap[id(opt)], lower_gamma(g))
@@ -275,9 +277,13 @@ class StepGuard:
             # each γ: the search's suggestion for its pair when below the γ that failed, else the next grid value below
             gammas = [s if s is not None and s < g else lower_gamma(g) for s, g in zip(self._suggestions(report), self.gammas)]
             loss_after = report.loss_before
+            health = {c.status for c in report.checks if c.name.endswith("step_health")}
+            # the step raised at a γ the guard set as a Python number, where GPflow's own step holds: it did not use it
+            unreached = exc is not None and health == {"pass"} and [m._numbers_set.get(id(o)) for o in self.optimizers] == self.gammas
+            gammas = None if unreached else gammas
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
-        set_gammas(self.optimizers, self.gammas, gammas or ())
+        set_gammas(self.optimizers, self.gammas, gammas or (), m._numbers_set)
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
                              gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,
@@ -287,6 +293,14 @@ class StepGuard:
         m.record_guard(record)
         if not cause:
             return False
+        if unreached:
+            raise NatGradCheckError(
+                f"the natural-gradient step at training step {self.step} failed at gamma = {self.gamma_before:g}, the Python "
+                "number natgrad-diag set, where GPflow's own step at that gamma holds: the step did not use it.",
+                context=[("Record", str(record))],
+                remedy=f"build the optimizer with gamma=tf.Variable({self.gamma_before:g}, dtype=tf.float64): a tf.function "
+                "that calls optimizer.minimize captured the number γ had when it was traced, so no γ the guard sets reaches it.",
+            ) from exc
         if m.on_failure == "raise":
             raise NatGradCheckError(
                 f"the natural-gradient step at training step {self.step} (gamma = {self.gamma_before:g}) failed: {cause}.",
