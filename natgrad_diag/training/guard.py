@@ -277,9 +277,10 @@ class StepGuard:
             # each γ: the search's suggestion for its pair when below the γ that failed, else the next grid value below
             gammas = [s if s is not None and s < g else lower_gamma(g) for s, g in zip(self._suggestions(report), self.gammas)]
             loss_after = report.loss_before
-            health = {c.status for c in report.checks if c.name.endswith("step_health")}
-            # the step raised at a γ the guard set as a Python number, where GPflow's own step holds: it did not use it
-            unreached = exc is not None and health == {"pass"} and [m._numbers_set.get(id(o)) for o in self.optimizers] == self.gammas
+            # raised at a Python-number γ the guard set, where GPflow's step holds on a deterministic loss: γ unused
+            unreached = exc is not None and {c.status for c in report.checks if c.name.endswith("step_health")} == {"pass"} and (
+                [m._numbers_set.get(id(o)) for o in self.optimizers] == self.gammas
+                and not spread(lambda: m.loss_value(self.data), loss_after, self.pairs[0][1].dtype.as_numpy_dtype))
             gammas = None if unreached else gammas
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
