@@ -66,7 +66,7 @@ def lower_gamma(gamma: float) -> float:
     return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
-def set_gammas(optimizers: list[Any], old: list[float], new: Any, numbers: dict[int, float] | None = None) -> None:
+def set_gammas(optimizers: list[Any], old: list[float], new: Any, numbers: dict[int, float]) -> None:
     """Each optimizer's γ set to its new value where it changed: a tf.Variable assigned, else the attribute set (with
     a warning: compiled code keeps the old one) and noted in ``numbers`` (id(optimizer) -> the number set)."""
     import tensorflow as tf
@@ -75,9 +75,7 @@ def set_gammas(optimizers: list[Any], old: list[float], new: Any, numbers: dict[
         if after != before and isinstance(opt.gamma, tf.Variable):
             opt.gamma.assign(np.asarray(after, dtype=opt.gamma.dtype.as_numpy_dtype))  # tf.cast rounds via float32
         elif after != before:
-            opt.gamma = after
-            if numbers is not None:
-                numbers[id(opt)] = after
+            numbers[id(opt)] = opt.gamma = after
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
 
 
@@ -278,7 +276,8 @@ class StepGuard:
             gammas = [s if s is not None and s < g else lower_gamma(g) for s, g in zip(self._suggestions(report), self.gammas)]
             loss_after = report.loss_before
             # raised at a Python-number γ the guard set, where GPflow's step holds on a deterministic loss: γ unused
-            unreached = exc is not None and {c.status for c in report.checks if c.name.endswith("step_health")} == {"pass"} and (
+            holds = {c.status for c in report.checks if c.name.endswith("step_health")} == {"pass"}
+            unreached = exc is not None and holds and (
                 [m._numbers_set.get(id(o)) for o in self.optimizers] == self.gammas
                 and not spread(lambda: m.loss_value(self.data), loss_after, self.pairs[0][1].dtype.as_numpy_dtype))
             gammas = None if unreached else gammas

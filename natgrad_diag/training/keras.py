@@ -45,7 +45,7 @@ def _build() -> type:
 
         def push(self) -> None:
             if read_gamma(self) != self.read / self.num_data:
-                set_gammas([self.optimizer], [self.read], [read_gamma(self) * self.num_data])
+                set_gammas([self.optimizer], [self.read], [read_gamma(self) * self.num_data], {})
 
     class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
         """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
