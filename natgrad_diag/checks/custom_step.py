@@ -28,6 +28,7 @@ from natgrad_diag.checks.reproduction import both_fail, differences, step_bound
 from natgrad_diag.exceptions import NatGradDiagError, error_line
 from natgrad_diag.report.records import Check, format_number, max_abs_diff
 from natgrad_diag.step import trace
+from natgrad_diag.tolerance import eps
 from natgrad_diag.typing import Array
 
 __all__ = ["MISTAKES", "as_optimizer", "optimizer_settings", "restored", "stage", "who"]
@@ -212,14 +213,18 @@ class Applied:
     changed: tuple[str, ...] = ()
 
 
-def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any], xi: Any) -> Applied:
+def _apply(optimizer: Any, loss: Callable[[], Any], q_mu: Any, q_sqrt: Any, others: dict[str, Any], xi: Any, gamma: float | None = None) -> Applied:
     """``optimizer.minimize(loss, [(q_mu, q_sqrt)])`` once (``[(q_mu, q_sqrt, xi)]`` when the optimizer has another
-    ``xi_transform``), the optimizer preserved, and which of ``others`` (name -> tf.Variable) it changed, read before
-    the optimizer is put back. The caller restores every variable."""
+    ``xi_transform``; with its ``gamma`` set to ``gamma`` when given), the optimizer preserved, and which of ``others``
+    (name -> tf.Variable) it changed, read before the optimizer is put back. The caller restores every variable."""
     import tensorflow as tf
 
     before = {n: np.array(v.numpy(), copy=True) for n, v in others.items()}
     with preserved(optimizer):
+        if gamma is not None and isinstance(optimizer.gamma, tf.Variable):
+            optimizer.gamma.assign(gamma)
+        elif gamma is not None:
+            optimizer.gamma = gamma
         try:
             optimizer.minimize(loss, [(q_mu, q_sqrt) if xi is getattr(optimizer, "xi_transform", xi) else (q_mu, q_sqrt, xi)])
         except NatGradDiagError:
@@ -304,17 +309,17 @@ def mistaken_steps(
 
 def judge(
     applied: Applied, gp: GpflowStep, before: tuple[Array, Array], step: Step, transform: Any, ctx: Context,
-    cond: Conditioning, label: str,
+    cond: Conditioning, label: str, retry: Callable[[float], Applied] | None = None,
 ) -> Check:
     """The ``custom_step`` check of the user's new q(u) ``applied`` against GPflow's ``gp``, both from ``before`` =
     (q_mu [M, L], q_sqrt [L, M, M]) with ``step``'s gradients: |yours − GPflow's| ≤ the ``reproduction`` bound, else
     the mistake it matches, where it differs most and by how much.
 
     A mistake matches when its step is within max(10·bound, √ε·scale) of the user's (the rounding of a second route
-    through GPflow's maps) and GPflow's is not: mistakes differ from each other by far more, the step's own size.
+    through GPflow's maps) and GPflow's is not: mistakes differ from each other by far more, the step's own size. A
+    step that fails where GPflow's holds matches no step; ``retry(γ')`` (the user's step again at γ') then takes it at
+    γ/10 and γ/100, where the mistakes that fail too may hold, to name the one it is.
     """
-    from natgrad_diag.tolerance import eps
-
     mistakes = partial(mistaken_steps, *before, step, transform, ctx.gamma, ctx.xi)
     claim = (f"the step {label} takes ({type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals what "
              "gpflow.optimizers.NaturalGradient assigns")
@@ -328,6 +333,10 @@ def judge(
         if gp.q_mu is None or gp.q_sqrt is None:
             return Check("custom_step", claim, "fail", detail=detail + FIX + "use a smaller gamma, and check your update at it.")
         failing = [n for n, s in mistakes((gp.q_mu, gp.q_sqrt)) if s is None]  # candidates: a NaN matches no step
+        if failing and retry is not None and (found := _at_smaller_gamma(retry, before, step, transform, ctx, cond, failing)):
+            name, smaller = found
+            detail += f" Its step fails where GPflow's holds; at gamma = {smaller:g}, where it holds, it is the mistake '{name}': {MISTAKES[name][0]}."
+            return Check("custom_step", claim, "fail", detail=detail + FIX + MISTAKES[name][1])
         if len(failing) == 1:
             detail += (f" Its step fails where GPflow's holds, as the mistake '{failing[0]}' does here "
                        f"({MISTAKES[failing[0]][0]}): the likely cause, though a NaN cannot confirm it.")
@@ -377,6 +386,32 @@ def judge(
     return Check("custom_step", claim, "fail", err, bound.total, detail)
 
 
+def _at_smaller_gamma(
+    retry: Callable[[float], Applied], before: tuple[Array, Array], step: Step, transform: Any, ctx: Context,
+    cond: Conditioning, candidates: list[str],
+) -> tuple[str, float] | None:
+    """(the candidate mistake, γ') that the user's step ``retry(γ')`` is at γ' = γ/10 or γ/100, where it holds: within
+    :func:`judge`'s distance of that mistake's step and not of GPflow's (computed from ``before`` and ``step``'s
+    gradients as :func:`mistaken_steps` computes the mistakes); None when it holds at neither or matches none."""
+    import tensorflow as tf
+
+    from natgrad_diag.step.closed_form import expectation_gradients
+
+    right = expectation_gradients(*(tf.constant(np.asarray(a)) for a in (*before, step.dL_dmean, step.dL_dvarsqrt)))
+    for smaller in (ctx.gamma / 10, ctx.gamma / 100):
+        applied = retry(smaller)
+        if applied.q_mu is None or applied.q_sqrt is None:
+            continue
+        new_mu, new_sq = step_from_eta(*before, *right, smaller, ctx.xi)
+        got, want = (applied.q_mu, applied.q_sqrt), (np.asarray(new_mu), np.asarray(new_sq))
+        bound = step_bound(ctx, cond, list(want))
+        near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
+        for name, s in mistaken_steps(*before, step, transform, smaller, ctx.xi, want):
+            if name in candidates and s is not None and max_abs_diff(got, s) <= near < max_abs_diff(want, s):
+                return name, smaller
+    return None
+
+
 def _surrogate(step: Step, q_mu: Any, q_sqrt: Any) -> Callable[[], Any]:
     """The loss the user's step sees when the real one is stochastic: ⟨dL/dmean, q_mu⟩ + ⟨dL/dvarsqrt, q_sqrt⟩.
 
@@ -412,9 +447,12 @@ def stage(run: Run) -> Outcome:
         own = {f"the model's {n}": p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(model).items()}
         others = {n: p.unconstrained_variable for n, p in gpflow.utilities.parameter_dict(scratch).items() if p is not scratch.q_mu and p is not scratch.q_sqrt}
         loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if stochastic else lambda: ev.ctx.loss(scratch)
-        with restored(list(own.values())):
-            applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own}, ev.ctx.xi)
-        ev.sync()
+
+        def attempt(gamma: float | None = None) -> Applied:
+            with restored(list(own.values())):
+                applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own}, ev.ctx.xi, gamma)
+            ev.sync()
+            return applied
     else:  # the var_list form: the pair itself (a PairEvaluator)
         pev: Any = ev
         q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
@@ -422,7 +460,11 @@ def stage(run: Run) -> Outcome:
             pev.loss()
         pair = pev.variables  # q_mu's and q_sqrt's unconstrained variables
         others = {f"{v.name}#{i}": v for i, v in enumerate(tape.watched_variables()) if all(v is not p for p in pair)}
-        with restored([*others.values(), *pair]):
-            applied = _apply(opt, _surrogate(run.step, q_mu, q_sqrt) if stochastic else pev.loss, q_mu, q_sqrt, others, ev.ctx.xi)
+        loss = _surrogate(run.step, q_mu, q_sqrt) if stochastic else pev.loss
+
+        def attempt(gamma: float | None = None) -> Applied:
+            with restored([*others.values(), *pair]):
+                return _apply(opt, loss, q_mu, q_sqrt, others, ev.ctx.xi, gamma)
+    applied = attempt()
     before = (q_mu.numpy(), q_sqrt.numpy())
-    return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt)),))
+    return Outcome(checks=(judge(applied, run.gp, before, run.step, q_sqrt.transform, ev.ctx, run.cond, who(opt), attempt if hasattr(opt, "gamma") else None),))
