@@ -519,3 +519,20 @@ def test_custom_step__a_step_that_fails_where_gpflows_holds_is_named_at_a_smalle
     check = nd.check_natgrad(model, data, optimizer=opt, gamma_steps=1, gamma_search=False, progress=False).check("custom_step")
     assert check.status == "fail" and f"at gamma = 0.03, where it holds, it is the mistake '{mistake}'" in check.detail, check.detail
     assert opt.gamma == GAMMA and type(opt.gamma) is float and _values(model) == before
+
+
+def test_custom_step__an_optimizer_whose_gamma_cannot_be_set_keeps_the_candidates():
+    """The retry at a smaller γ sets the optimizer's ``gamma``; where that raises (a read-only γ) the check lists the
+    mistakes that fail too, as for a step that fails at every γ, instead of raising the AttributeError."""
+    model, data = _model("svgp", 2)
+
+    class FixedGamma(gpflow.optimizers.NaturalGradient):
+        gamma = property(lambda self: GAMMA, lambda self, value: None if value == GAMMA else self._refuse())
+
+        def _refuse(self):
+            raise AttributeError("this optimizer's gamma is fixed")
+
+    opt = FixedGamma(GAMMA)
+    opt._natgrad_apply_gradients = lambda *args: gpflow_like("natural_coordinates")(opt, *args)
+    check = nd.check_natgrad(model, data, optimizer=opt, gamma_steps=1, gamma_search=False, progress=False).check("custom_step")
+    assert check.status == "fail" and "'natural_coordinates'" in check.detail and "where it holds" not in check.detail, check.detail

@@ -391,15 +391,18 @@ def _at_smaller_gamma(
     cond: Conditioning, candidates: list[str],
 ) -> tuple[str, float] | None:
     """(the candidate mistake, γ') that the user's step ``retry(γ')`` is at γ' = γ/10 or γ/100, where it holds: within
-    :func:`judge`'s distance of that mistake's step and not of GPflow's (computed from ``before`` and ``step``'s
-    gradients as :func:`mistaken_steps` computes the mistakes); None when it holds at neither or matches none."""
+    :func:`judge`'s distance of that mistake's step and not of GPflow's; None when it holds at neither (or its γ cannot
+    be set, or it raises there) or matches none."""
     import tensorflow as tf
 
     from natgrad_diag.step.closed_form import expectation_gradients
 
     right = expectation_gradients(*(tf.constant(np.asarray(a)) for a in (*before, step.dL_dmean, step.dL_dvarsqrt)))
     for smaller in (ctx.gamma / 10, ctx.gamma / 100):
-        applied = retry(smaller)
+        try:
+            applied = retry(smaller)
+        except (NatGradDiagError, AttributeError, TypeError):  # a read-only gamma, or an error only at γ'
+            return None
         if applied.q_mu is None or applied.q_sqrt is None:
             continue
         new_mu, new_sq = step_from_eta(*before, *right, smaller, ctx.xi)
