@@ -452,10 +452,11 @@ def stage(run: Run) -> Outcome:
         loss = _surrogate(run.step, scratch.q_mu, scratch.q_sqrt) if stochastic else lambda: ev.ctx.loss(scratch)
 
         def attempt(gamma: float | None = None) -> Applied:
-            with restored(list(own.values())):
-                applied = _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own}, ev.ctx.xi, gamma)
-            ev.sync()
-            return applied
+            try:
+                with restored(list(own.values())):
+                    return _apply(opt, loss, scratch.q_mu, scratch.q_sqrt, {**others, **own}, ev.ctx.xi, gamma)
+            finally:  # also when it raises (a retry that gives up): the later checks read the scratch copy
+                ev.sync()
     else:  # the var_list form: the pair itself (a PairEvaluator)
         pev: Any = ev
         q_mu, q_sqrt = pev.q_mu, pev.q_sqrt
