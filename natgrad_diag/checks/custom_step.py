@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from natgrad_diag._validate import input_error
-from natgrad_diag.checks.bounds import Conditioning, bounded_check, finite
+from natgrad_diag.checks.bounds import Bound, Conditioning, bounded_check, finite
 from natgrad_diag.checks.causes import FIX
 from natgrad_diag.checks.evaluator import Context, GpflowStep, Run, Step, theta_gradients
 from natgrad_diag.checks.health import noise
@@ -350,8 +350,7 @@ def judge(
     if got[0].shape != want[0].shape or got[1].shape != want[1].shape:
         shapes = f"{list(got[0].shape)}, {list(got[1].shape)} against GPflow's {list(want[0].shape)}, {list(want[1].shape)}"
         return Check("custom_step", claim, "fail", detail=f"the new q_mu, q_sqrt have shapes {shapes}.")
-    err, bound, parts = max_abs_diff(got, want), step_bound(ctx, cond, list(want)), differences(got, want)
-    near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
+    (bound, near), err, parts = _match_distance(ctx, cond, want), max_abs_diff(got, want), differences(got, want)
     if err <= bound.total:  # a pass that a mistake would also get here (γ = 1, q_mu = 0, S = I) only warns
         check = bounded_check("custom_step", claim, err, bound, parts)
         blind = [n for n, s in mistakes(want) if s is not None and max_abs_diff(want, s) <= near]
@@ -386,6 +385,13 @@ def judge(
     return Check("custom_step", claim, "fail", err, bound.total, detail)
 
 
+def _match_distance(ctx: Context, cond: Conditioning, want: tuple[Array, Array]) -> tuple[Bound, float]:
+    """The ``reproduction`` bound on GPflow's new (q_mu, q_sqrt) ``want``, and the distance within which a mistake's
+    step is the user's: max(10·bound, √ε·scale), the rounding of a second route through GPflow's maps."""
+    bound = step_bound(ctx, cond, list(want))
+    return bound, max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
+
+
 def _at_smaller_gamma(
     retry: Callable[[float], Applied], before: tuple[Array, Array], step: Step, transform: Any, ctx: Context,
     cond: Conditioning, candidates: list[str],
@@ -407,8 +413,7 @@ def _at_smaller_gamma(
             continue
         new_mu, new_sq = step_from_eta(*before, *right, smaller, ctx.xi)
         got, want = (applied.q_mu, applied.q_sqrt), (np.asarray(new_mu), np.asarray(new_sq))
-        bound = step_bound(ctx, cond, list(want))
-        near = max(10 * bound.total, float(np.sqrt(eps(bound.dtype))) * bound.scale)
+        near = _match_distance(ctx, cond, want)[1]
         for name, s in mistaken_steps(*before, step, transform, smaller, ctx.xi, want):
             if name in candidates and s is not None and max_abs_diff(got, s) <= near < max_abs_diff(want, s):
                 return name, smaller
