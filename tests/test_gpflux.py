@@ -166,6 +166,45 @@ def test_gpflux__keras_gamma_is_n_times_the_gamma_on_minus_elbo_and_a_rollback_s
     assert oracle[-1] < oracle[0] and records[-1].loss_after < 1.01 * oracle[-1]
 
 
+@pytest.mark.slow  # 7 s; test_guard's held-schedule test runs the guard's side by default
+def test_gpflux__a_keras_schedule_above_the_gamma_the_guard_set_is_held_in_fit():
+    """A Keras callback sets γ = 2N before every batch (a schedule at its ceiling). After the rollback of the batch
+    that overshoots, the guard holds the γ it set (below 2 on −ELBO), and the callback writes it to the optimizer
+    before fit's step, so the batches after it pass at that γ; without the write, 2N came back at every batch.
+    Oracle: GPflow's NaturalGradient on −ELBO from the same start, at 2 until the failure and then at the held γ."""
+    from natgrad_diag.keras import NatGradCallback
+
+    N = 120
+    dgp, data = _deep_gp(1, num_data=N, num_inducing=8)
+    Y = data[1].numpy().copy()
+    Y[:6] += 10.0
+    data = (data[0], tf.constant(Y))
+    monitor = NatGradMonitor(dgp, data, gamma=2.0, on_failure="rollback", loss_increase=0.3)
+    keras_model = dgp.as_training_model()
+    keras_model.natgrad_layers = True
+    natgrad = NaturalGradient(tf.Variable(2.0 * N, dtype=tf.float64))
+    keras_model.compile([natgrad, tf_keras.optimizers.Adam(0.0)])  # hyperparameters fixed: q(u) alone moves
+
+    class Ceiling(tf_keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            natgrad.gamma.assign(2.0 * N)
+
+    with pytest.warns(UserWarning, match="set optimizer.gamma = 2 before training step .*, above the γ = "):
+        keras_model.fit({"inputs": data[0].numpy(), "targets": Y}, batch_size=N, epochs=5, verbose=0, shuffle=False,
+                        callbacks=[Ceiling(), NatGradCallback(monitor)])  # fmt: skip
+    records = monitor.guard_records
+    failed = [i for i, r in enumerate(records) if not r.passed]
+    assert len(failed) == 1 and records[failed[0]].rolled_back, [str(r) for r in records]
+    held = records[failed[0]].gamma_after
+    assert held < 2.0 and all(r.gamma_before == held for r in records[failed[0] + 1:])
+    assert float(natgrad.gamma.numpy()) == pytest.approx(N * held, rel=1e-12)
+    start = _deep_gp(1, num_data=N, num_inducing=8)[0]  # the same start, built again (deepcopy shares Keras' variables)
+    layer = start.f_layers[0]
+    for gamma in [2.0] * failed[0] + [held] * (len(records) - failed[0] - 1):
+        NaturalGradient(gamma).minimize(lambda: -start.elbo(data), [(layer.q_mu, layer.q_sqrt)])
+    assert records[-1].loss_after == pytest.approx(float(-start.elbo(data)), rel=1e-9)
+
+
 def test_keras_module__import_is_light():
     code = "import sys, natgrad_diag.keras; print('tensorflow' in sys.modules, 'gpflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

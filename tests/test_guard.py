@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import gpflow
@@ -473,6 +474,49 @@ def test_guard__gamma_is_never_raised_back_to_one_that_failed():
     assert first.rolled_back and first.gamma_after == lower_gamma(1.0) == 0.3
     assert all(r.passed and r.gamma_after == 0.3 for r in rest) and float(natgrad.gamma.numpy()) == 0.3
     assert searched == [1.0]  # the rollback's search only: none from 0.3 after RAISE_AFTER healthy steps
+
+
+@pytest.mark.parametrize("on_failure", ["warn", "rollback"])
+def test_guard__a_gamma_the_loop_lowered_is_never_raised(on_failure):
+    # A researcher's decay: γ = 1 at step 0, then the loop sets 0.01. Nothing failed, so the guard set no γ; it used to
+    # search after RAISE_AFTER healthy steps and raise γ to the suggestion (1), even under the default "warn".
+    from natgrad_diag.training.guard import RAISE_AFTER
+
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=1.0, on_failure=on_failure)
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    searched = []  # the γ each search started from: a spy on natgrad-diag's own method
+    search = monitor.search
+    monitor.search = lambda d, g: searched.append(g) or search(d, g)
+    for step in range(RAISE_AFTER + 3):
+        if step == 1:
+            natgrad.gamma.assign(0.01)
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    assert float(natgrad.gamma.numpy()) == 0.01 and searched == []
+    assert all(r.passed and r.gamma_after == 0.01 for r in monitor.guard_records[1:])
+
+
+def test_guard__a_schedule_that_sets_a_failing_gamma_at_every_step_is_held_at_the_gamma_the_guard_set():
+    # The loop assigns γ = 5 before every step (a schedule at its ceiling). Step 0 fails and is rolled back to the
+    # searched γ; the loop's 5 used to come back at every step, each one failing, rolled back and searched again.
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
+    natgrad = NaturalGradient(tf.Variable(5.0, dtype=tf.float64))
+    for step in range(4):
+        natgrad.gamma.assign(5.0)
+        if step == 1:  # the oracle's start: the q(u) the rollback restored, and the γ it set
+            restored, held = gpflow.utilities.deepcopy(model), monitor.guard_records[0].gamma_after
+        warns = pytest.warns(UserWarning, match="set optimizer.gamma = 5 before training step 1, above the γ = ")
+        with warns if step == 1 else contextlib.nullcontext(), monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+    first, rest = monitor.guard_records[0], monitor.guard_records[1:]
+    assert first.rolled_back and held < 5.0 and monitor.rollbacks == 1
+    assert all(r.passed and r.gamma_before == r.gamma_after == held for r in rest)
+    oracle = NaturalGradient(held)  # GPflow's own optimizer at the held γ, from the restored q(u), three steps
+    for _ in range(3):
+        _natgrad_step(oracle, restored, data)
+    assert same_bits(_q_values(restored), _q_values(model))
 
 
 @pytest.mark.slow

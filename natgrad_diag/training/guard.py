@@ -33,6 +33,13 @@ _RETRACE = (
     "build the optimizer with gamma=tf.Variable({old:g}, dtype=tf.float64) so that the new γ reaches compiled code."
 )
 
+_HELD = (
+    "the loop set optimizer.gamma = {got:g} before training step {step}, above the γ = {held:g} natgrad-diag set when "
+    "a step or a periodic check failed; with on_failure='rollback' the guard holds γ at most at the one it set (and "
+    "raises it itself once steps hold): a loop that sets γ at every step would repeat the failure at every step. To "
+    "follow your own schedule, use on_failure='warn' (the guard then never changes γ)."
+)
+
 _MOVED = (
     "something other than the guarded natural-gradient step changed {names} since the last guarded step (an "
     "optimizer such as Adam over model.trainable_variables also moves q(u), which undoes the natural-gradient "
@@ -66,17 +73,19 @@ def lower_gamma(gamma: float) -> float:
     return next((g for g in GAMMA_GRID if g < gamma * (1 - 1e-12)), gamma / 2)
 
 
-def set_gammas(optimizers: list[Any], old: list[float], new: Any, numbers: dict[int, float]) -> None:
+def set_gammas(optimizers: list[Any], old: list[float], new: Any, set_: dict[int, float]) -> None:
     """Each optimizer's γ set to its new value where it changed: a tf.Variable assigned, else the attribute set (with
-    a warning: compiled code keeps the old one) and noted in ``numbers`` (id(optimizer) -> the number set)."""
+    a warning: compiled code keeps the old one); ``set_`` notes the γ set (id(optimizer) -> γ as read back)."""
     import tensorflow as tf
 
     for opt, before, after in zip(optimizers, old, new):
         if after != before and isinstance(opt.gamma, tf.Variable):
             opt.gamma.assign(np.asarray(after, dtype=opt.gamma.dtype.as_numpy_dtype))  # tf.cast rounds via float32
         elif after != before:
-            numbers[id(opt)] = opt.gamma = after
+            opt.gamma = after
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
+        if after != before:
+            set_[id(opt)] = read_gamma(opt)
 
 
 def lower_after_check(monitor: Any, suggested: float) -> float | None:
@@ -90,7 +99,7 @@ def lower_after_check(monitor: Any, suggested: float) -> float | None:
         return None
     for opt, g in zip(optimizers, old):
         monitor._gamma_cap[id(opt)] = min(monitor._gamma_cap.get(id(opt), g), lower_gamma(g))
-    set_gammas(optimizers, old, [min(g, suggested) for g in old], monitor._numbers_set)
+    set_gammas(optimizers, old, [min(g, suggested) for g in old], monitor._gamma_set)
     monitor._healthy_run = 0
     monitor.gamma = gamma = read_gamma(optimizers[0])
     return gamma
@@ -158,6 +167,8 @@ class StepGuard:
         last = m._last_loss
         self.loss_before = last[1] if last is not None and last[0] is self.data and last[1] is not None else m.loss_value(self.data)
         self.gammas = [read_gamma(o) for o in self.optimizers]
+        if m.on_failure == "rollback":
+            self._hold_gammas()
         self.gamma_before = self.gammas[0]
         if m.xi_transform is None:  # not given: the optimizer's, for the searches and checks (as γ follows its γ)
             m.xi_transform = getattr(self.optimizer, "xi_transform", None)
@@ -166,14 +177,26 @@ class StepGuard:
         m._optimizers = self.optimizers  # the periodic check lowers their γ (lower_after_check)
         return self
 
+    def _hold_gammas(self) -> None:
+        """Each γ the loop set above the one the guard last set (a γ schedule) set back to the guard's, with a warning
+        the first time: a loop that sets γ at every step would otherwise repeat the failed step at every step."""
+        m = self.monitor
+        held = [min(g, m._gamma_set.get(id(o), g)) for o, g in zip(self.optimizers, self.gammas)]
+        if held != self.gammas:
+            if "held" not in m._warned:
+                m._warned.add("held")
+                warnings.warn(_HELD.format(step=self.step, got=self.gammas[0], held=held[0]), UserWarning, stacklevel=3)
+            set_gammas(self.optimizers, self.gammas, held, m._gamma_set)
+            self.gammas = [read_gamma(o) for o in self.optimizers]
+
     def _moved_since_last_exit(self) -> tuple[str, ...]:
         """The parameters whose values differ (bitwise) from what the guard left at its last exit; warns once."""
         left, now = self.monitor._left_by_guard, self.snapshot
         if left is None or [a.shape for a in left] != [a.shape for a in now]:
             return ()
         moved = tuple(name for (name, _), a, b in zip(_variables(self.pairs), now, left) if a.tobytes() != b.tobytes())
-        if moved and not self.monitor._moved_warned:
-            self.monitor._moved_warned = True
+        if moved and "moved" not in self.monitor._warned:
+            self.monitor._warned.add("moved")
             fix = "; ".join(f"gpflow.set_trainable({n}, False)" for n in moved)
             warnings.warn(_MOVED.format(names=", ".join(moved), fix=fix), UserWarning, stacklevel=3)
         return moved
@@ -247,7 +270,8 @@ class StepGuard:
         from the current γ, capped at its first guarded value and below every γ that failed; None when none rises."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
-        if m._healthy_run < RAISE_AFTER or all(g >= c for g, c in zip(self.gammas, caps)):
+        ours = [m._gamma_set.get(id(o)) for o in self.optimizers] == self.gammas  # γ the loop set is the loop's
+        if m._healthy_run < RAISE_AFTER or not ours or all(g >= c for g, c in zip(self.gammas, caps)):
             return None
         m._healthy_run = 0
         suggested = self._suggestions(m.search(self.data, self.gammas[0]))
@@ -278,12 +302,13 @@ class StepGuard:
             # raised at a Python-number γ the guard set, where GPflow's step holds on a deterministic loss: γ unused
             holds = {c.status for c in report.checks if c.name.endswith("step_health")} == {"pass"}
             unreached = exc is not None and holds and (
-                [m._numbers_set.get(id(o)) for o in self.optimizers] == self.gammas
+                [m._gamma_set.get(id(o)) for o in self.optimizers] == self.gammas
+                and not any(hasattr(o.gamma, "assign") for o in self.optimizers)
                 and not spread(lambda: m.loss_value(self.data), loss_after, self.pairs[0][1].dtype.as_numpy_dtype))
             gammas = None if unreached else gammas
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
-        set_gammas(self.optimizers, self.gammas, gammas or (), m._numbers_set)
+        set_gammas(self.optimizers, self.gammas, gammas or (), m._gamma_set)
         gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
         record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
                              gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,

@@ -41,11 +41,13 @@ def _build() -> type:
         def pull(self) -> OnElbo:
             self.read = read_gamma(self.optimizer)
             self.gamma.assign(self.read / self.num_data)
+            self.written = read_gamma(self)
             return self
 
         def push(self) -> None:
-            if read_gamma(self) != self.read / self.num_data:
-                set_gammas([self.optimizer], [self.read], [read_gamma(self) * self.num_data], {})
+            if (gamma := read_gamma(self)) != self.written:
+                set_gammas([self.optimizer], [self.read], [gamma * self.num_data], {})
+                self.read, self.written = read_gamma(self.optimizer), gamma
 
     class NatGradCallback(tf_keras.callbacks.Callback):  # type: ignore[misc, name-defined, unused-ignore]
         """Guard every training batch with ``monitor`` (a :class:`~natgrad_diag.NatGradMonitor`).
@@ -73,6 +75,8 @@ def _build() -> type:
             self._views = [self._seen.setdefault(id(o), OnElbo(o, self._per_datapoint)).pull() for o in optimizers]
             self._guard = self.monitor.guard(self.step, self._views)
             self._guard.__enter__()
+            for view in self._views:  # a γ the guard held (a schedule set it above the guard's) reaches this batch
+                view.push()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             guard, self._guard = self._guard, None
