@@ -140,3 +140,50 @@ def test_check_natgrad__xisqrtmeanvar_gamma_1_states_each_failure_with_its_check
     failed = len(q_sqrts) + 1  # GPflow's step that raised
     assert walk_part.startswith(f"step {failed} of its {CONVERGENCE_STEPS}-step walk failed: ") and "NaN or Inf" in walk_part
     assert report.lead.count(entry) == 1  # said once, by the cause
+
+
+@pytest.mark.parametrize("mode", ["full", pytest.param("fast", marks=pytest.mark.slow)])
+def test_check_natgrad__where_no_gamma_trains_with_one_xi_the_fix_names_the_other_and_a_gamma_that_trains(mode):
+    """A non-whitened SVGP whose q(u) is far wider than its prior (q_sqrt = 10·I, q_mu = 10): GPflow's XiSqrtMeanVar
+    step breaks q(u) at every γ of the grid, and the fix said "use a smaller gamma". It names XiNat and the γ its
+    search measured. Oracle: GPflow's own NaturalGradient on copies. With XiSqrtMeanVar every grid γ fails within k
+    steps (q_sqrt's diagonal not positive, a raise, or a rise of the loss); with XiNat and the γ named, 4k steps keep
+    q_sqrt's diagonal positive, the first lowers the loss and none raises it beyond rounding."""
+    import gpflow
+    import tensorflow as tf
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    from natgrad_diag import check_natgrad
+    from natgrad_diag.demo import make_model
+
+    model, data = make_model("svgp", "gaussian", num_inducing=8, num_data=40, whiten=False)
+    model.q_sqrt.assign(10.0 * np.eye(8)[None])
+    model.q_mu.assign(np.full((8, 1), 10.0))
+
+    def gpflow_losses(xi, gamma, steps):  # the loss after each step, None from the first that breaks q(u) or raises
+        copy, losses = gpflow.utilities.deepcopy(model), []
+        opt = gpflow.optimizers.NaturalGradient(gamma, xi)
+        for _ in range(steps):
+            try:
+                opt.minimize(lambda: copy.training_loss(data), [(copy.q_mu, copy.q_sqrt)])
+            except tf.errors.InvalidArgumentError:
+                return [*losses, None]
+            if not np.all(np.diagonal(copy.q_sqrt.numpy(), axis1=-2, axis2=-1) > 0):
+                return [*losses, None]
+            losses.append(float(copy.training_loss(data)))
+        return losses
+
+    start = float(model.training_loss(data))
+    for gamma in GAMMA_GRID:  # every γ of the grid fails with XiSqrtMeanVar within k = 5 steps
+        losses = gpflow_losses(XiSqrtMeanVar(), gamma, 5)
+        assert None in losses or any(b > a for a, b in zip([start, *losses], losses)), gamma
+    report = check_natgrad(model, data, gamma=1.0, xi_transform=XiSqrtMeanVar(), mode=mode, progress=False)
+    assert report.suggested_gamma is None
+    cause = next(c for c in report.causes if c.name == "step_too_long")
+    assert cause.fix.startswith("use xi_transform=XiNat() with gamma = "), cause.fix
+    named = float(cause.fix.split("with gamma = ")[1].split(":")[0])
+    health = next(c for c in report.checks if c.name == "step_health")
+    assert f"no gamma of the grid holds for 5 steps with XiSqrtMeanVar; with XiNat, gamma = {named:g} trains" in health.detail
+    losses = gpflow_losses(XiNat(), named, 20)
+    tie = np.sqrt(np.finfo(np.float64).eps) * start  # what one evaluation resolves (the checks' rounding bound)
+    assert None not in losses and losses[0] < start and all(b <= a + tie for a, b in zip(losses, losses[1:]))

@@ -262,7 +262,7 @@ def _report(ctx: Context, mode: str, step: Step, found: Outcome, cond: Condition
     m, h = ctx.model, found.health or HealthResult(None, None, (), "")
     N = int(ctx.data[0].shape[0]) if ctx.data is not None else int(m.data[0].shape[0]) if hasattr(m, "data") else None
     dtype, ok = np.dtype(ctx.np_dtype).name, not step.error
-    causes = diagnose(found.checks, cond, dtype=dtype, jitter=gpflow.config.default_jitter(), suggested_gamma=h.suggested, minibatch=conjugate.minibatch(ctx))
+    causes = diagnose(found.checks, cond, dtype=dtype, jitter=gpflow.config.default_jitter(), suggested_gamma=h.suggested, other_xi=h.other, minibatch=conjugate.minibatch(ctx))
     return NatGradReport(
         model_name=type(m).__name__, likelihood=type(m.likelihood).__name__, num_inducing=ctx.M, num_latent=ctx.L, num_data=N,
         dtype=dtype, whiten=bool(getattr(m, "whiten", True)), xi_transform=type(ctx.xi).__name__, gamma=ctx.gamma, mode=mode,

@@ -101,8 +101,12 @@ def _gpflow_precision(bad: list[Check], cond: Conditioning | None, dtype: str) -
     )  # fmt: skip
 
 
-def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None, minibatch: str = "") -> tuple[Cause, ...]:
-    """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch).
+def diagnose(
+    checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str, jitter: float, suggested_gamma: float | None,
+    other_xi: tuple[str, float, float] | None = None, minibatch: str = "",
+) -> tuple[Cause, ...]:  # fmt: skip
+    """The causes of every check with status "fail" or "warn" (and ``minibatch`` when the data are a batch);
+    ``other_xi``: where no γ trains, the other ξ's (name, γ, loss), which the fix then names.
 
     Rules, in order: a step-health failure, or k steps that fail or move away from the optimum, is ``step_too_long``; a warning, or a conjugate check's failure on an
     ill-conditioned problem (ε·κ > :data:`ILL_CONDITIONED`), is ``ill_conditioning`` (``float32_precision`` when
@@ -113,7 +117,9 @@ def diagnose(checks: tuple[Check, ...], cond: Conditioning | None, *, dtype: str
     # a failed convergence check counts when its steps failed or moved away from the optimum (not a wrong rate)
     diverged = [c for c in bad if walk_failed(c) or (c.name == "conjugate_convergence" and c.status == "fail" and "shrinks at every step" in c.claim)]
     if health := [c for c in bad if c.name in ("step_health", "finite_gradients") or c in diverged]:
-        fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else "use a smaller gamma."
+        fix = f"use gamma = {suggested_gamma:g} (of the γ that held, the one with the lowest loss after the look-ahead steps)." if suggested_gamma is not None else (
+            f"use xi_transform={other_xi[0]}() with gamma = {other_xi[1]:g}: no γ of the grid trains with this ξ, and GPflow's own steps with "
+            f"{other_xi[0]} do from this q(u)." if other_xi else "use a smaller gamma.")  # fmt: skip
         health.sort(key=lambda c: c.name != "step_health")  # GPflow's own steps, with the failing one, first
         why = [(c.name, c.detail.split(";")[0].rstrip(". ")) for c in health]  # each failure as its check saw it
         evidence = "; ".join(f"{n}: {w}" if len(why) > 1 else w for n, w in why)

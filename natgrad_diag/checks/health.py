@@ -57,7 +57,7 @@ from natgrad_diag.typing import Array
 
 __all__ = [
     "GAMMA_GRID", "LOOK_AHEAD", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "Stability", "best_gamma", "estimate_stability", "health",
-    "judge_stability", "noise", "rayleigh_bound", "rounding", "search", "sigmas", "spread", "stage",
+    "judge_stability", "noise", "other_xi", "rayleigh_bound", "rounding", "search", "sigmas", "spread", "stage",
 ]  # fmt: skip
 
 #: The step lengths the search may try besides γ itself, largest first: half-decades from 10 to 0.001.
@@ -261,7 +261,24 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
     return best_gamma(trials, ev.ctx.np_dtype, sigmas(ev)[1], keep=own.gamma), trials
 
 
-def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...]) -> Check:
+def other_xi(ev: Evaluator, step: Step) -> tuple[str, float, float] | None:
+    """Where no γ of the grid trains with GPflow's XiNat or XiSqrtMeanVar: the search (:func:`search`) with the other
+    one, by GPflow's own update, as (its name, the γ it suggests, the loss after its k steps); None when none trains
+    with it either, or ξ is neither. (From a q(u) far wider than the prior of a non-whitened SVGP, XiSqrtMeanVar's
+    step breaks q_sqrt at every γ down to 0.001 while XiNat's trains at γ = 1.)"""
+    from gpflow.optimizers import XiNat, XiSqrtMeanVar
+
+    xi = ev.ctx.xi
+    if not isinstance(xi, (XiNat, XiSqrtMeanVar)):
+        return None
+    other = type(ev)(dataclasses.replace(ev.ctx, xi=XiNat() if isinstance(xi, XiSqrtMeanVar) else XiSqrtMeanVar()))
+    suggested, trials = search(other, step, _trial(other, ev.ctx.gamma, step, own=True), proven=False)
+    best = next((t for t in trials if t.gamma == suggested and t.loss is not None), None)
+    return None if best is None or best.loss is None else (type(other.ctx.xi).__name__, best.gamma, best.loss)
+
+
+def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: GammaTrial, suggested: float | None, trials: tuple[GammaTrial, ...],
+                  other: tuple[str, float, float] | None) -> Check:  # fmt: skip
     k = ctx.gamma_steps
     steps = f"{k} steps" if k > 1 else "the step"
     claim = (f"{steps} with gamma = {ctx.gamma:g} keep q(u) valid (finite, q_sqrt lower-triangular with a positive "
@@ -279,7 +296,8 @@ def _health_check(ctx: Context, step: Step, sigma: tuple[float, float], own: Gam
         f32 = " In float32 the Cholesky factorisations of the step are fragile: try float64." if ctx.np_dtype == np.float32 else ""
         at = f" at step {own.failed_step}" if k > 1 and own.failed_step else ""
         why = own.reason.split(": ", 1)[1] if k > 1 and own.reason.startswith("step ") else own.reason
-        detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or (f"no gamma of the grid holds for {steps}" if ctx.search else "no γ searched (gamma_search=False)")) + "." + f32
+        instead = f" with {type(ctx.xi).__name__}; with {other[0]}, gamma = {other[1]:g} trains (loss {format_number(other[2])} after {k} step{'s' if k > 1 else ''})" if other else ""
+        detail = f"gamma = {ctx.gamma:g} fails{at}: {why.rstrip('.')}; " + (trains or (f"no gamma of the grid holds for {steps}{instead}" if ctx.search else "no γ searched (gamma_search=False)")) + "." + f32
     return Check(name="step_health", claim=claim, status=status_of(own.healthy), detail=detail)
 
 
@@ -305,13 +323,14 @@ def stage(run: Run) -> Outcome:
     if ctx.search:
         suggested, trials = search(ev, step, own, proven)
         own = next(t for t in trials if t.gamma == ctx.gamma)
+        other = other_xi(ev, step) if suggested is None else None
     else:
         _unstable(ev, alone := {ctx.gamma: own}, step, proven)
         own = alone[ctx.gamma]
-        suggested, trials = own.gamma if own.healthy else None, (own,)
-    check = _health_check(ctx, step, ev.noise_at, own, suggested, trials)
+        suggested, trials, other = own.gamma if own.healthy else None, (own,), None
+    check = _health_check(ctx, step, ev.noise_at, own, suggested, trials, other)
     nums.update(ev.stability.numbers() if ev.stability is not None else {})
-    result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason)
+    result = HealthResult(own.losses[0] if own.healthy and own.losses else None, suggested, trials, "" if own.healthy else own.reason, other)
     return Outcome(checks=(check,), numbers=tuple(nums.items()), health=result)
 
 

@@ -32,12 +32,14 @@ class GammaTrial:
 @dataclass(frozen=True)
 class HealthResult:
     """What the ``step_health`` stage found beside its check: the report's ``loss_after``, ``suggested_gamma``,
-    ``gamma_trials`` and ``step_error`` (see :class:`NatGradReport`)."""
+    ``gamma_trials`` and ``step_error`` (see :class:`NatGradReport`), and where no γ trains, the other ξ's
+    (name, γ, loss after k steps) when one trains with it (:func:`~natgrad_diag.checks.health.other_xi`)."""
 
     loss_after: float | None
     suggested: float | None
     trials: tuple[GammaTrial, ...]
     step_error: str
+    other: tuple[str, float, float] | None = None
 
 
 @dataclass(frozen=True)
