@@ -135,13 +135,10 @@ def test_gpflux__keras_callback_guards_natgradmodel_fit():
     assert monitor.guard_records[0].loss_before == start and monitor.guard_records[-1].loss_after < start
 
 
-def test_gpflux__keras_gamma_is_n_times_the_gamma_on_minus_elbo_and_a_rollback_sets_it_so():
-    """fit's loss is −ELBO/N, so Keras γ = 2N is GPflow's step with γ = 2 on −ELBO: it overshoots (Y has outliers), the
-    guard rolls back and sets the γ its search measured on −ELBO, times N. It set the −ELBO γ itself (N times too small:
-    training crawled). Oracle: GPflow's NaturalGradient on −ELBO, from the same start."""
-    from natgrad_diag.keras import NatGradCallback
-
-    N = 120
+def _outliers_in_fit(N: int = 120):
+    """(data, the guarding monitor, the Keras model, its NaturalGradient) of a one-layer DeepGP on N points, six of
+    them outliers, compiled for NatGradModel's fit with Keras γ = 2N (γ = 2 on −ELBO, which overshoots) and Adam's rate
+    0 (q(u) alone moves)."""
     dgp, data = _deep_gp(1, num_data=N, num_inducing=8)
     Y = data[1].numpy().copy()
     Y[:6] += 10.0
@@ -150,8 +147,19 @@ def test_gpflux__keras_gamma_is_n_times_the_gamma_on_minus_elbo_and_a_rollback_s
     keras_model = dgp.as_training_model()
     keras_model.natgrad_layers = True
     natgrad = NaturalGradient(tf.Variable(2.0 * N, dtype=tf.float64))
-    keras_model.compile([natgrad, tf_keras.optimizers.Adam(0.0)])  # hyperparameters fixed: q(u) alone moves
-    keras_model.fit({"inputs": data[0].numpy(), "targets": Y}, batch_size=N, epochs=4, verbose=0, shuffle=False,
+    keras_model.compile([natgrad, tf_keras.optimizers.Adam(0.0)])
+    return data, monitor, keras_model, natgrad
+
+
+def test_gpflux__keras_gamma_is_n_times_the_gamma_on_minus_elbo_and_a_rollback_sets_it_so():
+    """fit's loss is −ELBO/N, so Keras γ = 2N is GPflow's step with γ = 2 on −ELBO: it overshoots (Y has outliers), the
+    guard rolls back and sets the γ its search measured on −ELBO, times N. It set the −ELBO γ itself (N times too small:
+    training crawled). Oracle: GPflow's NaturalGradient on −ELBO, from the same start."""
+    from natgrad_diag.keras import NatGradCallback
+
+    N = 120
+    data, monitor, keras_model, natgrad = _outliers_in_fit(N)
+    keras_model.fit({"inputs": data[0].numpy(), "targets": data[1].numpy()}, batch_size=N, epochs=4, verbose=0, shuffle=False,
                     callbacks=[NatGradCallback(monitor)])  # fmt: skip
     records = monitor.guard_records
     assert records[0].gamma_before == 2.0 and any(r.rolled_back for r in records), [str(r) for r in records]
@@ -175,22 +183,14 @@ def test_gpflux__a_keras_schedule_above_the_gamma_the_guard_set_is_held_in_fit()
     from natgrad_diag.keras import NatGradCallback
 
     N = 120
-    dgp, data = _deep_gp(1, num_data=N, num_inducing=8)
-    Y = data[1].numpy().copy()
-    Y[:6] += 10.0
-    data = (data[0], tf.constant(Y))
-    monitor = NatGradMonitor(dgp, data, gamma=2.0, on_failure="rollback", loss_increase=0.3)
-    keras_model = dgp.as_training_model()
-    keras_model.natgrad_layers = True
-    natgrad = NaturalGradient(tf.Variable(2.0 * N, dtype=tf.float64))
-    keras_model.compile([natgrad, tf_keras.optimizers.Adam(0.0)])  # hyperparameters fixed: q(u) alone moves
+    data, monitor, keras_model, natgrad = _outliers_in_fit(N)
 
     class Ceiling(tf_keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
             natgrad.gamma.assign(2.0 * N)
 
     with pytest.warns(UserWarning, match="set optimizer.gamma = 2 before training step .*, above the γ = "):
-        keras_model.fit({"inputs": data[0].numpy(), "targets": Y}, batch_size=N, epochs=5, verbose=0, shuffle=False,
+        keras_model.fit({"inputs": data[0].numpy(), "targets": data[1].numpy()}, batch_size=N, epochs=5, verbose=0, shuffle=False,
                         callbacks=[Ceiling(), NatGradCallback(monitor)])  # fmt: skip
     records = monitor.guard_records
     failed = [i for i, r in enumerate(records) if not r.passed]
