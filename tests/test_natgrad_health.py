@@ -184,6 +184,9 @@ def test_check_natgrad__where_no_gamma_trains_with_one_xi_the_fix_names_the_othe
     named = float(cause.fix.split("with gamma = ")[1].split(":")[0])
     health = next(c for c in report.checks if c.name == "step_health")
     assert f"no gamma of the grid holds for 5 steps with XiSqrtMeanVar; with XiNat, gamma = {named:g} trains" in health.detail
+    pair = check_natgrad(lambda: model.training_loss(data), var_list=[(model.q_mu, model.q_sqrt, XiSqrtMeanVar())],
+                         gamma=1.0, mode=mode, progress=False).pairs[0]  # the var_list form searches its own ξ alone
+    assert pair.suggested_gamma is None and "holds for 5 steps." in next(c for c in pair.checks if c.name == "step_health").detail
     losses = gpflow_losses(XiNat(), named, 20)
     tie = np.sqrt(np.finfo(np.float64).eps) * start  # what one evaluation resolves (the checks' rounding bound)
     assert None not in losses and losses[0] < start and all(b <= a + tie for a, b in zip(losses, losses[1:]))

@@ -264,12 +264,12 @@ def search(ev: Evaluator, step: Step, own: GammaTrial, proven: bool) -> tuple[fl
 def other_xi(ev: Evaluator, step: Step) -> tuple[str, float, float] | None:
     """Where no γ of the grid trains with GPflow's XiNat or XiSqrtMeanVar: the search (:func:`search`) with the other
     one, by GPflow's own update, as (its name, the γ it suggests, the loss after its k steps); None when none trains
-    with it either, or ξ is neither. (From a q(u) far wider than the prior of a non-whitened SVGP, XiSqrtMeanVar's
-    step breaks q_sqrt at every γ down to 0.001 while XiNat's trains at γ = 1.)"""
+    with it either, ξ is neither, or in the var_list form (whose reports name no causes). (From a q(u) far wider than
+    the prior of a non-whitened SVGP, XiSqrtMeanVar's step breaks q_sqrt at every γ down to 0.001; XiNat's trains.)"""
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     xi = ev.ctx.xi
-    if not isinstance(xi, (XiNat, XiSqrtMeanVar)):
+    if ev.ctx.model is None or not isinstance(xi, (XiNat, XiSqrtMeanVar)):
         return None
     other = type(ev)(dataclasses.replace(ev.ctx, xi=XiNat() if isinstance(xi, XiSqrtMeanVar) else XiSqrtMeanVar()))
     suggested, trials = search(other, step, _trial(other, ev.ctx.gamma, step, own=True), proven=False)
