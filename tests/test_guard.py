@@ -519,6 +519,27 @@ def test_guard__a_schedule_that_sets_a_failing_gamma_at_every_step_is_held_at_th
     assert same_bits(_q_values(restored), _q_values(model))
 
 
+def test_guard__a_gamma_set_inside_the_block_is_the_one_judged_recorded_and_searched_from():
+    # A schedule inside the step function: the block sets γ = 5 and steps. The guard read γ = 0.1 before the block,
+    # so its record named 0.1 for a step taken at 5, and its search started from 0.1. It reads γ again after the block
+    # and warns once that a γ it sets will be overwritten. Oracle: GPflow's own NaturalGradient(5) raises from this q(u).
+    model, data = _bernoulli()
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _natgrad_step(NaturalGradient(5.0), gpflow.utilities.deepcopy(model), data)
+    monitor = NatGradMonitor(model, data, gamma=0.1, on_failure="rollback")
+    natgrad = NaturalGradient(tf.Variable(0.1, dtype=tf.float64))
+    searched = []  # the γ each search started from: a spy on natgrad-diag's own method
+    search = monitor.search
+    monitor.search = lambda d, g: searched.append(g) or search(d, g)
+    for step in range(2):
+        warns = pytest.warns(UserWarning, match=r"changed inside the guarded block at training step 0 \(0.1 → 5\)")
+        with warns if step == 0 else contextlib.nullcontext(), monitor.guard(step, natgrad):
+            natgrad.gamma.assign(5.0)
+            _natgrad_step(natgrad, model, data)
+    assert [(r.status, r.gamma_before) for r in monitor.guard_records] == [("failed", 5.0), ("failed", 5.0)]
+    assert searched == [5.0, 5.0] and all(r.rolled_back and r.gamma_after < 5.0 for r in monitor.guard_records)
+
+
 @pytest.mark.slow
 def test_guard__minibatch_training_at_a_fragile_gamma_does_not_fail_again_and_again():
     # A researcher's loop: a Bernoulli SVGP on 2,000 points in shuffled batches of 200, natural gradients at γ = 1

@@ -40,6 +40,12 @@ _HELD = (
     "follow your own schedule, use on_failure='warn' (the guard then never changes γ)."
 )
 
+_IN_BLOCK = (
+    "optimizer.gamma changed inside the guarded block at training step {step} ({before:g} → {after:g}): the guard "
+    "judges and records the step at the γ the block left, but a γ it sets after a failure is overwritten when the "
+    "block sets γ again. Set γ before `with monitor.guard(...)`, outside the step function."
+)
+
 _MOVED = (
     "something other than the guarded natural-gradient step changed {names} since the last guarded step (an "
     "optimizer such as Adam over model.trainable_variables also moves q(u), which undoes the natural-gradient "
@@ -285,6 +291,12 @@ class StepGuard:
         if exc is not None and not isinstance(exc, tf.errors.InvalidArgumentError):
             m._last_loss = None
             return False  # not a numerical failure of the step: let it through untouched
+        now = [read_gamma(o) for o in self.optimizers]
+        if now != self.gammas and now != [m._gamma_set.get(id(o)) for o in self.optimizers]:  # the block set γ itself
+            if "in_block" not in m._warned:
+                m._warned.add("in_block")
+                warnings.warn(_IN_BLOCK.format(step=self.step, before=self.gamma_before, after=now[0]), UserWarning, stacklevel=2)
+            self.gammas, self.gamma_before = now, now[0]
         cause, loss_after = self._cause(exc)
         if not cause and self.verify:
             cause = self._verified()

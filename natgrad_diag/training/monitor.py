@@ -109,7 +109,7 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self.guard_records: list[GuardRecord] = []
         self.log = None if log_dir is None else ScalarLog(log_dir)  # the directory made now, once the rest is valid
         self._left_by_guard: list[Any] | None = None  # the pairs' values the last guarded step left
-        self._warned: set[str] = set()  # the one-time warnings given: 'moved' (q(u) moved), 'held' (γ held)
+        self._warned: set[str] = set()  # one-time warnings given: 'moved' (q(u) moved), 'held', 'in_block' (γ)
         self._measure: Any = None  # the compiled validity and loss, built at first use
         self._last_loss: tuple[Any, float | None] | None = None  # (batch, loss) the last guarded step left
         self._gamma_cap: dict[int, float] = {}  # id(optimizer) -> its first guarded γ, lowered below each that failed
