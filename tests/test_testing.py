@@ -22,6 +22,8 @@ from natgrad_diag.exceptions import InputError, JacobianMismatchError, OutputGra
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gradient-checks.md"
 
+pytest_plugins = ["pytester"]
+
 
 def test_testing__imports_without_tensorflow() -> None:
     code = "import sys, natgrad_diag.testing; print(sorted(m for m in ('tensorflow', 'gpflow', 'torch') if m in sys.modules))"
@@ -58,6 +60,41 @@ def test_assert_gradients__raises_assertion_error_naming_the_block() -> None:
     assert "analytical 8.0" in msg
     report = testing.assert_gradients(tf.sin, [x])  # a passing check returns its report
     assert report.passed and report.rows[0].compared == 4
+
+
+ASSERTING = """\
+import numpy as np
+import tensorflow as tf
+
+from natgrad_diag import assert_natgrad
+from natgrad_diag.demo import make_model
+from natgrad_diag.testing import assert_gradients
+
+
+@tf.custom_gradient
+def cube(x):
+    return x**3, lambda dy: dy * 2.0 * x**2
+
+
+def test_gradients():
+    assert_gradients(cube, [np.array([0.1, -2.0])])
+
+
+def test_natgrad():
+    assert_natgrad(*make_model("svgp", "bernoulli", num_inducing=10, num_data=50), gamma=5.0, progress=False)
+"""
+
+
+def test_assert_helpers__a_failure_is_shown_at_the_users_line_without_the_packages_frames(pytester: pytest.Pytester) -> None:
+    # a researcher's suite: pytest shows the assertion at their call (natgrad-diag's frames hidden, as pytest's own
+    # helpers are), with the message naming the block or the check and the fix
+    pytester.makepyfile(test_sample=ASSERTING)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*assert_gradients(cube, *", "E *.JacobianMismatchError: *", "test_sample.py:15: JacobianMismatchError"])
+    result.stdout.fnmatch_lines(["*assert_natgrad(*", "E *.NatGradCheckError: *", "test_sample.py:19: NatGradCheckError"])
+    out = result.stdout.str()
+    assert "natgrad_diag/gradcheck" not in out and "natgrad_diag/checks" not in out, out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -279,6 +279,7 @@ def assert_natgrad(model: Any, data: Any = None, **kwargs: Any) -> NatGradReport
     Raises:
         NatGradCheckError: names each failed check with its numbers and tolerance.
     """
+    __tracebackhide__ = True  # pytest shows the user's call as the failing line
     report = check_natgrad(model, data, **kwargs)
     if not report.passed:
         failed = [c for c in report.checks if c.status == "fail"]
@@ -331,6 +332,7 @@ def assert_natgrad_step_matches_gpflow(
         NatGradCheckError: the steps differ, or only one of them fails; for an optimizer, naming the mistake it makes.
         UnsupportedModelError, InputError: as :func:`check_natgrad`.
     """
+    __tracebackhide__ = True  # pytest shows the user's call as the failing line
     if optimizer is not None:
         optimizer, gamma, xi_transform = custom_step.as_optimizer(optimizer, gamma=gamma, xi_transform=xi_transform)
     with _checking(model, data, gamma, xi_transform, dict(rtol=rtol, atol=atol)) as ctx:

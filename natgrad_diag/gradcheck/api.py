@@ -150,6 +150,7 @@ def assert_gradients(
     """:func:`check_gradients` (same arguments) that raises :class:`~natgrad_diag.JacobianMismatchError` (an
     ``AssertionError``) on a mismatch, naming the output, the input, the worst entry, numerical against analytical,
     the tolerances and a remedy; returns the report when every block passes."""
+    __tracebackhide__ = True  # pytest shows the user's call as the failing line
     report = check_gradients(fn, inputs, structure=structure, mode=mode, cotangents=cotangents, eps=eps, rtol=rtol,
                              atol=atol, seed=seed, num_directions=num_directions, input_names=input_names,
                              output_names=output_names, max_bytes=max_bytes)  # fmt: skip
