@@ -89,7 +89,7 @@ def test_assert_helpers__a_failure_is_shown_at_the_users_line_without_the_packag
     # a researcher's suite: pytest shows the assertion at their call (natgrad-diag's frames hidden, as pytest's own
     # helpers are), with the message naming the block or the check and the fix
     pytester.makepyfile(test_sample=ASSERTING)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:benchmark")  # benchmark: its xdist warning
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*assert_gradients(cube, *", "E *.JacobianMismatchError: *", "test_sample.py:15: JacobianMismatchError"])
     result.stdout.fnmatch_lines(["*assert_natgrad(*", "E *.NatGradCheckError: *", "test_sample.py:19: NatGradCheckError"])
