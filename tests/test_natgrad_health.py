@@ -151,6 +151,7 @@ def test_check_natgrad__where_no_gamma_trains_with_one_xi_the_fix_names_the_othe
     q_sqrt's diagonal positive, the first lowers the loss and none raises it beyond rounding."""
     import gpflow
     import tensorflow as tf
+    from _user_models import same_bits, variables_of
     from gpflow.optimizers import XiNat, XiSqrtMeanVar
 
     from natgrad_diag import check_natgrad
@@ -177,8 +178,9 @@ def test_check_natgrad__where_no_gamma_trains_with_one_xi_the_fix_names_the_othe
     for gamma in GAMMA_GRID:  # every γ of the grid fails with XiSqrtMeanVar within k = 5 steps
         losses = gpflow_losses(XiSqrtMeanVar(), gamma, 5)
         assert None in losses or any(b > a for a, b in zip([start, *losses], losses)), gamma
+    before = variables_of(model)
     report = check_natgrad(model, data, gamma=1.0, xi_transform=XiSqrtMeanVar(), mode=mode, progress=False)
-    assert report.suggested_gamma is None
+    assert report.suggested_gamma is None and same_bits(before, variables_of(model))  # read-only, both searches too
     cause = next(c for c in report.causes if c.name == "step_too_long")
     assert cause.fix.startswith("use xi_transform=XiNat() with gamma = "), cause.fix
     named = float(cause.fix.split("with gamma = ")[1].split(":")[0])
