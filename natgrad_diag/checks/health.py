@@ -273,7 +273,7 @@ def other_xi(ev: Evaluator, step: Step) -> tuple[str, float, float] | None:
         return None
     other = type(ev)(dataclasses.replace(ev.ctx, xi=XiNat() if isinstance(xi, XiSqrtMeanVar) else XiSqrtMeanVar()))
     suggested, trials = search(other, step, _trial(other, ev.ctx.gamma, step, own=True), proven=False)
-    best = next((t for t in trials if t.gamma == suggested and t.loss is not None), None)
+    best = next((t for t in trials if t.gamma == suggested), None)
     return None if best is None or best.loss is None else (type(other.ctx.xi).__name__, best.gamma, best.loss)
 
 

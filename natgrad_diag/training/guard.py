@@ -183,11 +183,15 @@ class StepGuard:
         m._optimizers = self.optimizers  # the periodic check lowers their γ (lower_after_check)
         return self
 
+    def _set_by_guard(self) -> list[float | None]:
+        """Each optimizer's γ as the guard (or a failed periodic check) last set it; None where it never did."""
+        return [self.monitor._gamma_set.get(id(o)) for o in self.optimizers]
+
     def _hold_gammas(self) -> None:
         """Each γ the loop set above the one the guard last set (a γ schedule) set back to the guard's, with a warning
         the first time: a loop that sets γ at every step would otherwise repeat the failed step at every step."""
         m = self.monitor
-        held = [min(g, m._gamma_set.get(id(o), g)) for o, g in zip(self.optimizers, self.gammas)]
+        held = [g if s is None else min(g, s) for g, s in zip(self.gammas, self._set_by_guard())]
         if held != self.gammas:
             if "held" not in m._warned:
                 m._warned.add("held")
@@ -276,8 +280,8 @@ class StepGuard:
         from the current γ, capped at its first guarded value and below every γ that failed; None when none rises."""
         m = self.monitor
         caps = [m._gamma_cap[id(o)] for o in self.optimizers]
-        ours = [m._gamma_set.get(id(o)) for o in self.optimizers] == self.gammas  # γ the loop set is the loop's
-        if m._healthy_run < RAISE_AFTER or not ours or all(g >= c for g, c in zip(self.gammas, caps)):
+        # a γ the loop set is the loop's: only a γ the guard set rises
+        if m._healthy_run < RAISE_AFTER or self._set_by_guard() != self.gammas or all(g >= c for g, c in zip(self.gammas, caps)):
             return None
         m._healthy_run = 0
         suggested = self._suggestions(m.search(self.data, self.gammas[0]))
@@ -292,7 +296,7 @@ class StepGuard:
             m._last_loss = None
             return False  # not a numerical failure of the step: let it through untouched
         now = [read_gamma(o) for o in self.optimizers]
-        if now != self.gammas and now != [m._gamma_set.get(id(o)) for o in self.optimizers]:  # the block set γ itself
+        if now != self.gammas and now != self._set_by_guard():  # the block set γ itself
             if "in_block" not in m._warned:
                 m._warned.add("in_block")
                 warnings.warn(_IN_BLOCK.format(step=self.step, before=self.gamma_before, after=now[0]), UserWarning, stacklevel=2)
@@ -314,7 +318,7 @@ class StepGuard:
             # raised at a Python-number γ the guard set, where GPflow's step holds on a deterministic loss: γ unused
             holds = {c.status for c in report.checks if c.name.endswith("step_health")} == {"pass"}
             unreached = exc is not None and holds and (
-                [m._gamma_set.get(id(o)) for o in self.optimizers] == self.gammas
+                self._set_by_guard() == self.gammas
                 and not any(hasattr(o.gamma, "assign") for o in self.optimizers)
                 and not spread(lambda: m.loss_value(self.data), loss_after, self.pairs[0][1].dtype.as_numpy_dtype))
             gammas = None if unreached else gammas
