@@ -519,6 +519,29 @@ def test_guard__a_schedule_that_sets_a_failing_gamma_at_every_step_is_held_at_th
     assert same_bits(_q_values(restored), _q_values(model))
 
 
+def test_guard__an_optimizer_built_anew_at_every_step_is_held_like_the_one_it_replaces():
+    # A researcher's loop that builds NaturalGradient(5.0) inside the loop. The guard kept its γ per id(optimizer): each
+    # new object had no γ the guard set, so all 12 steps of this loop failed and were rolled back (and an object
+    # reusing a freed id inherited another's state). The guard's state is per slot of the optimizers it guards.
+    model, data = _bernoulli()
+    monitor = NatGradMonitor(model, data, gamma=5.0, on_failure="rollback")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the held-γ and Python-number-γ warnings (tested above)
+        for step in range(4):
+            if step == 1:  # the oracle's start: the q(u) the rollback restored, and the γ it set
+                restored, held = gpflow.utilities.deepcopy(model), monitor.guard_records[0].gamma_after
+            natgrad = NaturalGradient(5.0)
+            with monitor.guard(step, natgrad):
+                _natgrad_step(natgrad, model, data)
+    first, rest = monitor.guard_records[0], monitor.guard_records[1:]
+    assert first.rolled_back and held < 5.0 and monitor.rollbacks == 1
+    assert all(r.passed and r.gamma_before == r.gamma_after == held for r in rest)
+    oracle = NaturalGradient(held)  # GPflow's own optimizer at the held γ, from the restored q(u), three steps
+    for _ in range(3):
+        _natgrad_step(oracle, restored, data)
+    assert same_bits(_q_values(restored), _q_values(model))
+
+
 def test_guard__a_gamma_set_inside_the_block_is_the_one_judged_recorded_and_searched_from():
     # A schedule inside the step function: the block sets γ = 5 and steps. The guard read γ = 0.1 before the block,
     # so its record named 0.1 for a step taken at 5, and its search started from 0.1. It reads γ again after the block

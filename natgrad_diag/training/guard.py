@@ -81,17 +81,17 @@ def lower_gamma(gamma: float) -> float:
 
 def set_gammas(optimizers: list[Any], old: list[float], new: Any, set_: dict[int, float]) -> None:
     """Each optimizer's γ set to its new value where it changed: a tf.Variable assigned, else the attribute set (with
-    a warning: compiled code keeps the old one); ``set_`` notes the γ set (id(optimizer) -> γ as read back)."""
+    a warning: compiled code keeps the old one); ``set_`` notes the γ set (slot -> γ as read back)."""
     import tensorflow as tf
 
-    for opt, before, after in zip(optimizers, old, new):
+    for slot, (opt, before, after) in enumerate(zip(optimizers, old, new)):
         if after != before and isinstance(opt.gamma, tf.Variable):
             opt.gamma.assign(np.asarray(after, dtype=opt.gamma.dtype.as_numpy_dtype))  # tf.cast rounds via float32
         elif after != before:
             opt.gamma = after
             warnings.warn(_RETRACE.format(new=after, old=before), UserWarning, stacklevel=3)
         if after != before:
-            set_[id(opt)] = read_gamma(opt)
+            set_[slot] = read_gamma(opt)
 
 
 def lower_after_check(monitor: Any, suggested: float) -> float | None:
@@ -103,8 +103,8 @@ def lower_after_check(monitor: Any, suggested: float) -> float | None:
     old = [read_gamma(o) for o in optimizers]
     if not any(g > suggested for g in old):
         return None
-    for opt, g in zip(optimizers, old):
-        monitor._gamma_cap[id(opt)] = min(monitor._gamma_cap.get(id(opt), g), lower_gamma(g))
+    for slot, g in enumerate(old):
+        monitor._gamma_cap[slot] = min(monitor._gamma_cap.get(slot, g), lower_gamma(g))
     set_gammas(optimizers, old, [min(g, suggested) for g in old], monitor._gamma_set)
     monitor._healthy_run = 0
     monitor.gamma = gamma = read_gamma(optimizers[0])
@@ -178,14 +178,14 @@ class StepGuard:
         self.gamma_before = self.gammas[0]
         if m.xi_transform is None:  # not given: the optimizer's, for the searches and checks (as γ follows its γ)
             m.xi_transform = getattr(self.optimizer, "xi_transform", None)
-        for opt, g in zip(self.optimizers, self.gammas):
-            m._gamma_cap.setdefault(id(opt), g)
+        for slot, g in enumerate(self.gammas):
+            m._gamma_cap.setdefault(slot, g)
         m._optimizers = self.optimizers  # the periodic check lowers their γ (lower_after_check)
         return self
 
     def _set_by_guard(self) -> list[float | None]:
         """Each optimizer's γ as the guard (or a failed periodic check) last set it; None where it never did."""
-        return [self.monitor._gamma_set.get(id(o)) for o in self.optimizers]
+        return [self.monitor._gamma_set.get(slot) for slot in range(len(self.optimizers))]
 
     def _hold_gammas(self) -> None:
         """Each γ the loop set above the one the guard last set (a γ schedule) set back to the guard's, with a warning
@@ -279,7 +279,7 @@ class StepGuard:
         """After :data:`RAISE_AFTER` healthy steps in a row below the cap: each γ raised to the suggestion of a search
         from the current γ, capped at its first guarded value and below every γ that failed; None when none rises."""
         m = self.monitor
-        caps = [m._gamma_cap[id(o)] for o in self.optimizers]
+        caps = [m._gamma_cap[slot] for slot in range(len(self.optimizers))]
         # a γ the loop set is the loop's: only a γ the guard set rises
         if m._healthy_run < RAISE_AFTER or self._set_by_guard() != self.gammas or all(g >= c for g, c in zip(self.gammas, caps)):
             return None
@@ -306,8 +306,8 @@ class StepGuard:
             cause = self._verified()
         rolled_back, gammas, unreached = bool(cause) and m.on_failure == "rollback", None, False
         if cause:  # γ is never raised back to one that failed (:meth:`_raised`)
-            for opt, g in zip(self.optimizers, self.gammas):
-                m._gamma_cap[id(opt)] = min(m._gamma_cap[id(opt)], lower_gamma(g))
+            for slot, g in enumerate(self.gammas):
+                m._gamma_cap[slot] = min(m._gamma_cap[slot], lower_gamma(g))
         if rolled_back:
             for (_, var), value in zip(_variables(self.pairs), self.snapshot):
                 var.assign(value)

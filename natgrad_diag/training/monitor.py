@@ -112,8 +112,8 @@ class NatGradMonitor(MonitorTask):  # type: ignore[misc, valid-type, unused-igno
         self._warned: set[str] = set()  # one-time warnings given: 'moved' (q(u) moved), 'held', 'in_block' (γ)
         self._measure: Any = None  # the compiled validity and loss, built at first use
         self._last_loss: tuple[Any, float | None] | None = None  # (batch, loss) the last guarded step left
-        self._gamma_cap: dict[int, float] = {}  # id(optimizer) -> its first guarded γ, lowered below each that failed
-        self._gamma_set: dict[int, float] = {}  # id(optimizer) -> the γ the guard last set it to
+        self._gamma_cap: dict[int, float] = {}  # slot -> its first guarded γ, lowered below each that failed
+        self._gamma_set: dict[int, float] = {}  # slot (place in the guarded list: its optimizer may be new) -> γ set
         self._optimizers: list[Any] = []  # the optimizers the last guard guarded
         self._healthy_run = 0  # healthy guarded steps since γ last changed
         self._checks = 0  # periodic checks run so far
