@@ -718,6 +718,29 @@ def test_monitor__a_failed_periodic_check_sets_the_guarded_optimizers_gamma_in_r
     assert all(b < a for a, b in zip(kept, kept[1:]))
 
 
+def test_monitor__a_periodic_check_inside_the_guarded_block_leaves_the_gamma_it_set_for_the_next_check():
+    # The researcher calls monitor(i) inside `with monitor.guard(i, natgrad)`. The check at step 0 fails at γ = 1 and
+    # sets the optimizer's γ to its suggestion; the guard's exit used to set monitor.gamma back to the 1 it read at
+    # entry, so the check at step 1 judged γ = 1, which the optimizer no longer used, and failed (a false alarm).
+    # Oracle: GPflow's own optimizer at the γ set, from the q(u) the check at step 1 saw, lowers the loss 5 times.
+    model, data = make_model("svgp", "studentt", num_inducing=8, num_data=30, seed=1)
+    model, data = _natgrad_only((model, tuple(tf.constant(d) for d in data)))
+    natgrad = NaturalGradient(tf.Variable(1.0, dtype=tf.float64))
+    monitor = NatGradMonitor(model, data, gamma=1.0, on_failure="rollback", every=1)
+    for step in range(2):
+        with monitor.guard(step, natgrad):
+            _natgrad_step(natgrad, model, data)
+            if step == 1:
+                at_check = gpflow.utilities.deepcopy(model)
+            monitor(step)
+    first, second = monitor.records
+    assert first.gamma_set is not None and first.gamma_set < 1.0
+    assert monitor.guard_records[0].gamma_after == monitor.gamma == float(natgrad.gamma.numpy()) == first.gamma_set
+    assert second.passed and second.step_healthy, second
+    kept = gpflow_losses(at_check, data, first.gamma_set, 5)
+    assert all(b < a for a, b in zip(kept, kept[1:]))
+
+
 @pytest.mark.slow  # ~8 s; the only test of the search between searches (CI runs it); the failed-check rollback test above runs by default
 def test_monitor__a_periodic_check_that_fails_between_searches_suggests_a_gamma_measured_now():
     """The check after a search judges γ alone. When that γ fails there, the record's suggestion must be measured on

@@ -325,7 +325,7 @@ class StepGuard:
         m._healthy_run = 0 if cause else m._healthy_run + 1
         gammas = gammas or self._raised()
         set_gammas(self.optimizers, self.gammas, gammas or (), m._gamma_set)
-        gamma_after = m.gamma = self.gamma_before if gammas is None else read_gamma(self.optimizer)
+        gamma_after = m.gamma = read_gamma(self.optimizer)  # a periodic check in the block may have set it
         record = GuardRecord(step=self.step, status="failed" if cause else "ok", rolled_back=rolled_back, cause=cause,
                              gamma_before=self.gamma_before, gamma_after=gamma_after, loss_before=self.loss_before,
                              loss_after=loss_after, moved_by_other=self.moved)  # fmt: skip
