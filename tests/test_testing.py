@@ -66,9 +66,11 @@ ASSERTING = """\
 import numpy as np
 import tensorflow as tf
 
+from gpflow.optimizers.natgrad import expectation_to_meanvarsqrt, meanvarsqrt_to_expectation
+
 from natgrad_diag import assert_natgrad
 from natgrad_diag.demo import make_model
-from natgrad_diag.testing import assert_gradients
+from natgrad_diag.testing import assert_gradients, assert_natgrad_step_matches_gpflow
 
 
 @tf.custom_gradient
@@ -82,6 +84,19 @@ def test_gradients():
 
 def test_natgrad():
     assert_natgrad(*make_model("svgp", "bernoulli", num_inducing=10, num_data=50), gamma=5.0, progress=False)
+
+
+def my_step(q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform):  # the question's seed of ones, times dL/dmean
+    eta1, eta2 = meanvarsqrt_to_expectation(q_mu, q_sqrt)
+    with tf.GradientTape() as tape:
+        tape.watch([eta1, eta2])
+        mean, varsqrt = expectation_to_meanvarsqrt(eta1, eta2)
+    d1, d2 = tape.gradient([mean, varsqrt], [eta1, eta2])
+    return d1 * q_mu_grad, d2 * q_sqrt.transform.forward(q_sqrt_grad)
+
+
+def test_my_step():
+    assert_natgrad_step_matches_gpflow(*make_model("svgp", "gaussian", num_inducing=4, num_data=20), optimizer=my_step)
 """
 
 
@@ -90,9 +105,10 @@ def test_assert_helpers__a_failure_is_shown_at_the_users_line_without_the_packag
     # helpers are), with the message naming the block or the check and the fix
     pytester.makepyfile(test_sample=ASSERTING)
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:benchmark")  # benchmark: its xdist warning
-    result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*assert_gradients(cube, *", "E *.JacobianMismatchError: *", "test_sample.py:15: JacobianMismatchError"])
-    result.stdout.fnmatch_lines(["*assert_natgrad(*", "E *.NatGradCheckError: *", "test_sample.py:19: NatGradCheckError"])
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*assert_gradients(cube, *", "E *.JacobianMismatchError: *", "test_sample.py:17: JacobianMismatchError"])
+    result.stdout.fnmatch_lines(["*assert_natgrad(*", "E *.NatGradCheckError: *", "test_sample.py:21: NatGradCheckError"])
+    result.stdout.fnmatch_lines(["*assert_natgrad_step_matches_gpflow(*", "E *.NatGradCheckError: *", "*output_gradients=None*", "test_sample.py:34: NatGradCheckError"])
     out = result.stdout.str()
     assert "natgrad_diag/gradcheck" not in out and "natgrad_diag/checks" not in out, out
 
