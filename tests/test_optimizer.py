@@ -12,6 +12,7 @@ N/σ² = 500), so XiSqrtMeanVar runs at γ = 0.001 and 0.01.
 from __future__ import annotations
 
 import doctest
+import logging
 
 import gpflow
 import numpy as np
@@ -197,6 +198,21 @@ def test_natural_gradient__is_a_drop_in_gpflow_natural_gradient():
     assert opt.gamma == 0.5 and isinstance(opt.xi_transform, XiSqrtMeanVar) and opt.natgrad_name == "mine"
     assert isinstance(NaturalGradient(0.1).xi_transform, XiNat)
     assert opt.get_config() == gpflow.optimizers.NaturalGradient(0.5, XiSqrtMeanVar(), name="mine").get_config()
+
+
+def test_natural_gradient__traces_in_a_users_tf_function_without_an_autograph_warning():
+    # A researcher's compiled training step printed "WARNING:tensorflow:AutoGraph could not transform <bound method
+    # NaturalGradient.apply_natgrad> ... Please report this to the TensorFlow team" (a walrus AutoGraph cannot convert).
+    model, loss = make_model("SVGP")
+    opt, records = NaturalGradient(0.1), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    tf.get_logger().addHandler(handler)
+    try:
+        tf.function(lambda: opt.minimize(loss, [(model.q_mu, model.q_sqrt)]))()
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [r.getMessage() for r in records if "AutoGraph" in r.getMessage()]
 
 
 def test_optimizer__docstring_examples_run():

@@ -8,6 +8,7 @@ import gpflow
 import tensorflow as tf
 
 from natgrad_diag._gpflow import natgrad_apply_gradients, override_natgrad_apply_gradients, to_constrained
+from natgrad_diag.exceptions import raised_as_is
 from natgrad_diag.step.backend import step_backend
 from natgrad_diag.step.closed_form import natgrad_step_closed_form
 
@@ -34,6 +35,7 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
         TensorShape([1, 5, 5])
     """
 
+    @raised_as_is  # a user's tf.function calls it unconverted (it holds no control flow on tensors)
     def apply_natgrad(self, q_mu_grad: Any, q_sqrt_grad: Any, q_mu: Any, q_sqrt: Any, xi_transform: Any = None) -> None:
         """One natural-gradient update of ``q_mu`` [M, L] and ``q_sqrt`` [L, M, M], assigned in place: the public form
         of GPflow's ``_natgrad_apply_gradients`` (same arguments, same assignments), which this class routes here.
@@ -44,14 +46,12 @@ class NaturalGradient(gpflow.optimizers.NaturalGradient):  # type: ignore[misc, 
             q_mu, q_sqrt: the ``gpflow.Parameter`` s q_mu [M, L] and q_sqrt [L, M, M].
             xi_transform: the ξ transform (``self.xi_transform`` when ``None``).
         """
-        xi_transform = self.xi_transform if xi_transform is None else xi_transform
-        if (xi := step_backend(xi_transform, q_sqrt.transform, q_sqrt).xi) is None:
-            natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)
+        if (xi := step_backend(xi_transform or self.xi_transform, q_sqrt.transform, q_sqrt).xi) is None:
+            natgrad_apply_gradients(self, q_mu_grad, q_sqrt_grad, q_mu, q_sqrt, xi_transform)  # GPflow: None is self.xi_transform
             return
+        grads = to_constrained(q_mu_grad, q_mu.transform), to_constrained(q_sqrt_grad, q_sqrt.transform)
         with tf.name_scope(f"{self.natgrad_name}/closed_form_step"):
-            new_q_mu, new_q_sqrt = natgrad_step_closed_form(
-                q_mu, q_sqrt, to_constrained(q_mu_grad, q_mu.transform), to_constrained(q_sqrt_grad, q_sqrt.transform),
-                self.gamma, xi)  # fmt: skip
+            new_q_mu, new_q_sqrt = natgrad_step_closed_form(q_mu, q_sqrt, *grads, self.gamma, xi)
         q_mu.assign(new_q_mu)
         q_sqrt.assign(new_q_sqrt)
 
