@@ -337,7 +337,8 @@ class StepGuard:
         if unreached:
             raise NatGradCheckError(
                 f"the natural-gradient step at training step {self.step} failed at gamma = {self.gamma_before:g}, the Python "
-                "number natgrad-diag set, where GPflow's own step at that gamma holds: the step did not use it.",
+                "number natgrad-diag set, where GPflow's own step at that gamma holds on the monitor's batch: the step did "
+                "not use it (or stepped on other data: give NatGradMonitor a data callable returning the step's batch).",
                 context=[("Record", str(record))],
                 remedy=f"build the optimizer with gamma=tf.Variable({self.gamma_before:g}, dtype=tf.float64): a tf.function "
                 "that calls optimizer.minimize captured the number γ had when it was traced, so no γ the guard sets reaches it.",
