@@ -205,6 +205,37 @@ def test_gpflux__a_keras_schedule_above_the_gamma_the_guard_set_is_held_in_fit()
     assert records[-1].loss_after == pytest.approx(float(-start.elbo(data)), rel=1e-9)
 
 
+@pytest.mark.slow  # 7 s, as the schedule test above
+def test_gpflux__a_keras_schedule_listed_after_the_callback_is_the_gamma_judged_and_named():
+    """The same schedule listed after NatGradCallback sets γ = 2N after the guard read γ, so fit's step ran at 2N while
+    the records named the γ read before (after the first rollback, the γ the guard set), and nothing said why every
+    batch failed. The guard now reads γ again when the batch ends: each record names 2, the γ GPflow's step used,
+    and one warning names the fix (list the schedule before NatGradCallback)."""
+    from natgrad_diag.keras import NatGradCallback
+
+    N = 120
+    data, monitor, keras_model, natgrad = _outliers_in_fit(N)
+
+    class Ceiling(tf_keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            natgrad.gamma.assign(2.0 * N)
+
+    natgrad.gamma.assign(0.5 * N)  # the guard reads γ = 0.5 on −ELBO; the schedule then sets 2
+    with pytest.warns(UserWarning, match=r"changed inside the guarded block at training step 0 \(0.5 → 2\)(.|\n)*before NatGradCallback"):
+        keras_model.fit({"inputs": data[0].numpy(), "targets": data[1].numpy()}, batch_size=N, epochs=3, verbose=0, shuffle=False,
+                        callbacks=[NatGradCallback(monitor), Ceiling()])  # fmt: skip
+    records = monitor.guard_records
+    assert [(r.gamma_before, r.status, r.rolled_back) for r in records] == [(2.0, "ok", False)] + [(2.0, "failed", True)] * 2
+    start = _deep_gp(1, num_data=N, num_inducing=8)[0]  # oracle: GPflow's steps at γ = 2 on −ELBO, from the same start
+    layer = start.f_layers[0]
+    losses = [float(-start.elbo(data))]
+    for _ in range(2):
+        NaturalGradient(2.0).minimize(lambda: -start.elbo(data), [(layer.q_mu, layer.q_sqrt)])
+        losses.append(float(-start.elbo(data)))
+    # rel 1e-7: fit takes γN·∇(−ELBO/N), which rounds apart from γ·∇(−ELBO) (4e-9 here, through the step's Choleskys)
+    assert records[0].loss_after == pytest.approx(losses[1], rel=1e-7) and losses[2] > losses[1] + 0.3 * abs(losses[1])
+
+
 def test_keras_module__import_is_light():
     code = "import sys, natgrad_diag.keras; print('tensorflow' in sys.modules, 'gpflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -43,7 +43,8 @@ _HELD = (
 _IN_BLOCK = (
     "optimizer.gamma changed inside the guarded block at training step {step} ({before:g} → {after:g}): the guard "
     "judges and records the step at the γ the block left, but a γ it sets after a failure is overwritten when the "
-    "block sets γ again. Set γ before `with monitor.guard(...)`, outside the step function."
+    "block sets γ again. Set γ before `with monitor.guard(...)`, outside the step function (in Keras, list a γ "
+    "schedule callback before NatGradCallback)."
 )
 
 _MOVED = (

@@ -36,11 +36,14 @@ def _build() -> type:
 
         def __init__(self, optimizer: Any, num_data: int) -> None:
             self.optimizer, self.num_data, self.xi_transform = optimizer, num_data, getattr(optimizer, "xi_transform", None)
-            self.gamma = tf.Variable(read_gamma(optimizer) / num_data, dtype=tf.float64)
+            self.read = read_gamma(optimizer)
+            self.gamma = tf.Variable(self.read / num_data, dtype=tf.float64)
 
         def pull(self) -> OnElbo:
-            self.read = read_gamma(self.optimizer)
-            self.gamma.assign(self.read / self.num_data)
+            """γ/N read again where something else (a schedule) set the optimizer's γ since: γ·N/N may round."""
+            if (now := read_gamma(self.optimizer)) != self.read:
+                self.read = now
+                self.gamma.assign(now / self.num_data)
             self.written = read_gamma(self)
             return self
 
@@ -82,6 +85,8 @@ def _build() -> type:
             guard, self._guard = self._guard, None
             self.step += 1
             if guard is not None:
+                for view in self._views:  # a γ a callback after this one set is the one fit's step took
+                    view.pull()
                 guard.__exit__(None, None, None)
                 for view in self._views:
                     view.push()
