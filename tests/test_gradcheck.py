@@ -189,20 +189,29 @@ def test_check_gradients__settings_from_dtype_and_overrides() -> None:
     assert "ε = 1.00e-05, rtol = 1.00e-05, atol = 1.00e-06 (eps, atol given; the rest float64 defaults)" in " ".join(str(over).split())
 
 
+@tf.custom_gradient
+def _cube_off(x: tf.Tensor):  # noqa: ANN202
+    return x**3, lambda dy: dy * (3.0 * x**2 + 0.5)  # 0.5 too large: 3.5 at x = 1
+
+
 def test_check_gradients__numerical_value_is_the_central_difference() -> None:
-    # x³ at x = 1 with step h: (( 1+h)³ − (1−h)³)/2h = 3 + h² exactly; h = 0.5 gives an error 0.25
-    cube = lambda x: x**3  # noqa: E731
+    # x³ at x = 1 with step h: ((1+h)³ − (1−h)³)/2h = 3 + h² exactly; h = 0.5 gives 3.25, 0.25 from the wrong 3.5
     x = np.array([1.0])
-    report = nd.check_gradients(cube, [x], eps=0.5)
+    report = nd.check_gradients(_cube_off, [x], eps=0.5)
     row = report.rows[0]
     assert not row.passed
-    np.testing.assert_allclose([row.numerical, row.analytical], [3.25, 3.0], rtol=1e-14)
+    np.testing.assert_allclose([row.numerical, row.analytical], [3.25, 3.5], rtol=1e-14)
     np.testing.assert_allclose(row.max_abs_error, 0.25, rtol=1e-12)
-    # atol + rtol·|3| + the rounding bound 100·ε/2h·(|1.5³| + |0.5³|) + 100·ε/h·|x|·|3| + the measured noise
+    # atol + rtol·|3.5| + the rounding bound 100·ε/2h·(|1.5³| + |0.5³|) + 100·ε/h·|x|·|3.5| + the measured noise
     # 10·|(1 ± 4ε)³ − 1|/2h = 10·12ε/2h
-    rounding = 100 * np.finfo(float).eps * ((1.5**3 + 0.5**3) / (2 * 0.5) + 3.0 / 0.5) + 120 * np.finfo(float).eps
-    np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.0 + rounding, rtol=1e-12)
-    assert nd.check_gradients(cube, [x], eps=0.5, atol=0.3).passed  # the tolerances decide
+    rounding = 100 * np.finfo(float).eps * ((1.5**3 + 0.5**3) / (2 * 0.5) + 3.5 / 0.5) + 120 * np.finfo(float).eps
+    np.testing.assert_allclose(row.worst_tolerance, 1e-7 + 1e-5 * 3.5 + rounding, rtol=1e-12)
+    # the difference at h/10 is 3 + 0.05² = 3.0025: it moved by 0.2475, and 3.5 is farther from it than that
+    assert "At eps = 0.05 the differences still disagree, by more than they moved" in row.note
+    assert nd.check_gradients(_cube_off, [x], eps=0.5, atol=0.3).passed  # the tolerances decide
+    # the right derivative 3 passes: 3.0025 at h/10 is still off by its O(h²) error, 3.000025 at h/100 agrees
+    right = nd.check_gradients(lambda x: x**3, [x], eps=0.5).rows[0]
+    assert right.passed and np.isclose(right.numerical, 3.000025, rtol=1e-10) and "from eps = 0.05 to 0.005" in right.note
 
 
 # ------------------------------------------------------------------------------------------------
@@ -429,9 +438,9 @@ def test_check_gradients__wrong_custom_gradient_float32(mode: str) -> None:
 
 
 def test_assert_gradients__whole_message() -> None:
-    # x³ at x = 1 with ε = 0.5: the central difference is 3 + ε² = 3.25 exactly, the derivative 3
+    # x³ at x = 1 with ε = 0.5: the central difference is 3 + ε² = 3.25 exactly, the custom derivative 3.5 (3 is right)
     with pytest.raises(JacobianMismatchError) as info:
-        nd.assert_gradients(lambda x: x**3, [np.array([1.0])], eps=0.5, input_names=["x"], output_names=["cube"])
+        nd.assert_gradients(_cube_off, [np.array([1.0])], eps=0.5, input_names=["x"], output_names=["cube"])
     assert str(info.value) == (
         "Jacobian mismatch. Output 0 (cube) with respect to input 0 (x): finite differences and the analytical "
         "derivative disagree.\n"
@@ -439,9 +448,11 @@ def test_assert_gradients__whole_message() -> None:
         "  Input:       0 (x, structure 'general')\n"
         "  Worst entry: ∂cube[0]/∂x[0]\n"
         "    Expected:    numerical  3.25  (central differences, eps=0.5)\n"
-        "    Actual:      analytical 3.0  (reverse mode)\n"
-        "  Error:       0.25 > atol + rtol·|analytical| + rounding = 3.01e-05 (rtol=1e-05, atol=1e-07)\n"
-        "  Block:       max abs error 0.25, max rel error 0.0833333; central differences, 1 coordinate(s)\n"
+        "    Actual:      analytical 3.5  (reverse mode)\n"
+        "  Error:       0.25 > atol + rtol·|analytical| + rounding = 3.51e-05 (rtol=1e-05, atol=1e-07)\n"
+        "  Block:       max abs error 0.25, max rel error 0.0714286; central differences, 1 coordinate(s)\n"
+        "  Note:        At eps = 0.05 the differences still disagree, by more than they moved: not the step's O(eps²) "
+        "error.\n"
         "  To fix: look for a wrong gradient on the path of ∂cube/∂x (tf.custom_gradient, RegisterGradient); if it "
         "is right, the difference is inaccurate: re-check with another eps (smaller when fn curves strongly, larger "
         "against rounding) or in float64."
@@ -577,3 +588,77 @@ def test_check_gradients__gpflow_map_at_condition_1e6_passes_and_a_10_percent_er
 
     report = nd.check_gradients(wrong, [e1, e2], structure=["general", "symmetric"], mode=mode)
     assert report.status == "fail" and not report.row(0, 0).passed
+
+
+def _lml_of_kernel_matrix(Y: Array):
+    """The GP log marginal likelihood as a function of the kernel matrix K [N, N] (Cholesky-based, as GPflow's GPR)."""
+
+    def lml(K):  # noqa: ANN001, ANN202
+        L = tf.linalg.cholesky(K)
+        a = tf.linalg.cholesky_solve(L, tf.constant(Y))
+        return -0.5 * tf.reduce_sum(tf.constant(Y) * a) - tf.reduce_sum(tf.math.log(tf.linalg.diag_part(L)))
+
+    return lml
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_correct_gradient_at_gpflows_default_jitter_is_not_failed_and_a_wrong_one_still_is(mode: str) -> None:
+    """K = SE kernel + 10⁻⁶·I (GPflow's default jitter): λmin(K) ≈ 10⁻⁶ is the step itself, so at eps = 10⁻⁶ the
+    central differences are dominated by their O(eps²) error, and TensorFlow's correct gradient failed (numerical
+    −6.7·10⁵ against 1.4·10⁵). They move when eps shrinks; a wrong gradient's error does not go away with them.
+    Oracle: ½(a aᵀ − K⁻¹), a = K⁻¹y, the LML's gradient in closed form."""
+    rng = np.random.default_rng(4)
+    X = np.sort(rng.uniform(0.0, 1.0, (8, 1)), axis=0)
+    Y = np.sin(3.0 * X)
+    K = np.exp(-0.5 * (X - X.T) ** 2) + 1e-6 * np.eye(8)
+    lml = _lml_of_kernel_matrix(Y)
+    Kt = tf.constant(K)
+    with tf.GradientTape() as tape:
+        tape.watch(Kt)
+        value = lml(Kt)
+    g = tape.gradient(value, Kt).numpy()
+    a, K_inv = np.linalg.solve(K, Y), np.linalg.inv(K)
+    closed = 0.5 * (a @ a.T - K_inv)
+    np.testing.assert_allclose((g + g.T) / 2, closed, atol=1e-6 * np.abs(closed).max())  # κ(K)·ε ≈ 10⁻⁷ relative
+
+    report = nd.check_gradients(lml, [K], structure="symmetric", mode=mode)
+    note = report.rows[0].note
+    assert report.status == "pass", report  # at eps = 10⁻⁷ every coordinate agrees
+    assert ("to 1e-08); there the block agrees" if mode == "full" else "full mode on this block passes") in note, note
+
+    @tf.custom_gradient
+    def wrong(K):  # noqa: ANN001, ANN202
+        with tf.GradientTape(persistent=True) as t:  # fast mode asks for one VJP per direction
+            t.watch(K)
+            y = lml(K)
+        return y, lambda dy: 1.5 * t.gradient(y, K, output_gradients=dy)
+
+    assert nd.check_gradients(wrong, [K], structure="symmetric", mode=mode).status == "fail"
+
+
+def test_check_gradients__a_derivative_below_atol_that_rounding_swamps_is_inconclusive_not_a_pass() -> None:
+    """A GP's log marginal likelihood at variance 10⁸ (data on a 10⁴ scale): ∂/∂variance is 7.5·10⁻⁹, below atol =
+    10⁻⁷, while rounding allows 1.2·10⁻⁶; a gradient twice too large, or of the wrong sign, passed. Oracle: the closed
+    form ½·tr((a aᵀ − K⁻¹)·∂K/∂variance)."""
+    Y = np.random.default_rng(5).normal(size=(5, 1)) * 1e4
+    X = np.linspace(0.0, 1.0, 5)[:, None]
+    shape = np.exp(-0.5 * (X - X.T) ** 2 / 0.3**2)
+    K = 1e8 * shape + 1e2 * np.eye(5)
+    a = np.linalg.solve(K, Y)
+    closed = 0.5 * np.trace((a @ a.T - np.linalg.inv(K)) @ shape)
+    assert 5e-9 < abs(closed) < 1e-7  # below the float64 default atol
+
+    def lml_with(factor: float):  # noqa: ANN202
+        @tf.custom_gradient
+        def lml(variance):  # noqa: ANN001, ANN202
+            with tf.GradientTape() as t:
+                t.watch(variance)
+                y = _lml_of_kernel_matrix(Y)(variance * tf.constant(shape) + 1e2 * tf.eye(5, dtype=tf.float64))
+            return y, lambda dy: factor * t.gradient(y, variance, output_gradients=dy)
+
+        return lml
+
+    for factor in (1.0, 2.0, -1.0):
+        report = nd.check_gradients(lml_with(factor), [np.array(1e8)])
+        assert report.status == "warn" and report.rows[0].inconclusive, (factor, report)
+        assert "inconclusive" in report.rows[0].note

@@ -38,7 +38,8 @@ def check_gradients(
     Optimization*, 2nd ed., §8.1) and of x itself (|J|·|x| = Σ_k |∂y/∂x_k|·|x_k|, the first-order effect of a
     backward error ε·|x|; fast mode: ⟨|J_ijᵀ·v|, |x_j|⟩), plus 10/2ε times fn's measured noise (rounding amplified
     inside fn, :meth:`Problem.measured_noise`); d is the step x really took in its dtype.
-    A block whose r reaches its largest |analytical| could not fail: it is "warn" (inconclusive), not "pass".
+    A block whose r reaches its largest |analytical| could not fail: it is "warn" (inconclusive), not "pass". A failed
+    block is judged again at eps/10 and eps/100, where a difference off by its O(eps²) error moves (full mode).
 
     Args:
         fn: a function of the inputs returning a tensor or a nest of tensors (tuple, list, dict).

@@ -150,9 +150,10 @@ class Problem:
 
     def unresolved(self, j: int, ana: Array, noise: Array) -> str:
         """Why a block that passed could not have failed, else "": rounding alone (``noise``, per entry) allows an
-        error as large as the block's largest |analytical| derivative, so a wrong one of that size would pass too."""
+        error as large as the block's largest |analytical| derivative, so a wrong one of that size would pass too
+        (also below atol, when rounding swamps atol: the pass is not atol's)."""
         scale = float(np.max(np.abs(ana), initial=0.0))
-        if not (scale > self.atol and float(np.max(noise, initial=0.0)) >= scale):
+        if not (scale > 0 and float(np.max(noise, initial=0.0)) >= max(scale, self.atol)):
             return ""
         step = self.eps * float(np.max(np.abs(self.x[j])))
         return (f"inconclusive: at eps = {self.eps:g} rounding allows errors up to {float(np.max(noise)):.3g}, as large "
