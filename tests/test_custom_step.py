@@ -157,6 +157,8 @@ def test_custom_step__a_point_that_hides_the_mistake_warns_instead_of_passing():
     assert check.status == "warn" and "default_seed" in check.detail and "after a few training steps" in check.detail
     correct = nd.check_natgrad(model, data, optimizer=gpflow_like(), gamma=0.5, gamma_steps=1, gamma_search=False, progress=False)
     assert correct.check("custom_step").status == "warn"  # a correct step is not told apart either: same verdict
+    names = [c.name for c in correct.causes]  # named as a point that cannot tell, not as a wrong step
+    assert "blind_point" in names and "wrong_step" not in names, names
     gpflow.optimizers.NaturalGradient(0.5).minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
     after = nd.check_natgrad(model, data, optimizer=gpflow_like("default_seed"), gamma=0.5, gamma_steps=1,
                              gamma_search=False, progress=False).check("custom_step")

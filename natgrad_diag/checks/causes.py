@@ -25,6 +25,7 @@ CAUSES = {
     "gpflow_precision": "GPflow's step loses precision here: its route through the expectation parameters amplifies rounding",
     "minibatch": "minibatch: the conjugate optimum is the batch's, not the full data's",
     "wrong_step": "wrong step: your optimizer's step is not GPflow's natural-gradient step",
+    "blind_point": "blind point: here GPflow's step equals known mistakes' steps, so yours cannot be told from them",
 }
 
 #: Separates a ``custom_step`` check's evidence from its fix in the check's detail.
@@ -127,7 +128,8 @@ def diagnose(
     mine = [c for c in bad if c.name == "custom_step"]
     for c in mine:
         evidence, _, fix = c.detail.partition(FIX)
-        out.append(Cause("wrong_step", (c.name,), evidence, fix or "compare your update with natgrad_diag.natgrad_trace(...)."))
+        name = "wrong_step" if c.status == "fail" else "blind_point"
+        out.append(Cause(name, (c.name,), evidence, fix or "compare your update with natgrad_diag.natgrad_trace(...)."))
     rest = [c for c in bad if c not in health and c not in mine]
     if (gp := _gpflow_precision([c for c in rest if c.name == "reproduction"], cond, dtype)) is not None:
         out.append(gp)
