@@ -133,7 +133,10 @@ def reports(tmp_path_factory):
             natgrad.minimize(lambda: m.training_loss((X, Y)), [(m.q_mu, m.q_sqrt)])
         monitor(step)
     assert monitor.rollbacks >= 1 and monitor.records
-    return [write_report(report, where / "check.html").path, write_report(monitor, where / "training.html").path]
+    from natgrad_diag.cli.gradcheck import gradcheck_cli  # `natgrad-diag gradcheck`: its title is one long map name
+
+    gradcheck = gradcheck_cli()
+    return [write_report(r, where / f"{name}.html").path for r, name in ((report, "check"), (monitor, "training"), (gradcheck, "gradcheck"))]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt install chromium-headless-shell)")

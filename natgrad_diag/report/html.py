@@ -20,7 +20,7 @@ _CSS = """
 .ngd-report th, .ngd-report td { border: 1px solid #ccc; padding: 0.2rem 0.55rem; vertical-align: top; }
 .ngd-report th { background: #f3f3f3; }
 .ngd-report td.num { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
-.ngd-report td.text { overflow-wrap: anywhere; min-width: 12rem; }
+.ngd-report td.text { overflow-wrap: anywhere; min-width: 12rem; } .ngd-report h1, .ngd-report h2 { overflow-wrap: anywhere; }
 .ngd-report .ngd-scroll { max-width: 100%; overflow-x: auto; }
 .ngd-report pre { background: #f6f8fa; padding: 0.5rem 0.75rem; overflow-x: auto; }
 .ngd-report .pass, .ngd-report .fail, .ngd-report .warn { font-weight: bold; }
