@@ -662,3 +662,34 @@ def test_check_gradients__a_derivative_below_atol_that_rounding_swamps_is_inconc
         report = nd.check_gradients(lml_with(factor), [np.array(1e8)])
         assert report.status == "warn" and report.rows[0].inconclusive, (factor, report)
         assert "inconclusive" in report.rows[0].note
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_custom_gradient_of_the_wrong_shape_or_count_is_an_input_error(mode: str) -> None:
+    """A tf.custom_gradient returning a [5] gradient for a [3] input raised numpy's broadcast ValueError (full) or
+    TensorFlow's InvalidArgumentError (fast), and two gradients for one input TensorFlow's ValueError."""
+    from natgrad_diag.exceptions import InputError
+
+    @tf.custom_gradient
+    def wrong_shape(x):  # noqa: ANN001, ANN202
+        return tf.sin(x), lambda dy: tf.ones(5, dtype=x.dtype)
+
+    @tf.custom_gradient
+    def two_grads(x):  # noqa: ANN001, ANN202
+        return tf.sin(x), lambda dy: (dy, dy)
+
+    for fn in (wrong_shape, two_grads):
+        with pytest.raises(InputError, match=r"TensorFlow's gradient of fn failed") as info:
+            nd.check_gradients(fn, [np.array([0.1, 0.2, 0.3])], mode=mode)
+        assert "Argument: fn" in str(info.value) and "one gradient per input, of its shape" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_block_with_no_gradient_path_says_so(mode: str) -> None:
+    """sin through NumPy: tape.gradient is None (TensorFlow sees no path), reverse mode gives 0 for the whole block
+    while the central differences give cos(x); the hint named a wrong custom gradient instead."""
+    fn = lambda x: tf.constant(np.sin(x.numpy()))  # noqa: E731
+    report = nd.check_gradients(fn, [np.array([0.5, 1.0, 2.0])], mode=mode)
+    row = report.rows[0]
+    assert report.status == "fail" and row.analytical == 0.0 and row.numerical != 0.0
+    assert "no gradient path from x0" in row.hint and "NumPy round-trip" in row.hint

@@ -10,6 +10,7 @@ import numpy as np
 
 from natgrad_diag._validate import input_error, require_callable, require_int, require_max_bytes
 from natgrad_diag.autodiff.memory import DEFAULT_MAX_BYTES
+from natgrad_diag.exceptions import NatGradDiagError, error_line
 from natgrad_diag.gradcheck.fast import MAX_DIRECTIONS, WHY_MAX_DIRECTIONS, fast_rows
 from natgrad_diag.gradcheck.full import full_rows
 from natgrad_diag.gradcheck.problem import Problem, cotangent_arrays, to_arrays
@@ -100,7 +101,16 @@ def check_gradients(
                               f"cotangents[{i}]", "a cotangent with a nonzero entry", "all zeros",
                               "leave cotangents=None (random ones), or drop the output the loss does not use.")
     # torch's _slow_gradcheck / _fast_gradcheck, against central differences (independent of TensorFlow's gradients)
-    rows = fast_rows(prob, num_directions, seed, cots) if mode == "fast" else full_rows(prob)
+    import tensorflow as tf
+
+    try:
+        rows = fast_rows(prob, num_directions, seed, cots) if mode == "fast" else full_rows(prob)
+    except NatGradDiagError:
+        raise
+    except (ValueError, tf.errors.InvalidArgumentError) as e:  # fn's own values were fine: TensorFlow's gradient failed
+        raise input_error(f"TensorFlow's gradient of fn failed: {error_line(e, with_type=True)}", "fn",
+                          "a gradient per input, of that input's shape and dtype", "an error in reverse mode",
+                          "check fn's tf.custom_gradient (or RegisterGradient): one gradient per input, of its shape.") from e
     rows = sorted(rows, key=lambda r: (r.output_index, r.input_index))
     return GradientCheckReport(
         function=getattr(fn, "__name__", None) or type(fn).__name__, mode=mode, dtype=arrays[0].dtype.name,

@@ -244,7 +244,8 @@ def _fast_row(
         numerical=float(num[k]), analytical=float(ana[k]), forward=None if np.isnan(fwd) else float(fwd),
         max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error, worst_abs_error=c.worst_abs_error,
         worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(st, prob.names[j], prob.x[j], float(ana[k])), note=_join(m.forward_error, unresolved),
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j], float(ana[k]), connected=bool(np.any(ana))),
+        note=_join(m.forward_error, unresolved),
         inconclusive=bool(unresolved),
     )  # fmt: skip
 

@@ -153,6 +153,7 @@ def _block_row(
         analytical=float(ana.flat[c.worst]) if ana.size else 0.0,
         forward=None, max_abs_error=c.max_abs_error, max_rel_error=c.max_rel_error,
         worst_abs_error=c.worst_abs_error, worst_tolerance=c.worst_tolerance, passed=c.passed,
-        hint="" if c.passed else hint(st, prob.names[j], prob.x[j], float(ana.flat[c.worst])), note=unresolved,
+        hint="" if c.passed else hint(st, prob.names[j], prob.x[j], float(ana.flat[c.worst]), connected=bool(np.any(ana))),
+        note=unresolved,
         inconclusive=bool(unresolved),
     )  # fmt: skip

@@ -116,12 +116,15 @@ def random_direction(rng: np.random.Generator, shape: tuple[int, ...], structure
     return (d / np.linalg.norm(d)).astype(dtype)  # inputs are non-empty; an upper part is drawn only above 1x1
 
 
-def hint(structure: str, name: str, value: Array, analytical: float = 0.0) -> str:
-    """Why a check may fail: reverse mode's ``analytical`` value is NaN or Inf, or a general check of a structured
-    value, and which structure to use."""
+def hint(structure: str, name: str, value: Array, analytical: float = 0.0, *, connected: bool = True) -> str:
+    """Why a check may fail: reverse mode's ``analytical`` value is NaN or Inf, or 0 for the whole block
+    (``connected`` false), or a general check of a structured value, and which structure to use."""
     if not np.isfinite(analytical):
         return (f"reverse mode gives {analytical} here, where fn is finite on both sides: {NO_DERIVATIVE}. Check at "
                 "another point, or give fn a finite gradient there (tf.math.divide_no_nan, tf.custom_gradient).")
+    if not connected:
+        return (f"reverse mode gives 0 for the whole block while fn changes with {name}: no gradient path from {name} "
+                "(tape.gradient gives None: a NumPy round-trip, tf.stop_gradient, or a custom gradient returning None).")
     if structure != "general" or value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
         return ""
     scale = float(np.max(np.abs(value), initial=0.0))
