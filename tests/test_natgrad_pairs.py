@@ -174,3 +174,26 @@ def test_var_list__a_loss_that_raises_is_an_input_error_naming_loss_fn():
     assert re.search(r"Error: +\w*Error", str(raised.value)) and "To fix: call loss_fn yourself" in str(raised.value)
     with pytest.raises(InputError, match=r"loss_fn\(\) raised an error on data\.\n.*\n +Error: +ZeroDivisionError"):
         check_natgrad(lambda data: 1 / 0, var_list=pairs, data=(X, Y), progress=False)
+
+
+@pytest.mark.slow  # 10 s, as the two-pair test above
+def test_var_list__pairs_gpflow_cannot_step_in_one_call_get_an_inconclusive_joint_check_not_a_traceback():
+    """Two SVGPs with M = 4 and M = 3: GPflow's NaturalGradient.minimize(loss, var_list) declares one M for every pair
+    and refuses them (the oracle, below); the joint check ran that call and raised check_shapes' ShapeMismatchError.
+    Each pair's own checks still run; the joint one is WARN and says to step the pairs one minimize each."""
+    from check_shapes.exceptions import CheckShapesError
+
+    from natgrad_diag.demo import make_model
+
+    a, (Xa, Ya) = make_model("svgp", "bernoulli", num_inducing=4, num_data=12, seed=1)
+    b, (Xb, Yb) = make_model("svgp", "gaussian", num_inducing=3, num_data=10, seed=2)
+    loss = lambda: a.training_loss((Xa, Ya)) + b.training_loss((Xb, Yb))  # noqa: E731
+    pairs = [(m.q_mu, m.q_sqrt) for m in (a, b)]
+    before = [v.numpy().copy() for m in (a, b) for v in m.variables]
+    report = check_natgrad(loss, var_list=pairs, gamma=0.5, progress=False)
+    assert same_bits(before, [v.numpy() for m in (a, b) for v in m.variables])
+    joint = report.check("joint_step_health")
+    assert joint.status == "warn" and "one minimize per pair" in joint.detail, joint
+    assert [c.status for c in report.checks if c.name.startswith("pair")] == ["pass"] * 4
+    with pytest.raises(CheckShapesError):
+        NaturalGradient(0.5).minimize(loss, pairs)
