@@ -195,5 +195,8 @@ def test_var_list__pairs_gpflow_cannot_step_in_one_call_get_an_inconclusive_join
     joint = report.check("joint_step_health")
     assert joint.status == "warn" and "one minimize per pair" in joint.detail, joint
     assert [c.status for c in report.checks if c.name.startswith("pair")] == ["pass"] * 4
+    # the var_list form knows no model: no whiten, and GPflow's step is taken on the pair itself (restored after)
+    assert report.pairs[0].whiten is None and "whiten=" not in str(report)
+    assert all(c.claim.endswith("assigns to the pair (restored after)") for c in report.checks if c.name.endswith("reproduction"))
     with pytest.raises(CheckShapesError):
         NaturalGradient(0.5).minimize(loss, pairs)

@@ -180,7 +180,7 @@ def _check_pair(ev: PairEvaluator, names: tuple[str, str], mode: str) -> NatGrad
     ctx = ev.ctx
     return NatGradReport(
         model_name=", ".join(names), likelihood="loss_fn", num_inducing=ctx.M, num_latent=ctx.L, num_data=None,
-        dtype=np.dtype(ctx.np_dtype).name, whiten=False, xi_transform=type(ctx.xi).__name__, gamma=ctx.gamma, mode=mode,
+        dtype=np.dtype(ctx.np_dtype).name, whiten=None, xi_transform=type(ctx.xi).__name__, gamma=ctx.gamma, mode=mode,
         loss_before=step.loss, loss_after=h.loss_after, suggested_gamma=h.suggested, step_error=h.step_error,
         gamma_trials=h.trials, skipped=_SKIPPED, warnings=(), numbers=found.numbers, checks=found.checks,
         new_q_mu=step.new_q_mu if not step.error else None, new_q_sqrt=step.new_q_sqrt if not step.error else None,

@@ -67,7 +67,7 @@ class NatGradReport(Report):
         model_name, likelihood, xi_transform: class names ("SVGP", "VGP", ...; "Gaussian", ...; "XiNat", ...).
         num_inducing, num_latent, num_data: M (N for a VGP), L, and N of the data used (None if unknown).
         dtype, gamma, mode: "float64" or "float32"; the step length checked; "full" (explicit Jacobians, grid
-            search) or "fast" (matrix-free, compiled). whiten: SVGP's (True for a VGP, always whitened).
+            search) or "fast" (matrix-free, compiled). whiten: SVGP's (True for a VGP; None in the var_list form).
         loss_before, loss_after: the training loss now and after the step (None if the step failed).
         suggested_gamma: the γ of the grid tried whose healthy step has the lowest loss after it, among those that
             lower the loss; ties to the smaller γ (None if none did or none was searched).
@@ -90,7 +90,7 @@ class NatGradReport(Report):
     num_latent: int
     num_data: int | None
     dtype: str
-    whiten: bool
+    whiten: bool | None
     xi_transform: str
     gamma: float
     mode: str
@@ -117,7 +117,7 @@ class NatGradReport(Report):
         first = reports[0]
         return cls(
             model_name="var_list", likelihood="loss_fn", num_inducing=first.num_inducing, num_latent=first.num_latent,
-            num_data=None, dtype=first.dtype, whiten=False, xi_transform=first.xi_transform, gamma=first.gamma, mode=mode,
+            num_data=None, dtype=first.dtype, whiten=None, xi_transform=first.xi_transform, gamma=first.gamma, mode=mode,
             loss_before=first.loss_before, loss_after=None, suggested_gamma=suggested, step_error="", gamma_trials=(), skipped=(),
             warnings=(), numbers=(), pairs=reports,
             checks=tuple(dataclasses.replace(c, name=f"pair {i}: {c.name}") for i, r in enumerate(reports) for c in r.checks) + ((joint,) if joint else ()),
@@ -168,7 +168,7 @@ class NatGradReport(Report):
                 for i, r in enumerate(self.pairs) for s in r.sections()
             )  # fmt: skip
         info = Table(("", "value"), (
-            ("model", f"{self.model_name}, {self.likelihood} likelihood, whiten={self.whiten}"),
+            ("model", f"{self.model_name}, {self.likelihood} likelihood" + ("" if self.whiten is None else f", whiten={self.whiten}")),
             ("M, L, N", f"{self.num_inducing}, {self.num_latent}, {'-' if self.num_data is None else self.num_data}"),
             ("dtype", self.dtype), ("xi_transform, gamma", f"{self.xi_transform}, {self.gamma:g}"), ("mode", self.mode),
             ("loss before step", format_number(self.loss_before, 10)),

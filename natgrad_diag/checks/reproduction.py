@@ -50,7 +50,7 @@ def check_reproduction(ev: Evaluator, step: Step, gp: GpflowStep, cond: Conditio
         return Check("reproduction", claim, status_of(agree), detail=both_fail("natgrad-diag", step.error, gp.error))
     ours, gpflows = (step.new_q_mu, step.new_q_sqrt), (gp.q_mu, gp.q_sqrt)
     claim = (f"the step natgrad-diag computes (natgrad_tensors, {type(ctx.xi).__name__}, gamma = {ctx.gamma:g}) equals "
-             "what gpflow.optimizers.NaturalGradient assigns to a copy of the model")
+             f"what gpflow.optimizers.NaturalGradient assigns to {'a copy of the model' if ctx.model else 'the pair (restored after)'}")
     if ours[0].shape != gpflows[0].shape or ours[1].shape != gpflows[1].shape:
         return Check(name="reproduction", claim=claim, status="fail", detail="the two steps' shapes differ")
     detail = (
