@@ -497,6 +497,18 @@ def test_guard__a_gamma_the_loop_lowered_is_never_raised(on_failure):
     assert all(r.passed and r.gamma_after == 0.01 for r in monitor.guard_records[1:])
 
 
+def _assert_held_after_the_first_rollback(monitor, model, data, restored, held: float) -> None:
+    """Step 0 failed and was rolled back, every later step passed at the held γ, and q(u) is, bit for bit, GPflow's own
+    optimizer at that γ run from the restored q(u), one step per later guarded step (the oracle)."""
+    first, rest = monitor.guard_records[0], monitor.guard_records[1:]
+    assert first.rolled_back and held < 5.0 and monitor.rollbacks == 1
+    assert all(r.passed and r.gamma_before == r.gamma_after == held for r in rest)
+    oracle = NaturalGradient(held)
+    for _ in rest:
+        _natgrad_step(oracle, restored, data)
+    assert same_bits(_q_values(restored), _q_values(model))
+
+
 def test_guard__a_schedule_that_sets_a_failing_gamma_at_every_step_is_held_at_the_gamma_the_guard_set():
     # The loop assigns γ = 5 before every step (a schedule at its ceiling). Step 0 fails and is rolled back to the
     # searched γ; the loop's 5 used to come back at every step, each one failing, rolled back and searched again.
@@ -510,13 +522,7 @@ def test_guard__a_schedule_that_sets_a_failing_gamma_at_every_step_is_held_at_th
         warns = pytest.warns(UserWarning, match="set optimizer.gamma = 5 before training step 1, above the γ = ")
         with warns if step == 1 else contextlib.nullcontext(), monitor.guard(step, natgrad):
             _natgrad_step(natgrad, model, data)
-    first, rest = monitor.guard_records[0], monitor.guard_records[1:]
-    assert first.rolled_back and held < 5.0 and monitor.rollbacks == 1
-    assert all(r.passed and r.gamma_before == r.gamma_after == held for r in rest)
-    oracle = NaturalGradient(held)  # GPflow's own optimizer at the held γ, from the restored q(u), three steps
-    for _ in range(3):
-        _natgrad_step(oracle, restored, data)
-    assert same_bits(_q_values(restored), _q_values(model))
+    _assert_held_after_the_first_rollback(monitor, model, data, restored, held)
 
 
 def test_guard__an_optimizer_built_anew_at_every_step_is_held_like_the_one_it_replaces():
@@ -533,13 +539,7 @@ def test_guard__an_optimizer_built_anew_at_every_step_is_held_like_the_one_it_re
             natgrad = NaturalGradient(5.0)
             with monitor.guard(step, natgrad):
                 _natgrad_step(natgrad, model, data)
-    first, rest = monitor.guard_records[0], monitor.guard_records[1:]
-    assert first.rolled_back and held < 5.0 and monitor.rollbacks == 1
-    assert all(r.passed and r.gamma_before == r.gamma_after == held for r in rest)
-    oracle = NaturalGradient(held)  # GPflow's own optimizer at the held γ, from the restored q(u), three steps
-    for _ in range(3):
-        _natgrad_step(oracle, restored, data)
-    assert same_bits(_q_values(restored), _q_values(model))
+    _assert_held_after_the_first_rollback(monitor, model, data, restored, held)
 
 
 def test_guard__a_gamma_set_inside_the_block_is_the_one_judged_recorded_and_searched_from():
