@@ -82,6 +82,34 @@ def test_check_natgrad__softmax_step_too_long_still_fails():
     assert not report.check("step_health").passed and report.suggested_gamma is not None and report.suggested_gamma < 10.0
 
 
+@pytest.mark.slow  # 30 training steps, the check and GPflow's 20-step runs
+def test_check_natgrad__a_softmax_gamma_that_holds_five_steps_but_not_twenty_fails_as_unstable():
+    """A Softmax SVGP after 30 steps of γ = 0.3: 5 steps of γ = 1.5 hold, and GPflow's optimizer with it reaches NaN at
+    step 8 to 14. A stochastic loss gets no λ estimate, so the check passed γ = 1.5 and suggested it; every γ whose k
+    steps held is now tried for 4·k steps. Oracle: GPflow's own optimizer on copies, at 1.5 and at the suggestion."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3.0, 3.0, (60, 1))
+    Y = np.digitize(np.sin(X), [-0.4, 0.4]).astype(np.int64)
+    Z = X[np.linspace(0, 59, 8).astype(int)].copy()
+    model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), gpflow.likelihoods.Softmax(3), Z, num_latent_gps=3, num_data=60)
+    data = (tf.constant(X), tf.constant(Y))
+    tf.random.set_seed(0)
+    for _ in range(30):
+        NaturalGradient(0.3).minimize(lambda: model.training_loss(data), [(model.q_mu, model.q_sqrt)])
+    report = nd.check_natgrad(model, data, gamma=1.5, mode="fast", progress=False)
+    health = report.check("step_health")
+    assert health.status == "fail" and "unstable: the 5 steps held, but 20 steps did not" in health.detail, health.detail
+    suggested = report.suggested_gamma
+    assert suggested is not None and suggested < 1.5
+    start = _accurate_loss(model, data)
+    for seed in range(2):
+        tf.random.set_seed(seed)
+        assert np.isnan(_gpflow_losses(model, data, 1.5, steps=20)).any()
+        tf.random.set_seed(seed)
+        kept = _gpflow_losses(model, data, suggested, steps=20)  # near the optimum: flat, within the accurate loss's
+        assert np.all(np.isfinite(kept)) and max(kept) < start + 0.2, kept  # noise (σ ≈ 0.02 each, 6·√2·σ < 0.2)
+
+
 @pytest.mark.slow
 def test_noise__estimate_matches_the_spread_of_gpflows_own_evaluations():
     from natgrad_diag.checks.evaluator import Context, Evaluator, Step

@@ -36,6 +36,8 @@ at h/2 and 1.0 from 8h up); a γ below it may still be unstable, and the trials 
 When λ where the steps lead exceeds 2/γ but λ here does not (λ falling by more than :data:`STEADY`, or rising from
 below 2/γ), the linearisation cannot decide, so γ is tried for :data:`LOOK_AHEAD`·k steps, and fails when they break
 or leave the loss above where it started (docs/natgrad-checks.md: a Student-t SVGP with outliers, NaN at step 14).
+A stochastic loss (GPflow's Softmax) has no λ (finite differences of it measure its noise), so every γ whose k steps
+held is tried so: a trained Softmax SVGP held 5 steps of γ = 1.5, and GPflow's optimizer with it reached NaN at step 8.
 """
 
 from __future__ import annotations
@@ -198,9 +200,11 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and hasattr(ev.ctx.model, "likelihood") and not conjugate_applicable(ev.ctx):
         ev.stability = Stability(1.0)  # E_q log p(y | f) is linear in η without a mixing kernel: A = I, λ = 1
+    if ev.stability is None and noise(ev, step):  # a stochastic loss: finite differences of it say nothing
+        ev.stability = Stability(None)
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
-        if not reached or ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
+        if not reached:
             return None
         best = min(reached, key=lambda t: t.loss or 0.0).gamma
         ev.stability = estimate_stability(ev, ev.reached[best], max(t.gamma for t in reached))
@@ -213,8 +217,8 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
 def _look_ahead(ev: Evaluator, trial: GammaTrial, step: Step, *, own: bool) -> GammaTrial:
     """``trial``, failed when λ where its steps lead exceeds 2/γ (:func:`judge_stability` could not decide) and
     :data:`LOOK_AHEAD`·k steps of γ break or leave the loss above where it started (module docstring)."""
-    st, k = ev.stability, trial.steps
-    if not trial.healthy or st.end is None or trial.gamma * (st.end - st.error) <= 2:
+    st, k, blind = ev.stability, trial.steps, bool(ev.noise)  # blind: a stochastic loss, no λ; every γ looks ahead
+    if not trial.healthy or (not blind and (st.end is None or trial.gamma * (st.end - st.error) <= 2)):
         return trial
     if trial.gamma not in ev.looked:
         far = _trial(ev, trial.gamma, step, own=own, k=LOOK_AHEAD * k, rises=False)
@@ -224,8 +228,8 @@ def _look_ahead(ev: Evaluator, trial: GammaTrial, step: Step, *, own: bool) -> G
                                   f"{format_number(far.losses[j - 1])})" if j else "" if far.healthy else far.reason)
     if not (why := ev.looked[trial.gamma]):
         return trial
-    reason = (f"unstable: {f'the {k} steps' if k > 1 else 'the step'} held, but {LOOK_AHEAD * k} steps did not ({why}); where they lead "
-              f"λ ≥ {st.end:.4g} (the largest eigenvalue of ∂(∇ηL)/∂θ) exceeds 2/γ = {2 / trial.gamma:.3g}")
+    reason = (f"unstable: {f'the {k} steps' if k > 1 else 'the step'} held, but {LOOK_AHEAD * k} steps did not ({why})" + (
+        "" if blind else f"; where they lead λ ≥ {st.end:.4g} (the largest eigenvalue of ∂(∇ηL)/∂θ) exceeds 2/γ = {2 / trial.gamma:.3g}"))
     return dataclasses.replace(trial, healthy=False, loss=None, reason=reason)
 
 
