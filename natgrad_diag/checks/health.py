@@ -58,7 +58,7 @@ from natgrad_diag.report.records import Check, format_number, loss_rose, status_
 from natgrad_diag.typing import Array
 
 __all__ = [
-    "GAMMA_GRID", "LOOK_AHEAD", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "Stability", "best_gamma", "estimate_stability", "health",
+    "GAMMA_GRID", "LOOK_AHEAD", "MAX_ITERATIONS", "NOISE_SAMPLES", "STEADY", "STOCHASTIC", "Stability", "best_gamma", "estimate_stability", "health",
     "judge_stability", "noise", "other_xi", "rayleigh_bound", "rounding", "search", "sigmas", "spread", "stage",
 ]  # fmt: skip
 
@@ -200,14 +200,16 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
     estimated once per evaluator; the smallest γ failed so (None when none was)."""
     if ev.stability is None and hasattr(ev.ctx.model, "likelihood") and not conjugate_applicable(ev.ctx):
         ev.stability = Stability(1.0)  # E_q log p(y | f) is linear in η without a mixing kernel: A = I, λ = 1
-    if ev.stability is None and noise(ev, step):  # a stochastic loss: finite differences of it say nothing
-        ev.stability = Stability(None)
+    if ev.stability is None and ev.noise:  # a stochastic loss (measured already): finite differences of it say nothing
+        ev.stability = Stability(None, stochastic=True)
     if ev.stability is None:
         reached = [t for t in measured.values() if t.healthy and t.loss is not None and t.gamma in ev.reached]
         if not reached:
             return None
         best = min(reached, key=lambda t: t.loss or 0.0).gamma
         ev.stability = estimate_stability(ev, ev.reached[best], max(t.gamma for t in reached))
+    if ev.stability.stochastic:
+        noise(ev, step)  # the look-ahead's bound on the loss is its noise
     judged = {g: _look_ahead(ev, judge_stability(t, ev.stability), step, own=g == ev.ctx.gamma or not proven) for g, t in measured.items()}
     failed = {g: t for g, t in judged.items() if t is not measured[g]}
     measured.update(failed)
@@ -217,7 +219,7 @@ def _unstable(ev: Evaluator, measured: dict[float, GammaTrial], step: Step, prov
 def _look_ahead(ev: Evaluator, trial: GammaTrial, step: Step, *, own: bool) -> GammaTrial:
     """``trial``, failed when λ where its steps lead exceeds 2/γ (:func:`judge_stability` could not decide) and
     :data:`LOOK_AHEAD`·k steps of γ break or leave the loss above where it started (module docstring)."""
-    st, k, blind = ev.stability, trial.steps, bool(ev.noise)  # blind: a stochastic loss, no λ; every γ looks ahead
+    st, k, blind = ev.stability, trial.steps, ev.stability.stochastic  # blind: no λ, so every γ that held looks ahead
     if not trial.healthy or (not blind and (st.end is None or trial.gamma * (st.end - st.error) <= 2)):
         return trial
     if trial.gamma not in ev.looked:
@@ -344,6 +346,9 @@ def stage(run: Run) -> Outcome:
 #: Power iterations at most; they stop earlier when ρ changes by less than 1% (a lower bound at any point).
 MAX_ITERATIONS = 30
 
+#: Why :func:`rayleigh_bound` gives no λ for a stochastic loss (then every γ that held looks ahead).
+STOCHASTIC = "the gradient of the loss differs between two evaluations (a stochastic loss)"
+
 #: A γ whose k steps held but which λ where they lead finds unstable is tried for this many times k steps.
 LOOK_AHEAD = 4
 
@@ -355,12 +360,14 @@ STEADY = 0.1
 class Stability:
     """ρ ≤ λmax of ∂(∇ηL)/∂θ at the current q(u) (``start``) and where the best trial's steps led (``end``), the larger
     finite-difference error, and ``lam``, the smaller, which the verdict uses: None when one is not estimated, no γ that
-    held exceeds 2/λ at ``end`` or λ falls by more than :data:`STEADY` between them."""
+    held exceeds 2/λ at ``end`` or λ falls by more than :data:`STEADY` between them. ``stochastic``: none can be, the
+    loss's gradient differs between two evaluations."""
 
     lam: float | None
     start: float | None = None
     end: float | None = None
     error: float = 0.0
+    stochastic: bool = False
 
     def numbers(self) -> dict[str, float]:
         """The report's "Further numbers" rows."""
@@ -372,7 +379,9 @@ class Stability:
 def estimate_stability(ev: Evaluator, reached: Point, gamma: float) -> Stability:
     """λ where the best trial's steps led (``reached``) and, unless ``gamma`` (the largest γ that held) is stable by
     it, at the model's q(u) (:func:`rayleigh_bound`, started from the first's vector), and the λ the verdict uses."""
-    end, e1, _, v = rayleigh_bound(ev, *reached)
+    end, e1, why, v = rayleigh_bound(ev, *reached)
+    if why == STOCHASTIC:
+        return Stability(None, stochastic=True)
     if end is None or gamma * (end - e1) <= 2:  # no γ that held can fail: the second estimate is not needed
         return Stability(None, None, end, e1)
     start, e0, _, _ = rayleigh_bound(ev, *ev.q_arrays, start=v)
@@ -396,7 +405,7 @@ def rayleigh_bound(ev: Evaluator, q_mu: Array, q_sqrt: Array, *, start: list[Arr
     try:
         first, again = ev.nat_gradient_at(*theta), ev.nat_gradient_at(*theta)
         if not all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(first, again)):
-            return None, 0.0, "the gradient of the loss differs between two evaluations (a stochastic loss)", []
+            return None, 0.0, STOCHASTIC, []
         rng = np.random.default_rng(0)
         rho, v = _power(ev, theta, start or [rng.standard_normal(t.shape) for t in theta], h)
         if rho < 0:  # λ of largest magnitude is negative: λmax − ρ is the largest of A − ρI's (shifted) eigenvalues
