@@ -605,7 +605,8 @@ def _lml_of_kernel_matrix(Y: Array):
 def test_check_gradients__a_correct_gradient_at_gpflows_default_jitter_is_not_failed_and_a_wrong_one_still_is(mode: str) -> None:
     """K = SE kernel + 10⁻⁶·I (GPflow's default jitter): λmin(K) ≈ 10⁻⁶ is the step itself, so at eps = 10⁻⁶ the
     central differences are dominated by their O(eps²) error, and TensorFlow's correct gradient failed (numerical
-    −6.7·10⁵ against 1.4·10⁵). They move when eps shrinks; a wrong gradient's error does not go away with them.
+    −6.7·10⁵ against 1.4·10⁵). They move when eps shrinks, so it is WARN, and the eps it names passes; a wrong
+    gradient's error does not go away with them.
     Oracle: ½(a aᵀ − K⁻¹), a = K⁻¹y, the LML's gradient in closed form."""
     rng = np.random.default_rng(4)
     X = np.sort(rng.uniform(0.0, 1.0, (8, 1)), axis=0)
@@ -623,8 +624,10 @@ def test_check_gradients__a_correct_gradient_at_gpflows_default_jitter_is_not_fa
 
     report = nd.check_gradients(lml, [K], structure="symmetric", mode=mode)
     note = report.rows[0].note
-    assert report.status == "pass", report  # at eps = 10⁻⁷ every coordinate agrees
-    assert ("to 1e-08); there the block agrees" if mode == "full" else "full mode on this block passes") in note, note
+    # the differences still move at 10⁻⁷, and at 10⁻⁸ rounding would allow more than the check does at 10⁻⁶: WARN
+    assert report.status == "warn" and report.rows[0].inconclusive, report
+    assert "O(eps²)" in note and "eps=1e-09" in note, note
+    assert nd.check_gradients(lml, [K], structure="symmetric", mode=mode, eps=1e-9).status == "pass"  # the advice
 
     @tf.custom_gradient
     def wrong(K):  # noqa: ANN001, ANN202
@@ -693,3 +696,27 @@ def test_check_gradients__a_block_with_no_gradient_path_says_so(mode: str) -> No
     row = report.rows[0]
     assert report.status == "fail" and row.analytical == 0.0 and row.numerical != 0.0
     assert "no gradient path from x0" in row.hint and "NumPy round-trip" in row.hint
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_check_gradients__a_smaller_step_never_passes_a_wrong_float32_gradient_its_rounding_hides(mode: str) -> None:
+    """sin(1000x) in float32 at eps = 10⁻³: 1000·eps = 1, so the differences carry an O(eps²) error of 17% and move
+    when eps shrinks. At eps/100 float32's rounding (∝ 1/eps) allows 20%, and a derivative 5% too large passed there.
+    A smaller step is now taken only while its rounding stays within the check's tolerance at eps: 5% off is WARN,
+    20% off fails, and the right derivative (the closed form 1000·cos(1000x)) passes at eps/10."""
+    x = np.array([0.1001, 0.1002, 0.1003], np.float32)
+
+    def sine(factor: float):  # noqa: ANN202
+        @tf.custom_gradient
+        def f(x):  # noqa: ANN001, ANN202
+            return tf.sin(1000.0 * x), lambda dy: dy * factor * 1000.0 * tf.cos(1000.0 * x)
+
+        return f
+
+    right = nd.check_gradients(sine(1.0), [x], mode=mode)
+    assert right.status == "pass", right
+    if mode == "full":  # the worst entry's analytical value is one of the closed form's
+        assert np.isclose(right.rows[0].analytical, 1000 * np.cos(1000 * x.astype(np.float64)), rtol=1e-3).any()
+    five = nd.check_gradients(sine(1.05), [x], mode=mode)
+    assert five.status == "warn" and "no smaller step settles them" in five.rows[0].note, five
+    assert nd.check_gradients(sine(1.2), [x], mode=mode).status == "fail"

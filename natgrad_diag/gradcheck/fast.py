@@ -260,6 +260,9 @@ def _rerun_full(prob: Problem, row: GradientCheckRow) -> GradientCheckRow:
         return dataclasses.replace(row, note=_join(row.note, too_large))
     full = full_rows(prob, only=(i, j))[0]
     failed_dir = f"fast mode failed ({row.worst_entry}: error {row.worst_abs_error:.3g} > {row.worst_tolerance:.3g})"
+    if full.passed and full.inconclusive:  # full mode could not tell: neither can this block
+        return dataclasses.replace(full, method=row.method + f"; then full mode on this block ({full.method})",
+                                   note=_join(row.note, f"{failed_dir}; full mode on this block: {full.note}"))
     if full.passed:  # every coordinate agrees: the stronger check wins, the direction was finite-difference error
         return dataclasses.replace(
             row, passed=True, hint="", method=row.method + f"; full mode on this block passed ({full.method})",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,12 @@ class Problem:
                     pass
             self._noise[j] = [10.0 / (2 * self.eps) * np.nan_to_num(n, nan=0.0, posinf=0.0) for n in noise]
         return self._noise[j]
+
+    def at_step(self, eps: float) -> Problem:
+        """This problem with the finite-difference step ``eps`` (fn's noise measured again: its bound scales as 1/eps)."""
+        other = copy.copy(self)
+        other.eps, other._noise = eps, {}
+        return other
 
     @property
     def unit(self) -> float:
